@@ -1,0 +1,6 @@
+"""``python -m gputopo``."""
+
+from gputopo.cli import main
+
+if __name__ == "__main__":
+    main()

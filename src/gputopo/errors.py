@@ -1,0 +1,60 @@
+"""The error tree: every failure a user can cause or meet carries a message, a hint and an exit code.
+
+The CLI maps these to one line on stderr (plus the hint) and the exit code, in one place
+(``gputopo.cli``). Anything that is not a ``GputopoError`` is a bug and shows a traceback only
+with ``GPUTOPO_DEBUG=1``.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_PROBLEM = 1
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 3
+
+
+class GputopoError(Exception):
+    """Base class: ``message`` says what went wrong, ``hint`` what to do about it."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class UsageError(GputopoError):
+    """Bad options or arguments (exit 2)."""
+
+    exit_code = EXIT_USAGE
+
+
+class InputError(GputopoError):
+    """An ``--input`` that cannot be read or understood (exit 2)."""
+
+    exit_code = EXIT_USAGE
+
+
+class ParseError(InputError):
+    """Saved ``nvidia-smi topo -m`` text that cannot be parsed; names the line where possible."""
+
+    def __init__(self, message: str, line_no: int | None = None, hint: str | None = None) -> None:
+        where = f"line {line_no}: " if line_no is not None else ""
+        super().__init__(
+            where + message,
+            hint or "check that the file is the output of `nvidia-smi topo -m`, pasted whole",
+        )
+        self.line_no = line_no
+
+
+class UnavailableError(GputopoError):
+    """The machine lacks what the command needs: no NVIDIA driver/NVML, no lsof, no torch (exit 3)."""
+
+    exit_code = EXIT_UNAVAILABLE
+
+
+class CheckFailed(GputopoError):
+    """A check ran and found a problem (exit 1)."""
+
+    exit_code = EXIT_PROBLEM

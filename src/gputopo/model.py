@@ -1,0 +1,228 @@
+"""The data model: frozen dataclasses and enums, pure, shared by every command.
+
+Names follow nvidia-smi and NVML (``pci_bus_id``, ``NV4``, ``PXB``, minor number) so a reader can look
+them up. Unknown values are ``None``, never a made-up default.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class LinkKind(Enum):
+    """How two devices are connected, as the codes of ``nvidia-smi topo -m`` say.
+
+    Ordered from nearest to farthest: X < NV# < PIX < PXB < PHB < NODE < SYS (``rank``).
+    ``SOC`` is the pre-2018 name of ``SYS`` and maps to ``SYS``.
+    """
+
+    SELF = "X"
+    NVLINK = "NV#"
+    PIX = "PIX"
+    PXB = "PXB"
+    PHB = "PHB"
+    NODE = "NODE"
+    SYS = "SYS"
+
+    @property
+    def rank(self) -> int:
+        """Distance order: 0 for self, 6 for a path across CPU sockets."""
+        return _RANK[self]
+
+    @property
+    def description(self) -> str:
+        """What the code means, in the words of nvidia-smi's current legend."""
+        return _DESCRIPTION[self]
+
+
+_RANK = {kind: i for i, kind in enumerate(LinkKind)}
+
+_DESCRIPTION = {
+    LinkKind.SELF: "self",
+    LinkKind.NVLINK: "a bonded set of # NVLinks",
+    LinkKind.PIX: "at most a single PCIe bridge",
+    LinkKind.PXB: "multiple PCIe bridges, without the PCIe host bridge",
+    LinkKind.PHB: "PCIe and a PCIe host bridge (typically the CPU)",
+    LinkKind.NODE: "PCIe and the interconnect between PCIe host bridges within a NUMA node",
+    LinkKind.SYS: "PCIe and the SMP interconnect between NUMA nodes (QPI/UPI/Infinity Fabric)",
+}
+
+_NV_RE = re.compile(r"NV(\d+)")
+_PLAIN_CODES = {
+    "X": LinkKind.SELF,
+    "PIX": LinkKind.PIX,
+    "PXB": LinkKind.PXB,
+    "PHB": LinkKind.PHB,
+    "NODE": LinkKind.NODE,
+    "SYS": LinkKind.SYS,
+    "SOC": LinkKind.SYS,
+}
+
+
+@dataclass(frozen=True)
+class Link:
+    """One matrix cell: the code as printed (``NV4``, ``SOC``), its kind, and the NVLink count."""
+
+    code: str
+    kind: LinkKind
+    nvlinks: int | None = None
+
+    @classmethod
+    def from_code(cls, code: str) -> Link | None:
+        """Parse a printed code; ``None`` if it is not a known link code."""
+        if code in _PLAIN_CODES:
+            return cls(code, _PLAIN_CODES[code])
+        m = _NV_RE.fullmatch(code)
+        if m and int(m.group(1)) > 0:
+            return cls(code, LinkKind.NVLINK, int(m.group(1)))
+        return None
+
+
+def is_link_code(code: str) -> bool:
+    """True if ``code`` is a code ``nvidia-smi topo -m`` prints in a matrix cell."""
+    return Link.from_code(code) is not None
+
+
+@dataclass(frozen=True)
+class PcieLink:
+    """PCIe link generation and width, current and maximum (NVML)."""
+
+    gen_current: int | None = None
+    gen_max: int | None = None
+    width_current: int | None = None
+    width_max: int | None = None
+
+    @property
+    def degraded(self) -> bool:
+        """True when the link runs below its maximum gen or width (normal when idle: GPUs downclock)."""
+        pairs = ((self.gen_current, self.gen_max), (self.width_current, self.width_max))
+        return any(c is not None and m is not None and c < m for c, m in pairs)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU. ``index`` is nvidia-smi's (PCI bus order), which is what ``GPU<index>`` labels use.
+
+    Live-only fields stay ``None`` when read from text or when NVML does not support them.
+    ``error`` is set when the GPU failed to answer (e.g. "GPU is lost"); the rest still renders.
+    """
+
+    index: int
+    name: str | None = None
+    pci_bus_id: str | None = None
+    uuid: str | None = None
+    cpu_affinity: str | None = None
+    numa_affinity: str | None = None
+    gpu_numa_id: str | None = None
+    minor_number: int | None = None
+    pcie: PcieLink | None = None
+    memory_total_mib: int | None = None
+    memory_used_mib: int | None = None
+    compute_pids: tuple[int, ...] | None = None
+    utilization_pct: int | None = None
+    error: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The matrix label, ``GPU<index>``."""
+        return f"GPU{self.index}"
+
+
+@dataclass(frozen=True)
+class Nic:
+    """A network device as ``topo -m`` shows it: ``label`` as printed (``NIC0`` or ``mlx5_0``)."""
+
+    label: str
+    name: str | None = None
+
+
+class P2PStatus(Enum):
+    """NVML/nvidia-smi peer-to-peer status codes (``nvidia-smi topo -p2p``)."""
+
+    OK = "OK"
+    CNS = "CNS"  # chipset not supported
+    GNS = "GNS"  # GPU not supported
+    TNS = "TNS"  # topology not supported
+    NS = "NS"  # not supported
+    DR = "DR"  # disabled by regkey
+    U = "U"  # unknown
+
+
+P2P_CAPABILITIES = ("read", "write", "nvlink", "atomics")
+
+
+@dataclass(frozen=True)
+class NvlinkPeer:
+    """NVLinks from ``gpu`` to ``peer`` (both nvidia-smi indices): how many are up and how many down."""
+
+    gpu: int
+    peer: int
+    links_up: int
+    links_down: int = 0
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """The link matrix as printed: header ``labels`` and ``cells`` (``"X"`` on the diagonal).
+
+    A cell is ``None`` when the source did not show it (a cropped or truncated paste).
+    """
+
+    labels: tuple[str, ...]
+    cells: tuple[tuple[str | None, ...], ...]
+
+    def index_of(self, label: str) -> int:
+        """Position of ``label`` in the matrix; ``KeyError`` when absent."""
+        try:
+            return self.labels.index(label)
+        except ValueError:
+            raise KeyError(label) from None
+
+    def code(self, a: str, b: str) -> str | None:
+        """The printed code between two labels (``None`` if unknown)."""
+        return self.cells[self.index_of(a)][self.index_of(b)]
+
+    def link(self, a: str, b: str) -> Link | None:
+        """The parsed link between two labels (``None`` if unknown)."""
+        code = self.code(a, b)
+        return Link.from_code(code) if code is not None else None
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A machine: its GPUs, NICs, link matrix, and live details where NVML had them.
+
+    ``source`` says where it came from (``nvml``, ``nvidia-smi``, a file path, ``sample:NAME``).
+    ``p2p`` maps a capability (``read``, ``write``, ``nvlink``, ``atomics``) to a GPU x GPU matrix of
+    status codes (``X`` on the diagonal), in the order of ``gpus``. ``warnings`` say what was
+    recovered or guessed while reading.
+    """
+
+    source: str
+    gpus: tuple[Gpu, ...]
+    nics: tuple[Nic, ...]
+    matrix: Matrix
+    warnings: tuple[str, ...] = ()
+    nvlinks: tuple[NvlinkPeer, ...] | None = None
+    p2p: dict[str, tuple[tuple[str, ...], ...]] | None = field(default=None, hash=False)
+    driver_version: str | None = None
+    cuda_driver_version: str | None = None
+    live: bool = False
+
+    def gpu(self, index: int) -> Gpu:
+        """The GPU with nvidia-smi index ``index``; ``KeyError`` when absent."""
+        for g in self.gpus:
+            if g.index == index:
+                return g
+        raise KeyError(index)
+
+    def gpu_link(self, a: int, b: int) -> Link | None:
+        """The link between two GPUs by nvidia-smi index (``None`` if unknown)."""
+        return self.matrix.link(f"GPU{a}", f"GPU{b}")
+
+    @property
+    def gpu_indices(self) -> tuple[int, ...]:
+        """nvidia-smi indices of all GPUs, in matrix order."""
+        return tuple(g.index for g in self.gpus)

@@ -1,0 +1,1 @@
+"""Output: one object owns the consoles (``output``); rich renderers per command (``render``)."""
