@@ -101,6 +101,10 @@ class PcieLink:
         return any(c is not None and m is not None and c < m for c, m in pairs)
 
 
+# Utilisation at or above which a GPU counts as busy for the PCIe link check.
+BUSY_UTILIZATION_PCT = 10
+
+
 @dataclass(frozen=True)
 class Gpu:
     """One GPU. ``index`` is nvidia-smi's (PCI bus order), which is what ``GPU<index>`` labels use.
@@ -128,6 +132,16 @@ class Gpu:
     def label(self) -> str:
         """The matrix label, ``GPU<index>``."""
         return f"GPU{self.index}"
+
+    @property
+    def pcie_below_max_while_busy(self) -> bool:
+        """True when the PCIe link runs below its max gen/width while the GPU works.
+
+        Idle GPUs lower their link gen to save power, which is normal; only a busy GPU on a slow link
+        points at a bad slot, riser or BIOS setting.
+        """
+        busy = self.utilization_pct is not None and self.utilization_pct >= BUSY_UTILIZATION_PCT
+        return busy and self.pcie is not None and self.pcie.degraded
 
 
 @dataclass(frozen=True)

@@ -30,13 +30,16 @@ def load_topology(spec: str | None) -> Topology:
         raw = path.read_bytes()
     except FileNotFoundError:
         raise InputError(
-            f"--input {spec}: no such file", "give a saved `nvidia-smi topo -m` output, a JSON snapshot, "
-            "or sample:NAME (gputopo topo --list-samples)"
+            f"--input {spec}: no such file",
+            "give a saved `nvidia-smi topo -m` output, a JSON snapshot, "
+            "or sample:NAME (gputopo topo --list-samples)",
         ) from None
     except IsADirectoryError:
         raise InputError(f"--input {spec}: is a folder, not a file", "name the file itself") from None
     except OSError as exc:
-        raise InputError(f"--input {spec}: cannot read ({exc.strerror})", "check the path and its permissions") from None
+        raise InputError(
+            f"--input {spec}: cannot read ({exc.strerror})", "check the path and its permissions"
+        ) from None
     text = raw.decode("utf-8", errors="replace")
     if text.lstrip().startswith("{"):
         from gputopo.topology import snapshot

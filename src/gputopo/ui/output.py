@@ -8,10 +8,13 @@ there; warnings still go to stderr. Colour follows rich's rules (``NO_COLOR``, `
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
 from rich.console import Console, RenderableType
+
+PIPE_WIDTH = 160
 
 
 class Output:
@@ -19,7 +22,10 @@ class Output:
 
     def __init__(self, json_mode: bool = False) -> None:
         self.json_mode = json_mode
-        self.out = Console(file=sys.stdout, highlight=False, soft_wrap=False)
+        # Piped output is read by people too (in logs, pasted in issues): don't fold it at rich's
+        # default of 80 columns; COLUMNS still wins when set.
+        width = None if sys.stdout.isatty() or "COLUMNS" in os.environ else PIPE_WIDTH
+        self.out = Console(file=sys.stdout, highlight=False, soft_wrap=False, width=width)
         self.err = Console(file=sys.stderr, highlight=False, soft_wrap=True)
 
     def show(self, *renderables: RenderableType) -> None:

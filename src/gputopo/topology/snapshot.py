@@ -1,0 +1,133 @@
+"""JSON snapshots of a topology (schema ``gputopo/topology/v1``): what ``gputopo topo --json`` prints.
+
+A snapshot read back with ``loads`` gives the same ``Topology`` (except ``source``, which says where
+it was read from, and ``snapshot_of`` in the JSON, which keeps the original source). Unknown values
+are ``null``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, fields
+from typing import Any
+
+from gputopo.errors import InputError
+from gputopo.model import P2P_CAPABILITIES, Gpu, Matrix, Nic, NvlinkPeer, PcieLink, Topology, is_link_code
+
+SCHEMA = "gputopo/topology/v1"
+
+_GPU_FIELDS = tuple(f.name for f in fields(Gpu))
+
+
+def to_dict(topo: Topology) -> dict[str, Any]:
+    """The JSON document for ``topo`` (design doc shape; extra keys are live details)."""
+    gpus = []
+    for g in topo.gpus:
+        d = asdict(g)
+        d["label"] = g.label
+        d["compute_pids"] = list(g.compute_pids) if g.compute_pids is not None else None
+        gpus.append(d)
+    return {
+        "schema": SCHEMA,
+        "source": topo.source,
+        "live": topo.live,
+        "driver_version": topo.driver_version,
+        "cuda_driver_version": topo.cuda_driver_version,
+        "gpus": gpus,
+        "nics": [{"label": n.label, "name": n.name} for n in topo.nics],
+        "matrix": {"labels": list(topo.matrix.labels), "cells": [list(r) for r in topo.matrix.cells]},
+        "nvlinks": [asdict(p) for p in topo.nvlinks] if topo.nvlinks is not None else None,
+        "p2p": {k: [list(r) for r in v] for k, v in topo.p2p.items()} if topo.p2p is not None else None,
+        "warnings": list(topo.warnings),
+    }
+
+
+def dumps(topo: Topology) -> str:
+    """``to_dict`` as indented JSON text."""
+    return json.dumps(to_dict(topo), indent=2)
+
+
+def loads(text: str, source: str = "snapshot") -> Topology:
+    """Read a snapshot written by ``dumps``; ``InputError`` (exit 2) naming what is wrong otherwise."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            f"{source}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",
+            "give a file written by `gputopo topo --json`, or a saved `nvidia-smi topo -m` text",
+        ) from None
+    return from_dict(data, source=source)
+
+
+def from_dict(data: Any, source: str = "snapshot") -> Topology:
+    """Build a ``Topology`` from a snapshot document, checking its shape."""
+    hint = "give a file written by `gputopo topo --json` (schema gputopo/topology/v1)"
+    if not isinstance(data, dict):
+        raise InputError(f"{source}: a topology snapshot is a JSON object", hint)
+    if data.get("schema") != SCHEMA:
+        raise InputError(f"{source}: schema is {data.get('schema')!r}, expected {SCHEMA!r}", hint)
+    try:
+        gpus = tuple(_gpu(g) for g in data["gpus"])
+        nics = tuple(Nic(label=str(n["label"]), name=n.get("name")) for n in data.get("nics") or [])
+        labels = tuple(str(x) for x in data["matrix"]["labels"])
+        cells = tuple(tuple(_cell(c) for c in row) for row in data["matrix"]["cells"])
+        nvlinks = data.get("nvlinks")
+        p2p = data.get("p2p")
+        topo = Topology(
+            source=source,
+            gpus=gpus,
+            nics=nics,
+            matrix=Matrix(labels, cells),
+            warnings=tuple(str(w) for w in data.get("warnings") or ()),
+            nvlinks=tuple(NvlinkPeer(**p) for p in nvlinks) if nvlinks is not None else None,
+            p2p={k: tuple(tuple(str(c) for c in r) for r in v) for k, v in p2p.items()} if p2p else None,
+            driver_version=data.get("driver_version"),
+            cuda_driver_version=data.get("cuda_driver_version"),
+            live=bool(data.get("live", False)),
+        )
+    except InputError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise InputError(
+            f"{source}: malformed topology snapshot ({type(exc).__name__}: {exc})", hint
+        ) from None
+    _check(topo, source, hint)
+    return topo
+
+
+def _gpu(d: dict[str, Any]) -> Gpu:
+    kwargs = {k: d.get(k) for k in _GPU_FIELDS}
+    kwargs["index"] = int(d["index"])
+    if d.get("pcie") is not None:
+        kwargs["pcie"] = PcieLink(**d["pcie"])
+    if d.get("compute_pids") is not None:
+        kwargs["compute_pids"] = tuple(int(p) for p in d["compute_pids"])
+    return Gpu(**kwargs)
+
+
+def _cell(c: Any) -> str | None:
+    if c is None:
+        return None
+    if not isinstance(c, str):
+        raise ValueError(f"matrix cell {c!r} is not a string or null")
+    return c
+
+
+def _check(topo: Topology, source: str, hint: str) -> None:
+    """Reject snapshots whose parts disagree (hand edits): square matrix, labels match devices."""
+    n = len(topo.matrix.labels)
+    if len(topo.matrix.cells) != n or any(len(r) != n for r in topo.matrix.cells):
+        raise InputError(f"{source}: matrix is not {n}x{n} like its labels", hint)
+    expected = [g.label for g in topo.gpus] + [x.label for x in topo.nics]
+    if list(topo.matrix.labels) != expected:
+        raise InputError(
+            f"{source}: matrix labels {list(topo.matrix.labels)} don't match gpus and nics", hint
+        )
+    for row in topo.matrix.cells:
+        for c in row:
+            if c is not None and not is_link_code(c):
+                raise InputError(f"{source}: unknown link code {c!r} in the matrix", hint)
+    if topo.p2p is not None:
+        for cap, m in topo.p2p.items():
+            if cap not in P2P_CAPABILITIES or len(m) != len(topo.gpus):
+                raise InputError(f"{source}: p2p matrix {cap!r} doesn't match the GPUs", hint)

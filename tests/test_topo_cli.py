@@ -1,0 +1,172 @@
+"""`gputopo topo` from the user's side: samples, snapshots, golden output, errors, start-up cost."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gputopo.cli import app
+from gputopo.topology import samples, snapshot
+
+GOLDEN = Path(__file__).parent / "golden"
+PLAIN_ENV = {"NO_COLOR": "1", "COLUMNS": "100", "TERM": "dumb"}
+
+
+def run(*args: str, env: dict[str, str] | None = None):
+    """Invoke the CLI in-process with colour off and a fixed width."""
+    return CliRunner().invoke(app, list(args), env={**PLAIN_ENV, **(env or {})})
+
+
+def check_golden(name: str, text: str) -> None:
+    """Compare with tests/golden/NAME; GPUTOPO_UPDATE_GOLDEN=1 rewrites it."""
+    path = GOLDEN / name
+    if os.environ.get("GPUTOPO_UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert text == path.read_text(), (
+        f"output differs from {path}; rerun with GPUTOPO_UPDATE_GOLDEN=1 if intended"
+    )
+
+
+def test_seed_box_golden_output():
+    """The 8-GPU box with NV4 pairs, as a new user first sees it."""
+    result = run("topo", "--input", "sample:seed-8gpu-nv4")
+    assert result.exit_code == 0, result.output
+    check_golden("topo_seed-8gpu-nv4.txt", result.stdout)
+
+
+def test_dgx1_golden_output_with_nics():
+    result = run("topo", "--input", "sample:dgx1-v100")
+    assert result.exit_code == 0, result.output
+    check_golden("topo_dgx1-v100.txt", result.stdout)
+
+
+def test_list_samples_names_every_sample():
+    result = run("topo", "--list-samples", "--json")
+    assert result.exit_code == 0
+    names = [s["name"] for s in json.loads(result.stdout)["samples"]]
+    assert names == samples.names()
+    assert len(names) >= 4
+
+
+@pytest.mark.parametrize("name", samples.names())
+def test_sample_json_shape_and_round_trip(name, tmp_path):
+    """--json has the design doc's keys; reading it back with --input gives the same document."""
+    first = run("topo", "--input", f"sample:{name}", "--json")
+    assert first.exit_code == 0, first.output
+    doc = json.loads(first.stdout)
+    assert doc["schema"] == "gputopo/topology/v1"
+    for g in doc["gpus"]:
+        assert {"index", "name", "pci_bus_id", "uuid", "cpu_affinity", "numa_affinity"} <= g.keys()
+    assert doc["matrix"]["labels"] == [f"GPU{g['index']}" for g in doc["gpus"]] + [
+        n["label"] for n in doc["nics"]
+    ]
+    for i, row in enumerate(doc["matrix"]["cells"]):
+        assert row[i] == "X"
+    saved = tmp_path / "snap.json"
+    saved.write_text(first.stdout)
+    second = run("topo", "--input", str(saved), "--json")
+    assert second.exit_code == 0, second.output
+    doc2 = json.loads(second.stdout)
+    assert doc2.pop("source") == str(saved)
+    doc.pop("source")
+    assert doc2 == doc
+
+
+@pytest.mark.parametrize("name", samples.names())
+def test_snapshot_round_trip_is_exact(name):
+    topo = samples.load(name)
+    assert snapshot.loads(snapshot.dumps(topo), source=topo.source) == topo
+
+
+@pytest.mark.parametrize("name", samples.names())
+def test_samples_are_symmetric_and_square(name):
+    topo = samples.load(name)
+    cells = topo.matrix.cells
+    n = len(topo.matrix.labels)
+    assert len(cells) == n and all(len(r) == n for r in cells)
+    assert all(cells[i][j] == cells[j][i] for i in range(n) for j in range(n))
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("{not json", "not valid JSON"),
+        ('{"schema": "other/v9"}', "schema is 'other/v9'"),
+        (
+            '{"schema": "gputopo/topology/v1", "gpus": [{"index": 0}], "matrix": {"labels": ["GPU0"], '
+            '"cells": [["X", "NV4"]]}}',
+            "matrix is not 1x1",
+        ),
+        (
+            '{"schema": "gputopo/topology/v1", "gpus": [{"index": 0}], "matrix": {"labels": ["GPU0"], '
+            '"cells": [["QQ"]]}}',
+            "unknown link code 'QQ'",
+        ),
+        ('{"schema": "gputopo/topology/v1", "gpus": "nope", "matrix": {}}', "malformed topology snapshot"),
+    ],
+)
+def test_bad_snapshot_is_one_line_exit_2(tmp_path, content, needle):
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    result = run("topo", "--input", str(bad))
+    assert result.exit_code == 2
+    assert needle in result.stderr
+    assert "Traceback" not in result.output
+    assert result.stdout == ""
+
+
+def test_missing_file_and_unknown_sample_exit_2(tmp_path):
+    missing = run("topo", "--input", str(tmp_path / "nope.txt"))
+    assert missing.exit_code == 2
+    assert "no such file" in missing.stderr
+    assert "hint:" in missing.stderr
+    unknown = run("topo", "--input", "sample:nope")
+    assert unknown.exit_code == 2
+    assert "seed-8gpu-nv4" in unknown.stderr
+    folder = run("topo", "--input", str(tmp_path))
+    assert folder.exit_code == 2
+
+
+def test_json_mode_prints_only_json():
+    result = run("topo", "--input", "sample:hgx-h100-nvswitch", "--json")
+    json.loads(result.stdout)  # the whole of stdout is one document
+
+
+def test_topo_does_not_import_torch_or_pynvml_offline():
+    """topo must start fast: no torch ever, and no pynvml when reading a saved machine."""
+    code = (
+        "import sys\n"
+        "from gputopo.cli import app\n"
+        "try:\n"
+        "    app(['topo', '--input', 'sample:seed-8gpu-nv4'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print('TORCH' if 'torch' in sys.modules else 'no-torch')\n"
+        "print('PYNVML' if 'pynvml' in sys.modules else 'no-pynvml')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "no-torch" in out
+    assert "no-pynvml" in out
+
+
+def test_importing_gputopo_is_light():
+    code = "import sys, gputopo; print(sorted(m for m in ('torch', 'pynvml', 'rich') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_python_dash_m_works():
+    out = subprocess.run(
+        [sys.executable, "-m", "gputopo", "topo", "--input", "sample:workstation-2gpu-nvlink"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **PLAIN_ENV},
+    )
+    assert out.returncode == 0, out.stderr
+    assert "NV4" in out.stdout
