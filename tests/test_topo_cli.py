@@ -15,7 +15,7 @@ from gputopo.cli import app
 from gputopo.topology import samples, snapshot
 
 GOLDEN = Path(__file__).parent / "golden"
-PLAIN_ENV = {"NO_COLOR": "1", "COLUMNS": "100", "TERM": "dumb"}
+PLAIN_ENV = {"NO_COLOR": "1", "COLUMNS": "120", "TERM": "dumb"}
 
 
 def run(*args: str, env: dict[str, str] | None = None):
@@ -170,3 +170,83 @@ def test_python_dash_m_works():
     )
     assert out.returncode == 0, out.stderr
     assert "NV4" in out.stdout
+
+
+# --- live, through the fake NVML at the system/ seam ------------------------------------------------
+
+
+def test_live_pcie_box_golden_flags_busy_link_below_max():
+    """A PCIe box where GPU2 runs at Gen4 x8 while 97% busy; idle GPUs at Gen1 are not flagged."""
+    from fake_nvml import FakeNvml
+
+    with FakeNvml.pcie_box().installed():
+        result = run("topo")
+    assert result.exit_code == 0, result.output
+    assert "BELOW MAX WHILE BUSY" in result.stdout
+    assert result.stdout.count("BELOW MAX WHILE BUSY") == 1
+    check_golden("topo_live_pcie_box.txt", result.stdout)
+
+
+def test_live_nvlink_box_shows_nvlinks_p2p_and_round_trips(tmp_path):
+    from fake_nvml import FakeNvml
+
+    with FakeNvml.nvlink_box().installed():
+        human = run("topo")
+        machine = run("topo", "--json")
+    assert human.exit_code == 0, human.output
+    assert "NVLink per peer" in human.stdout
+    assert "P2P status" in human.stdout
+    doc = json.loads(machine.stdout)
+    assert doc["live"] is True and doc["source"] == "nvml"
+    assert doc["gpus"][0]["uuid"] and doc["gpus"][0]["pci_bus_id"]
+    saved = tmp_path / "live.json"
+    saved.write_text(machine.stdout)
+    again = json.loads(run("topo", "--input", str(saved), "--json").stdout)
+    doc.pop("source"), again.pop("source")
+    assert again == doc
+
+
+def test_live_lost_gpu_renders_the_others(tmp_path):
+    """One GPU fell off the bus: it shows as failing, the rest render, and the snapshot keeps nulls."""
+    from fake_nvml import FakeNvml
+
+    with FakeNvml.lost_gpu_box().installed():
+        human = run("topo")
+        machine = run("topo", "--json")
+    assert human.exit_code == 0, human.output
+    assert "FAILING: GPU is lost" in human.stdout
+    assert "GPU7" in human.stdout
+    assert "GPU is lost" in human.stderr
+    doc = json.loads(machine.stdout)
+    assert doc["gpus"][5]["error"] == "GPU is lost"
+    assert doc["matrix"]["cells"][4][5] is None
+    saved = tmp_path / "lost.json"
+    saved.write_text(machine.stdout)
+    assert json.loads(run("topo", "--input", str(saved), "--json").stdout)["p2p"] == doc["p2p"]
+
+
+def test_no_driver_exits_3_with_a_hint(monkeypatch):
+    """No NVML and no nvidia-smi: one line, exit 3, and how to read a saved output or a sample."""
+    from fake_nvml import FakeNvml
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with FakeNvml.no_driver().installed():
+        result = run("topo")
+    assert result.exit_code == 3
+    assert "no NVIDIA driver or NVML" in result.stderr
+    assert "--input" in result.stderr and "sample:" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_real_machine_without_driver_exits_3_in_a_subprocess():
+    """On this machine for real (no fake): exit 3 without a driver, or 0 where a GPU exists."""
+    out = subprocess.run(
+        [sys.executable, "-m", "gputopo", "topo"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **PLAIN_ENV},
+    )
+    assert out.returncode in (0, 3), out.stderr
+    assert "Traceback" not in out.stderr
+    if out.returncode == 3:
+        assert out.stderr.startswith("error: no NVIDIA driver")

@@ -210,7 +210,7 @@ class Topology:
 
     ``source`` says where it came from (``nvml``, ``nvidia-smi``, a file path, ``sample:NAME``).
     ``p2p`` maps a capability (``read``, ``write``, ``nvlink``, ``atomics``) to a GPU x GPU matrix of
-    status codes (``X`` on the diagonal), in the order of ``gpus``. ``warnings`` say what was
+    status codes (``X`` on the diagonal, ``None`` where NVML could not answer), in the order of ``gpus``. ``warnings`` say what was
     recovered or guessed while reading.
     """
 
@@ -220,7 +220,7 @@ class Topology:
     matrix: Matrix
     warnings: tuple[str, ...] = ()
     nvlinks: tuple[NvlinkPeer, ...] | None = None
-    p2p: dict[str, tuple[tuple[str, ...], ...]] | None = field(default=None, hash=False)
+    p2p: dict[str, tuple[tuple[str | None, ...], ...]] | None = field(default=None, hash=False)
     driver_version: str | None = None
     cuda_driver_version: str | None = None
     live: bool = False

@@ -80,7 +80,9 @@ def from_dict(data: Any, source: str = "snapshot") -> Topology:
             matrix=Matrix(labels, cells),
             warnings=tuple(str(w) for w in data.get("warnings") or ()),
             nvlinks=tuple(NvlinkPeer(**p) for p in nvlinks) if nvlinks is not None else None,
-            p2p={k: tuple(tuple(str(c) for c in r) for r in v) for k, v in p2p.items()} if p2p else None,
+            p2p={k: tuple(tuple(None if c is None else str(c) for c in r) for r in v) for k, v in p2p.items()}
+            if p2p
+            else None,
             driver_version=data.get("driver_version"),
             cuda_driver_version=data.get("cuda_driver_version"),
             live=bool(data.get("live", False)),

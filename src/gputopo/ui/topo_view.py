@@ -29,10 +29,12 @@ def link_style(code: str | None) -> str:
 
 def render_topology(topo: Topology) -> RenderableType:
     """Everything ``gputopo topo`` shows for ``topo``, top to bottom."""
-    parts: list[RenderableType] = [Text(f"Topology of {topo.source}", style="bold"), matrix_table(topo)]
+    parts: list[RenderableType] = [Text(f"Topology of {_title(topo)}", style="bold"), matrix_table(topo)]
     parts.append(Text("Legend:", style="bold"))
     parts.append(legend(topo))
     parts.append(gpu_table(topo))
+    if topo.live:
+        parts.append(live_table(topo))
     if topo.nvlinks:
         parts.append(nvlink_table(topo))
     if topo.p2p:
@@ -66,6 +68,13 @@ def grid(header: list[str], rows: list[list[str | Text]], center: bool = False) 
         out.append_text(line)
         out.append("\n")
     return out
+
+
+def _title(topo: Topology) -> str:
+    if not topo.live:
+        return topo.source
+    versions = f"driver {_na(topo.driver_version)}, CUDA {_na(topo.cuda_driver_version)}"
+    return f"this machine ({topo.source.upper() if topo.source == 'nvml' else topo.source}, {versions})"
 
 
 def matrix_table(topo: Topology) -> Text:
@@ -124,14 +133,9 @@ def pcie_text(g: Gpu) -> Text:
 
 
 def gpu_table(topo: Topology) -> Text:
-    """Per GPU: name, bus id, affinities, and live fields where known."""
-    live = topo.live
+    """Per GPU: name, bus id, CPU/NUMA affinity (and GPU NUMA ID where the machine has one)."""
     has_gpu_numa = any(g.gpu_numa_id not in (None, "N/A") for g in topo.gpus)
-    header = ["GPU", "name", "PCI bus id", "CPU affinity", "NUMA"]
-    if has_gpu_numa:
-        header.append("GPU NUMA ID")
-    if live:
-        header += ["PCIe link", "minor", "memory used", "UUID"]
+    header = ["GPU", "name", "PCI bus id", "CPU affinity", "NUMA"] + (["GPU NUMA ID"] if has_gpu_numa else [])
     rows: list[list[str | Text]] = []
     for g in topo.gpus:
         if g.error:
@@ -147,15 +151,24 @@ def gpu_table(topo: Topology) -> Text:
         ]
         if has_gpu_numa:
             row.append(_na(g.gpu_numa_id))
-        if live:
-            mem = (
-                f"{g.memory_used_mib} / {g.memory_total_mib} MiB"
-                if g.memory_used_mib is not None and g.memory_total_mib is not None
-                else NA
-            )
-            row += [pcie_text(g), _na(g.minor_number), mem, _na(g.uuid)]
         rows.append(row)
     return grid(header, rows)
+
+
+def live_table(topo: Topology) -> Text:
+    """Live NVML fields per GPU: PCIe link current vs max, minor number, memory, UUID."""
+    rows: list[list[str | Text]] = []
+    for g in topo.gpus:
+        if g.error:
+            continue
+        mem = (
+            f"{g.memory_used_mib} / {g.memory_total_mib} MiB"
+            if g.memory_used_mib is not None and g.memory_total_mib is not None
+            else NA
+        )
+        util = NA if g.utilization_pct is None else f"{g.utilization_pct}%"
+        rows.append([g.label, pcie_text(g), util, _na(g.minor_number), mem, _na(g.uuid)])
+    return grid(["GPU", "PCIe link", "util", "minor", "memory used", "UUID"], rows)
 
 
 def nvlink_table(topo: Topology) -> Text:
@@ -168,23 +181,33 @@ def nvlink_table(topo: Topology) -> Text:
 
 
 def p2p_table(topo: Topology) -> Text:
-    """The P2P status matrix, one cell per pair holding read/write/nvlink/atomics codes."""
+    """P2P status matrices, one per capability; capabilities with identical matrices share one."""
     assert topo.p2p is not None
-    caps = [c for c in P2P_CAPABILITIES if c in topo.p2p]
-    rows: list[list[str | Text]] = []
-    for i, g in enumerate(topo.gpus):
-        cells: list[str | Text] = [Text(g.label, style="bold")]
-        for j in range(len(topo.gpus)):
-            if i == j:
-                cells.append(Text("X", style="dim"))
-                continue
-            codes = [topo.p2p[c][i][j] for c in caps]
-            ok = all(c == "OK" for c in codes)
-            cells.append(Text("/".join(codes), style="green" if ok else "yellow"))
-        rows.append(cells)
-    title = Text(
-        "P2P status (" + "/".join(caps) + "): OK; CNS chipset, GNS GPU, TNS topology not supported; "
-        "NS not supported; DR disabled by regkey; U unknown\n",
+    groups: list[tuple[list[str], tuple[tuple[str | None, ...], ...]]] = []
+    for cap in P2P_CAPABILITIES:
+        if cap not in topo.p2p:
+            continue
+        for caps, m in groups:
+            if m == topo.p2p[cap]:
+                caps.append(cap)
+                break
+        else:
+            groups.append(([cap], topo.p2p[cap]))
+    out = Text(
+        "P2P status: OK; CNS chipset, GNS GPU, TNS topology not supported; NS not supported; "
+        "DR disabled by regkey; U unknown\n",
         style="bold",
     )
-    return title + grid(["", *(g.label for g in topo.gpus)], rows, center=True)
+    for caps, m in groups:
+        rows: list[list[str | Text]] = []
+        for i, g in enumerate(topo.gpus):
+            cells: list[str | Text] = [Text(g.label, style="bold")]
+            for j, code in enumerate(m[i]):
+                if i == j:
+                    cells.append(Text("X", style="dim"))
+                else:
+                    cells.append(Text(code or "?", style="green" if code == "OK" else "yellow"))
+            rows.append(cells)
+        out.append("P2P " + ", ".join(caps) + "\n")
+        out.append_text(grid(["", *(g.label for g in topo.gpus)], rows, center=True))
+    return out

@@ -1,0 +1,453 @@
+"""A fake NVML: named machines that answer pynvml's calls without a GPU or a driver.
+
+``FakeNvml`` implements the pynvml functions gputopo uses (``gputopo.system.nvml.NvmlBackend``) with
+pynvml's names, arguments and return shapes, and raises pynvml's own ``NVMLError`` subclasses, so the
+error handling in ``gputopo.system.nvml`` is exercised as it runs against a real driver.
+
+Use it from any test::
+
+    from fake_nvml import FakeNvml
+
+    with FakeNvml.pcie_box(processes={0: [(4242, 1024)]}).installed():
+        topo = read_live()
+
+Machines: ``nvlink_box()`` (8x RTX A6000, NV4 bridge pairs 0-1 2-3 4-5 6-7, two sockets),
+``nvswitch_box()`` (4x H100 SXM, NV18 all-to-all through NVSwitch), ``pcie_box()`` (8x L40S on PCIe
+switches across two sockets: PIX, PXB, PHB, NODE, SYS; GPU2 busy at x8 of x16), ``lost_gpu_box()``
+(``nvlink_box`` whose GPU5 fell off the bus: GpuIsLost), ``no_driver()`` (libnvidia-ml.so missing).
+``FakeGpu`` fields are mutable, so a test can tweak one GPU (``fake.gpus[3].unsupported.add(...)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml
+
+NVSWITCH = "nvswitch"
+_MIB = 1024 * 1024
+_SWITCHES = 4  # NVSwitch chips on the fake HGX baseboard; links are spread over them round-robin
+
+
+@dataclass(frozen=True)
+class FakeLink:
+    """One NVLink: its far end is a GPU index or ``NVSWITCH``; ``up`` is the link state."""
+
+    remote: int | str
+    up: bool = True
+
+
+@dataclass
+class FakeGpu:
+    """One fake GPU. ``pcie_path`` is (socket, root complex, upper switch, leaf switch): two GPUs' common
+    prefix decides NVML's topology level. ``unsupported`` names pynvml functions that answer NotSupported
+    for this GPU; ``lost`` makes every call about it raise GpuIsLost."""
+
+    name: str
+    bus_id: str
+    uuid: str
+    minor: int
+    pcie_path: tuple[int, int, int, int]
+    cpus: tuple[int, ...] = ()
+    numa_nodes: tuple[int, ...] = ()
+    gpu_numa_id: int | None = None
+    pcie: tuple[int, int, int, int] = (4, 4, 16, 16)  # gen current, gen max, width current, width max
+    memory_total_mib: int = 49140
+    memory_used_mib: int = 0
+    utilization_pct: int = 0
+    links: tuple[FakeLink, ...] = ()
+    lost: bool = False
+    unsupported: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class FakeHandle:
+    """What ``nvmlDeviceGetHandleByIndex`` returns."""
+
+    index: int
+
+
+def _err(code: int) -> pynvml.NVMLError:
+    return pynvml.NVMLError(code)
+
+
+def _bus(n: int) -> str:
+    return f"00000000:{n:02X}:00.0"
+
+
+class FakeNvml:
+    """A configurable fake of the pynvml module (the subset gputopo calls).
+
+    ``processes`` / ``graphics_processes`` map a GPU index to ``[(pid, used_mib or None)]``.
+    ``p2p_overrides`` maps ``(a, b, "read"|"write"|"nvlink"|"atomics")`` to a ``NVML_P2P_STATUS_*``.
+    ``init_error`` is the ``NVML_ERROR_*`` code ``nvmlInit`` fails with. ``remote_type_supported=False``
+    is a driver without ``nvmlDeviceGetNvLinkRemoteDeviceType``; ``process_api_v3=False`` a driver older
+    than the v3 process query (pynvml then raises ``NVMLLibraryMismatchError``).
+    """
+
+    def __init__(
+        self,
+        gpus: list[FakeGpu],
+        *,
+        processes: dict[int, list[tuple[int, int | None]]] | None = None,
+        graphics_processes: dict[int, list[tuple[int, int | None]]] | None = None,
+        p2p_overrides: dict[tuple[int, int, str], int] | None = None,
+        driver_version: str = "550.54.15",
+        cuda_driver_version: int = 12040,
+        init_error: int | None = None,
+        remote_type_supported: bool = True,
+        process_api_v3: bool = True,
+    ) -> None:
+        self.gpus = gpus
+        self.processes = processes or {}
+        self.graphics_processes = graphics_processes or {}
+        self.p2p_overrides = p2p_overrides or {}
+        self.driver_version = driver_version
+        self.cuda_driver_version = cuda_driver_version
+        self.init_error = init_error
+        self.remote_type_supported = remote_type_supported
+        self.process_api_v3 = process_api_v3
+        self.init_count = 0
+        self.shutdown_count = 0
+
+    # -- installing -------------------------------------------------------------------------------
+
+    @contextmanager
+    def installed(self) -> Iterator[FakeNvml]:
+        """Make gputopo's NVML seam call this fake inside the ``with`` block."""
+        from gputopo.system import nvml
+
+        with nvml.use_backend(self):
+            yield self
+
+    @property
+    def open_sessions(self) -> int:
+        """Inits not yet matched by a shutdown (0 after every well-behaved caller)."""
+        return self.init_count - self.shutdown_count
+
+    # -- named machines ---------------------------------------------------------------------------
+
+    @classmethod
+    def nvlink_box(cls, **options: Any) -> FakeNvml:
+        """8x RTX A6000 with NVLink bridges (NV4) on pairs 0-1, 2-3, 4-5, 6-7; GPUs 0-3 on socket 0
+        (CPUs 0-31, NUMA 0), 4-7 on socket 1 (CPUs 32-63, NUMA 1), each GPU on its own root complex,
+        so NODE within a socket and SYS across (the seed machine of DESIGN.md)."""
+        buses = (0x1A, 0x1B, 0x3D, 0x3E, 0x88, 0x89, 0xB1, 0xB2)
+        gpus = []
+        for i, bus in enumerate(buses):
+            socket = i // 4
+            gpus.append(
+                FakeGpu(
+                    name="NVIDIA RTX A6000",
+                    bus_id=_bus(bus),
+                    uuid=f"GPU-a6000000-0000-0000-0000-00000000000{i}",
+                    minor=i,
+                    pcie_path=(socket, i, 0, 0),
+                    cpus=tuple(range(32 * socket, 32 * socket + 32)),
+                    numa_nodes=(socket,),
+                    links=tuple(FakeLink(i ^ 1) for _ in range(4)),
+                )
+            )
+        return cls(gpus, **options)
+
+    @classmethod
+    def nvswitch_box(cls, **options: Any) -> FakeNvml:
+        """4x H100 80GB HBM3 (SXM), 18 NVLinks each to the NVSwitches: NV18 between every pair. Two
+        sockets with hyperthreads: GPUs 0-1 CPUs 0-47,96-143 NUMA 0; GPUs 2-3 CPUs 48-95,144-191 NUMA 1."""
+        buses = (0x18, 0x2A, 0x9A, 0xAB)
+        gpus = []
+        for i, bus in enumerate(buses):
+            socket = i // 2
+            cpus = tuple(range(48 * socket, 48 * socket + 48)) + tuple(
+                range(96 + 48 * socket, 144 + 48 * socket)
+            )
+            gpus.append(
+                FakeGpu(
+                    name="NVIDIA H100 80GB HBM3",
+                    bus_id=_bus(bus),
+                    uuid=f"GPU-h1000000-0000-0000-0000-00000000000{i}",
+                    minor=i,
+                    pcie_path=(socket, i, 0, 0),
+                    cpus=cpus,
+                    numa_nodes=(socket,),
+                    pcie=(5, 5, 16, 16),
+                    memory_total_mib=81559,
+                    links=tuple(FakeLink(NVSWITCH) for _ in range(18)),
+                )
+            )
+        return cls(gpus, **options)
+
+    @classmethod
+    def pcie_box(cls, **options: Any) -> FakeNvml:
+        """8x L40S on PCIe, two sockets (CPUs 0-15,32-47 NUMA 0 / 16-31,48-63 NUMA 1), no NVLink.
+
+        GPUs 0,1 share a leaf switch (PIX); GPU2 is under a sibling leaf (PXB to 0,1); GPU3 under another
+        upper switch of the same root complex (PHB); GPU4 on another root complex of socket 0 (NODE);
+        GPUs 5,6 share a leaf on socket 1 (PIX), GPU7 another root complex there (NODE); socket 0 to
+        socket 1 is SYS. Idle GPUs sit at Gen1 x16 (max Gen4 x16); GPU2 is busy (97%) at Gen4 x8.
+        """
+        paths = [
+            (0, 0, 0, 0),
+            (0, 0, 0, 0),
+            (0, 0, 0, 1),
+            (0, 0, 1, 2),
+            (0, 1, 2, 3),
+            (1, 2, 3, 4),
+            (1, 2, 3, 4),
+            (1, 3, 4, 5),
+        ]
+        buses = (0x17, 0x18, 0x31, 0x4B, 0x65, 0xCA, 0xCB, 0xE3)
+        gpus = []
+        for i, (path, bus) in enumerate(zip(paths, buses, strict=True)):
+            socket = path[0]
+            gpus.append(
+                FakeGpu(
+                    name="NVIDIA L40S",
+                    bus_id=_bus(bus),
+                    uuid=f"GPU-140s0000-0000-0000-0000-00000000000{i}",
+                    minor=i,
+                    pcie_path=path,
+                    cpus=tuple(range(16 * socket, 16 * socket + 16))
+                    + tuple(range(32 + 16 * socket, 48 + 16 * socket)),
+                    numa_nodes=(socket,),
+                    pcie=(1, 4, 16, 16),
+                    memory_total_mib=46068,
+                )
+            )
+        busy = gpus[2]
+        busy.pcie = (4, 4, 8, 16)
+        busy.utilization_pct = 97
+        busy.memory_used_mib = 30211
+        return cls(gpus, **options)
+
+    @classmethod
+    def lost_gpu_box(cls, **options: Any) -> FakeNvml:
+        """``nvlink_box`` after GPU5 fell off the bus: every query about it raises GpuIsLost, and its
+        bridge partner GPU4 sees its 4 NVLinks down."""
+        fake = cls.nvlink_box(**options)
+        fake.gpus[5].lost = True
+        fake.gpus[4].links = tuple(FakeLink(5, up=False) for _ in range(4))
+        return fake
+
+    @classmethod
+    def no_driver(cls, **options: Any) -> FakeNvml:
+        """A machine without the NVIDIA driver: ``nvmlInit`` fails with LibraryNotFound."""
+        options.setdefault("init_error", pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+        return cls([], **options)
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _check_init(self) -> None:
+        if self.open_sessions <= 0:
+            raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
+
+    def _gpu(self, handle: FakeHandle, fn: str) -> FakeGpu:
+        self._check_init()
+        gpu = self.gpus[handle.index]
+        if gpu.lost:
+            raise _err(pynvml.NVML_ERROR_GPU_IS_LOST)
+        if fn in gpu.unsupported:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return gpu
+
+    @staticmethod
+    def _mask(ids: tuple[int, ...], words: int) -> list[int]:
+        mask = [0] * words
+        for i in ids:
+            if i // 64 < words:
+                mask[i // 64] |= 1 << (i % 64)
+        return mask
+
+    @staticmethod
+    def _pci(bus_id: str) -> SimpleNamespace:
+        domain, bus, devfn = bus_id.split(":")
+        return SimpleNamespace(
+            busId=bus_id.encode(),
+            busIdLegacy=f"{domain[-4:]}:{bus}:{devfn}".encode(),
+            domain=int(domain, 16),
+            bus=int(bus, 16),
+            device=int(devfn.split(".")[0], 16),
+        )
+
+    def _level(self, a: FakeGpu, b: FakeGpu) -> int:
+        shared = 0
+        for x, y in zip(a.pcie_path, b.pcie_path, strict=True):
+            if x != y:
+                break
+            shared += 1
+        return {
+            4: pynvml.NVML_TOPOLOGY_SINGLE,
+            3: pynvml.NVML_TOPOLOGY_MULTIPLE,
+            2: pynvml.NVML_TOPOLOGY_HOSTBRIDGE,
+            1: pynvml.NVML_TOPOLOGY_NODE,
+            0: pynvml.NVML_TOPOLOGY_SYSTEM,
+        }[shared]
+
+    def _nvlinked(self, a: int, b: int) -> bool:
+        ga, gb = self.gpus[a], self.gpus[b]
+        if any(link.up and link.remote == b for link in ga.links):
+            return True
+        return any(lk.up and lk.remote == NVSWITCH for lk in ga.links) and any(
+            lk.up and lk.remote == NVSWITCH for lk in gb.links
+        )
+
+    def _pair(self, h1: FakeHandle, h2: FakeHandle, fn: str) -> tuple[FakeGpu, FakeGpu]:
+        return self._gpu(h1, fn), self._gpu(h2, fn)
+
+    def _procs(
+        self, table: dict[int, list[tuple[int, int | None]]], handle: FakeHandle, fn: str
+    ) -> list[Any]:
+        self._gpu(handle, fn)
+        return [
+            SimpleNamespace(pid=pid, usedGpuMemory=None if mib is None else mib * _MIB)
+            for pid, mib in table.get(handle.index, [])
+        ]
+
+    # -- pynvml's functions -----------------------------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        if self.init_error is not None:
+            raise _err(self.init_error)
+        self.init_count += 1
+
+    def nvmlShutdown(self) -> None:
+        self._check_init()
+        self.shutdown_count += 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._check_init()
+        return self.driver_version
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        self._check_init()
+        return self.cuda_driver_version
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._check_init()
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeHandle:
+        self._check_init()
+        if not 0 <= index < len(self.gpus):
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return FakeHandle(index)
+
+    def nvmlDeviceGetName(self, handle: FakeHandle) -> str:
+        return self._gpu(handle, "nvmlDeviceGetName").name
+
+    def nvmlDeviceGetUUID(self, handle: FakeHandle) -> str:
+        return self._gpu(handle, "nvmlDeviceGetUUID").uuid
+
+    def nvmlDeviceGetPciInfo(self, handle: FakeHandle) -> SimpleNamespace:
+        return self._pci(self._gpu(handle, "nvmlDeviceGetPciInfo").bus_id)
+
+    def nvmlDeviceGetMinorNumber(self, handle: FakeHandle) -> int:
+        return self._gpu(handle, "nvmlDeviceGetMinorNumber").minor
+
+    def nvmlDeviceGetCpuAffinity(self, handle: FakeHandle, cpuSetSize: int) -> list[int]:
+        return self._mask(self._gpu(handle, "nvmlDeviceGetCpuAffinity").cpus, cpuSetSize)
+
+    def nvmlDeviceGetMemoryAffinity(self, handle: FakeHandle, nodeSetSize: int, scope: int) -> list[int]:
+        gpu = self._gpu(handle, "nvmlDeviceGetMemoryAffinity")
+        if scope != pynvml.NVML_AFFINITY_SCOPE_NODE:
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self._mask(gpu.numa_nodes, nodeSetSize)
+
+    def nvmlDeviceGetNumaNodeId(self, handle: FakeHandle) -> int:
+        gpu = self._gpu(handle, "nvmlDeviceGetNumaNodeId")
+        if gpu.gpu_numa_id is None:  # only where GPU memory is a NUMA node (Grace Hopper)
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.gpu_numa_id
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: FakeHandle) -> int:
+        return self._gpu(handle, "nvmlDeviceGetCurrPcieLinkGeneration").pcie[0]
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: FakeHandle) -> int:
+        return self._gpu(handle, "nvmlDeviceGetMaxPcieLinkGeneration").pcie[1]
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: FakeHandle) -> int:
+        return self._gpu(handle, "nvmlDeviceGetCurrPcieLinkWidth").pcie[2]
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: FakeHandle) -> int:
+        return self._gpu(handle, "nvmlDeviceGetMaxPcieLinkWidth").pcie[3]
+
+    def nvmlDeviceGetMemoryInfo(self, handle: FakeHandle) -> SimpleNamespace:
+        gpu = self._gpu(handle, "nvmlDeviceGetMemoryInfo")
+        total, used = gpu.memory_total_mib * _MIB, gpu.memory_used_mib * _MIB
+        return SimpleNamespace(total=total, used=used, free=total - used)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: FakeHandle) -> SimpleNamespace:
+        gpu = self._gpu(handle, "nvmlDeviceGetUtilizationRates")
+        return SimpleNamespace(gpu=gpu.utilization_pct, memory=0)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeHandle) -> list[Any]:
+        if not self.process_api_v3:
+            self._gpu(handle, "nvmlDeviceGetComputeRunningProcesses")
+            raise pynvml.NVMLLibraryMismatchError("Unversioned function called and the pyNVML version ...")
+        return self._procs(self.processes, handle, "nvmlDeviceGetComputeRunningProcesses")
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: FakeHandle) -> list[Any]:
+        if not self.process_api_v3:
+            self._gpu(handle, "nvmlDeviceGetGraphicsRunningProcesses")
+            raise pynvml.NVMLLibraryMismatchError("Unversioned function called and the pyNVML version ...")
+        return self._procs(self.graphics_processes, handle, "nvmlDeviceGetGraphicsRunningProcesses")
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: FakeHandle) -> list[Any]:
+        return self._procs(self.processes, handle, "nvmlDeviceGetComputeRunningProcesses_v2")
+
+    def nvmlDeviceGetGraphicsRunningProcesses_v2(self, handle: FakeHandle) -> list[Any]:
+        return self._procs(self.graphics_processes, handle, "nvmlDeviceGetGraphicsRunningProcesses_v2")
+
+    def _link(self, device: FakeHandle, link: int, fn: str) -> FakeLink:
+        gpu = self._gpu(device, fn)
+        if not gpu.links:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if not 0 <= link < len(gpu.links):
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return gpu.links[link]
+
+    def nvmlDeviceGetNvLinkState(self, device: FakeHandle, link: int) -> int:
+        up = self._link(device, link, "nvmlDeviceGetNvLinkState").up
+        return pynvml.NVML_FEATURE_ENABLED if up else pynvml.NVML_FEATURE_DISABLED
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, device: FakeHandle, link: int) -> SimpleNamespace:
+        remote = self._link(device, link, "nvmlDeviceGetNvLinkRemotePciInfo").remote
+        if remote == NVSWITCH:
+            return self._pci(_bus(0xC0 + link % _SWITCHES))
+        assert isinstance(remote, int)
+        return self._pci(self.gpus[remote].bus_id)
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: FakeHandle, link: int) -> int:
+        remote = self._link(handle, link, "nvmlDeviceGetNvLinkRemoteDeviceType").remote
+        if not self.remote_type_supported:
+            raise _err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return (
+            pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH
+            if remote == NVSWITCH
+            else pynvml.NVML_NVLINK_DEVICE_TYPE_GPU
+        )
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, device1: FakeHandle, device2: FakeHandle) -> int:
+        a, b = self._pair(device1, device2, "nvmlDeviceGetTopologyCommonAncestor")
+        return self._level(a, b)
+
+    def nvmlDeviceGetP2PStatus(self, device1: FakeHandle, device2: FakeHandle, p2pIndex: int) -> int:
+        a, b = self._pair(device1, device2, "nvmlDeviceGetP2PStatus")
+        if not isinstance(p2pIndex, int) or not 0 <= p2pIndex <= pynvml.NVML_P2P_CAPS_INDEX_PCI:
+            # what ctypes does with a wrong argument (pynvml 13's NVML_P2P_CAPS_INDEX_READ is a tuple)
+            raise TypeError(f"p2pIndex must be an int capability index, got {p2pIndex!r}")
+        cap = ("read", "write", "nvlink", "atomics", "pci")[p2pIndex]
+        ia, ib = device1.index, device2.index
+        if (ia, ib, cap) in self.p2p_overrides:
+            return self.p2p_overrides[(ia, ib, cap)]
+        if self._nvlinked(ia, ib):
+            return pynvml.NVML_P2P_STATUS_OK
+        if cap in ("nvlink", "atomics"):
+            return pynvml.NVML_P2P_STATUS_NOT_SUPPORTED
+        if self._level(a, b) == pynvml.NVML_TOPOLOGY_SYSTEM:
+            return pynvml.NVML_P2P_STATUS_CHIPSET_NOT_SUPPORTED
+        return pynvml.NVML_P2P_STATUS_OK
