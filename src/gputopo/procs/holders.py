@@ -1,0 +1,291 @@
+"""Who holds the GPU device files: parsing ``lsof -F`` output and building ``Holder`` records (pure).
+
+The machine is read in ``gputopo.system.lsof``; this module only turns what was read into data:
+
+- ``parse_lsof_fields`` reads lsof's machine-readable field output (``-F``), not its columns, whose
+  widths and truncation change between versions.
+- ``build_holders`` joins the open device files with the process facts (``ProcessInfo``) and what
+  NVML says (``NvmlView``): which GPU each ``/dev/nvidiaN`` is (through NVML's minor number) and how
+  much GPU memory each process uses.
+
+A process is named by ``(pid, create_time)`` (``ProcessRef``), never by a bare pid, so a pid that the
+kernel reuses for a new process is never mistaken for the old one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+_GPU_DEVICE_RE = re.compile(r"nvidia(\d+)")
+
+
+@dataclass(frozen=True)
+class ProcessRef:
+    """A process identity: its pid and its start time (seconds since the epoch, as psutil gives it)."""
+
+    pid: int
+    create_time_s: float
+
+
+@dataclass(frozen=True)
+class OpenDevices:
+    """One process and the device files it has open, as lsof or ``/proc/PID/fd`` showed them.
+
+    ``command`` and ``uid`` are lsof's own fields, kept for processes that exit before they can be
+    read again; ``None`` when the source did not give them.
+    """
+
+    pid: int
+    paths: tuple[str, ...]
+    command: str | None = None
+    uid: int | None = None
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """What the kernel says about one process at scan time.
+
+    ``status`` is psutil's (``running``, ``sleeping``, ``disk-sleep``, ``zombie``, ...). ``sid`` is the
+    session id. ``error`` says why the rest is unknown (``"access denied"``); then the identity
+    (``create_time_s``) may be ``None`` and the process is never signalled.
+    """
+
+    pid: int
+    create_time_s: float | None
+    ppid: int | None = None
+    name: str | None = None
+    cmdline: tuple[str, ...] | None = None
+    uid: int | None = None
+    user: str | None = None
+    status: str | None = None
+    sid: int | None = None
+    error: str | None = None
+
+    @property
+    def ref(self) -> ProcessRef | None:
+        """The ``(pid, create_time)`` identity, or ``None`` when the start time could not be read."""
+        if self.create_time_s is None:
+            return None
+        return ProcessRef(self.pid, self.create_time_s)
+
+    @property
+    def command(self) -> str | None:
+        """The command line as one string (the name when the command line is empty, as for kernel tasks)."""
+        if self.cmdline:
+            return " ".join(self.cmdline)
+        return self.name
+
+    @property
+    def identities(self) -> tuple[str, ...]:
+        """Names the process goes by: its name and the file name of ``argv[0]``."""
+        names = [self.name] if self.name else []
+        if self.cmdline:
+            names.append(os.path.basename(self.cmdline[0]))
+        return tuple(dict.fromkeys(n for n in names if n))
+
+
+@dataclass(frozen=True)
+class GpuMemoryUse:
+    """One NVML process entry: a pid using a GPU, with its GPU memory (``None`` when NVML hides it)."""
+
+    pid: int
+    gpu_index: int
+    used_memory_mib: int | None
+
+
+@dataclass(frozen=True)
+class NvmlView:
+    """What NVML says that kill-stale uses; every field is ``None`` when NVML is unavailable.
+
+    ``processes`` are the compute and graphics processes on all GPUs; ``minors`` maps a GPU index to the
+    minor number N of its ``/dev/nvidiaN``; ``sees_pid_namespace`` says whether NVML's pids are the pids
+    of this PID namespace (not so in most containers, where NVML reports host pids).
+    """
+
+    processes: tuple[GpuMemoryUse, ...] | None = None
+    minors: Mapping[int, int] | None = None
+    sees_pid_namespace: bool | None = None
+
+    @property
+    def available(self) -> bool:
+        """True when NVML answered at all."""
+        return self.minors is not None or self.processes is not None
+
+    @property
+    def process_pids_usable(self) -> bool:
+        """True when NVML's process list can be matched against this namespace's pids."""
+        return self.processes is not None and self.sees_pid_namespace is True
+
+    def gpu_of_minor(self, minor: int) -> int | None:
+        """The GPU index whose device file is ``/dev/nvidia<minor>``; ``None`` when unknown."""
+        if self.minors is None:
+            return None
+        for index, m in self.minors.items():
+            if m == minor:
+                return index
+        return None
+
+    def memory_by_pid(self) -> dict[int, dict[int, int | None]]:
+        """``{pid: {gpu_index: used_memory_mib}}``, empty unless the pids are this namespace's."""
+        usage: dict[int, dict[int, int | None]] = {}
+        if not self.process_pids_usable or self.processes is None:
+            return usage
+        for entry in self.processes:
+            per_gpu = usage.setdefault(entry.pid, {})
+            previous = per_gpu.get(entry.gpu_index)
+            # A process can appear as both a compute and a graphics user of one GPU with the same memory.
+            if entry.gpu_index not in per_gpu or (previous is None and entry.used_memory_mib is not None):
+                per_gpu[entry.gpu_index] = entry.used_memory_mib
+        return usage
+
+
+@dataclass(frozen=True)
+class HolderScan:
+    """Everything read from the machine in one scan, for the pure code to judge.
+
+    ``processes`` holds the holders and their parents; ``lineage`` is this gputopo process followed by its
+    ancestors up to PID 1; ``my_uid`` is the effective uid the tool runs as. ``source`` is ``"lsof"`` or
+    ``"/proc"``. ``scan_time_s`` is the wall clock at the scan, for ages.
+    """
+
+    source: str
+    device_files: tuple[str, ...]
+    open_devices: tuple[OpenDevices, ...]
+    processes: Mapping[int, ProcessInfo]
+    lineage: tuple[int, ...]
+    my_uid: int
+    scan_time_s: float
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A process holding GPU device files, with what is known about it.
+
+    ``gpus`` is ``None`` when the device-to-GPU mapping is unknown (no NVML); ``gpu_memory_mib`` is
+    ``None`` when NVML cannot tell (unavailable, another PID namespace, or the process is not listed).
+    """
+
+    info: ProcessInfo
+    devices: tuple[str, ...]
+    gpus: tuple[int, ...] | None
+    gpu_memory_mib: int | None
+    nvml_listed: bool | None
+    age_s: float | None
+
+    @property
+    def pid(self) -> int:
+        """The holder's pid."""
+        return self.info.pid
+
+    @property
+    def gpu_devices(self) -> tuple[str, ...]:
+        """The held files that are per-GPU devices (``/dev/nvidiaN``), not ``nvidiactl`` or ``nvidia-uvm``."""
+        return tuple(d for d in self.devices if device_minor(d) is not None)
+
+
+def device_minor(path: str) -> int | None:
+    """The minor number N of a per-GPU device file named ``nvidiaN``; ``None`` for any other file."""
+    m = _GPU_DEVICE_RE.fullmatch(os.path.basename(path))
+    return int(m.group(1)) if m else None
+
+
+def parse_lsof_fields(text: str) -> list[OpenDevices]:
+    """Parse ``lsof -F`` field output into one record per process.
+
+    Each line is a field: its first character names it, the rest is the value. A ``p`` line starts a
+    process set (``c`` command, ``u`` uid, other process fields ignored), an ``f`` line starts a file
+    set within it, and ``n`` is the file's name. Lines that are not fields (blank, unknown ids) are
+    skipped; a process listed twice is merged. Names keep their order, without duplicates (a device both
+    opened and memory-mapped is listed once).
+    """
+    order: list[int] = []
+    paths: dict[int, list[str]] = {}
+    commands: dict[int, str] = {}
+    uids: dict[int, int] = {}
+    pid: int | None = None
+    for raw in text.splitlines():
+        if not raw:
+            continue
+        field, value = raw[0], raw[1:]
+        if field == "p":
+            pid = int(value) if value.isdigit() else None
+            if pid is not None and pid not in paths:
+                order.append(pid)
+                paths[pid] = []
+        elif pid is None:
+            continue
+        elif field == "c":
+            commands[pid] = value
+        elif field == "u" and value.isdigit():
+            uids[pid] = int(value)
+        elif field == "n" and value and value not in paths[pid]:
+            paths[pid].append(value)
+    return [
+        OpenDevices(pid=p, paths=tuple(paths[p]), command=commands.get(p), uid=uids.get(p))
+        for p in order
+        if paths[p]
+    ]
+
+
+def build_holders(
+    scan: HolderScan, nvml: NvmlView, gpus: frozenset[int] | None = None
+) -> tuple[list[Holder], list[str]]:
+    """Join open devices, process facts and NVML into ``Holder`` records, sorted by pid.
+
+    ``gpus`` keeps only holders of those GPU indices (it needs NVML's minor numbers; the caller checks).
+    A holder that exited between the device scan and reading its facts is dropped and said so in the
+    returned notes.
+    """
+    memory = nvml.memory_by_pid()
+    holders: list[Holder] = []
+    notes: list[str] = []
+    for opened in sorted(scan.open_devices, key=lambda o: o.pid):
+        info = scan.processes.get(opened.pid)
+        if info is None:
+            notes.append(f"pid {opened.pid} ({opened.command or '?'}) exited during the scan")
+            continue
+        held_gpus = _gpus_of(opened.paths, nvml)
+        if gpus is not None and not (held_gpus and gpus.intersection(held_gpus)):
+            continue
+        per_gpu = memory.get(opened.pid)
+        holders.append(
+            Holder(
+                info=info,
+                devices=tuple(sorted(opened.paths)),
+                gpus=held_gpus,
+                gpu_memory_mib=_total_mib(per_gpu),
+                nvml_listed=(opened.pid in memory) if nvml.process_pids_usable else None,
+                age_s=(
+                    max(0.0, scan.scan_time_s - info.create_time_s)
+                    if info.create_time_s is not None
+                    else None
+                ),
+            )
+        )
+    return holders, notes
+
+
+def _gpus_of(paths: Sequence[str], nvml: NvmlView) -> tuple[int, ...] | None:
+    """GPU indices of the per-GPU device files among ``paths``; ``None`` when a minor cannot be mapped."""
+    found: list[int] = []
+    for path in paths:
+        minor = device_minor(path)
+        if minor is None:
+            continue
+        index = nvml.gpu_of_minor(minor)
+        if index is None:
+            return None
+        if index not in found:
+            found.append(index)
+    return tuple(sorted(found))
+
+
+def _total_mib(per_gpu: Mapping[int, int | None] | None) -> int | None:
+    """Total GPU memory over a process's GPUs; ``None`` if NVML did not list it or hid any figure."""
+    if not per_gpu or any(v is None for v in per_gpu.values()):
+        return None
+    return sum(v for v in per_gpu.values() if v is not None)

@@ -1,0 +1,208 @@
+"""Rendering a ``kill-stale`` run: the holders table, the summary line, and the JSON document."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from gputopo.procs.stale import HolderOutcome, StaleRun, format_duration
+
+SCHEMA = "gputopo/stale/v1"
+
+_VERDICT_STYLE = {"stale": "bold yellow", "protected": "green", "in use": "dim"}
+_RESULT_STYLE = {
+    "would stop": "bold yellow",
+    "spared": "dim",
+    "terminated": "green",
+    "killed": "yellow",
+    "already gone": "green",
+    "access denied": "bold red",
+    "failed": "bold red",
+}
+
+
+def verdict(h: HolderOutcome) -> str:
+    """``protected``, ``stale`` or ``in use``: the one word shown for a holder."""
+    if h.assessment.protected:
+        return "protected"
+    return "stale" if h.assessment.stale else "in use"
+
+
+def shown_action(h: HolderOutcome) -> str:
+    """What the ACTION column says: ``would stop`` in a dry run, else the stop result or ``spared``."""
+    if h.result is not None:
+        return h.result.value
+    return "would stop" if h.action == "listed" else h.action
+
+
+def holds(h: HolderOutcome) -> str:
+    """GPUs when NVML mapped them, else the device file names."""
+    holder = h.assessment.holder
+    if holder.gpus:
+        return "GPU " + ",".join(str(g) for g in holder.gpus)
+    files = holder.gpu_devices or holder.devices
+    return " ".join(os.path.basename(d) for d in files)
+
+
+def _mib(value: int | None) -> str:
+    return "?" if value is None else f"{value} MiB"
+
+
+def why(h: HolderOutcome) -> list[str]:
+    """The reasons shown for a holder: stale reasons, why it is spared, then what happened to it."""
+    a = h.assessment
+    lines = list(a.reasons)
+    lines += [f"protected: {r}" for r in a.protected_reasons]
+    lines += [r for r in a.spared_reasons if r not in a.protected_reasons]
+    if h.detail:
+        lines.append(h.detail)
+    return lines
+
+
+def holders_table(run: StaleRun) -> Table:
+    """One row per holder: pid, user, age, what it holds, GPU memory, verdict, action, command.
+
+    The command comes last and is cut to the width left (the JSON document has it whole); the reasons
+    follow in ``reasons_list``, so that a narrow terminal still shows them in full.
+    """
+    # expand + ratio: the command takes the width the other columns leave, and no more.
+    table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold", expand=True)
+    for name in ("PID", "USER", "AGE", "HOLDS", "GPU MEM", "VERDICT", "ACTION", "COMMAND"):
+        table.add_column(name, no_wrap=True, overflow="ellipsis", ratio=1 if name == "COMMAND" else None)
+    for h in run.holders:
+        info = h.assessment.holder.info
+        word = verdict(h)
+        action = shown_action(h)
+        table.add_row(
+            str(info.pid),
+            info.user or (f"uid {info.uid}" if info.uid is not None else "?"),
+            format_duration(h.assessment.holder.age_s),
+            holds(h),
+            _mib(h.assessment.holder.gpu_memory_mib),
+            Text(word, style=_VERDICT_STYLE[word]),
+            Text(action, style=_RESULT_STYLE.get(action, "")),
+            info.command or "?",
+        )
+    return table
+
+
+def reasons_list(run: StaleRun) -> Table:
+    """Per holder, why it is stale, protected or spared, and what happened to it."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(no_wrap=True)
+    grid.add_column(overflow="fold")
+    for h in run.holders:
+        lines = why(h)
+        if lines:
+            grid.add_row(str(h.assessment.holder.pid), "\n".join(lines))
+    return grid
+
+
+def summary(run: StaleRun) -> Text:
+    """The closing sentence: what ``--yes`` would do, or what was done."""
+    targeted = run.targeted
+    if not run.holders:
+        return Text(f"No process holds {_files_phrase(run)}.")
+    if not targeted:
+        return Text(f"Nothing to stop: {_count(len(run.holders), 'holder')}, none targeted.")
+    if run.dry_run:
+        return Text(
+            f"Dry run: --yes would stop {_count(len(targeted), 'process', 'processes')} "
+            f"(SIGTERM, up to {run.grace_s:g} s grace, then SIGKILL). Nothing was signalled.",
+            style="bold",
+        )
+    counts: dict[str, int] = {}
+    for h in targeted:
+        key = h.result.value if h.result is not None else h.action
+        counts[key] = counts.get(key, 0) + 1
+    parts = ", ".join(f"{n} {k}" for k, n in counts.items())
+    stopped = len(targeted) - len(run.not_stopped)
+    text = Text(f"Stopped {stopped} of {len(targeted)}: {parts}.", style="bold")
+    freed = run.memory_freed_mib
+    if freed is not None:
+        text.append(f" GPU memory freed: {freed} MiB.")
+    return text
+
+
+def render_run(run: StaleRun) -> RenderableType:
+    """Everything ``kill-stale`` prints on stdout for ``run``."""
+    if not run.device_files:
+        return Text(f"No file matches {run.device_glob}: no process holds a GPU device.")
+    header = Text(f"GPU holders of {_files_phrase(run)} (from {run.source})", style="bold")
+    if not run.holders:
+        return Group(header, summary(run))
+    return Group(header, holders_table(run), Text("Why:", style="bold"), reasons_list(run), summary(run))
+
+
+def _files_phrase(run: StaleRun) -> str:
+    n = len(run.device_files)
+    return f"{_count(n, 'device file')}" if n != 1 else run.device_files[0]
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else (many or one + 's')}"
+
+
+def stale_document(run: StaleRun) -> dict[str, Any]:
+    """The ``--json`` document (schema ``gputopo/stale/v1``)."""
+    return {
+        "schema": SCHEMA,
+        "dry_run": run.dry_run,
+        "source": run.source,
+        "device_glob": run.device_glob,
+        "device_files": list(run.device_files),
+        "policy": {
+            "all": run.policy.all,
+            "all_users": run.policy.all_users,
+            "older_than_s": run.policy.older_than_s,
+            "grace_s": run.grace_s,
+        },
+        "nvml": {"available": run.nvml.available, "sees_pid_namespace": run.nvml.sees_pid_namespace},
+        "holders": [_holder_doc(h) for h in run.holders],
+        "summary": {
+            "holders": len(run.holders),
+            "stale": sum(1 for h in run.holders if h.assessment.stale),
+            "protected": sum(1 for h in run.holders if h.assessment.protected),
+            "targeted": len(run.targeted),
+            "not_stopped": len(run.not_stopped),
+            "memory_freed_mib": run.memory_freed_mib,
+        },
+        "notes": list(run.notes),
+    }
+
+
+def _holder_doc(h: HolderOutcome) -> dict[str, Any]:
+    a = h.assessment
+    holder = a.holder
+    info = holder.info
+    return {
+        "pid": info.pid,
+        "create_time_s": info.create_time_s,
+        "ppid": info.ppid,
+        "user": info.user,
+        "uid": info.uid,
+        "name": info.name,
+        "command": info.command,
+        "status": info.status,
+        "age_s": holder.age_s,
+        "devices": list(holder.devices),
+        "gpus": list(holder.gpus) if holder.gpus is not None else None,
+        "gpu_memory_mib": holder.gpu_memory_mib,
+        "nvml_listed": holder.nvml_listed,
+        "stale": a.stale,
+        "reasons": list(a.reasons),
+        "protected": a.protected,
+        "protected_reasons": list(a.protected_reasons),
+        "spared_reasons": list(a.spared_reasons),
+        "targeted": a.targeted,
+        "target_pid": a.target.pid if a.target is not None else None,
+        "action": h.action,
+        "result": h.result.value if h.result is not None else None,
+        "gone": h.gone,
+        "detail": h.detail,
+        "memory_freed_mib": h.memory_freed_mib,
+    }

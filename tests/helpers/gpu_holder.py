@@ -1,0 +1,134 @@
+"""A stand-in for a GPU job in kill-stale tests: holds files open and sleeps.
+
+Roles (first argument):
+
+- ``hold FILE...``: open the files, print ``ready pid=<pid>``, sleep until signalled.
+- ``orphan FILE...``: become a child subreaper S, fork a launcher that starts a new session (as a login
+  shell does) and forks the holder G, then exits. G is adopted by S from another session: an orphan.
+  S reaps every descendant and exits when none is left, so nothing outlives the test.
+- ``zombie-parent FILE...``: as a subreaper S, fork P; P forks Z, which exits at once; P never reaps it,
+  holds the files and prints ``ready pid=<P> zombie=<Z>``.
+- ``run FILE... -- ARGV``: open the files, then run ARGV with those descriptors inherited, and exit with
+  its status (the tool's parent holds the files, and so does the tool).
+
+Options: ``--ignore-term`` ignores SIGTERM; ``--comm NAME`` sets the kernel's process name (with argv[0]
+set by the caller, this is how a daemon's name is worn); ``--uid UID`` drops to that user after opening.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+
+PR_SET_NAME = 15
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, arg: int | bytes) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(option, arg, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl failed")
+
+
+def _open_all(paths: list[str]) -> list[int]:
+    return [os.open(p, os.O_RDONLY) for p in paths]
+
+
+def _ready(**extra: int) -> None:
+    fields = " ".join(f"{k}={v}" for k, v in {"pid": os.getpid(), **extra}.items())
+    sys.stdout.write(f"ready {fields}\n")
+    sys.stdout.flush()
+
+
+def _sleep_forever() -> None:
+    while True:
+        signal.pause()
+
+
+def _reap_until_alone() -> None:
+    """What a subreaper init does: wait for every child (adopted ones too), then exit."""
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            os._exit(0)
+        except InterruptedError:
+            continue
+
+
+def _apply(opts: argparse.Namespace) -> None:
+    if opts.comm:
+        _prctl(PR_SET_NAME, opts.comm.encode()[:15])
+    if opts.ignore_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("role", choices=["hold", "orphan", "zombie-parent", "run"])
+    parser.add_argument("files", nargs="*")
+    parser.add_argument("--ignore-term", action="store_true")
+    parser.add_argument("--comm")
+    parser.add_argument("--uid", type=int)
+    argv = sys.argv[1:]
+    tail: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, tail = argv[:cut], argv[cut + 1 :]
+    opts = parser.parse_args(argv)
+
+    if opts.role == "hold":
+        _open_all(opts.files)
+        if opts.uid is not None:
+            os.setgid(opts.uid)
+            os.setuid(opts.uid)
+        _apply(opts)
+        _ready()
+        _sleep_forever()
+
+    if opts.role == "run":
+        fds = _open_all(opts.files)
+        _apply(opts)
+        sys.exit(subprocess.call(tail, pass_fds=fds))
+
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    if opts.role == "orphan":
+        launcher = os.fork()
+        if launcher == 0:
+            os.setsid()
+            if os.fork() == 0:
+                _open_all(opts.files)
+                _apply(opts)
+                while os.getppid() == launcher:  # wait until adopted, so the test sees an orphan
+                    time.sleep(0.01)
+                _ready()
+                _sleep_forever()
+            os._exit(0)
+        _reap_until_alone()
+
+    if opts.role == "zombie-parent":
+        if os.fork() == 0:
+            _open_all(opts.files)
+            _apply(opts)
+            zombie = os.fork()
+            if zombie == 0:
+                os._exit(0)
+            while _state(zombie) != "Z":
+                time.sleep(0.01)
+            _ready(zombie=zombie)
+            _sleep_forever()
+        _reap_until_alone()
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+if __name__ == "__main__":
+    main()

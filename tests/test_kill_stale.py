@@ -1,0 +1,520 @@
+"""``gputopo kill-stale`` against real processes and the real lsof.
+
+Files in a temporary folder stand in for ``/dev/nvidia*`` (``--device-files``); child processes from
+``tests/helpers/gpu_holder.py`` hold them open. NVML is faked at the ``system.inventory`` seam. Every
+test ends by killing what is left and checking that none of its processes still exists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from typer.testing import CliRunner
+
+from gputopo.cli import app
+from gputopo.procs.holders import ProcessRef
+from gputopo.procs.stale import StopResult
+from gputopo.procs.terminate import stop_processes
+from gputopo.system import inventory
+from gputopo.system.inventory import GpuProcess
+
+HELPER = Path(__file__).resolve().parent / "helpers" / "gpu_holder.py"
+REPO = Path(__file__).resolve().parents[1]
+PLAIN_ENV = {"NO_COLOR": "1", "COLUMNS": "200", "TERM": "dumb"}
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="kill-stale reads Linux processes")
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, start time in clock ticks) from /proc/PID/stat; ``None`` when the pid is free.
+
+    Read directly, not through psutil, so that tests which patch psutil cannot blind the cleanup.
+    """
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return fields[0], int(fields[19])
+
+
+def running(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie has exited: it does not run)."""
+    stat = _stat(pid)
+    return stat is not None and stat[0] != "Z"
+
+
+class Procs:
+    """Starts helper processes and guarantees none outlives the test."""
+
+    def __init__(self) -> None:
+        self.popens: list[subprocess.Popen[str]] = []
+        self.started: list[tuple[int, int]] = []  # (pid, start ticks): a process, not a bare pid
+
+    def start(self, role: str, *args: str, argv0: str | None = None) -> dict[str, int]:
+        """Start a helper and wait for its ``ready`` line; returns its fields (``pid``, ``zombie``)."""
+        cmd = [argv0 or sys.executable, str(HELPER), role, *args]
+        popen = subprocess.Popen(cmd, executable=sys.executable, stdout=subprocess.PIPE, text=True)
+        self.popens.append(popen)
+        self._track(popen.pid)
+        assert popen.stdout is not None
+        readable, _, _ = select.select([popen.stdout], [], [], 15)
+        assert readable, f"helper {role} never became ready"
+        line = popen.stdout.readline().split()
+        assert line and line[0] == "ready", line
+        fields = {k: int(v) for k, v in (f.split("=") for f in line[1:])}
+        for pid in fields.values():
+            self._track(pid)
+        return fields
+
+    def _track(self, pid: int) -> None:
+        stat = _stat(pid)
+        assert stat is not None, f"helper process {pid} vanished"
+        if all(p != pid for p, _ in self.started):
+            self.started.append((pid, stat[1]))
+
+    def _exists(self, pid: int, ticks: int) -> bool:
+        stat = _stat(pid)
+        return stat is not None and stat[1] == ticks
+
+    def finish(self) -> None:
+        """Kill whatever is left (newest first, so subreapers reap their descendants), wait, and check."""
+        for pid, ticks in reversed(self.started):
+            if self._exists(pid, ticks):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        for popen in self.popens:
+            popen.wait(timeout=15)
+            if popen.stdout:
+                popen.stdout.close()
+        deadline = time.monotonic() + 10
+        while any(self._exists(*s) for s in self.started) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not [p for p, t in self.started if self._exists(p, t)], "a test process was left behind"
+
+
+@pytest.fixture
+def procs() -> Iterator[Procs]:
+    p = Procs()
+    try:
+        yield p
+    finally:
+        p.finish()
+
+
+@pytest.fixture
+def devices(tmp_path: Path) -> dict[str, str]:
+    """Stand-ins for /dev/nvidia0, /dev/nvidia1 and /dev/nvidiactl, and the glob naming them."""
+    files = {name: tmp_path / name for name in ("nvidia0", "nvidia1", "nvidiactl")}
+    for f in files.values():
+        f.write_text("")
+    out = {k: str(v) for k, v in files.items()}
+    out["glob"] = str(tmp_path / "nvidia*")
+    return out
+
+
+@pytest.fixture(autouse=True)
+def no_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVML unavailable unless a test says otherwise (as on a machine without the driver)."""
+    set_nvml(monkeypatch, processes=None, minors=None, sees=None)
+
+
+def set_nvml(monkeypatch: pytest.MonkeyPatch, processes, minors, sees) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(inventory, "gpu_processes", processes if callable(processes) else lambda: processes)
+    monkeypatch.setattr(inventory, "minor_numbers", lambda: minors)
+    monkeypatch.setattr(inventory, "nvml_sees_pid_namespace", lambda: sees)
+
+
+def kill_stale(*args: str, input: str | None = None):  # type: ignore[no-untyped-def]
+    return CliRunner().invoke(app, ["kill-stale", *args], env=PLAIN_ENV, input=input)
+
+
+def as_json(*args: str) -> tuple[int, dict]:
+    result = kill_stale(*args, "--json")
+    return result.exit_code, json.loads(result.stdout)
+
+
+def by_pid(doc: dict) -> dict[int, dict]:
+    return {h["pid"]: h for h in doc["holders"]}
+
+
+def test_orphan_is_stale_survives_the_dry_run_and_goes_with_yes(
+    procs: Procs, devices: dict[str, str]
+) -> None:
+    orphan = procs.start("orphan", devices["nvidia0"], devices["nvidiactl"])["pid"]
+    worker = procs.start("hold", devices["nvidia1"])["pid"]
+
+    result = kill_stale("--device-files", devices["glob"])
+    assert result.exit_code == 0, result.output
+    assert "orphaned" in result.stdout and "would stop" in result.stdout
+    assert "Dry run: --yes would stop 1 process" in result.stdout
+    assert running(orphan)
+
+    code, doc = as_json("--device-files", devices["glob"])
+    assert code == 0 and doc["schema"] == "gputopo/stale/v1" and doc["dry_run"] is True
+    held = by_pid(doc)
+    assert held[orphan]["stale"] is True and held[orphan]["action"] == "listed"
+    assert any("adopted by" in r for r in held[orphan]["reasons"])
+    assert held[orphan]["devices"] == [devices["nvidia0"], devices["nvidiactl"]]
+    assert held[worker]["stale"] is False and held[worker]["action"] == "spared"
+    assert running(orphan)
+
+    code, doc = as_json("--device-files", devices["glob"], "--yes", "--grace", "1")
+    assert code == 0
+    assert by_pid(doc)[orphan]["action"] == "terminated" and by_pid(doc)[orphan]["gone"] is True
+    assert by_pid(doc)[worker]["action"] == "spared"
+    assert not running(orphan)
+    assert running(worker)
+
+
+def test_holder_with_live_parent_is_stopped_only_with_all(procs: Procs, devices: dict[str, str]) -> None:
+    worker = procs.start("hold", devices["nvidia0"])["pid"]
+
+    code, doc = as_json("--device-files", devices["glob"], "--yes", "--grace", "1")
+    assert code == 0
+    assert by_pid(doc)[worker]["stale"] is False
+    assert by_pid(doc)[worker]["spared_reasons"] == ["not stale (--all would stop it)"]
+    assert running(worker)
+
+    code, doc = as_json("--device-files", devices["glob"], "--all", "--yes", "--grace", "1")
+    assert code == 0
+    assert by_pid(doc)[worker]["action"] == "terminated"
+    assert not running(worker)
+
+
+def test_holder_ignoring_sigterm_is_killed_after_the_grace(procs: Procs, devices: dict[str, str]) -> None:
+    stubborn = procs.start("hold", devices["nvidia0"], "--ignore-term")["pid"]
+
+    started = time.monotonic()
+    result = kill_stale("--device-files", devices["glob"], "--all", "--yes", "--grace", "1")
+    elapsed = time.monotonic() - started
+    assert result.exit_code == 0, result.output
+    assert "killed" in result.stdout and "Stopped 1 of 1: 1 killed." in result.stdout
+    assert elapsed >= 1.0
+    assert not running(stubborn)
+
+
+def test_holder_named_like_a_protected_daemon_survives_all_yes(procs: Procs, devices: dict[str, str]) -> None:
+    daemon = procs.start(
+        "hold", devices["nvidiactl"], "--comm", "nvidia-persistenced", argv0="nvidia-persistenced"
+    )["pid"]
+    other = procs.start("hold", devices["nvidia0"])["pid"]
+
+    code, doc = as_json("--device-files", devices["glob"], "--all", "--yes", "--grace", "1")
+    assert code == 0
+    held = by_pid(doc)
+    assert held[daemon]["protected"] is True and held[daemon]["action"] == "spared"
+    assert any("NVIDIA persistence daemon" in r for r in held[daemon]["protected_reasons"])
+    assert held[other]["action"] == "terminated"
+    assert running(daemon)
+    assert not running(other)
+
+
+def test_never_targets_itself_or_its_ancestors(procs: Procs, devices: dict[str, str]) -> None:
+    bystander = procs.start("hold", devices["nvidia1"])["pid"]
+    with open(devices["nvidia0"]):  # pytest (an ancestor of the tool run below) holds a device too
+        tool = [sys.executable, "-m", "gputopo", "kill-stale", "--device-files", devices["glob"]]
+        launcher = subprocess.Popen(
+            [sys.executable, str(HELPER), "run", devices["nvidia0"], "--", *tool, "--all", "--yes", "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **PLAIN_ENV},
+            start_new_session=True,  # its own process group, so a hang can be ended whole
+        )
+        try:
+            stdout, stderr = launcher.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.communicate()
+            raise
+        assert launcher.returncode == 0, stderr
+        doc = json.loads(stdout)
+        held = by_pid(doc)
+        me = os.getpid()
+        tool_runs = [h for h in doc["holders"] if "this gputopo process" in h["protected_reasons"]]
+        assert len(tool_runs) == 1 and not tool_runs[0]["targeted"]
+        ancestors = {
+            h["pid"]: h for h in doc["holders"] if any("ancestor" in r for r in h["protected_reasons"])
+        }
+        assert tool_runs[0]["ppid"] in ancestors  # the helper that launched the tool, holding the device
+        assert me in ancestors  # and pytest, two generations up
+        assert not any(h["targeted"] for h in ancestors.values())
+        assert held[bystander]["action"] == "terminated"
+
+        # In-process, the test runner itself is the tool: listed as such, never a target.
+        code, doc = as_json("--device-files", devices["glob"], "--all", "--yes")
+        assert code == 0
+        assert by_pid(doc)[me]["protected_reasons"] == ["this gputopo process"]
+        assert by_pid(doc)[me]["targeted"] is False
+    assert not running(bystander)
+
+
+def test_reused_pid_is_not_signalled(procs: Procs, devices: dict[str, str]) -> None:
+    live = procs.start("hold", devices["nvidia0"])["pid"]
+    listed = ProcessRef(live, psutil.Process(live).create_time() - 30.0)  # what was listed before reuse
+
+    [outcome] = stop_processes([listed], grace_s=1)
+    assert outcome.result is StopResult.ALREADY_GONE
+    assert "now belongs to another process" in outcome.detail
+    assert running(live)  # a plain holder dies on SIGTERM: it was not signalled
+
+
+def test_access_denied_on_signal_is_reported_not_a_crash(
+    procs: Procs, devices: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    guarded_pid = procs.start("hold", devices["nvidia0"])["pid"]
+    other = procs.start("hold", devices["nvidia1"])["pid"]
+    real_send = psutil.Process.send_signal
+
+    def send_signal(self: psutil.Process, sig: int) -> None:
+        if self.pid == guarded_pid:
+            raise psutil.AccessDenied(self.pid)
+        real_send(self, sig)
+
+    monkeypatch.setattr(psutil.Process, "send_signal", send_signal)
+    result = kill_stale("--device-files", devices["glob"], "--all", "--yes", "--grace", "1", "--json")
+    assert result.exit_code == 1
+    held = by_pid(json.loads(result.stdout))
+    assert held[guarded_pid]["action"] == "failed" and held[guarded_pid]["result"] == "access denied"
+    assert held[other]["action"] == "terminated"
+    assert "could not be stopped" in result.stderr and "Traceback" not in result.output
+    assert running(guarded_pid)
+
+
+def test_unreadable_process_is_listed_not_signalled(
+    procs: Procs, devices: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hidden = procs.start("hold", devices["nvidia0"])["pid"]
+    real_create_time = psutil.Process.create_time
+
+    def create_time(self: psutil.Process) -> float:
+        if self.pid == hidden:
+            raise psutil.AccessDenied(self.pid)
+        return real_create_time(self)
+
+    monkeypatch.setattr(psutil.Process, "create_time", create_time)
+    code, doc = as_json("--device-files", devices["glob"], "--all", "--yes", "--grace", "1")
+    assert code == 0
+    held = by_pid(doc)[hidden]
+    assert held["protected"] is True and "cannot be read (access denied)" in held["protected_reasons"]
+    assert held["action"] == "spared"
+    assert running(hidden)
+
+
+def test_failed_when_a_process_outlives_sigkill(
+    procs: Procs, devices: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stuck = procs.start("hold", devices["nvidia0"], "--ignore-term")["pid"]
+    real_send = psutil.Process.send_signal
+
+    def send_signal(self: psutil.Process, sig: int) -> None:
+        if sig != signal.SIGKILL:  # stands in for a process stuck in the driver, which SIGKILL cannot end
+            real_send(self, sig)
+
+    monkeypatch.setattr(psutil.Process, "send_signal", send_signal)
+    monkeypatch.setattr("gputopo.procs.terminate.KILL_WAIT_S", 0.3)
+    result = kill_stale("--device-files", devices["glob"], "--all", "--yes", "--grace", "0.2")
+    assert result.exit_code == 1
+    assert "failed" in result.stdout and "still running" in result.stdout
+    assert running(stuck)
+
+
+def test_zombie_holder_is_released_by_stopping_its_parent(
+    procs: Procs, devices: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fields = procs.start("zombie-parent", devices["nvidia1"])
+    parent, zombie = fields["pid"], fields["zombie"]
+    assert psutil.Process(zombie).status() == psutil.STATUS_ZOMBIE
+
+    # An exited process has closed its files, so no scan can see one holding a device: the scan is told
+    # that the (real) zombie holds one, as when a process exits between lsof and the process read.
+    import gputopo.system.lsof as lsof_mod
+    from gputopo.procs.holders import OpenDevices
+
+    real_find = lsof_mod.find_open_devices
+
+    def find_open_devices(files):  # type: ignore[no-untyped-def]
+        records, source, warnings = real_find(files)
+        return [*records, OpenDevices(zombie, (devices["nvidia0"],))], source, warnings
+
+    monkeypatch.setattr(lsof_mod, "find_open_devices", find_open_devices)
+
+    code, doc = as_json("--device-files", devices["glob"])
+    held = by_pid(doc)
+    assert code == 0
+    assert held[zombie]["stale"] is True and held[zombie]["target_pid"] == parent
+    assert any(r.startswith("zombie") for r in held[zombie]["reasons"])
+    assert held[parent]["stale"] is False
+
+    code, doc = as_json("--device-files", devices["glob"], "--yes", "--grace", "1")
+    assert code == 0
+    assert by_pid(doc)[zombie]["action"] == "terminated"
+    assert by_pid(doc)[zombie]["detail"].startswith(f"acted on its parent {parent}")
+    assert not running(parent)
+
+
+def test_older_than_spares_young_stale_holders(procs: Procs, devices: dict[str, str]) -> None:
+    orphan = procs.start("orphan", devices["nvidia0"])["pid"]
+
+    code, doc = as_json("--device-files", devices["glob"], "--older-than", "1h", "--yes")
+    assert code == 0
+    held = by_pid(doc)[orphan]
+    assert held["stale"] is True and held["action"] == "spared"
+    assert any("younger than --older-than 1h" in r for r in held["spared_reasons"])
+    assert running(orphan)
+
+    result = kill_stale("--device-files", devices["glob"], "--older-than", "ten minutes")
+    assert result.exit_code == 2 and "not a duration" in result.stderr
+
+
+def test_interactive_terminal_asks_before_stopping(
+    procs: Procs, devices: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    orphan = procs.start("orphan", devices["nvidia0"])["pid"]
+    monkeypatch.setattr("gputopo.cli.stale._stdin_is_tty", lambda: True)
+
+    result = kill_stale("--device-files", devices["glob"], input="n\n")
+    assert result.exit_code == 0
+    assert "Stop 1 process(es) now" in result.stderr
+    assert "would stop" in result.stdout and "Nothing was signalled." in result.stdout
+    assert running(orphan)
+
+    result = kill_stale("--device-files", devices["glob"], "--grace", "1", input="y\n")
+    assert result.exit_code == 0, result.output
+    assert "Stopped 1 of 1: 1 terminated." in result.stdout
+    assert not running(orphan)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a holder as another user")
+def test_other_users_processes_need_all_users(procs: Procs, devices: dict[str, str]) -> None:
+    nobody = pwd.getpwnam("nobody").pw_uid
+    theirs = procs.start("hold", devices["nvidia0"], "--uid", str(nobody))["pid"]
+
+    code, doc = as_json("--device-files", devices["glob"], "--all", "--yes", "--grace", "1")
+    assert code == 0
+    held = by_pid(doc)[theirs]
+    assert held["protected"] is True and any("add --all-users" in r for r in held["protected_reasons"])
+    assert running(theirs)
+
+    code, doc = as_json("--device-files", devices["glob"], "--all", "--all-users", "--yes", "--grace", "1")
+    assert code == 0 and by_pid(doc)[theirs]["action"] == "terminated"
+    assert not running(theirs)
+
+
+def test_gpu_mapping_memory_and_invisible_to_nvml(
+    procs: Procs, devices: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = procs.start("hold", devices["nvidia0"], devices["nvidiactl"])["pid"]
+    hidden = procs.start("hold", devices["nvidia1"], devices["nvidiactl"])["pid"]
+
+    def gpu_processes() -> list[GpuProcess]:
+        return [GpuProcess(seen, 0, 1234)] if running(seen) else []
+
+    set_nvml(monkeypatch, gpu_processes, {0: 0, 1: 1}, True)
+    code, doc = as_json("--device-files", devices["glob"])
+    held = by_pid(doc)
+    assert held[seen]["gpus"] == [0] and held[seen]["gpu_memory_mib"] == 1234 and held[seen]["stale"] is False
+    assert held[hidden]["gpus"] == [1] and held[hidden]["gpu_memory_mib"] is None
+    assert any(r.startswith("invisible to NVML") for r in held[hidden]["reasons"])
+
+    code, doc = as_json("--device-files", devices["glob"], "--gpus", "1")
+    assert [h["pid"] for h in doc["holders"]] == [hidden]
+
+    code, doc = as_json("--device-files", devices["glob"], "--gpus", "0", "--all", "--yes", "--grace", "1")
+    assert code == 0
+    assert by_pid(doc)[seen]["memory_freed_mib"] == 1234 and doc["summary"]["memory_freed_mib"] == 1234
+    assert running(hidden)
+
+    # When NVML reports another namespace's pids, nobody is called invisible.
+    set_nvml(monkeypatch, lambda: [GpuProcess(999999, 1, 10)], {0: 0, 1: 1}, False)
+    code, doc = as_json("--device-files", devices["glob"])
+    assert by_pid(doc)[hidden]["stale"] is False and by_pid(doc)[hidden]["gpu_memory_mib"] is None
+    assert any("another PID namespace" in n for n in doc["notes"])
+
+    result = kill_stale("--device-files", devices["glob"], "--gpus", "7")
+    assert result.exit_code == 2 and "no GPU 7" in result.stderr
+
+
+def test_gpus_without_nvml_is_refused_with_a_hint(devices: dict[str, str]) -> None:
+    result = kill_stale("--device-files", devices["glob"], "--gpus", "1")
+    assert result.exit_code == 3
+    assert "--gpus needs NVML" in result.stderr and "--device-files" in result.stderr
+
+
+def test_proc_fallback_finds_the_same_holders(
+    procs: Procs, devices: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    assert shutil.which("lsof"), "lsof is needed for these tests (.ci/run installs it)"
+    orphan = procs.start("orphan", devices["nvidia0"])["pid"]
+    worker = procs.start("hold", devices["nvidia1"], devices["nvidiactl"])["pid"]
+    code, with_lsof = as_json("--device-files", devices["glob"])
+    assert with_lsof["source"] == "lsof"
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no lsof on PATH
+    result = kill_stale("--device-files", devices["glob"], "--json")
+    assert result.exit_code == 0
+    doc = json.loads(result.stdout)
+    assert doc["source"] == "/proc" and "lsof not found" in result.stderr
+    assert {h["pid"]: h["devices"] for h in doc["holders"]} == {
+        h["pid"]: h["devices"] for h in with_lsof["holders"]
+    }
+    assert {orphan, worker} <= set(by_pid(doc))
+    assert by_pid(doc)[orphan]["stale"] is True
+
+
+def test_exit_3_when_neither_lsof_nor_proc_can_be_read(
+    devices: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr("gputopo.system.lsof.PROC_ROOT", tmp_path / "no-proc")
+    result = kill_stale("--device-files", devices["glob"])
+    assert result.exit_code == 3
+    assert "lsof is not available" in result.stderr and "install lsof" in result.stderr
+
+
+def test_no_matching_device_files(tmp_path: Path) -> None:
+    result = kill_stale("--device-files", str(tmp_path / "nvidia*"))
+    assert result.exit_code == 2 and "no file matches" in result.stderr
+
+
+def test_kill_stale_does_not_import_torch() -> None:
+    code = (
+        "import sys; from gputopo.cli import app; import gputopo.cli.stale, gputopo.procs.terminate, "
+        "gputopo.system.lsof, gputopo.ui.stale_view; print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == "False"
+
+
+def test_machine_without_nvidia_device_files_has_nothing_to_stop(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr("gputopo.system.lsof.DEFAULT_DEVICE_GLOB", str(tmp_path / "nvidia*"))
+    result = kill_stale()
+    assert result.exit_code == 0
+    assert "No file matches" in result.stdout and "the NVIDIA driver is not loaded" in result.stderr
+
+
+def test_survey_for_doctor_lists_without_signalling(procs: Procs, devices: dict[str, str]) -> None:
+    from gputopo.cli.stale import Survey
+    from gputopo.procs.stale import Policy
+
+    worker = procs.start("hold", devices["nvidia0"])["pid"]
+    run = Survey.take(devices["glob"], Policy(all=True)).run()
+    assert run.dry_run and run.source == "lsof"
+    assert [(h.assessment.holder.pid, h.action) for h in run.holders] == [(worker, "listed")]
+    assert running(worker)
