@@ -49,7 +49,7 @@ _DESCRIPTION = {
     LinkKind.SYS: "PCIe and the SMP interconnect between NUMA nodes (QPI/UPI/Infinity Fabric)",
 }
 
-_NV_RE = re.compile(r"NV(\d+)")
+_NV_RE = re.compile(r"NV([1-9]\d{0,3})")
 _PLAIN_CODES = {
     "X": LinkKind.SELF,
     "PIX": LinkKind.PIX,
@@ -75,7 +75,7 @@ class Link:
         if code in _PLAIN_CODES:
             return cls(code, _PLAIN_CODES[code])
         m = _NV_RE.fullmatch(code)
-        if m and int(m.group(1)) > 0:
+        if m:
             return cls(code, LinkKind.NVLINK, int(m.group(1)))
         return None
 

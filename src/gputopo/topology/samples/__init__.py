@@ -56,6 +56,21 @@ SAMPLES: dict[str, Sample] = {
             bus_ids=_bus_ids("1B 1C 3D 3E 88 89 B1 B2"),
         ),
         Sample(
+            name="quad-nv4-pairs-2socket",
+            summary="4 GPUs, NVLink bridges on pairs 0-1 and 2-3 (NV4), one pair per socket (SYS across)",
+            gpu_name="NVIDIA RTX A6000",
+            pcie_gen=4,
+            matrix="""
+                X    NV4  SYS  SYS
+                NV4  X    SYS  SYS
+                SYS  SYS  X    NV4
+                SYS  SYS  NV4  X
+            """,
+            cpu_affinity=["0-15,32-47"] * 2 + ["16-31,48-63"] * 2,
+            numa_affinity=["0"] * 2 + ["1"] * 2,
+            bus_ids=_bus_ids("1B 1C 88 89"),
+        ),
+        Sample(
             name="dgx1-v100",
             summary="DGX-1 style: 8x V100 SXM2 in a hybrid cube mesh (NV1/NV2), 4 NICs, two sockets",
             gpu_name="Tesla V100-SXM2-32GB",
