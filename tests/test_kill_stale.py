@@ -510,11 +510,18 @@ def test_machine_without_nvidia_device_files_has_nothing_to_stop(
 
 
 def test_survey_for_doctor_lists_without_signalling(procs: Procs, devices: dict[str, str]) -> None:
-    from gputopo.cli.stale import Survey
     from gputopo.procs.stale import Policy
+    from gputopo.procs.survey import Survey
 
     worker = procs.start("hold", devices["nvidia0"])["pid"]
     run = Survey.take(devices["glob"], Policy(all=True)).run()
     assert run.dry_run and run.source == "lsof"
     assert [(h.assessment.holder.pid, h.action) for h in run.holders] == [(worker, "listed")]
     assert running(worker)
+
+
+def test_cli_default_grace_matches_the_service():
+    from gputopo.cli.stale import DEFAULT_GRACE_S as cli_grace
+    from gputopo.procs.survey import DEFAULT_GRACE_S as service_grace
+
+    assert cli_grace == service_grace

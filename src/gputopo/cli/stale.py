@@ -4,26 +4,16 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 import typer
 
 from gputopo.cli import app
 from gputopo.cli.common import JSON_OPTION, guarded
-from gputopo.errors import CheckFailed, UnavailableError, UsageError
-from gputopo.procs.holders import GpuMemoryUse, HolderScan, NvmlView, build_holders
-from gputopo.procs.stale import (
-    Policy,
-    StaleReport,
-    StaleRun,
-    StopOutcome,
-    assess,
-    parse_duration_s,
-    settle,
-)
+from gputopo.errors import CheckFailed, UsageError
 from gputopo.ui.output import Output
 
+# Kept in step with procs.survey.DEFAULT_GRACE_S (a test checks); not imported, so that --help and the
+# other commands don't load the process modules.
 DEFAULT_GRACE_S = 10.0
 
 
@@ -53,6 +43,8 @@ def kill_stale_command(
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Find processes holding GPU device files, show which are stale and why, and stop them with --yes."""
+    from gputopo.procs.stale import Policy, parse_duration_s
+    from gputopo.procs.survey import Survey, nvml_after
     from gputopo.ui.stale_view import render_run, stale_document
 
     out = Output(json_mode=json_out)
@@ -95,7 +87,7 @@ def kill_stale_command(
 
     outcomes = stop_processes(targets, grace_s=grace)
     nvml = found.nvml
-    run = found.run(outcomes, _nvml_after(nvml) if nvml.process_pids_usable else None)
+    run = found.run(outcomes, nvml_after(nvml) if nvml.process_pids_usable else None)
     out.document(stale_document(run))
     out.show(render_run(run))
     if run.not_stopped:
@@ -103,72 +95,6 @@ def kill_stale_command(
         raise CheckFailed(
             f"{len(run.not_stopped)} process(es) could not be stopped: {pids}",
             "see the ACTION column; a process stuck in the driver needs a GPU reset or a reboot",
-        )
-
-
-@dataclass(frozen=True)
-class Survey:
-    """One look at the machine: who holds the device files and the verdict on each; signals nothing.
-
-    ``gputopo doctor`` uses it as ``Survey.take().run()`` for a dry-run ``StaleRun``.
-    """
-
-    device_glob: str
-    scan: HolderScan
-    nvml: NvmlView
-    report: StaleReport
-    policy: Policy
-    grace_s: float
-    notes: tuple[str, ...]
-
-    @classmethod
-    def take(
-        cls,
-        device_files: str | None = None,
-        policy: Policy | None = None,
-        gpus: frozenset[int] | None = None,
-        grace_s: float = DEFAULT_GRACE_S,
-    ) -> Survey:
-        """Scan ``device_files`` (default ``/dev/nvidia*``) and judge the holders under ``policy``.
-
-        Raises ``UsageError`` for a ``--device-files`` glob that matches nothing or an unknown GPU,
-        ``UnavailableError`` when ``gpus`` is given without NVML or neither lsof nor /proc can be read.
-        """
-        from gputopo.system.lsof import DEFAULT_DEVICE_GLOB, scan_holders
-
-        policy = policy or Policy()
-        nvml = _nvml_view()
-        if gpus is not None:
-            _check_gpus(gpus, nvml)
-        pattern = device_files or DEFAULT_DEVICE_GLOB
-        scan = scan_holders(pattern)
-        if not scan.device_files and device_files is not None:
-            raise UsageError(
-                f"--device-files {pattern}: no file matches", "give a glob such as '/dev/nvidia[56]'"
-            )
-        holders, scan_notes = build_holders(scan, nvml, gpus)
-        report = assess(holders, scan, nvml, policy)
-        notes = [*scan.warnings, *report.notes, *scan_notes]
-        if not scan.device_files:
-            notes.insert(
-                0, f"no {pattern} device files: the NVIDIA driver is not loaded, so no process holds a GPU"
-            )
-        if scan.my_uid != 0:
-            notes.append("not root: processes of other users cannot be seen or stopped")
-        return cls(pattern, scan, nvml, report, policy, grace_s, tuple(notes))
-
-    def run(self, outcomes: Sequence[StopOutcome] | None = None, after: NvmlView | None = None) -> StaleRun:
-        """The renderable run: a dry run without ``outcomes``, else what stopping the targets did."""
-        return StaleRun(
-            source=self.scan.source,
-            device_glob=self.device_glob,
-            device_files=self.scan.device_files,
-            policy=self.policy,
-            grace_s=self.grace_s,
-            dry_run=outcomes is None,
-            nvml=self.nvml,
-            holders=settle(self.report, outcomes, self.nvml, after),
-            notes=self.notes,
         )
 
 
@@ -188,46 +114,3 @@ def _parse_gpus(text: str) -> frozenset[int]:
     if not found or any(g < 0 for g in found):
         raise UsageError(f"--gpus {text}: not a list of GPU indices", "e.g. --gpus 5,6")
     return found
-
-
-def _check_gpus(wanted: frozenset[int], nvml: NvmlView) -> None:
-    """``--gpus`` needs NVML's minor numbers: /dev/nvidiaN is the GPU whose minor number is N, which is
-    often but not always its index, so the mapping is never guessed."""
-    if nvml.minors is None:
-        raise UnavailableError(
-            "--gpus needs NVML to map GPU indices to /dev/nvidiaN, and NVML is unavailable",
-            "select device files by minor number instead, e.g. --device-files '/dev/nvidia[56]'",
-        )
-    unknown = sorted(wanted - set(nvml.minors))
-    if unknown:
-        have = ",".join(str(i) for i in sorted(nvml.minors)) or "none"
-        raise UsageError(
-            f"--gpus: no GPU {','.join(map(str, unknown))} on this machine", f"GPU indices here: {have}"
-        )
-
-
-def _nvml_view() -> NvmlView:
-    """What NVML says, through the system seam; all ``None`` when NVML is unavailable."""
-    from gputopo.system import inventory
-
-    minors = inventory.minor_numbers()
-    return NvmlView(
-        processes=_gpu_processes(),
-        minors=dict(minors) if minors is not None else None,
-        sees_pid_namespace=inventory.nvml_sees_pid_namespace(),
-    )
-
-
-def _nvml_after(before: NvmlView) -> NvmlView:
-    """NVML's process list again after stopping; the namespace verdict is the one from before (with the
-    stopped processes gone, NVML may list nothing to judge it by)."""
-    return NvmlView(_gpu_processes(), before.minors, before.sees_pid_namespace)
-
-
-def _gpu_processes() -> tuple[GpuMemoryUse, ...] | None:
-    from gputopo.system import inventory
-
-    processes = inventory.gpu_processes()
-    if processes is None:
-        return None
-    return tuple(GpuMemoryUse(p.pid, p.gpu_index, p.used_memory_mib) for p in processes)
