@@ -33,6 +33,11 @@ class Output:
         if not self.json_mode:
             self.out.print(*renderables)
 
+    def line(self, text: str) -> None:
+        """One line of plain text on stdout, never wrapped or cropped (a line meant to be pasted)."""
+        if not self.json_mode:
+            self.out.print(text, soft_wrap=True, markup=False, highlight=False)
+
     def document(self, data: dict[str, Any]) -> None:
         """Print the JSON document (JSON mode only)."""
         if self.json_mode:

@@ -1,0 +1,129 @@
+"""CLI: ``gputopo recommend``: the best K-GPU sets for CUDA_VISIBLE_DEVICES, with estimates and reasons."""
+
+from __future__ import annotations
+
+import json
+import re
+from enum import Enum
+from pathlib import Path
+
+import typer
+
+from gputopo.cli import app
+from gputopo.cli.common import INPUT_HELP, JSON_OPTION, guarded
+from gputopo.errors import InputError, UsageError
+from gputopo.ui.output import Output
+
+DEFAULT_MAX_USED_MIB = 1024  # mirrors gputopo.recommend.DEFAULT_MAX_USED_MIB (kept here for a fast --help)
+DEFAULT_TOP = 5
+
+
+class IdFormat(str, Enum):
+    """How the export line names GPUs."""
+
+    index = "index"
+    uuid = "uuid"
+
+
+REPORT_OPTION = typer.Option(
+    None, "--from-report", metavar="PATH", help="A probe report: keep failing pairs apart, use measurements."
+)
+FORMAT_OPTION = typer.Option(
+    IdFormat.index, "--format", help="Name GPUs in the export line by index or UUID."
+)
+
+
+@app.command("recommend")
+@guarded
+def recommend_command(
+    n: int = typer.Option(..., "--n", "-n", help="GPUs per set."),
+    sets: int | None = typer.Option(None, "--sets", metavar="M", help="Pack M disjoint sets of --n GPUs."),
+    input: str | None = typer.Option(None, "--input", "-i", help=INPUT_HELP),
+    exclude: str | None = typer.Option(
+        None, "--exclude", metavar="LIST", help="GPUs to leave out, e.g. 3,4."
+    ),
+    allow_busy: bool = typer.Option(False, "--allow-busy", help="Count GPUs in use by other processes."),
+    max_used_mib: int = typer.Option(
+        DEFAULT_MAX_USED_MIB, "--max-used-mib", help="A GPU with more memory in use than this is busy."
+    ),
+    from_report: Path | None = REPORT_OPTION,
+    nvlink_gbps: float | None = typer.Option(
+        None, "--nvlink-gbps", help="NVLink GB/s per link per direction (default: by GPU model, else 20)."
+    ),
+    pcie_gen: int | None = typer.Option(
+        None, "--pcie-gen", help="PCIe generation of the GPU links (default: from NVML, else Gen3)."
+    ),
+    socket_gbps: float | None = typer.Option(
+        None, "--socket-gbps", help="CPU socket interconnect GB/s for SYS paths (default 10)."
+    ),
+    top: int = typer.Option(DEFAULT_TOP, "--top", help="How many ranked candidates to show."),
+    id_format: IdFormat = FORMAT_OPTION,
+    json_out: bool = JSON_OPTION,
+) -> None:
+    """The best GPU sets for CUDA_VISIBLE_DEVICES: ranked by estimated all-reduce bandwidth, with reasons."""
+    from gputopo.recommend import Constraints, evidence_from_report, recommend, to_dict
+    from gputopo.topology import load_topology
+    from gputopo.topology.bandwidth import Assumptions
+
+    out = Output(json_mode=json_out)
+    assumptions = Assumptions(nvlink_gbps_per_link=nvlink_gbps, pcie_gen=pcie_gen, socket_gbps=socket_gbps)
+    evidence = None
+    if from_report is not None:
+        evidence = evidence_from_report(_read_json(from_report), str(from_report))
+    topo = load_topology(input)
+    constraints = Constraints(
+        n=n,
+        sets=sets,
+        exclude=parse_gpu_list(exclude, "--exclude") if exclude else (),
+        allow_busy=allow_busy,
+        max_used_mib=max_used_mib,
+        top=top,
+        assumptions=assumptions,
+        evidence=evidence,
+    )
+    rec = recommend(topo, constraints)
+    doc = to_dict(rec, id_format.value)  # builds every env first: a --format uuid error comes before output
+    for warning in rec.warnings:
+        out.warn(warning)
+    if json_out:
+        out.document(doc)
+        return
+    from gputopo.ui.recommend_view import export_lines, render_recommendation
+
+    out.show(render_recommendation(rec))
+    out.show("")
+    for line in export_lines(rec, id_format.value):
+        # Output.show wraps and crops at the terminal width; a line meant for pasting must stay whole.
+        out.line(line)
+
+
+def parse_gpu_list(text: str, option: str) -> tuple[int, ...]:
+    """``3,4`` / ``3 4`` / ``GPU3,GPU4`` -> (3, 4); ``UsageError`` naming the bad item otherwise."""
+    items = [item for item in re.split(r"[,\s]+", text.strip()) if item]
+    out = []
+    for item in items:
+        digits = item[3:] if item.upper().startswith("GPU") else item
+        if not digits.isdigit():
+            raise UsageError(
+                f"{option} {text}: {item!r} is not a GPU index", "give nvidia-smi indices, e.g. 3,4"
+            )
+        out.append(int(digits))
+    return tuple(dict.fromkeys(out))
+
+
+def _read_json(path: Path) -> object:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(
+            f"--from-report {path}: no such file", "give the JSON report `gputopo probe` wrote"
+        ) from None
+    except OSError as exc:
+        raise InputError(f"--from-report {path}: cannot read ({exc.strerror})", "check the path") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            f"--from-report {path}: not JSON (line {exc.lineno}: {exc.msg})",
+            "give the .json report, not the Markdown one",
+        ) from None
