@@ -1,0 +1,119 @@
+"""CLI: ``gputopo probe``: data-checked DP/DDP training, P2P copies and an all-reduce sweep on GPU sets.
+
+torch is imported only by the probe's service, inside the command, so ``gputopo --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from gputopo.cli import app
+from gputopo.cli.common import INPUT_HELP, JSON_OPTION, guarded
+from gputopo.errors import EXIT_PROBLEM
+from gputopo.probe.config import Fault, Mode
+from gputopo.ui.output import Output
+
+
+class Device(str, Enum):
+    """Where the ranks run."""
+
+    CUDA = "cuda"
+    CPU = "cpu"
+
+
+class ModelName(str, Enum):
+    """torchvision ResNets; ``tiny`` is the smallest, for CPU runs."""
+
+    RESNET18 = "resnet18"
+    RESNET50 = "resnet50"
+    TINY = "tiny"
+
+
+@app.command("probe")
+@guarded
+def probe_command(
+    gpus: Annotated[
+        Optional[list[str]],  # noqa: UP045 (typer)
+        typer.Option(
+            "--gpus", "-g", help="A GPU set by nvidia-smi index, e.g. 5,6; repeat for more. Default: all."
+        ),
+    ] = None,
+    each_pair: Annotated[
+        bool,
+        typer.Option("--each-pair", help="Probe every pair (the health matrix); disjoint pairs at once."),
+    ] = False,
+    mode: Annotated[Mode, typer.Option("--mode", "-m", help="Which check to run, or all.")] = Mode.ALL,
+    device: Annotated[
+        Optional[Device],  # noqa: UP045 (typer)
+        typer.Option(help="cuda (default when torch sees a GPU) or cpu (CPU ranks stand in for GPUs, gloo)."),
+    ] = None,
+    model: Annotated[ModelName, typer.Option(help="The ResNet to train.")] = ModelName.RESNET18,
+    batch_size: Annotated[int, typer.Option(help="Images per GPU per step.")] = 16,
+    steps: Annotated[int, typer.Option(help="Training steps of the dp and ddp checks.")] = 20,
+    lr: Annotated[float, typer.Option(help="SGD learning rate (momentum 0.9).")] = 0.05,
+    seed: Annotated[int, typer.Option(help="Seed of the weights and the synthetic data.")] = 0,
+    timeout: Annotated[float, typer.Option(help="Seconds each set may take before it is hung.")] = 300.0,
+    inject: Annotated[
+        Optional[Fault],  # noqa: UP045 (typer)
+        typer.Option(help="Plant a fault in one rank to see its detector fire."),
+    ] = None,
+    inject_rank: Annotated[
+        Optional[int],  # noqa: UP045 (typer)
+        typer.Option(help="Rank (within a set) that gets the fault. Default: the last."),
+    ] = None,
+    report_dir: Annotated[Path, typer.Option(help="Where the JSON and Markdown reports go.")] = Path(
+        "reports"
+    ),
+    input: Annotated[
+        Optional[str],  # noqa: UP045 (typer)
+        typer.Option("--input", "-i", help=INPUT_HELP + " Used for the bandwidth estimate."),
+    ] = None,
+    json_out: bool = JSON_OPTION,
+) -> None:
+    """Check GPU sets for real: P2P copies, DataParallel and DDP against one GPU, all-reduce bandwidth."""
+    from gputopo.probe.config import build_config, detect_devices, require_torch
+    from gputopo.probe.document import to_document, to_markdown
+    from gputopo.probe.plan import make_plan
+    from gputopo.probe.runner import run_probe
+    from gputopo.report import write_report
+
+    out = Output(json_mode=json_out)
+    require_torch()
+    inventory = detect_devices(device.value if device else None)
+    config = build_config(
+        inventory,
+        gpus,
+        each_pair=each_pair,
+        mode=mode,
+        model=model.value,
+        batch_size=batch_size,
+        steps=steps,
+        lr=lr,
+        seed=seed,
+        timeout_s=timeout,
+        inject=inject,
+        inject_rank=inject_rank,
+        report_dir=report_dir,
+        topology_input=input,
+    )
+    plan = make_plan(config)
+    if json_out:
+        run = run_probe(config, plan=plan)
+    else:
+        from gputopo.ui.probe_view import ProbeProgress
+
+        with ProbeProgress(out.err, plan) as bars:
+            run = run_probe(config, bars.update, plan=plan)
+    paths = write_report("probe", to_document(run), to_markdown(run), config.report_dir)
+    if json_out:
+        out.document(to_document(run, paths))
+    else:
+        from gputopo.ui.probe_view import render_probe
+
+        out.show(render_probe(run, paths))
+    if run.verdict == "fail":
+        raise typer.Exit(EXIT_PROBLEM)

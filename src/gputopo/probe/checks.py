@@ -1,0 +1,568 @@
+"""The checks themselves; this module runs inside the ranks (``worker``) and nowhere else.
+
+It imports torch at the top because only rank processes import it: the CLI never does. Every check
+measures and records; judging is ``verdict``'s job, in the parent, so it is testable on plain data.
+
+The CUDA path and the CPU path are one path: the same code with ``device`` ``cuda:<local rank>`` and NCCL,
+or ``cpu`` and gloo. The one difference is DataParallel, whose primitives (replicate, scatter, gather)
+exist only for CUDA: on CPU the same four steps run through ``CpuDataParallel``, built from autograd
+copies, ``chunk`` and ``cat``, so the loss curve, the replica check and the fault hooks are exercised
+by the CPU tests as they run on GPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from itertools import permutations
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from gputopo.probe.models import build_model, synthetic_batch
+
+CRASH_EXIT_CODE = 86  # an unusual code, so a test can tell the planted crash from any other failure
+CORRUPT_DELTA = 1e-3  # small enough to leave the loss plausible, large enough to flip many bits
+P2P_BYTES = 64 << 20
+P2P_TIMED_COPIES = 5
+MOMENTUM = 0.9
+
+
+@dataclass
+class RankContext:
+    """What a check knows about the rank it runs in, and where it writes."""
+
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+    spec: dict[str, Any]
+    out_dir: Path
+    _progress_file: Any = field(default=None, repr=False)
+
+    @property
+    def is_cuda(self) -> bool:
+        """True on GPUs."""
+        return self.device.type == "cuda"
+
+    def sync(self) -> None:
+        """Wait for queued GPU work (a no-op on CPU), so wall-clock times measure the work."""
+        if self.is_cuda:
+            torch.cuda.synchronize(self.device)
+
+    def progress(self, check: str, stage: str, done: int = 0, total: int = 0, **extra: Any) -> None:
+        """One progress line for the parent's bars and its hang diagnosis."""
+        if self._progress_file is None:
+            self._progress_file = open(self.out_dir / f"progress-rank{self.rank}.jsonl", "a")  # noqa: SIM115
+        row = {
+            "t": time.time(),
+            "rank": self.rank,
+            "check": check,
+            "stage": stage,
+            "done": done,
+            "total": total,
+        }
+        row.update(extra)
+        self._progress_file.write(json.dumps(row) + "\n")
+        self._progress_file.flush()
+
+    def fault(self, name: str, check: str) -> bool:
+        """True when ``--inject name`` targets ``check`` in this run (the rank is checked by the caller)."""
+        return self.spec.get("inject") == name and check in self.spec.get("inject_checks", ())
+
+    @property
+    def inject_rank(self) -> int:
+        """The rank (or DP replica) that carries the planted fault."""
+        return int(self.spec.get("inject_rank") or 0)
+
+    @property
+    def inject_step(self) -> int:
+        """The training step at which a fault is planted: mid-run, so earlier steps show a healthy start."""
+        return int(self.spec["steps"]) // 2
+
+
+def hang_or_crash(ctx: RankContext, check: str, where: str) -> None:
+    """Carry out a planted hang or crash: it stops here, in this rank, as a real one would."""
+    if ctx.fault("hang", check):
+        ctx.progress(check, "injected-hang", where=where)
+        while True:  # only the parent's timeout ends this, as it must end a real hang
+            time.sleep(3600)
+    if ctx.fault("crash", check):
+        ctx.progress(check, "injected-crash", where=where)
+        sys.stderr.write(f"gputopo probe: injected crash in rank {ctx.rank} during {check} ({where})\n")
+        sys.stderr.flush()
+        os._exit(CRASH_EXIT_CODE)
+
+
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def checksum(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """One int64 per tensor: the sum of its raw bits read as integers. Equal for bitwise-equal tensors.
+
+    Any changed bit changes its tensor's sum, so comparing two models moves a few hundred bytes rather
+    than the model, and the sums are computed where the tensors live (no copy to the host).
+    """
+    sums = [
+        t.detach().reshape(-1).view(_SAME_SIZE_INT[t.element_size()]).sum(dtype=torch.int64) for t in tensors
+    ]
+    return torch.stack(sums)
+
+
+def _all_finite(tensors: Sequence[torch.Tensor | None]) -> bool:
+    # A NaN or inf anywhere makes its tensor's float64 sum non-finite; float64 keeps large finite sums finite.
+    present = [t.sum(dtype=torch.float64) for t in tensors if t is not None]
+    return bool(torch.isfinite(torch.stack(present)).all()) if present else True
+
+
+def _optimizer(params: Any, lr: float) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=lr, momentum=MOMENTUM)
+
+
+def _fresh_model(ctx: RankContext, device: torch.device) -> nn.Module:
+    # Same seed, same initial weights in every rank, replica and reference run.
+    torch.manual_seed(int(ctx.spec["seed"]))
+    return build_model(ctx.spec["model"]).to(device)
+
+
+def _chunks(ctx: RankContext, step: int) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    images, labels = synthetic_batch(int(ctx.spec["seed"]), step, int(ctx.spec["batch_size"]) * ctx.world)
+    return images.chunk(ctx.world), labels.chunk(ctx.world)
+
+
+# --- reference --------------------------------------------------------------------------------------
+
+
+def reference_run(ctx: RankContext, label: str, per_chunk_backward: bool) -> dict[str, Any]:
+    """Train on one device with the global batch split into the chunks DP replicas and DDP ranks see.
+
+    Each chunk goes through the model on its own, so BatchNorm sees the same statistics as in a replica
+    or rank. Two float orders of the same arithmetic are possible, and the two reference runs use one
+    each: the gradient of the mean of the chunk losses in one backward pass (DataParallel's order), or
+    one backward pass per chunk with the gradients summed and then divided by the chunk count (DDP's
+    order). How far these two drift apart is the noise floor the probes are judged against: on small
+    batches with BatchNorm, training amplifies last-bit differences within a few steps.
+    """
+    steps = int(ctx.spec["steps"])
+    model = _fresh_model(ctx, ctx.device)
+    opt = _optimizer(model.parameters(), float(ctx.spec["lr"]))
+    losses: list[float] = []
+    started = time.perf_counter()
+    for step in range(steps):
+        images, labels = _chunks(ctx, step)
+        opt.zero_grad(set_to_none=True)
+        chunk_losses = []
+        for x, y in zip(images, labels, strict=True):
+            loss = F.cross_entropy(model(x.to(ctx.device)), y.to(ctx.device))
+            if per_chunk_backward:
+                loss.backward()
+            chunk_losses.append(loss)
+        mean = sum(chunk_losses) / len(chunk_losses)
+        if per_chunk_backward:
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.grad.div_(len(chunk_losses))
+        else:
+            mean.backward()
+        opt.step()
+        losses.append(float(mean.detach()))
+        ctx.progress("reference", label, step + 1, steps)
+    ctx.sync()
+    return {
+        "losses": losses,
+        "wall_s": time.perf_counter() - started,
+        "params": [p.detach().clone() for p in model.parameters()],
+    }
+
+
+@dataclass
+class References:
+    """The two reference runs: run 1 (DataParallel's float order) is the yardstick, run 2 (DDP's order)
+    measures how far an equally valid run strays from it."""
+
+    first: dict[str, Any]
+    second_losses: list[float]
+    second_device: str
+
+    def metrics(self) -> dict[str, Any]:
+        """Reference losses of both runs, for the judge."""
+        return {
+            "ref_losses": self.first["losses"],
+            "ref2_losses": self.second_losses,
+            "ref_wall_s": self.first["wall_s"],
+            "ref2_device": self.second_device,
+        }
+
+
+def reference_runs(ctx: RankContext) -> References | None:
+    """Both reference runs at once: run 1 in rank 0, run 2 in rank 1 (rank 0 again when it is alone).
+
+    Collective: every rank calls it; rank 0 gets the ``References``, the others ``None``. On GPUs, run 2
+    on a second device also folds that device's kernel nondeterminism into the noise floor.
+    """
+    second_rank = 1 if ctx.world > 1 else 0
+    first = reference_run(ctx, "run 1", per_chunk_backward=False) if ctx.rank == 0 else None
+    second = reference_run(ctx, "run 2", per_chunk_backward=True) if ctx.rank == second_rank else None
+    path = ctx.out_dir / "reference-run2.json"
+    if ctx.rank == second_rank and second_rank != 0:
+        assert second is not None
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(second["losses"]))
+        os.replace(tmp, path)
+    barrier(ctx)
+    if ctx.rank != 0:
+        return None
+    assert first is not None
+    second_losses = second["losses"] if second is not None else json.loads(path.read_text())
+    return References(first, second_losses, f"{ctx.device.type} rank {second_rank}")
+
+
+def barrier(ctx: RankContext) -> None:
+    """A barrier over all ranks (NCCL wants the device named)."""
+    if ctx.is_cuda:
+        dist.barrier(device_ids=[ctx.device.index])
+    else:
+        dist.barrier()
+
+
+def _max_abs_diff(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
+    return max(float((x.detach().to(y.device) - y).abs().max()) for x, y in zip(a, b, strict=True))
+
+
+# --- dp -----------------------------------------------------------------------------------------------
+
+
+class _ReplicaInspector:
+    """Checks every replica against the master right after the broadcast, and plants dp faults.
+
+    Shared by ``ProbeDataParallel`` (CUDA) and ``CpuDataParallel`` (CPU), so both paths run the same
+    check and the same fault hooks.
+    """
+
+    def __init__(self, ctx: RankContext, master: nn.Module) -> None:
+        self.ctx = ctx
+        self.master = master
+        self.names = [name for name, _ in master.named_parameters()]
+        self.step = 0
+        self.mismatches: list[dict[str, int]] = []
+
+    def after_replicate(self, replicas: list[list[torch.Tensor]]) -> None:
+        if self.ctx.fault("corrupt", "dp") and self.step == self.ctx.inject_step:
+            with torch.no_grad():
+                target = replicas[min(self.ctx.inject_rank, len(replicas) - 1)][0]
+                target.view(-1)[0] += CORRUPT_DELTA
+        want = checksum(list(self.master.parameters()))
+        for k, tensors in enumerate(replicas):
+            if not torch.equal(checksum(tensors).to(want.device), want):
+                bad = sum(
+                    not torch.equal(t.detach().to(m.device), m.detach())
+                    for t, m in zip(tensors, self.master.parameters(), strict=True)
+                )
+                self.mismatches.append({"step": self.step, "replica": k, "tensors": int(bad)})
+
+    def before_apply(self) -> None:
+        if self.step == self.ctx.inject_step:
+            hang_or_crash(self.ctx, "dp", f"replica {self.ctx.inject_rank}, step {self.step}")
+
+    def after_apply(self, outputs: list[torch.Tensor]) -> None:
+        if self.ctx.fault("nan", "dp") and self.step == self.ctx.inject_step:
+            outputs[min(self.ctx.inject_rank, len(outputs) - 1)].register_hook(
+                lambda g: torch.full_like(g, float("nan"))
+            )
+
+
+def _replica_tensors(master: nn.Module, replica: nn.Module, names: list[str]) -> list[torch.Tensor]:
+    # DataParallel's replicas hold their parameters as plain attributes, not as Parameters.
+    out = []
+    for name in names:
+        owner, _, attr = name.rpartition(".")
+        out.append(getattr(replica.get_submodule(owner) if owner else replica, attr))
+    return out
+
+
+def _cuda_data_parallel(ctx: RankContext, model: nn.Module, inspector: _ReplicaInspector) -> nn.Module:
+    """``nn.DataParallel`` itself, with the inspector in its replicate and parallel_apply steps."""
+
+    class ProbeDataParallel(nn.DataParallel):
+        def replicate(self, module: nn.Module, device_ids: Sequence[int]) -> list[nn.Module]:  # type: ignore[override]
+            replicas = super().replicate(module, device_ids)
+            inspector.after_replicate([_replica_tensors(module, r, inspector.names) for r in replicas])
+            return replicas
+
+        def parallel_apply(self, replicas: Any, inputs: Any, kwargs: Any) -> list[Any]:  # type: ignore[override]
+            inspector.before_apply()
+            outputs = super().parallel_apply(replicas, inputs, kwargs)
+            inspector.after_apply(outputs)
+            return outputs
+
+    return ProbeDataParallel(model, device_ids=list(range(ctx.world)), output_device=0)
+
+
+class CpuDataParallel(nn.Module):
+    """DataParallel's algorithm on CPU, where its CUDA primitives do not exist.
+
+    replicate: autograd copies of the master's parameters (their gradients sum back into the master, as
+    DataParallel's broadcast does); scatter: ``chunk``; parallel_apply: each replica on its chunk through
+    ``torch.func.functional_call``; gather: ``cat``.
+    """
+
+    def __init__(self, module: nn.Module, replicas: int, inspector: _ReplicaInspector) -> None:
+        super().__init__()
+        self.module = module
+        self.replicas = replicas
+        self.inspector = inspector
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        chunks = images.chunk(self.replicas)
+        params = [
+            {name: p.clone() for name, p in self.module.named_parameters()} for _ in range(self.replicas)
+        ]
+        self.inspector.after_replicate([list(p.values()) for p in params])
+        self.inspector.before_apply()
+        # Replica 0 shares the master's buffers and the others get copies, as DataParallel's broadcast does.
+        master_buffers = dict(self.module.named_buffers())
+        outputs = []
+        for k, (p, chunk) in enumerate(zip(params, chunks, strict=True)):
+            buffers = master_buffers if k == 0 else {n: b.clone() for n, b in master_buffers.items()}
+            outputs.append(torch.func.functional_call(self.module, (p, buffers), (chunk,)))
+        self.inspector.after_apply(outputs)
+        return torch.cat(outputs)
+
+
+def dp_check(ctx: RankContext, refs: References) -> dict[str, Any]:
+    """DataParallel over the set's devices (run in rank 0, which sees them all) against the reference."""
+    steps = int(ctx.spec["steps"])
+    model = _fresh_model(ctx, ctx.device)
+    inspector = _ReplicaInspector(ctx, model)
+    if ctx.is_cuda:
+        wrapped = _cuda_data_parallel(ctx, model, inspector)
+    else:
+        wrapped = CpuDataParallel(model, ctx.world, inspector)
+    opt = _optimizer(model.parameters(), float(ctx.spec["lr"]))
+    losses: list[float] = []
+    nonfinite_grad_steps: list[int] = []
+    started = time.perf_counter()
+    for step in range(steps):
+        inspector.step = step
+        images, labels = synthetic_batch(int(ctx.spec["seed"]), step, int(ctx.spec["batch_size"]) * ctx.world)
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(wrapped(images.to(ctx.device)), labels.to(ctx.device))
+        loss.backward()
+        if not _all_finite([p.grad for p in model.parameters()]):
+            nonfinite_grad_steps.append(step)
+        opt.step()
+        losses.append(float(loss.detach()))
+        ctx.progress("dp", "step", step + 1, steps)
+    ctx.sync()
+    wall_s = time.perf_counter() - started
+    return {
+        "replicas": ctx.world,
+        "path": "torch.nn.DataParallel" if ctx.is_cuda else "DataParallel algorithm on CPU (CpuDataParallel)",
+        "losses": losses,
+        "nonfinite_grad_steps": nonfinite_grad_steps,
+        "replica_mismatches": inspector.mismatches,
+        "param_max_abs_diff_vs_ref": _max_abs_diff(list(model.parameters()), refs.first["params"]),
+        "wall_s": wall_s,
+        **refs.metrics(),
+    }
+
+
+# --- ddp ----------------------------------------------------------------------------------------------
+
+
+def _corrupting_hook(ctx: RankContext, state: dict[str, int]) -> Callable[..., Any]:
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    # Left unannotated: DDP rejects a hook whose annotations are not the real types, and this module's
+    # postponed annotations would turn them into strings.
+    def hook(process_group, bucket):  # type: ignore[no-untyped-def]
+        fut = allreduce_hook(process_group, bucket)
+        if ctx.rank != ctx.inject_rank or state["step"] != ctx.inject_step or state["done"]:
+            return fut
+        state["done"] = 1
+
+        def perturb(done: Any) -> torch.Tensor:
+            reduced = done.value()
+            reduced.view(-1)[0] += CORRUPT_DELTA
+            return reduced
+
+        return fut.then(perturb)
+
+    return hook
+
+
+def ddp_check(ctx: RankContext, refs: References | None) -> dict[str, Any]:
+    """DistributedDataParallel, one rank per device; parameters compared across ranks after every step.
+
+    Only rank 0 gets the reference (``refs``); the others pass ``None``.
+    """
+    from torch.nn.parallel import DistributedDataParallel
+
+    steps = int(ctx.spec["steps"])
+    model = _fresh_model(ctx, ctx.device)
+    ddp = DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.is_cuda else None)
+    state = {"step": 0, "done": 0}
+    if ctx.fault("corrupt", "ddp"):
+        ddp.register_comm_hook(None, _corrupting_hook(ctx, state))
+    opt = _optimizer(ddp.parameters(), float(ctx.spec["lr"]))
+    losses = torch.zeros(steps, dtype=torch.float64, device=ctx.device)
+    desync_steps: list[dict[str, Any]] = []
+    nonfinite_grad_steps: list[int] = []
+    started = time.perf_counter()
+    for step in range(steps):
+        state["step"] = step
+        images, labels = _chunks(ctx, step)
+        if ctx.rank == ctx.inject_rank and step == ctx.inject_step:
+            hang_or_crash(ctx, "ddp", f"step {step}")
+        opt.zero_grad(set_to_none=True)
+        out = ddp(images[ctx.rank].to(ctx.device))
+        if ctx.fault("nan", "ddp") and ctx.rank == ctx.inject_rank and step == ctx.inject_step:
+            out.register_hook(lambda g: torch.full_like(g, float("nan")))
+        loss = F.cross_entropy(out, labels[ctx.rank].to(ctx.device))
+        loss.backward()
+        finite = _all_finite([p.grad for p in model.parameters()])
+        opt.step()
+        losses[step] = loss.detach()
+        # One small all-gather per step: both checksums and the finite flag of every rank.
+        mine = torch.cat([checksum(list(model.parameters())), torch.tensor([int(finite)], device=ctx.device)])
+        rows = [torch.empty_like(mine) for _ in range(ctx.world)]
+        dist.all_gather(rows, mine)
+        table = torch.stack(rows).cpu()
+        off = [r for r in range(ctx.world) if not torch.equal(table[r, :-1], table[0, :-1])]
+        if off:
+            desync_steps.append({"step": step, "ranks": off})
+        if not bool(table[:, -1].all()):
+            nonfinite_grad_steps.append(step)
+        ctx.progress("ddp", "step", step + 1, steps)
+    ctx.sync()
+    wall_s = time.perf_counter() - started
+    rank_losses = [torch.empty_like(losses) for _ in range(ctx.world)]
+    dist.all_gather(rank_losses, losses)
+    per_rank = torch.stack(rank_losses).cpu()
+    if refs is None:
+        return {}
+    return {
+        "ranks": ctx.world,
+        "backend": dist.get_backend(),
+        "losses": per_rank.mean(dim=0).tolist(),
+        "rank_losses": per_rank.tolist(),
+        "desync_steps": desync_steps,
+        "nonfinite_grad_steps": nonfinite_grad_steps,
+        "param_max_abs_diff_vs_ref": _max_abs_diff(list(model.parameters()), refs.first["params"]),
+        "wall_s": wall_s,
+        **refs.metrics(),
+    }
+
+
+# --- all-reduce ---------------------------------------------------------------------------------------
+
+
+def _known_values(n: int, rank: int, device: torch.device) -> torch.Tensor:
+    # Small integers: every partial sum is exact in float32, so any difference is a wrong element.
+    return ((torch.arange(n, device=device) % 251) + 1).float() * (rank + 1)
+
+
+def allreduce_check(ctx: RankContext) -> dict[str, Any]:
+    """nccl-tests-style sweep: warm-up, timed iterations, algbw/busbw, and exact ``#wrong`` per size."""
+    sizes = [int(b) for b in ctx.spec["sweep_bytes"]]
+    warmup, iters = (5, 20) if ctx.is_cuda else (2, 5)
+    rows = []
+    for i, size in enumerate(sizes):
+        count = size // 4
+        buf = torch.zeros(count, dtype=torch.float32, device=ctx.device)  # zeros stay zeros: no overflow
+        for _ in range(warmup):
+            dist.all_reduce(buf)
+        ctx.sync()
+        barrier(ctx)
+        started = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(buf)
+        ctx.sync()
+        elapsed = torch.tensor(
+            [(time.perf_counter() - started) / iters], dtype=torch.float64, device=ctx.device
+        )
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank sets the collective's time
+        if ctx.rank == ctx.inject_rank and i == 0:
+            hang_or_crash(ctx, "allreduce", f"{size} bytes")
+        data = _known_values(count, ctx.rank, ctx.device)
+        if ctx.fault("corrupt", "allreduce") and ctx.rank == ctx.inject_rank:
+            data[count // 2] += 1.0
+        dist.all_reduce(data)
+        expected = _known_values(count, 0, ctx.device) * (ctx.world * (ctx.world + 1) // 2)
+        wrong = (data != expected).sum().to(torch.int64)
+        dist.all_reduce(wrong)  # #wrong summed over ranks, as nccl-tests reports it
+        time_s = float(elapsed)
+        algbw = size / time_s / 1e9
+        rows.append(
+            {
+                "bytes": size,
+                "count": count,
+                "time_us": time_s * 1e6,
+                "algbw_gbps": algbw,
+                "busbw_gbps": algbw * 2 * (ctx.world - 1) / ctx.world,
+                "wrong": int(wrong),
+            }
+        )
+        ctx.progress("allreduce", "size", i + 1, len(sizes), bytes=size)
+    return {
+        "ranks": ctx.world,
+        "warmup_iters": warmup,
+        "timed_iters": iters,
+        "dtype": "float32",
+        "rows": rows,
+    }
+
+
+# --- p2p ----------------------------------------------------------------------------------------------
+
+
+def p2p_check(ctx: RankContext) -> dict[str, Any]:
+    """Copy a random pattern i->j->i for every ordered pair and compare it exactly; time i->j copies.
+
+    The comparison goes through host memory (a plain device-to-host copy), so it does not trust the
+    path under test. ``can_device_access_peer`` is recorded beside what happened.
+    """
+    pattern = torch.randint(
+        0, 256, (P2P_BYTES,), dtype=torch.uint8, generator=torch.Generator().manual_seed(7)
+    )
+    pairs = []
+    ordered = list(permutations(range(ctx.world), 2))
+    for n, (i, j) in enumerate(ordered):
+        src = pattern.to(f"cuda:{i}")
+        there = torch.empty_like(src, device=f"cuda:{j}")
+        there.copy_(src)
+        back = torch.empty_like(src)
+        back.copy_(there)
+        torch.cuda.synchronize(i)
+        torch.cuda.synchronize(j)
+        if ctx.fault("corrupt", "p2p") and j == ctx.inject_rank:
+            there.view(-1)[0] ^= 0x5A
+            back.view(-1)[0] ^= 0x5A
+        wrong_there = int((there.cpu() != pattern).sum())
+        wrong_back = int((back.cpu() != pattern).sum())
+        started = time.perf_counter()
+        for _ in range(P2P_TIMED_COPIES):
+            there.copy_(src)
+        torch.cuda.synchronize(i)
+        torch.cuda.synchronize(j)
+        elapsed = time.perf_counter() - started
+        pairs.append(
+            {
+                "src": ctx.spec["gpus"][i],
+                "dst": ctx.spec["gpus"][j],
+                "can_access_peer": bool(torch.cuda.can_device_access_peer(i, j)),
+                "wrong_bytes_there": wrong_there,
+                "wrong_bytes_roundtrip": wrong_back,
+                "gbps": P2P_BYTES * P2P_TIMED_COPIES / elapsed / 1e9,
+            }
+        )
+        ctx.progress("p2p", "pair", n + 1, len(ordered))
+    return {"bytes": P2P_BYTES, "pairs": pairs}

@@ -1,0 +1,272 @@
+"""The probe's options, checked and frozen before any GPU is touched.
+
+``build_config`` is pure: it takes the command-line values and a ``DeviceInventory`` (what exists) and
+returns a ``ProbeConfig`` or raises ``UsageError``. ``detect_devices`` is the one place that asks torch
+what exists; it imports torch lazily so the rest of gputopo never pays for it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+from gputopo.errors import UnavailableError, UsageError
+
+INSTALL_HINT = "pip install 'gputopo[probe]'  (it brings torch and torchvision)"
+
+# Checks in the order one launch runs them: the exact copy check first, so a broken path is named before
+# the training checks fail in its wake.
+CHECK_ORDER = ("p2p", "dp", "ddp", "allreduce")
+MODELS = ("resnet18", "resnet50", "tiny")
+
+# CPU ranks stand in for GPUs; more than 8 would only oversubscribe a small machine further.
+CPU_STAND_INS = 8
+
+# nccl-tests sweeps up to at least 256 MiB on GPUs; gloo on a few CPU cores needs far smaller sizes.
+_MIB = 1 << 20
+GPU_SWEEP_BYTES = tuple(_MIB << k for k in range(0, 9))  # 1 MiB .. 256 MiB
+CPU_SWEEP_BYTES = (64 << 10, 256 << 10, _MIB, 4 * _MIB)
+
+
+class Mode(str, Enum):
+    """What to probe: one check, or all of them."""
+
+    DP = "dp"
+    DDP = "ddp"
+    ALLREDUCE = "allreduce"
+    P2P = "p2p"
+    ALL = "all"
+
+    @property
+    def checks(self) -> tuple[str, ...]:
+        """The checks this mode runs, in launch order."""
+        return CHECK_ORDER if self is Mode.ALL else (self.value,)
+
+
+class Fault(str, Enum):
+    """A fault planted in one rank to show that a detector fires."""
+
+    NAN = "nan"
+    CORRUPT = "corrupt"
+    HANG = "hang"
+    CRASH = "crash"
+
+
+@dataclass(frozen=True)
+class DeviceInventory:
+    """What can be probed: the device kind, the indices that exist, and how ranks should see them.
+
+    ``visible_ids[i]`` is the value that makes index ``gpus[i]`` visible to a rank through
+    ``CUDA_VISIBLE_DEVICES`` (the index itself, or the id a pre-set ``CUDA_VISIBLE_DEVICES`` gave it).
+    For ``cpu`` the indices are stand-ins and ``visible_ids`` is empty.
+    """
+
+    device: str
+    gpus: tuple[int, ...]
+    visible_ids: tuple[str, ...] = ()
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """Everything one probe run needs, fixed before it starts.
+
+    ``sets`` hold GPU indices (nvidia-smi order on CUDA, stand-ins on CPU). ``batch_size`` is per GPU,
+    so the global batch of a set is ``batch_size * len(set)`` and splits evenly into the chunks that DP
+    replicas and DDP ranks see. ``timeout_s`` bounds each launch (one per set).
+    """
+
+    device: str
+    sets: tuple[tuple[int, ...], ...]
+    checks: tuple[str, ...]
+    model: str = "resnet18"
+    batch_size: int = 16
+    steps: int = 20
+    lr: float = 0.05
+    seed: int = 0
+    timeout_s: float = 300.0
+    each_pair: bool = False
+    inject: Fault | None = None
+    inject_rank: int | None = None
+    report_dir: Path = Path("reports")
+    topology_input: str | None = None
+    inventory: DeviceInventory = field(default_factory=lambda: DeviceInventory("cpu", ()))
+
+    @property
+    def backend(self) -> str:
+        """The torch.distributed backend: NCCL between GPUs, gloo between CPU ranks."""
+        return "nccl" if self.device == "cuda" else "gloo"
+
+    @property
+    def sweep_bytes(self) -> tuple[int, ...]:
+        """All-reduce sizes for this device."""
+        return GPU_SWEEP_BYTES if self.device == "cuda" else CPU_SWEEP_BYTES
+
+    def visible_devices(self, gpus: tuple[int, ...]) -> str | None:
+        """``CUDA_VISIBLE_DEVICES`` for the ranks probing ``gpus`` (``None`` on CPU)."""
+        inv = self.inventory
+        if inv.device != "cuda" or not inv.visible_ids:
+            return None
+        by_index = dict(zip(inv.gpus, inv.visible_ids, strict=True))
+        return ",".join(by_index[g] for g in gpus)
+
+
+def torch_installed() -> bool:
+    """True when torch and torchvision can be imported (checked without importing them)."""
+    return all(importlib.util.find_spec(name) is not None for name in ("torch", "torchvision"))
+
+
+def require_torch() -> None:
+    """Raise ``UnavailableError`` (exit 3) with the install hint when torch is missing."""
+    if not torch_installed():
+        raise UnavailableError(
+            "gputopo probe needs torch and torchvision, which are not installed", INSTALL_HINT
+        )
+
+
+def detect_devices(requested: str | None) -> DeviceInventory:
+    """Ask torch which devices exist. ``requested`` is ``"cuda"``, ``"cpu"`` or ``None`` (CUDA if any).
+
+    Sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` before CUDA starts so torch's indices are nvidia-smi's.
+    """
+    require_torch()
+    if requested == "cpu":
+        return DeviceInventory("cpu", tuple(range(CPU_STAND_INS)), note="CPU ranks stand in for GPUs")
+    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    import torch
+
+    if not torch.cuda.is_available():
+        why = "no CUDA device is visible to torch"
+        if torch.version.cuda is None:
+            why = f"this torch ({torch.__version__}) is built without CUDA"
+        raise UnavailableError(
+            f"--device cuda: {why}",
+            "run on CPU ranks with `--device cpu --gpus 0,1` (the same checks with gloo)",
+        )
+    count = torch.cuda.device_count()
+    return DeviceInventory(
+        "cuda", tuple(range(count)), _visible_ids(count, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    )
+
+
+def _visible_ids(count: int, preset: str | None) -> tuple[str, ...]:
+    """Map torch's indices to ``CUDA_VISIBLE_DEVICES`` values, honouring a pre-set list."""
+    if preset is None or not preset.strip():
+        return tuple(str(i) for i in range(count))
+    ids = [part.strip() for part in preset.split(",") if part.strip()]
+    return tuple(ids[:count])
+
+
+def parse_gpu_list(text: str) -> tuple[int, ...]:
+    """``"5,6"`` -> ``(5, 6)``; ``UsageError`` for anything else, duplicates included."""
+    parts = [p.strip() for p in text.split(",")]
+    if not parts or any(not p.isdigit() for p in parts):
+        raise UsageError(f"--gpus {text!r}: expected comma-separated GPU indices", "e.g. --gpus 5,6")
+    gpus = tuple(int(p) for p in parts)
+    if len(set(gpus)) != len(gpus):
+        raise UsageError(f"--gpus {text!r}: a GPU is listed twice", "list each GPU of a set once")
+    return gpus
+
+
+def describe_indices(gpus: tuple[int, ...]) -> str:
+    """``(0, 1, 2, 3)`` -> ``"0-3"``; ``(0, 2)`` -> ``"0,2"``; for messages."""
+    if not gpus:
+        return "none"
+    if list(gpus) == list(range(gpus[0], gpus[0] + len(gpus))) and len(gpus) > 2:
+        return f"{gpus[0]}-{gpus[-1]}"
+    return ",".join(str(g) for g in gpus)
+
+
+def build_config(
+    inventory: DeviceInventory,
+    gpus: list[str] | None = None,
+    *,
+    each_pair: bool = False,
+    mode: Mode = Mode.ALL,
+    model: str = "resnet18",
+    batch_size: int = 16,
+    steps: int = 20,
+    lr: float = 0.05,
+    seed: int = 0,
+    timeout_s: float = 300.0,
+    inject: Fault | None = None,
+    inject_rank: int | None = None,
+    report_dir: Path = Path("reports"),
+    topology_input: str | None = None,
+) -> ProbeConfig:
+    """Check the options against what exists and freeze them.
+
+    Without ``--gpus`` the set is every GPU (CUDA) or must be given (CPU stand-ins). With ``each_pair``
+    the listed GPUs (or all) are split into every pair by ``plan``.
+    """
+    sets = tuple(parse_gpu_list(text) for text in gpus or ())
+    if not sets:
+        if inventory.device == "cpu":
+            raise UsageError("--device cpu needs --gpus: which stand-in ranks to run", "e.g. --gpus 0,1")
+        if not inventory.gpus:
+            raise UnavailableError(
+                "torch sees no GPU to probe", "check `nvidia-smi` and CUDA_VISIBLE_DEVICES"
+            )
+        sets = (inventory.gpus,)
+    existing = set(inventory.gpus)
+    for s in sets:
+        unknown = [g for g in s if g not in existing]
+        if unknown:
+            kind = "CPU stand-ins" if inventory.device == "cpu" else "GPUs"
+            raise UsageError(
+                f"--gpus: no GPU {','.join(map(str, unknown))}; the {kind} that exist are "
+                f"{describe_indices(inventory.gpus)}",
+                "pick indices from that list (nvidia-smi numbering)",
+            )
+    if each_pair:
+        union = tuple(sorted({g for s in sets for g in s})) if gpus else inventory.gpus
+        if len(union) < 2:
+            raise UsageError(
+                "--each-pair needs at least two GPUs", "list more GPUs with --gpus, or drop --each-pair"
+            )
+        sets = (union,)
+    if model not in MODELS:
+        raise UsageError(f"--model {model!r}: unknown model", f"choose one of {', '.join(MODELS)}")
+    for name, value in (("--steps", steps), ("--batch-size", batch_size)):
+        if value < 1:
+            raise UsageError(f"{name} {value}: must be at least 1", f"e.g. {name} 5")
+    if inject is Fault.NAN and steps < 2:
+        raise UsageError(
+            "--inject nan needs --steps 2 or more", "the NaN shows in the step after it is planted"
+        )
+    if not lr > 0:
+        raise UsageError(f"--lr {lr}: must be positive", "e.g. --lr 0.05")
+    if not timeout_s > 0:
+        raise UsageError(f"--timeout {timeout_s}: must be positive", "e.g. --timeout 120")
+    smallest = 2 if each_pair else min(len(s) for s in sets)
+    if inject_rank is not None:
+        if inject is None:
+            raise UsageError("--inject-rank needs --inject", "e.g. --inject nan --inject-rank 1")
+        if not 0 <= inject_rank < smallest:
+            raise UsageError(
+                f"--inject-rank {inject_rank}: the smallest set has ranks 0-{smallest - 1}",
+                "ranks count within a set, from 0",
+            )
+    elif inject is not None:
+        # The last rank by default, so the fault is not in rank 0, which gathers and reports.
+        inject_rank = smallest - 1
+    return ProbeConfig(
+        device=inventory.device,
+        sets=sets,
+        checks=mode.checks,
+        model=model,
+        batch_size=batch_size,
+        steps=steps,
+        lr=lr,
+        seed=seed,
+        timeout_s=float(timeout_s),
+        each_pair=each_pair,
+        inject=inject,
+        inject_rank=inject_rank,
+        report_dir=report_dir,
+        topology_input=topology_input,
+        inventory=inventory,
+    )

@@ -1,0 +1,223 @@
+"""The probe service: config in, judged results out. The CLI calls ``run_probe`` and renders what it returns.
+
+It plans the launches, runs them round by round, turns each launch's outcome into check verdicts (a
+hang or crash becomes the verdict of the check that was running, and the checks after it are reported
+as not reached), and adds what the bandwidth model expects for each set.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from gputopo.errors import GputopoError
+from gputopo.model import Topology
+from gputopo.probe import verdict
+from gputopo.probe.config import CHECK_ORDER, ProbeConfig
+from gputopo.probe.launch import LaunchOutcome, run_round
+from gputopo.probe.plan import Job, Plan, make_plan
+from gputopo.probe.verdict import CheckResult, SetResult
+
+ProgressFn = Callable[[Job, dict[str, Any]], None]
+
+CPU_SPEED_NOTE = "CPU stand-ins carry gloo traffic, not the GPU links the estimate describes"
+
+
+@dataclass(frozen=True)
+class TopologyView:
+    """What the bandwidth model and NVML say about the sets, read once per run (``None`` when unknown)."""
+
+    topology: Topology | None
+    note: str | None = None
+
+    def expected_busbw_gbps(self, gpus: tuple[int, ...]) -> tuple[float | None, str | None]:
+        """The ring model's busbw for ``gpus``, or ``None`` with the reason."""
+        if self.topology is None:
+            return None, self.note
+        from gputopo.topology.bandwidth import ring_busbw_gbps
+
+        try:
+            value = ring_busbw_gbps(self.topology, gpus)
+        except GputopoError as exc:
+            return None, exc.message
+        if value is None:
+            return None, "the topology does not know every link of this set"
+        return value, None
+
+    def nvml_p2p(self) -> dict[tuple[int, int], str] | None:
+        """NVML's P2P read status per ordered GPU pair, where the topology has it."""
+        topo = self.topology
+        if topo is None or not topo.p2p or "read" not in topo.p2p:
+            return None
+        matrix = topo.p2p["read"]
+        indices = topo.gpu_indices
+        return {(a, b): matrix[i][j] for i, a in enumerate(indices) for j, b in enumerate(indices) if a != b}
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    """A finished probe: per-set verdicts, the ranks' environment, notes, timing."""
+
+    config: ProbeConfig
+    sets: tuple[SetResult, ...]
+    environment: dict[str, Any]
+    notes: tuple[str, ...]
+    started_utc: datetime
+    wall_s: float
+    launches: tuple[dict[str, Any], ...] = field(default=())
+
+    @property
+    def verdict(self) -> str:
+        """``fail`` if any check failed, else ``pass``."""
+        return verdict.FAIL if any(s.verdict == verdict.FAIL for s in self.sets) else verdict.PASS
+
+
+def read_topology(config: ProbeConfig) -> TopologyView:
+    """The topology for the bandwidth model: ``--input`` if given, live NVML on CUDA, none on CPU."""
+    from gputopo.topology import load_topology
+
+    if config.topology_input is not None:
+        return TopologyView(load_topology(config.topology_input))
+    if config.device == "cpu":
+        return TopologyView(None, "CPU stand-ins have no GPU topology (give one with --input)")
+    try:
+        return TopologyView(load_topology(None))
+    except GputopoError as exc:
+        return TopologyView(None, f"no live topology: {exc.message}")
+
+
+def runnable_checks(config: ProbeConfig, job: Job) -> tuple[tuple[str, ...], dict[str, CheckResult]]:
+    """The checks the ranks of ``job`` run, and those skipped up front with the reason."""
+    run: list[str] = []
+    skip: dict[str, CheckResult] = {}
+    for check in job.checks:
+        if check == "p2p" and config.device == "cpu":
+            skip[check] = verdict.skipped(
+                check, "no peer-to-peer copies between CPU stand-ins; run it on GPUs"
+            )
+        elif check == "p2p" and len(job.gpus) < 2:
+            skip[check] = verdict.skipped(check, "needs two GPUs")
+        else:
+            run.append(check)
+    return tuple(run), skip
+
+
+def judge_outcome(
+    outcome: LaunchOutcome, checks: tuple[str, ...], view: TopologyView, config: ProbeConfig
+) -> dict[str, CheckResult]:
+    """Verdicts for every check of one launch, from what its ranks wrote and how it ended."""
+    results: dict[str, CheckResult] = {}
+    stopped_in: str | None = None
+    for check in checks:
+        metrics = outcome.metrics.get(check)
+        if metrics is not None:
+            results[check] = _judge(check, metrics, outcome.job.gpus, view, config)
+        elif stopped_in is None:
+            stopped_in = check
+            results[check] = _unfinished(check, outcome)
+        else:
+            results[check] = verdict.skipped(check, f"not reached: the launch ended in {stopped_in}")
+    if stopped_in is None and outcome.status != "ok" and checks:
+        # Every check finished, then something failed on the way out: still a failure of this launch.
+        results[checks[-1]] = _unfinished(checks[-1], outcome)
+    return results
+
+
+def _judge(
+    check: str, metrics: dict[str, Any], gpus: tuple[int, ...], view: TopologyView, config: ProbeConfig
+) -> CheckResult:
+    if check == "dp":
+        return verdict.judge_dp(metrics)
+    if check == "ddp":
+        return verdict.judge_ddp(metrics)
+    if check == "p2p":
+        return verdict.judge_p2p(metrics, view.nvml_p2p())
+    expected, why = view.expected_busbw_gbps(gpus)
+    if config.device == "cpu":
+        return verdict.judge_allreduce(metrics, expected, judge_speed=False, speed_note=why or CPU_SPEED_NOTE)
+    return verdict.judge_allreduce(metrics, expected, judge_speed=True, speed_note=why)
+
+
+def _unfinished(check: str, outcome: LaunchOutcome) -> CheckResult:
+    if outcome.status == "timeout":
+        return verdict.hung(check, outcome.timeout_s, outcome.last_progress, time.time())
+    if outcome.failures:
+        first = outcome.failures[0]
+        return verdict.crashed(
+            check, first.rank, first.exitcode, first.signal, first.stderr_tail, first.message
+        )
+    if outcome.status == "launcher-error":
+        return verdict.crashed(
+            check, None, None, None, outcome.launcher_tail, "the torch elastic launcher failed"
+        )
+    return verdict.crashed(
+        check, None, None, None, "", "the ranks exited without writing this check's result"
+    )
+
+
+def run_probe(
+    config: ProbeConfig, on_progress: ProgressFn | None = None, plan: Plan | None = None
+) -> ProbeRun:
+    """Run every launch of the plan and judge it. Ctrl-C stops the ranks and propagates."""
+    started_utc = datetime.now(timezone.utc)
+    started = time.monotonic()
+    plan = plan or make_plan(config)
+    view = read_topology(config)
+    notes = [view.note] if view.note else []
+    if config.inject is not None:
+        notes.append(f"fault injected: {config.inject.value} in rank {config.inject_rank} (--inject)")
+    by_set: dict[tuple[int, ...], dict[str, CheckResult]] = {s: {} for s in plan.sets}
+    environment: dict[str, Any] = {}
+    launches = []
+    for rnd in plan.rounds:
+        jobs = []
+        for job in rnd:
+            run, skip = runnable_checks(config, job)
+            by_set[job.gpus].update(skip)
+            if run:
+                jobs.append((job, run))
+        for (job, run), outcome in zip(jobs, run_round(config, jobs, on_progress), strict=True):
+            by_set[job.gpus].update(judge_outcome(outcome, run, view, config))
+            if outcome.env and not environment:
+                environment = dict(outcome.env)
+            launches.append(
+                {
+                    "gpus": list(job.gpus),
+                    "checks": list(run),
+                    "status": outcome.status,
+                    "wall_s": outcome.wall_s,
+                    "concurrent_with": [list(j.gpus) for j, _ in jobs if j is not job],
+                    "leftovers_stopped": outcome.leftovers_killed,
+                }
+            )
+    sets = [
+        SetResult(gpus, tuple(by_set[gpus][c] for c in CHECK_ORDER if c in by_set[gpus]))
+        for gpus in plan.sets
+    ]
+    environment.update(_parent_environment(config, view))
+    return ProbeRun(
+        config=config,
+        sets=tuple(verdict.with_healthy_sets(sets)),
+        environment=environment,
+        notes=tuple(notes),
+        started_utc=started_utc,
+        wall_s=time.monotonic() - started,
+        launches=tuple(launches),
+    )
+
+
+def _parent_environment(config: ProbeConfig, view: TopologyView) -> dict[str, Any]:
+    """What the parent knows that the ranks do not: the driver, and NVML's names and bus ids."""
+    env: dict[str, Any] = {"device": config.device, "backend": config.backend}
+    topo = view.topology
+    if topo is not None:
+        env["driver_version"] = topo.driver_version
+        env["cuda_driver_version"] = topo.cuda_driver_version
+        env["topology_source"] = topo.source
+        env["gpus"] = [{"index": g.index, "name": g.name, "pci_bus_id": g.pci_bus_id} for g in topo.gpus]
+    else:
+        env["driver_version"] = None
+    return env

@@ -1,0 +1,144 @@
+"""The program each rank runs: ``python -m gputopo.probe.worker SPEC.json`` (started by ``launch``).
+
+It joins the process group torch's elastic agent set up (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and
+the rendezvous in the environment), runs the launch's checks in order and writes what it measured, one
+``check-<name>.json`` per check, from rank 0. Checks that drive every device from one process (p2p, dp)
+run in rank 0 while the other ranks wait at a barrier; ddp and the all-reduce sweep run in every rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+# Grace on top of the parent's --timeout: the parent must always be the one that declares a hang, with
+# its diagnosis, before a collective's own timeout turns it into a crash.
+COLLECTIVE_TIMEOUT_GRACE_S = 60
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` so a reader never sees half a file: a temporary name, then a rename."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def environment(device: Any, world: int, gpus: list[int]) -> dict[str, Any]:
+    """Versions and devices as rank 0 sees them: torch, CUDA, NCCL, cuDNN, GPU names and bus ids."""
+    import torch
+    import torchvision
+
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": None,
+        "cudnn": None,
+        "hostname": platform.node(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "devices": [],
+    }
+    if device.type == "cuda":
+        nccl = torch.cuda.nccl.version()
+        env["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
+        env["cudnn"] = torch.backends.cudnn.version()
+        for local, index in enumerate(gpus[:world]):
+            props = torch.cuda.get_device_properties(local)
+            env["devices"].append(
+                {
+                    "index": index,
+                    "name": props.name,
+                    "pci_bus_id": _bus_id(props.pci_domain_id, props.pci_bus_id, props.pci_device_id),
+                    "uuid": str(props.uuid),
+                    "memory_total_mib": props.total_memory >> 20,
+                }
+            )
+    else:
+        env["devices"] = [
+            {"index": index, "name": f"CPU rank {r} (stand-in)", "pci_bus_id": None}
+            for r, index in enumerate(gpus)
+        ]
+    return env
+
+
+def _bus_id(domain: int, bus: int, device: int) -> str:
+    """NVML's spelling of a PCI address, e.g. ``00000000:3B:00.0``."""
+    return f"{domain:08X}:{bus:02X}:{device:02X}.0"
+
+
+def run(spec_path: str) -> None:
+    """Join the group, run the checks, write the results; any exception ends the rank non-zero."""
+    import torch
+    import torch.distributed as dist
+
+    from gputopo.probe import checks
+
+    spec = json.loads(Path(spec_path).read_text())
+    out_dir = Path(spec["out_dir"])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if spec["device"] == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    ctx = checks.RankContext(rank, world, local_rank, device, spec, out_dir)
+    ctx.progress("setup", "join")
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo",
+        timeout=timedelta(seconds=float(spec["timeout_s"]) + COLLECTIVE_TIMEOUT_GRACE_S),
+        device_id=device if device.type == "cuda" else None,
+    )
+    if rank == 0:
+        write_json(out_dir / "env.json", environment(device, world, spec["gpus"]))
+    try:
+        run_checks(ctx)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_checks(ctx: Any) -> None:
+    """The launch's checks in order; the reference runs once, just before the first check needing it."""
+    from gputopo.probe import checks
+
+    refs = None
+    first_training = next((c for c in ctx.spec["checks"] if c in ("dp", "ddp")), None)
+    for check in ctx.spec["checks"]:
+        ctx.progress(check, "start")
+        if check == first_training:
+            refs = checks.reference_runs(ctx)
+        if check in ("p2p", "dp"):
+            # One process drives every device of the set, as DataParallel users' scripts do.
+            if ctx.rank == 0:
+                metrics = checks.p2p_check(ctx) if check == "p2p" else checks.dp_check(ctx, refs)
+            checks.barrier(ctx)
+        elif check == "ddp":
+            metrics = checks.ddp_check(ctx, refs)
+        else:
+            metrics = checks.allreduce_check(ctx)
+        if ctx.rank == 0:
+            write_json(ctx.out_dir / f"check-{check}.json", metrics)
+        ctx.progress(check, "done")
+
+
+def main() -> None:
+    """Entry point; torch's ``record`` puts an uncaught exception's traceback where the agent reads it."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    record(run)(sys.argv[1])
+    # Everything is written and flushed: skip the interpreter's slow torch teardown, which the verdict
+    # would otherwise wait for.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

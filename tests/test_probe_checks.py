@@ -1,0 +1,135 @@
+"""The rank-side checks in this process: checksums, the reference's two float orders, and DataParallel on CPU.
+
+DataParallel's primitives exist only for CUDA; on CPU the probe runs the same four steps through
+``CpuDataParallel``. These tests train it against the reference on CPU and feed the curves to the judge.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchvision")
+
+from gputopo.probe import checks, verdict  # noqa: E402
+from gputopo.probe.models import IMAGE_SHAPE, NUM_CLASSES, build_model, synthetic_batch  # noqa: E402
+
+
+def make_ctx(tmp_path, world=2, steps=3, **spec):
+    base = {"model": "tiny", "seed": 0, "steps": steps, "batch_size": 4, "lr": 0.05, "inject": None}
+    base.update(spec)
+    return checks.RankContext(0, world, 0, torch.device("cpu"), base, tmp_path)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_checksum_sees_one_flipped_bit_and_nothing_else():
+    torch.manual_seed(0)
+    params = [torch.randn(1000), torch.randn(3, 4)]
+    same = [p.clone() for p in params]
+    assert torch.equal(checks.checksum(params), checks.checksum(same))
+    flipped = [p.clone() for p in params]
+    flipped[0].view(torch.int32)[17] ^= 1  # the last mantissa bit of one element
+    assert not torch.equal(checks.checksum(params), checks.checksum(flipped))
+    assert checks.checksum(params).shape == (2,)
+
+
+def test_synthetic_data_is_seeded_and_cifar_sized():
+    a_images, a_labels = synthetic_batch(3, 7, 8)
+    b_images, b_labels = synthetic_batch(3, 7, 8)
+    assert torch.equal(a_images, b_images) and torch.equal(a_labels, b_labels)
+    assert a_images.shape == (8, *IMAGE_SHAPE) and int(a_labels.max()) < NUM_CLASSES
+    assert not torch.equal(synthetic_batch(3, 8, 8)[0], a_images)
+
+
+def test_models_are_torchvision_resnets():
+    from torchvision.models.resnet import ResNet
+
+    tiny = build_model("tiny")
+    assert isinstance(tiny, ResNet)
+    assert sum(p.numel() for p in tiny.parameters()) < sum(
+        p.numel() for p in build_model("resnet18").parameters()
+    )
+    with pytest.raises(ValueError):
+        build_model("vgg")
+
+
+def test_known_integer_values_sum_exactly():
+    world = 8
+    total = sum(checks._known_values(1000, r, torch.device("cpu")) for r in range(world))
+    expected = checks._known_values(1000, 0, torch.device("cpu")) * (world * (world + 1) // 2)
+    assert torch.equal(total, expected)
+
+
+def _references(ctx):
+    first = checks.reference_run(ctx, "run 1", per_chunk_backward=False)
+    second = checks.reference_run(ctx, "run 2", per_chunk_backward=True)
+    return checks.References(first, second["losses"], "cpu")
+
+
+def test_the_two_reference_orders_agree_to_float_noise_on_two_chunks(tmp_path):
+    ctx = make_ctx(tmp_path)
+    refs = _references(ctx)
+    gaps = [abs(a - b) for a, b in zip(refs.first["losses"], refs.second_losses, strict=True)]
+    assert max(gaps) < 1e-5
+    assert (tmp_path / "progress-rank0.jsonl").read_text().count('"reference"') == 2 * ctx.spec["steps"]
+
+
+def test_dataparallel_on_cpu_matches_the_reference_and_passes_the_judge(tmp_path):
+    ctx = make_ctx(tmp_path)
+    metrics = checks.dp_check(ctx, _references(ctx))
+    assert metrics["replica_mismatches"] == [] and metrics["nonfinite_grad_steps"] == []
+    assert metrics["path"].startswith("DataParallel algorithm on CPU")
+    result = verdict.judge_dp(metrics)
+    assert result.verdict == "pass", result.detail
+    assert result.metrics["max_loss_gap"] < 1e-5
+
+
+def test_dataparallel_gradients_reach_the_master_like_a_single_device(tmp_path):
+    # Gradients of the replicas' copies must sum back into the master, as DataParallel's broadcast does.
+    ctx = make_ctx(tmp_path, steps=1)
+    torch.manual_seed(0)
+    master = build_model("tiny")
+    torch.manual_seed(0)
+    single = build_model("tiny")
+    images, labels = synthetic_batch(0, 0, 8)
+    dp = checks.CpuDataParallel(master, 2, checks._ReplicaInspector(ctx, master))
+    torch.nn.functional.cross_entropy(dp(images), labels).backward()
+    chunk_losses = [
+        torch.nn.functional.cross_entropy(single(x), y)
+        for x, y in zip(images.chunk(2), labels.chunk(2), strict=True)
+    ]
+    (sum(chunk_losses) / 2).backward()
+    for a, b in zip(master.parameters(), single.parameters(), strict=True):
+        assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_a_corrupted_replica_is_caught_at_the_planted_step(tmp_path):
+    ctx = make_ctx(tmp_path, steps=4, inject="corrupt", inject_rank=1, inject_checks=["dp"])
+    metrics = checks.dp_check(ctx, _references(ctx))
+    assert metrics["replica_mismatches"] == [{"step": 2, "replica": 1, "tensors": 1}]
+    result = verdict.judge_dp(metrics)
+    assert result.kind == "corrupt"
+
+
+def test_a_nan_gradient_in_one_replica_is_caught(tmp_path):
+    ctx = make_ctx(tmp_path, steps=4, inject="nan", inject_rank=1, inject_checks=["dp"])
+    metrics = checks.dp_check(ctx, _references(ctx))
+    assert metrics["nonfinite_grad_steps"][0] == 2
+    assert verdict.judge_dp(metrics).kind == "nan"
+
+
+def test_faults_reach_only_their_checks(tmp_path):
+    ctx = make_ctx(tmp_path, inject="corrupt", inject_checks=["allreduce"], inject_rank=1)
+    assert (
+        ctx.fault("corrupt", "allreduce")
+        and not ctx.fault("corrupt", "dp")
+        and not ctx.fault("nan", "allreduce")
+    )
+    assert ctx.inject_rank == 1 and ctx.inject_step == ctx.spec["steps"] // 2

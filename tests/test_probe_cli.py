@@ -1,0 +1,275 @@
+"""`gputopo probe` end to end on CPU ranks: real launches through torch's elastic launcher, real faults.
+
+Each run gets a unique marker in its environment; every process it starts inherits it, so the tests can
+prove that nothing is left running afterwards, whatever happened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+from typer.testing import CliRunner
+
+pytest.importorskip("torch")
+pytest.importorskip("torchvision")
+
+TEST_MARKER = "GPUTOPO_TEST_PROBE"
+BASE = ["--device", "cpu", "--gpus", "0,1", "--model", "tiny"]
+
+
+def leftovers(marker: str) -> list[str]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(TEST_MARKER) == marker and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(" ".join(proc.cmdline()))
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def assert_nothing_left(marker: str) -> None:
+    deadline = time.monotonic() + 2.0
+    while leftovers(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert leftovers(marker) == []
+
+
+def probe(tmp_path: Path, *args: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess[str], float]:
+    marker = uuid.uuid4().hex
+    env = dict(os.environ, **{TEST_MARKER: marker}, COLUMNS="120", NO_COLOR="1")
+    cmd = [sys.executable, "-m", "gputopo", "probe", *args, "--report-dir", str(tmp_path / "reports")]
+    started = time.monotonic()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+    elapsed = time.monotonic() - started
+    assert_nothing_left(marker)
+    return done, elapsed
+
+
+def checks_of(doc: dict) -> dict[str, dict]:
+    (only_set,) = doc["sets"]
+    return {c["name"]: c for c in only_set["checks"]}
+
+
+@pytest.mark.slow
+def test_healthy_cpu_run_of_every_check_within_a_minute(tmp_path):
+    done, elapsed = probe(tmp_path, *BASE, "--mode", "all", "--steps", "5", "--json")
+    assert done.returncode == 0, done.stderr
+    assert elapsed < 60
+    doc = json.loads(done.stdout)  # the whole of stdout is one JSON document
+    assert doc["schema"] == "gputopo/probe/v1" and doc["device"] == "cpu" and doc["verdict"] == "pass"
+    checks = checks_of(doc)
+    assert list(checks) == ["p2p", "dp", "ddp", "allreduce"]
+    assert checks["p2p"]["verdict"] == "skipped" and "CPU stand-ins" in checks["p2p"]["detail"]
+    for name in ("dp", "ddp", "allreduce"):
+        assert checks[name]["verdict"] == "pass", checks[name]["detail"]
+    ddp = checks["ddp"]["metrics"]
+    assert len(ddp["losses"]) == len(ddp["ref_losses"]) == len(ddp["ref2_losses"]) == 5
+    assert ddp["desync_steps"] == [] and ddp["backend"] == "gloo" and len(ddp["rank_losses"]) == 2
+    rows = checks["allreduce"]["metrics"]["rows"]
+    assert [r["wrong"] for r in rows] == [0] * len(rows)
+    assert all(r["busbw_gbps"] == pytest.approx(r["algbw_gbps"]) for r in rows)  # 2(n-1)/n = 1 for n = 2
+    assert checks["allreduce"]["metrics"]["expected_busbw_gbps"] is None
+    assert doc["environment"]["torch"] and doc["environment"]["devices"][1]["index"] == 1
+    # Both report files exist, complete, and name each other.
+    saved = json.loads(Path(doc["report"]["json"]).read_text())
+    assert saved["sets"] == doc["sets"] and saved["report"] == doc["report"]
+    md = Path(doc["report"]["markdown"]).read_text()
+    assert "# gputopo probe: PASS" in md and "| 0,1 | ddp | pass |" in md
+    assert (
+        Path(doc["report"]["json"]).name.startswith("probe-")
+        and Path(doc["report"]["json"]).parent.name == "reports"
+    )
+
+
+@pytest.mark.slow
+def test_human_output_has_tables_and_the_verdict_panel(tmp_path):
+    done, _ = probe(tmp_path, *BASE, "--mode", "allreduce", "--input", "sample:seed-8gpu-nv4")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "# all-reduce, set 0,1: 2 ranks, gloo, float32 sum" in out
+    assert "#wrong" in out and "(GB/s)" in out
+    assert "model estimate: 48.00 GB/s" in out  # NV4 pair in the sample, from the bandwidth model
+    assert "gputopo probe: PASS" in out and "report:" in out
+    assert "speed not judged" in out
+
+
+@pytest.mark.slow
+def test_planted_nan_gives_nan_in_dp_and_ddp(tmp_path):
+    done, _ = probe(tmp_path, *BASE, "--mode", "all", "--steps", "4", "--inject", "nan", "--json")
+    assert done.returncode == 1
+    doc = json.loads(done.stdout)
+    checks = checks_of(doc)
+    assert doc["verdict"] == "fail"
+    assert checks["dp"]["kind"] == "nan" and checks["ddp"]["kind"] == "nan"
+    assert "gradients non-finite from step 2" in checks["ddp"]["detail"]
+    assert checks["allreduce"]["verdict"] == "pass"
+    assert "DataParallel" in checks["dp"]["remedy"] and "No set passed" in checks["dp"]["remedy"]
+
+
+@pytest.mark.slow
+def test_planted_corruption_gives_corrupt_desync_and_wrong_elements(tmp_path):
+    done, _ = probe(tmp_path, *BASE, "--mode", "all", "--steps", "4", "--inject", "corrupt", "--json")
+    assert done.returncode == 1
+    checks = checks_of(json.loads(done.stdout))
+    assert checks["dp"]["kind"] == "corrupt" and "replica 1" in checks["dp"]["detail"]
+    assert checks["ddp"]["kind"] in ("desync", "diverged")
+    assert checks["ddp"]["metrics"]["desync_steps"][0] == {"step": 2, "ranks": [1]}
+    assert checks["allreduce"]["kind"] == "corrupt"
+    assert all(r["wrong"] > 0 for r in checks["allreduce"]["metrics"]["rows"])
+    assert "IOMMU" in checks["allreduce"]["remedy"]
+
+
+@pytest.mark.slow
+def test_planted_hang_is_called_hung_soon_after_the_timeout(tmp_path):
+    timeout = 10
+    done, elapsed = probe(
+        tmp_path,
+        *BASE,
+        "--mode",
+        "ddp",
+        "--steps",
+        "4",
+        "--inject",
+        "hang",
+        "--timeout",
+        str(timeout),
+        "--json",
+    )
+    assert done.returncode == 1
+    ddp = checks_of(json.loads(done.stdout))["ddp"]
+    assert ddp["kind"] == "hung"
+    assert "rank 1 last at ddp injected-hang" in ddp["detail"]
+    assert "NCCL_P2P_DISABLE=1" in ddp["remedy"]
+    assert elapsed < timeout + 8  # start-up of the CLI, plus the SIGTERM grace
+
+
+@pytest.mark.slow
+def test_planted_crash_names_rank_exit_code_and_stderr(tmp_path):
+    done, _ = probe(tmp_path, *BASE, "--mode", "ddp", "--steps", "4", "--inject", "crash", "--json")
+    assert done.returncode == 1
+    ddp = checks_of(json.loads(done.stdout))["ddp"]
+    assert ddp["kind"] == "crashed"
+    assert ddp["detail"].startswith("rank 1 exited with exit code 86")
+    assert ddp["metrics"]["rank"] == 1 and ddp["metrics"]["exitcode"] == 86
+    assert "injected crash in rank 1 during ddp" in ddp["metrics"]["stderr_tail"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_rank(tmp_path):
+    marker = uuid.uuid4().hex
+    env = dict(os.environ, **{TEST_MARKER: marker})
+    cmd = [sys.executable, "-m", "gputopo", "probe", *BASE, "--mode", "ddp", "--steps", "100000"]
+    cmd += ["--report-dir", str(tmp_path / "reports")]
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while sum("gputopo.probe.worker" in c for c in leftovers(marker)) < 2:
+            assert time.monotonic() < deadline, "ranks never started"
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    assert "interrupted" in err
+    assert_nothing_left(marker)
+
+
+@pytest.mark.slow
+def test_each_pair_runs_disjoint_pairs_together(tmp_path):
+    done, _ = probe(
+        tmp_path,
+        "--device",
+        "cpu",
+        "--gpus",
+        "0,1,2,3",
+        "--each-pair",
+        "--model",
+        "tiny",
+        "--mode",
+        "ddp",
+        "--steps",
+        "2",
+        "--batch-size",
+        "4",
+        "--json",
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert [s["gpus"] for s in doc["sets"]] == [[0, 1], [0, 2], [0, 3], [1, 2], [1, 3], [2, 3]]
+    assert all(s["verdict"] == "pass" for s in doc["sets"])
+    for launch in doc["launches"]:
+        (partner,) = launch["concurrent_with"]
+        assert not set(partner) & set(launch["gpus"])
+
+
+def test_unknown_gpu_is_exit_2_listing_what_exists(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "gputopo", "probe", "--device", "cpu", "--gpus", "0,9"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2
+    assert "no GPU 9" in done.stderr and "0-7" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "reports").exists()
+
+
+def test_without_torch_exit_3_with_the_install_hint(monkeypatch):
+    import importlib.util
+
+    from gputopo.cli import app
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n in ("torch", "torchvision") else real(n, *a)
+    )
+    result = CliRunner().invoke(app, ["probe", "--device", "cpu", "--gpus", "0,1"])
+    assert result.exit_code == 3
+    assert "pip install 'gputopo[probe]'" in result.output
+
+
+def test_cuda_without_a_gpu_says_so_and_points_at_cpu(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    done = subprocess.run(
+        [sys.executable, "-m", "gputopo", "probe", "--gpus", "0,1"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 3
+    assert "--device cuda" in done.stderr and "--device cpu" in done.stderr
+
+
+def test_cli_and_probe_help_do_not_import_torch():
+    code = (
+        "import sys\n"
+        "from gputopo.cli import app\n"
+        "from typer.testing import CliRunner\n"
+        "r = CliRunner().invoke(app, ['probe', '--help'])\n"
+        "assert r.exit_code == 0 and '--inject' in r.output, r.output\n"
+        "import gputopo.probe.runner, gputopo.probe.launch, gputopo.probe.document\n"
+        "print('torch' in sys.modules, 'torchvision' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False"]

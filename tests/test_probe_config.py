@@ -1,0 +1,125 @@
+"""`gputopo probe` options: what a user can get wrong, caught before any rank starts."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from gputopo.errors import UnavailableError, UsageError
+from gputopo.probe import config as cfg
+from gputopo.probe.config import DeviceInventory, Fault, Mode, build_config, parse_gpu_list
+
+EIGHT_GPU_BOX = DeviceInventory("cuda", tuple(range(8)), tuple(str(i) for i in range(8)))
+CPU_STAND_INS = DeviceInventory("cpu", tuple(range(8)))
+
+
+def test_gpu_list_parses_and_rejects_junk():
+    assert parse_gpu_list("5,6") == (5, 6)
+    assert parse_gpu_list(" 0 , 3 ") == (0, 3)
+    for bad in ("5,,6", "a,b", "5;6", "-1", ""):
+        with pytest.raises(UsageError):
+            parse_gpu_list(bad)
+
+
+def test_gpu_listed_twice_is_a_usage_error():
+    with pytest.raises(UsageError, match="twice"):
+        parse_gpu_list("5,5")
+
+
+def test_unknown_gpu_index_lists_the_gpus_that_exist():
+    with pytest.raises(UsageError) as err:
+        build_config(EIGHT_GPU_BOX, ["6,9"])
+    assert "no GPU 9" in err.value.message
+    assert "0-7" in err.value.message
+    assert err.value.exit_code == 2
+
+
+def test_unknown_stand_in_on_cpu_says_stand_ins():
+    with pytest.raises(UsageError, match="CPU stand-ins that exist are 0-7"):
+        build_config(CPU_STAND_INS, ["0,12"])
+
+
+def test_default_set_is_every_gpu_on_cuda_but_must_be_named_on_cpu():
+    assert build_config(EIGHT_GPU_BOX).sets == (tuple(range(8)),)
+    with pytest.raises(UsageError, match="--gpus"):
+        build_config(CPU_STAND_INS)
+
+
+def test_repeated_gpus_make_several_sets_and_mode_picks_checks():
+    c = build_config(EIGHT_GPU_BOX, ["5,6", "6,7"], mode=Mode.DDP)
+    assert c.sets == ((5, 6), (6, 7))
+    assert c.checks == ("ddp",)
+    assert build_config(EIGHT_GPU_BOX, ["0,1"]).checks == ("p2p", "dp", "ddp", "allreduce")
+
+
+def test_each_pair_takes_the_union_of_listed_gpus_or_all():
+    assert build_config(EIGHT_GPU_BOX, ["0,1", "3"], each_pair=True).sets == ((0, 1, 3),)
+    assert build_config(EIGHT_GPU_BOX, each_pair=True).sets == (tuple(range(8)),)
+    with pytest.raises(UsageError, match="two GPUs"):
+        build_config(EIGHT_GPU_BOX, ["4"], each_pair=True)
+
+
+def test_backend_and_sweep_follow_the_device():
+    gpu = build_config(EIGHT_GPU_BOX, ["0,1"])
+    cpu = build_config(CPU_STAND_INS, ["0,1"])
+    assert (gpu.backend, cpu.backend) == ("nccl", "gloo")
+    assert min(gpu.sweep_bytes) == 1 << 20 and max(gpu.sweep_bytes) >= 256 << 20
+    assert max(cpu.sweep_bytes) < min(max(gpu.sweep_bytes), 64 << 20)
+
+
+def test_inject_rank_defaults_to_the_last_rank_and_is_bounded():
+    assert build_config(CPU_STAND_INS, ["0,1,2"], inject=Fault.NAN).inject_rank == 2
+    assert build_config(CPU_STAND_INS, ["0,1"], inject=Fault.HANG, inject_rank=0).inject_rank == 0
+    with pytest.raises(UsageError, match="ranks 0-1"):
+        build_config(CPU_STAND_INS, ["0,1", "2,3,4"], inject=Fault.CRASH, inject_rank=2)
+    with pytest.raises(UsageError, match="needs --inject"):
+        build_config(CPU_STAND_INS, ["0,1"], inject_rank=1)
+    assert build_config(CPU_STAND_INS, ["0,1"]).inject_rank is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "text"),
+    [
+        ({"steps": 0}, "--steps"),
+        ({"batch_size": 0}, "--batch-size"),
+        ({"lr": 0.0}, "--lr"),
+        ({"timeout_s": -1}, "--timeout"),
+        ({"model": "vgg16"}, "--model"),
+        ({"inject": Fault.NAN, "steps": 1}, "--steps 2"),
+    ],
+)
+def test_bad_numbers_and_names_are_usage_errors(kwargs, text):
+    with pytest.raises(UsageError, match=text):
+        build_config(CPU_STAND_INS, ["0,1"], **kwargs)
+
+
+def test_visible_devices_maps_nvidia_smi_indices_for_the_ranks():
+    c = build_config(EIGHT_GPU_BOX, ["5,6"])
+    assert c.visible_devices((5, 6)) == "5,6"
+    # A user who already narrowed CUDA_VISIBLE_DEVICES to 2,4,6 probes "0,2" = physical 2 and 6.
+    narrowed = DeviceInventory("cuda", (0, 1, 2), cfg._visible_ids(3, "2,4,6"))
+    assert build_config(narrowed, ["0,2"]).visible_devices((0, 2)) == "2,6"
+    assert build_config(CPU_STAND_INS, ["0,1"]).visible_devices((0, 1)) is None
+
+
+def test_report_dir_and_input_are_carried():
+    c = build_config(CPU_STAND_INS, ["0,1"], report_dir=Path("/tmp/r"), topology_input="sample:x")
+    assert c.report_dir == Path("/tmp/r") and c.topology_input == "sample:x"
+
+
+def test_missing_torch_is_exit_3_with_the_install_hint(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a)
+    )
+    with pytest.raises(UnavailableError) as err:
+        cfg.require_torch()
+    assert err.value.exit_code == 3
+    assert "gputopo[probe]" in err.value.hint
+
+
+def test_cpu_inventory_needs_no_gpu():
+    inv = cfg.detect_devices("cpu")
+    assert inv.device == "cpu" and inv.gpus == tuple(range(cfg.CPU_STAND_INS))

@@ -1,0 +1,120 @@
+"""The launch seam: what ranks are told, where faults go, and stopping real processes that resist."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+
+import psutil
+import pytest
+
+from gputopo.probe import launch
+from gputopo.probe.config import DeviceInventory, Fault, build_config
+from gputopo.probe.plan import Job
+
+CPU = DeviceInventory("cpu", tuple(range(8)))
+GPU_BOX = DeviceInventory("cuda", tuple(range(8)), ("0", "1", "2", "3", "4", "5", "6", "7"))
+
+
+def test_nan_and_corrupt_reach_every_check_with_a_detector():
+    assert launch.inject_checks("nan", ("p2p", "dp", "ddp", "allreduce")) == ("dp", "ddp")
+    assert launch.inject_checks("corrupt", ("dp", "ddp", "allreduce")) == ("dp", "ddp", "allreduce")
+    assert launch.inject_checks(None, ("dp",)) == ()
+
+
+def test_hang_and_crash_go_into_the_first_distributed_check_only():
+    assert launch.inject_checks("hang", ("p2p", "dp", "ddp", "allreduce")) == ("dp",)
+    assert launch.inject_checks("crash", ("ddp", "allreduce")) == ("ddp",)
+    assert launch.inject_checks("crash", ("p2p",)) == ()
+
+
+def test_spec_carries_options_and_the_fault():
+    config = build_config(CPU, ["0,1"], model="tiny", steps=4, inject=Fault.CRASH, inject_rank=0)
+    job = Job((0, 1), ("dp", "ddp"))
+    spec = launch.job_spec(config, job, ("ddp",), launch.Path("/tmp/x"))
+    assert spec["checks"] == ["ddp"] and spec["gpus"] == [0, 1]
+    assert (spec["inject"], spec["inject_rank"], spec["inject_checks"]) == ("crash", 0, ["ddp"])
+    assert spec["model"] == "tiny" and spec["steps"] == 4 and spec["device"] == "cpu"
+
+
+def test_cpu_ranks_get_one_thread_and_no_gpu():
+    config = build_config(CPU, ["0,1"])
+    env = launch.rank_environment(config, Job((0, 1), ("ddp",)), "m1")
+    assert env["OMP_NUM_THREADS"] == "1" and env["CUDA_VISIBLE_DEVICES"] == ""
+    assert env[launch.MARKER_ENV] == "m1"
+
+
+def test_gpu_ranks_see_their_set_in_nvidia_smi_order(monkeypatch):
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    config = build_config(GPU_BOX, ["5,6"])
+    env = launch.rank_environment(config, Job((5, 6), ("ddp",)), "m2")
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" and env["CUDA_VISIBLE_DEVICES"] == "5,6"
+
+
+STUBBORN = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print('ready', flush=True); time.sleep(60)"
+)
+
+
+def _child(code, marker=None):
+    env = None
+    if marker:
+        import os
+
+        env = dict(os.environ, **{launch.MARKER_ENV: marker})
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def test_terminate_all_stops_a_polite_process_at_once():
+    polite = _child("import time; print('ready', flush=True); time.sleep(60)")
+    started = time.monotonic()
+    assert launch.terminate_all([psutil.Process(polite.pid)]) == 1
+    assert time.monotonic() - started < launch.STOP_GRACE_S
+    assert not psutil.pid_exists(polite.pid)
+
+
+def test_terminate_all_kills_what_ignores_sigterm_after_the_grace():
+    stubborn = _child(STUBBORN)
+    started = time.monotonic()
+    assert launch.terminate_all([psutil.Process(stubborn.pid)]) == 1
+    assert launch.STOP_GRACE_S - 0.2 <= time.monotonic() - started < launch.STOP_GRACE_S + 3
+    assert not psutil.pid_exists(stubborn.pid)
+
+
+def test_terminate_all_leaves_a_process_whose_pid_was_reused_alone():
+    proc = _child("import time; print('ready', flush=True); time.sleep(60)")
+    handle = psutil.Process(proc.pid)
+    # Pretend the pid was recycled: psutil compares the creation time before signalling.
+    handle._create_time = handle.create_time() - 1000  # noqa: SLF001
+    handle._ident = (handle.pid, handle._create_time)  # noqa: SLF001
+    try:
+        assert launch.terminate_all([handle]) == 0
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_marked_processes_finds_only_this_runs_processes():
+    marker = uuid.uuid4().hex
+    mine = _child("import time; print('ready', flush=True); time.sleep(60)", marker=marker)
+    other = _child("import time; print('ready', flush=True); time.sleep(60)", marker=uuid.uuid4().hex)
+    try:
+        assert [p.pid for p in launch.marked_processes(marker)] == [mine.pid]
+    finally:
+        for p in (mine, other):
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.parametrize("lines", [0, 3])
+def test_tail_reads_the_last_lines(tmp_path, lines):
+    path = tmp_path / "stderr.log"
+    path.write_text("".join(f"line {i}\n" for i in range(lines)))
+    assert launch._tail(path, 2) == "\n".join(f"line {i}" for i in range(max(0, lines - 2), lines))
+    assert launch._tail(tmp_path / "missing") == ""

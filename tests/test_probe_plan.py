@@ -1,0 +1,57 @@
+"""Which launches run and which run together: the health matrix of `--each-pair`."""
+
+from __future__ import annotations
+
+from itertools import combinations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gputopo.probe.config import DeviceInventory, Mode, build_config
+from gputopo.probe.plan import TIMED_CHECKS, make_plan, round_robin
+
+EIGHT_GPU_BOX = DeviceInventory("cuda", tuple(range(8)), tuple(str(i) for i in range(8)))
+
+
+@given(st.lists(st.integers(0, 31), min_size=2, max_size=12, unique=True))
+def test_round_robin_meets_every_pair_once_in_disjoint_rounds(gpus):
+    rounds = round_robin(tuple(gpus))
+    met = [pair for rnd in rounds for pair in rnd]
+    assert sorted(met) == sorted(tuple(sorted(p)) for p in combinations(gpus, 2))
+    for rnd in rounds:
+        used = [g for pair in rnd for g in pair]
+        assert len(used) == len(set(used)), "a GPU twice in one round"
+    n = len(gpus)
+    assert len(rounds) == (n - 1 if n % 2 == 0 else n)
+
+
+def test_one_launch_per_set_with_all_its_checks_in_order():
+    plan = make_plan(build_config(EIGHT_GPU_BOX, ["5,6", "6,7"]))
+    assert [[(j.gpus, j.checks) for j in rnd] for rnd in plan.rounds] == [
+        [((5, 6), ("p2p", "dp", "ddp", "allreduce"))],
+        [((6, 7), ("p2p", "dp", "ddp", "allreduce"))],
+    ]
+    assert plan.sets == ((5, 6), (6, 7))
+
+
+def test_each_pair_runs_training_checks_concurrently_and_timed_checks_alone():
+    plan = make_plan(build_config(EIGHT_GPU_BOX, ["0,1,2,3"], each_pair=True))
+    assert plan.sets == tuple(combinations((0, 1, 2, 3), 2))
+    together = [rnd for rnd in plan.rounds if rnd[0].checks == ("dp", "ddp")]
+    alone = [rnd for rnd in plan.rounds if set(rnd[0].checks) <= TIMED_CHECKS]
+    assert len(together) == 3 and all(len(rnd) == 2 for rnd in together)
+    assert len(alone) == 6 and all(len(rnd) == 1 for rnd in alone)
+    assert all(rnd[0].checks == ("p2p", "allreduce") for rnd in alone)
+    assert len(plan.rounds) == len(together) + len(alone)
+
+
+def test_each_pair_with_only_allreduce_is_one_pair_at_a_time():
+    plan = make_plan(build_config(EIGHT_GPU_BOX, ["0,1,2"], each_pair=True, mode=Mode.ALLREDUCE))
+    assert all(len(rnd) == 1 for rnd in plan.rounds)
+    assert [rnd[0].gpus for rnd in plan.rounds] == [(0, 1), (0, 2), (1, 2)]
+
+
+def test_each_pair_ddp_only_has_no_serial_rounds():
+    plan = make_plan(build_config(EIGHT_GPU_BOX, each_pair=True, mode=Mode.DDP))
+    assert len(plan.rounds) == 7 and all(len(rnd) == 4 for rnd in plan.rounds)
+    assert len(plan.jobs) == 28
