@@ -210,7 +210,8 @@ class Topology:
 
     ``source`` says where it came from (``nvml``, ``nvidia-smi``, a file path, ``sample:NAME``).
     ``p2p`` maps a capability (``read``, ``write``, ``nvlink``, ``atomics``) to a GPU x GPU matrix of
-    status codes (``X`` on the diagonal, ``None`` where NVML could not answer), in the order of ``gpus``. ``warnings`` say what was
+    status codes (``X`` on the diagonal, ``None`` where NVML could not answer), in the order of
+    ``gpus``. ``warnings`` say what was
     recovered or guessed while reading.
     """
 

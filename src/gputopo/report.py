@@ -19,8 +19,13 @@ from gputopo.errors import UsageError
 _KIND_RE = re.compile(r"[a-z][a-z0-9-]*")
 
 
-def report_paths(kind: str, report_dir: Path, now: datetime | None = None) -> dict[str, str]:
-    """The paths a report written now would get; a suffix ``-2``, ``-3``... keeps same-second runs apart."""
+def report_paths(
+    kind: str, report_dir: Path, now: datetime | None = None, html: bool = False
+) -> dict[str, str]:
+    """The paths a report written now would get; a suffix ``-2``, ``-3``... keeps same-second runs apart.
+
+    ``html`` adds an ``.html`` path beside the JSON and Markdown ones.
+    """
     if not _KIND_RE.fullmatch(kind):
         raise ValueError(f"report kind {kind!r}: lower-case letters, digits and dashes only")
     stamp = (now or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
@@ -28,9 +33,11 @@ def report_paths(kind: str, report_dir: Path, now: datetime | None = None) -> di
     n = 1
     while True:
         stem = base if n == 1 else f"{base}-{n}"
-        json_path, md_path = report_dir / f"{stem}.json", report_dir / f"{stem}.md"
-        if not json_path.exists() and not md_path.exists():
-            return {"json": str(json_path), "markdown": str(md_path)}
+        paths = {"json": report_dir / f"{stem}.json", "markdown": report_dir / f"{stem}.md"}
+        if html:
+            paths["html"] = report_dir / f"{stem}.html"
+        if not any(p.exists() for p in paths.values()):
+            return {k: str(p) for k, p in paths.items()}
         n += 1
 
 
@@ -49,18 +56,26 @@ def atomic_write(path: Path, text: str) -> None:
 
 
 def write_report(
-    kind: str, data: dict[str, Any], markdown: str, report_dir: Path, now: datetime | None = None
+    kind: str,
+    data: dict[str, Any],
+    markdown: str,
+    report_dir: Path,
+    now: datetime | None = None,
+    html: str | None = None,
 ) -> dict[str, str]:
-    """Write ``data`` as JSON and ``markdown`` beside it; return ``{"json": path, "markdown": path}``.
+    """Write ``data`` as JSON and ``markdown`` (and ``html``, when given) beside it; return the paths
+    (``{"json": path, "markdown": path}``, plus ``"html"``).
 
     The JSON file gets the same mapping under its ``"report"`` key, so the document names its own files.
     Raises ``UsageError`` (exit 2) when ``report_dir`` cannot be created or written.
     """
     try:
         report_dir.mkdir(parents=True, exist_ok=True)
-        paths = report_paths(kind, report_dir, now)
+        paths = report_paths(kind, report_dir, now, html=html is not None)
         atomic_write(Path(paths["json"]), json.dumps({**data, "report": paths}, indent=2) + "\n")
         atomic_write(Path(paths["markdown"]), markdown)
+        if html is not None:
+            atomic_write(Path(paths["html"]), html)
     except OSError as exc:
         raise UsageError(
             f"cannot write the report to {report_dir}: {exc.strerror or exc}",

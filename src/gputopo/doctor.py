@@ -1,0 +1,364 @@
+"""``gputopo doctor``: the whole check of one machine, as one report document.
+
+It reads the topology, judges the links (``findings``), lists stale GPU holders (dry run), probes every
+pair shortly and the recommended sets for the common sizes, recommends sets again in the light of what
+the probes found, and sums it all up. On a machine without an NVIDIA GPU it runs the same steps on a
+sample machine with CPU ranks standing in for the GPUs, and says "simulated" everywhere.
+
+The result is a plain ``gputopo/doctor/v1`` dict, so the report can be saved, re-rendered and turned
+into HTML anywhere (``gputopo report``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from gputopo import __version__
+from gputopo.errors import GputopoError, UnavailableError, UsageError
+from gputopo.findings import NOTE, PROBLEM, Finding, link_findings
+from gputopo.model import Topology
+
+SCHEMA = "gputopo/doctor/v1"
+DEFAULT_SAMPLE = "quad-nv4-pairs-2socket"
+COMMON_SIZES = (2, 4)
+# CPU stand-in ranks exist for indices 0-7 only (gputopo.probe.config.CPU_STAND_INS).
+MAX_SIMULATED_GPUS = 8
+
+
+@dataclass(frozen=True)
+class DoctorOptions:
+    """What the user chose; ``None`` means the default for the device (tiny ResNet on CPU)."""
+
+    input: str | None = None
+    steps: int = 5
+    timeout_s: float = 120.0
+    skip_probe: bool = False
+    model: str | None = None
+    report_dir: Path = Path("reports")
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The machine the doctor looks at: live, or simulated from a sample or saved input."""
+
+    topology: Topology
+    simulated: bool
+    why_simulated: str | None
+
+
+# Given a probe plan, a context manager whose value has ``update(job, row)`` (progress bars).
+ProbeHook = Callable[[Any], AbstractContextManager[Any]]
+
+
+def choose_machine(spec: str | None) -> Machine:
+    """This machine when it has NVIDIA GPUs; otherwise a sample (or ``--input``), simulated on CPU."""
+    from gputopo.topology import load_topology
+
+    if spec is not None:
+        topo = load_topology(spec)
+        return Machine(topo, simulated=True, why_simulated=f"--input {spec}: not this machine's GPUs")
+    try:
+        return Machine(load_topology(None), simulated=False, why_simulated=None)
+    except UnavailableError as exc:
+        topo = load_topology(f"sample:{DEFAULT_SAMPLE}")
+        why = f"{exc.message}; running on sample machine {DEFAULT_SAMPLE} with CPU ranks (simulated)"
+        return Machine(topo, simulated=True, why_simulated=why)
+
+
+def usable_gpus(topo: Topology) -> tuple[list[int], list[dict[str, Any]]]:
+    """GPUs fit to probe (not failing, not busy) and those left out with the reason."""
+    from gputopo.recommend import Constraints, exclusions
+
+    left_out = {e.gpu: e.why for e in exclusions(topo, Constraints(n=1))}
+    usable = [g.index for g in topo.gpus if g.index not in left_out]
+    return usable, [{"gpu": g, "why": why} for g, why in sorted(left_out.items())]
+
+
+def common_sizes(n_usable: int) -> list[int]:
+    """Set sizes people ask for: 2, 4 and all of them (those that fit)."""
+    return sorted({k for k in (*COMMON_SIZES, n_usable) if 2 <= k <= n_usable})
+
+
+def recommendations(
+    topo: Topology, sizes: list[int], evidence_doc: dict[str, Any] | None
+) -> list[dict[str, Any]]:
+    """The best set for each size, with its export line; a size that can't be met says why."""
+    from gputopo.recommend import Constraints, candidate_dict, evidence_from_report, recommend
+
+    evidence = evidence_from_report(evidence_doc, "doctor probes") if evidence_doc else None
+    out = []
+    for k in sizes:
+        try:
+            rec = recommend(topo, Constraints(n=k, top=3, evidence=evidence))
+        except GputopoError as exc:
+            out.append({"n": k, "best": None, "export": None, "why": exc.message})
+            continue
+        out.append(
+            {
+                "n": k,
+                "best": candidate_dict(rec.best),
+                "export": rec.best.export_line(),
+                "why": "; ".join(rec.best.reasons),
+            }
+        )
+    return out
+
+
+def stale_section() -> dict[str, Any]:
+    """The kill-stale dry run on this machine (what holds /dev/nvidia* now); never signals."""
+    from gputopo.procs.survey import Survey
+    from gputopo.ui.stale_view import stale_document
+
+    try:
+        run = Survey.take().run()
+    except GputopoError as exc:
+        return {"holders": [], "note": f"not checked: {exc.message}"}
+    doc = stale_document(run)
+    doc["note"] = "; ".join(run.notes) if run.notes else None
+    return doc
+
+
+def probe_section(
+    machine: Machine,
+    usable: list[int],
+    sizes_sets: list[list[int]],
+    options: DoctorOptions,
+    hook: ProbeHook | None,
+) -> dict[str, Any] | None:
+    """Every pair (short), then the recommended larger sets; one merged ``gputopo/probe/v1`` document."""
+    from gputopo.probe.config import Mode, build_config, detect_devices, require_torch
+    from gputopo.probe.document import to_document
+    from gputopo.probe.plan import make_plan
+    from gputopo.probe.runner import run_probe
+
+    require_torch()
+    inventory = detect_devices("cpu" if machine.simulated else None)
+    model = options.model or ("tiny" if inventory.device == "cpu" else "resnet18")
+    topology_input = machine.topology.source if machine.simulated else None
+    common = {
+        "mode": Mode.ALL,
+        "model": model,
+        "steps": options.steps,
+        "timeout_s": options.timeout_s,
+        "report_dir": options.report_dir,
+        "topology_input": topology_input,
+    }
+    configs = []
+    if len(usable) >= 2:
+        configs.append(build_config(inventory, [",".join(map(str, usable))], each_pair=True, **common))
+    elif usable:
+        configs.append(build_config(inventory, [str(usable[0])], **common))
+    bigger = [s for s in sizes_sets if len(s) > 2]
+    if bigger:
+        configs.append(build_config(inventory, [",".join(map(str, s)) for s in bigger], **common))
+    merged: dict[str, Any] | None = None
+    for config in configs:
+        plan = make_plan(config)
+        if hook is None:
+            run = run_probe(config, plan=plan)
+        else:
+            with hook(plan) as bars:
+                run = run_probe(config, bars.update, plan=plan)
+        doc = to_document(run)
+        if merged is None:
+            merged = doc
+        else:
+            merged["sets"].extend(doc["sets"])
+            merged["launches"].extend(doc["launches"])
+            merged["notes"] = sorted(set(merged["notes"]) | set(doc["notes"]))
+            merged["wall_s"] = round(merged["wall_s"] + doc["wall_s"], 3)
+            if doc["verdict"] == "fail":
+                merged["verdict"] = "fail"
+    return merged
+
+
+def pair_rows(topo: Topology, probe: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Per probed pair: its verdict, measured busbw, and the model's estimate."""
+    from gputopo.topology.bandwidth import ring_busbw_gbps
+
+    rows = []
+    for s in (probe or {}).get("sets", []):
+        if len(s["gpus"]) != 2:
+            continue
+        measured = None
+        for c in s["checks"]:
+            if c["name"] == "allreduce":
+                measured = (c.get("metrics") or {}).get("peak_busbw_gbps")
+        try:
+            est = ring_busbw_gbps(topo, s["gpus"])
+        except GputopoError:
+            est = None
+        rows.append(
+            {
+                "gpus": s["gpus"],
+                "link": _code(topo, *s["gpus"]),
+                "verdict": s["verdict"],
+                "measured_busbw_gbps": measured,
+                "est_busbw_gbps": est,
+            }
+        )
+    return rows
+
+
+def _code(topo: Topology, a: int, b: int) -> str | None:
+    link = topo.gpu_link(a, b)
+    return link.code if link else None
+
+
+def probe_findings(probe: dict[str, Any] | None) -> list[Finding]:
+    """A problem for every failed check, with the probe's remedy."""
+    out = []
+    for s in (probe or {}).get("sets", []):
+        where = "GPUs " + ",".join(str(g) for g in s["gpus"])
+        for c in s["checks"]:
+            if c["verdict"] == "fail":
+                what = f"{c['name']} check failed ({c.get('kind')}): {c.get('detail')}"
+                out.append(Finding(where, what, c.get("remedy") or "see the probe report"))
+    return out
+
+
+def run_doctor(options: DoctorOptions, probe_hook: ProbeHook | None = None) -> dict[str, Any]:
+    """Check the machine end to end and return the ``gputopo/doctor/v1`` document (not yet written)."""
+    if options.steps < 1:
+        raise UsageError(f"--steps {options.steps}: must be at least 1", "e.g. --steps 5")
+    if not options.timeout_s > 0:
+        raise UsageError(f"--timeout {options.timeout_s:g}: must be positive", "e.g. --timeout 120")
+    from gputopo.topology import snapshot
+
+    machine = choose_machine(options.input)
+    topo = machine.topology
+    if machine.simulated and len(topo.gpus) > MAX_SIMULATED_GPUS and not options.skip_probe:
+        raise UsageError(
+            f"{topo.source} has {len(topo.gpus)} GPUs; CPU ranks stand in for at most {MAX_SIMULATED_GPUS}",
+            "pick a smaller sample (gputopo topo --list-samples), or add --skip-probe",
+        )
+    findings = link_findings(topo)
+    usable, left_out = usable_gpus(topo)
+    sizes = common_sizes(len(usable))
+    first = recommendations(topo, sizes, None)
+    probe = None
+    probe_note = "skipped (--skip-probe)" if options.skip_probe else None
+    if not options.skip_probe:
+        try:
+            sets = [r["best"]["gpus"] for r in first if r["best"]]
+            probe = probe_section(machine, usable, sets, options, probe_hook)
+        except UnavailableError as exc:
+            probe_note = f"not run: {exc.message}" + (f" ({exc.hint})" if exc.hint else "")
+    findings += probe_findings(probe)
+    recs = recommendations(topo, sizes, probe) if probe else first
+    problems = [f for f in findings if f.severity == PROBLEM]
+    device = (probe or {}).get("device") or ("cpu" if machine.simulated else "cuda")
+    doc: dict[str, Any] = {
+        "schema": SCHEMA,
+        "gputopo_version": __version__,
+        "created_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "simulated": machine.simulated,
+        "why_simulated": machine.why_simulated,
+        "device": device,
+        "verdict": "problems" if problems else "healthy",
+        "headline": headline(topo, machine.simulated, problems, usable, probe, probe_note),
+        "topology": snapshot.to_dict(topo),
+        "findings": [asdict(f) for f in findings],
+        "left_out": left_out,
+        "recommendations": recs,
+        "stale": stale_section(),
+        "probe": probe,
+        "probe_note": probe_note,
+        "pairs": pair_rows(topo, probe),
+    }
+    return doc
+
+
+def headline(
+    topo: Topology,
+    simulated: bool,
+    problems: list[Finding],
+    usable: list[int],
+    probe: dict[str, Any] | None,
+    probe_note: str | None,
+) -> str:
+    """One sentence: healthy or not, and how much was checked."""
+    prefix = "SIMULATED: " if simulated else ""
+    checked = (
+        f"{len(probe['sets'])} GPU set(s) probed"
+        if probe
+        else f"probes {probe_note}"
+        if probe_note
+        else "no probes"
+    )
+    if problems:
+        return (
+            f"{prefix}{len(problems)} problem(s) found on {topo.source} ({checked}); see the remedies below"
+        )
+    return f"{prefix}healthy: {len(usable)} of {len(topo.gpus)} GPUs usable, no problems found ({checked})"
+
+
+def to_markdown(doc: dict[str, Any]) -> str:
+    """The report as Markdown: verdict, problems with remedies, export lines, pairs, checks, holders."""
+    lines = [f"# gputopo doctor{' (SIMULATED)' if doc['simulated'] else ''}", ""]
+    lines.append(f"- when: {doc['created_utc']}; gputopo {doc['gputopo_version']}; device: {doc['device']}")
+    lines.append(f"- machine: {doc['topology']['source']}")
+    if doc["simulated"]:
+        lines.append(f"- simulated: {doc['why_simulated']}. Bandwidths and timings are not a real GPU's.")
+    lines += ["", f"**{doc['headline']}**", ""]
+    problems = [f for f in doc["findings"] if f["severity"] == PROBLEM]
+    notes = [f for f in doc["findings"] if f["severity"] == NOTE]
+    if problems:
+        lines += ["## Problems and remedies", "", "| where | problem | remedy |", "|---|---|---|"]
+        lines += [f"| {_md(f['where'])} | {_md(f['what'])} | {_md(f['remedy'])} |" for f in problems]
+        lines.append("")
+    if notes:
+        lines += ["## Notes", ""] + [f"- {f['where']}: {f['what']}. {f['remedy']}" for f in notes] + [""]
+    lines += ["## Which GPUs to use", ""]
+    for r in doc["recommendations"]:
+        if r["best"]:
+            lines.append(f"- {r['n']} GPUs: `{r['export']}` (est. {r['best']['est_busbw_gbps']} GB/s busbw)")
+        else:
+            lines.append(f"- {r['n']} GPUs: none ({r['why']})")
+    for e in doc["left_out"]:
+        lines.append(f"- GPU{e['gpu']} left out: {e['why']}")
+    lines.append("")
+    if doc["pairs"]:
+        lines += [
+            "## Pairs",
+            "",
+            "| GPUs | link | verdict | measured busbw GB/s | model GB/s |",
+            "|---|---|---|---|---|",
+        ]
+        for p in doc["pairs"]:
+            lines.append(
+                f"| {p['gpus'][0]},{p['gpus'][1]} | {p['link']} | {p['verdict']} | "
+                f"{_num(p['measured_busbw_gbps'])} | {_num(p['est_busbw_gbps'])} |"
+            )
+        lines.append("")
+    if doc["probe"]:
+        lines += ["## Checks", "", "| GPUs | check | verdict | detail |", "|---|---|---|---|"]
+        for s in doc["probe"]["sets"]:
+            for c in s["checks"]:
+                kind = f" ({c['kind']})" if c.get("kind") else ""
+                gpus = ",".join(map(str, s["gpus"]))
+                lines.append(f"| {gpus} | {c['name']} | {c['verdict']}{kind} | {_md(c.get('detail'))} |")
+        lines.append("")
+    elif doc["probe_note"]:
+        lines += [f"Probes {doc['probe_note']}.", ""]
+    lines += ["## Processes holding GPUs", ""]
+    holders = doc["stale"].get("holders") or []
+    for h in holders:
+        state = "stale" if h.get("stale") else "protected" if h.get("protected") else "in use"
+        lines.append(f"- pid {h['pid']} ({h.get('user')}): {state}; {'; '.join(h.get('reasons') or [])}")
+    if not holders:
+        lines.append(doc["stale"].get("note") or "No process holds a GPU device file.")
+    return "\n".join(lines) + "\n"
+
+
+def _md(text: Any) -> str:
+    return str(text if text is not None else "n/a").replace("|", "\\|").replace("\n", " ")
+
+
+def _num(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3g}"

@@ -1,0 +1,104 @@
+"""Terminal rendering of a doctor report document (a fresh run or a saved JSON file)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from gputopo.findings import NOTE, PROBLEM
+
+
+def _num(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3g}"
+
+
+def render_doctor(doc: dict[str, Any]) -> RenderableType:
+    """Verdict, problems with remedies, pair health, checks, holders, and the export lines last."""
+    parts: list[RenderableType] = []
+    if doc.get("simulated"):
+        parts.append(Text(f"SIMULATED: {doc.get('why_simulated')}", style="bold yellow"))
+    problems = [f for f in doc["findings"] if f["severity"] == PROBLEM]
+    notes = [f for f in doc["findings"] if f["severity"] == NOTE]
+    if problems:
+        t = Table(title="Problems and remedies", title_justify="left", show_lines=True, header_style="bold")
+        t.add_column("where", style="bold red", no_wrap=True)
+        t.add_column("problem")
+        t.add_column("remedy")
+        for f in problems:
+            t.add_row(f["where"], f["what"], f["remedy"])
+        parts.append(t)
+    for f in notes:
+        parts.append(Text(f"note: {f['where']}: {f['what']}. {f['remedy']}", style="dim"))
+    if doc.get("pairs"):
+        t = Table(title="Pairs", title_justify="left", header_style="bold")
+        for col in ("GPUs", "link", "verdict", "measured busbw GB/s", "model GB/s"):
+            t.add_column(col, justify="right" if "GB/s" in col else "left")
+        for p in doc["pairs"]:
+            style = "green" if p["verdict"] == "pass" else "bold red"
+            t.add_row(
+                f"{p['gpus'][0]},{p['gpus'][1]}",
+                p.get("link") or "?",
+                Text(p["verdict"].upper(), style=style),
+                _num(p.get("measured_busbw_gbps")),
+                _num(p.get("est_busbw_gbps")),
+            )
+        parts.append(t)
+    probe = doc.get("probe")
+    if probe:
+        names = [
+            n
+            for n in ("p2p", "dp", "ddp", "allreduce")
+            if any(c["name"] == n for s in probe["sets"] for c in s["checks"])
+        ]
+        t = Table(title="Checks (failures are explained above)", title_justify="left", header_style="bold")
+        t.add_column("GPUs")
+        for n in names:
+            t.add_column(n)
+        for s in probe["sets"]:
+            by_name = {c["name"]: c for c in s["checks"]}
+            cells = []
+            for n in names:
+                c = by_name.get(n)
+                if c is None:
+                    cells.append(Text("-", style="dim"))
+                    continue
+                style = {"pass": "green", "fail": "bold red"}.get(c["verdict"], "dim")
+                kind = f" ({c['kind']})" if c.get("kind") else ""
+                cells.append(Text(c["verdict"] + kind, style=style))
+            t.add_row(",".join(map(str, s["gpus"])), *cells)
+        parts.append(t)
+    elif doc.get("probe_note"):
+        parts.append(Text(f"probes {doc['probe_note']}", style="yellow"))
+    stale = doc.get("stale") or {}
+    holders = stale.get("holders") or []
+    if holders:
+        stale_n = sum(1 for h in holders if h.get("stale"))
+        parts.append(
+            Text(
+                f"{len(holders)} process(es) hold GPU device files, {stale_n} stale "
+                "(details: gputopo kill-stale)"
+            )
+        )
+    else:
+        parts.append(Text(f"GPU holders: {stale.get('note') or 'none'}", style="dim"))
+    lines = Text()
+    for r in doc["recommendations"]:
+        if r["best"]:
+            lines.append(
+                f"# {r['n']} GPUs: est. {_num(r['best']['est_busbw_gbps'])} GB/s busbw\n", style="dim"
+            )
+            lines.append(f"{r['export']}\n")
+        else:
+            lines.append(f"# {r['n']} GPUs: none ({r['why']})\n", style="dim")
+    for e in doc.get("left_out") or []:
+        lines.append(f"# GPU{e['gpu']} left out: {e['why']}\n", style="dim")
+    parts.append(Panel(lines, title="Which GPUs to use", title_align="left"))
+    verdict_style = "bold green" if doc["verdict"] == "healthy" else "bold red"
+    parts.append(Text(doc["headline"], style=verdict_style))
+    if doc.get("report"):
+        parts.append(Text("report: " + "  ".join(v for v in doc["report"].values() if v), style="dim"))
+    return Group(*parts)

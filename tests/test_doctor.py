@@ -1,0 +1,223 @@
+"""`gputopo doctor` and `gputopo report`: the whole check, simulated here, and the reports people open."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gputopo.cli import app
+from gputopo.doctor import DoctorOptions, pair_rows, probe_findings, recommendations, run_doctor, to_markdown
+from gputopo.topology import samples
+from gputopo.ui.html_report import render_html
+
+PLAIN_ENV = {"NO_COLOR": "1", "COLUMNS": "120", "TERM": "dumb"}
+
+
+def run(*args: str):
+    return CliRunner().invoke(app, list(args), env=PLAIN_ENV)
+
+
+def failed_probe_doc() -> dict:
+    """A probe report where P2P on pair 0,1 returned wrong data and 2,3 passed (the IOMMU/ACS story)."""
+    check = {
+        "name": "allreduce",
+        "verdict": "pass",
+        "kind": None,
+        "detail": "ok",
+        "remedy": None,
+        "metrics": {
+            "rows": [
+                {"bytes": 1 << 20, "time_us": 100.0, "algbw_gbps": 10.0, "busbw_gbps": 10.0, "wrong": 0}
+            ],
+            "peak_busbw_gbps": 10.0,
+            "expected_busbw_gbps": 48.0,
+        },
+    }
+    p2p_bad = {
+        "name": "p2p",
+        "verdict": "fail",
+        "kind": "corrupt",
+        "detail": "GPU0->GPU1: 4096 wrong bytes",
+        "remedy": "IOMMU/ACS likely on; set NCCL_P2P_DISABLE=1",
+        "metrics": {},
+    }
+    return {
+        "schema": "gputopo/probe/v1",
+        "device": "cuda",
+        "verdict": "fail",
+        "sets": [
+            {"gpus": [0, 1], "verdict": "fail", "checks": [p2p_bad, check]},
+            {"gpus": [2, 3], "verdict": "pass", "checks": [check]},
+        ],
+        "report": None,
+    }
+
+
+def test_doctor_without_gpu_simulates_on_the_sample_machine(tmp_path):
+    doc = run_doctor(DoctorOptions(skip_probe=True, report_dir=tmp_path))
+    assert doc["simulated"] is True
+    assert "no NVIDIA driver" in doc["why_simulated"]
+    assert doc["topology"]["source"] == "sample:quad-nv4-pairs-2socket"
+    assert doc["verdict"] == "healthy"
+    assert doc["headline"].startswith("SIMULATED: ")
+    assert [r["n"] for r in doc["recommendations"]] == [2, 4]
+    assert doc["recommendations"][0]["best"]["gpus"] == [0, 1]
+    assert (
+        doc["recommendations"][0]["export"] == "export CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=0,1"
+    )
+    assert doc["probe"] is None and doc["probe_note"] == "skipped (--skip-probe)"
+
+
+def test_doctor_live_flags_link_problems_and_leaves_busy_gpus_out(tmp_path):
+    from fake_nvml import FakeNvml
+
+    with FakeNvml.pcie_box().installed():
+        doc = run_doctor(DoctorOptions(skip_probe=True, report_dir=tmp_path))
+    assert doc["simulated"] is False
+    assert doc["verdict"] == "problems"
+    assert any(f["where"] == "GPU2" and "while busy" in f["what"] for f in doc["findings"])
+    assert [e["gpu"] for e in doc["left_out"]] == [2]
+    for r in doc["recommendations"]:
+        assert 2 not in r["best"]["gpus"]
+    assert [r["n"] for r in doc["recommendations"]] == [2, 4, 7]
+
+
+def test_failed_probe_becomes_a_problem_with_its_remedy_and_steers_the_recommendation():
+    topo = samples.load("quad-nv4-pairs-2socket")
+    probe = failed_probe_doc()
+    found = probe_findings(probe)
+    assert [(f.where, f.remedy) for f in found] == [
+        ("GPUs 0,1", "IOMMU/ACS likely on; set NCCL_P2P_DISABLE=1")
+    ]
+    assert "p2p check failed (corrupt)" in found[0].what
+    rows = pair_rows(topo, probe)
+    assert rows[0] == {
+        "gpus": [0, 1],
+        "link": "NV4",
+        "verdict": "fail",
+        "measured_busbw_gbps": 10.0,
+        "est_busbw_gbps": rows[0]["est_busbw_gbps"],
+    }
+    assert rows[0]["est_busbw_gbps"] > 40
+    before = recommendations(topo, [2], None)[0]["best"]["gpus"]
+    after = recommendations(topo, [2], probe)[0]["best"]["gpus"]
+    assert before == [0, 1] and after == [2, 3]
+
+
+def test_markdown_and_html_say_simulated_and_show_problems():
+    doc = run_doctor(DoctorOptions(skip_probe=True))
+    doc["probe"] = failed_probe_doc()
+    doc["findings"] = [
+        {
+            "where": "GPUs 0,1",
+            "what": "p2p check failed (corrupt)",
+            "remedy": "IOMMU/ACS",
+            "severity": "problem",
+        }
+    ]
+    doc["pairs"] = pair_rows(samples.load("quad-nv4-pairs-2socket"), doc["probe"])
+    md = to_markdown(doc)
+    assert "(SIMULATED)" in md and "| GPUs 0,1 | p2p check failed (corrupt) | IOMMU/ACS |" in md
+    page = render_html(doc)
+    assert "SIMULATED" in page and "p2p check failed (corrupt)" in page
+    images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+    assert len(images) == 3  # topology graph, pair heatmaps, busbw curves; each a real picture
+    from PIL import Image
+
+    for data in images:
+        img = Image.open(io.BytesIO(base64.b64decode(data)))
+        assert img.width > 200 and img.height > 150
+        lo_hi = img.convert("L").getextrema()
+        assert lo_hi[0] < lo_hi[1]  # not a blank image
+
+
+def test_report_command_rejects_what_is_not_a_doctor_report(tmp_path):
+    missing = run("report", str(tmp_path / "nope.json"))
+    assert missing.exit_code == 2 and "no such file" in missing.stderr
+    other = tmp_path / "probe.json"
+    other.write_text(json.dumps({"schema": "gputopo/probe/v1"}))
+    wrong = run("report", str(other))
+    assert wrong.exit_code == 2 and "not a doctor report" in wrong.stderr
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    assert run("report", str(broken)).exit_code == 2
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.slow
+def test_doctor_end_to_end_on_cpu_ranks_writes_reports_a_browser_renders(tmp_path):
+    """The quickstart: doctor on a machine without GPUs, then the HTML opened in a real headless browser."""
+    env = {**os.environ, **PLAIN_ENV}
+    out = subprocess.run(
+        [sys.executable, "-m", "gputopo", "doctor", "--steps", "2", "--report-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "SIMULATED" in out.stdout and "simulated" in out.stderr
+    assert "export CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=0,1" in out.stdout
+    json_path = next(tmp_path.glob("doctor-*.json"))
+    doc = json.loads(json_path.read_text())
+    assert doc["schema"] == "gputopo/doctor/v1" and doc["simulated"] is True
+    assert len(doc["pairs"]) == 6 and all(p["verdict"] == "pass" for p in doc["pairs"])
+    assert {tuple(s["gpus"]) for s in doc["probe"]["sets"]} >= {(0, 1), (2, 3), (0, 1, 2, 3)}
+    assert "(SIMULATED)" in Path(doc["report"]["markdown"]).read_text()
+    html_path = Path(doc["report"]["html"])
+    assert "SIMULATED" in html_path.read_text()
+
+    shown = run("report", str(json_path), "--html", str(tmp_path / "again.html"))
+    assert shown.exit_code == 0, shown.output
+    assert "Which GPUs to use" in shown.stdout
+    # Re-rendered from the saved JSON alone, the page is the same one doctor wrote.
+    assert (tmp_path / "again.html").read_text() == html_path.read_text()
+
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("no chromium here (CI installs it): the browser half of this test needs one")
+    flags = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--virtual-time-budget=10000",
+    ]
+    dom = subprocess.run(
+        [*flags, "--dump-dom", html_path.as_uri()], capture_output=True, text=True, timeout=120
+    )
+    total = re.search(r'data-images-total="(\d+)"', dom.stdout)
+    loaded = re.search(r'data-images-loaded="(\d+)"', dom.stdout)
+    assert total and loaded, dom.stderr[-2000:]
+    assert int(total.group(1)) == 3
+    assert loaded.group(1) == total.group(1)
+    shot = tmp_path / "shot.png"
+    subprocess.run(
+        [*flags, "--window-size=1200,2000", f"--screenshot={shot}", html_path.as_uri()],
+        capture_output=True,
+        timeout=120,
+    )
+    from PIL import Image
+
+    img = Image.open(shot)
+    assert img.size == (1200, 2000)
+    assert len(img.convert("L").getcolors(maxcolors=1 << 20) or ()) > 50  # a rendered page, not a blank one
