@@ -42,9 +42,16 @@ def doctor_command(
         return ProbeProgress(out.err, plan)
 
     doc = run_doctor(options, probe_hook=None if json_out else progress)
-    if doc["why_simulated"]:
+    if doc["why_simulated"] and json_out:  # the human view prints it at the top itself
         out.warn(doc["why_simulated"])
-    paths = write_report("doctor", doc, to_markdown(doc), report_dir, html=render_html(doc))
+    try:
+        html = render_html(doc)
+    except ModuleNotFoundError as exc:
+        if exc.name != "matplotlib":
+            raise
+        html = None
+        out.warn("no HTML report: matplotlib is not installed (pip install 'gputopo[probe]')")
+    paths = write_report("doctor", doc, to_markdown(doc), report_dir, html=html)
     doc["report"] = paths
     if json_out:
         out.document(doc)
