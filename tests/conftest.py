@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -22,3 +23,30 @@ def shared_fixtures() -> Path:
     if path is None:
         pytest.skip(f"shared fixtures not found at {SHARED_DIR / 'fixtures'}")
     return path
+
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def plain_env(columns: int = 120) -> dict[str, str]:
+    """Colour off and a fixed width, so CLI output is the same on every terminal and in CI."""
+    return {"NO_COLOR": "1", "COLUMNS": str(columns), "TERM": "dumb"}
+
+
+def invoke(*args: str, columns: int = 120, env: dict[str, str] | None = None):
+    """Run the gputopo CLI in-process (typer's CliRunner) with ``plain_env``."""
+    from typer.testing import CliRunner
+
+    from gputopo.cli import app
+
+    return CliRunner().invoke(app, list(args), env={**plain_env(columns), **(env or {})})
+
+
+def check_golden(name: str, text: str) -> None:
+    """Compare ``text`` with tests/golden/NAME; ``GPUTOPO_UPDATE_GOLDEN=1`` rewrites the file instead."""
+    path = GOLDEN / name
+    if os.environ.get("GPUTOPO_UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert text == path.read_text(), (
+        f"output differs from {path}; rerun with GPUTOPO_UPDATE_GOLDEN=1 if intended"
+    )

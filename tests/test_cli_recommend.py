@@ -3,37 +3,24 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from gputopo.cli import app
+from conftest import check_golden, invoke, plain_env
 from gputopo.topology import samples, snapshot
 
-GOLDEN = Path(__file__).parent / "golden"
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "topo"
-PLAIN_ENV = {"NO_COLOR": "1", "COLUMNS": "100", "TERM": "dumb"}
+PLAIN_ENV = plain_env(100)
 SEED = "sample:seed-8gpu-nv4"
 
 
 def run(*args: str):
-    """Invoke the CLI in-process with colour off and a fixed width."""
-    return CliRunner().invoke(app, ["recommend", *args], env=PLAIN_ENV)
-
-
-def check_golden(name: str, text: str) -> None:
-    """Compare with tests/golden/NAME; GPUTOPO_UPDATE_GOLDEN=1 rewrites it."""
-    path = GOLDEN / name
-    if os.environ.get("GPUTOPO_UPDATE_GOLDEN") == "1":
-        path.write_text(text)
-    assert text == path.read_text(), (
-        f"output differs from {path}; rerun with GPUTOPO_UPDATE_GOLDEN=1 if intended"
-    )
+    """``gputopo recommend ARGS`` in-process, colour off, 100 columns."""
+    return invoke("recommend", *args, columns=100)
 
 
 def test_seed_box_golden_output():

@@ -13,18 +13,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from gputopo.cli import app
+from conftest import invoke, plain_env
 from gputopo.doctor import DoctorOptions, pair_rows, probe_findings, recommendations, run_doctor, to_markdown
 from gputopo.topology import samples
 from gputopo.ui.html_report import render_html
 
-PLAIN_ENV = {"NO_COLOR": "1", "COLUMNS": "120", "TERM": "dumb"}
+PLAIN_ENV = plain_env()
 
 
 def run(*args: str):
-    return CliRunner().invoke(app, list(args), env=PLAIN_ENV)
+    return invoke(*args)
 
 
 def failed_probe_doc() -> dict:

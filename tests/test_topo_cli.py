@@ -6,31 +6,18 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from gputopo.cli import app
+from conftest import check_golden, invoke, plain_env
 from gputopo.topology import samples, snapshot
 
-GOLDEN = Path(__file__).parent / "golden"
-PLAIN_ENV = {"NO_COLOR": "1", "COLUMNS": "120", "TERM": "dumb"}
+PLAIN_ENV = plain_env()
 
 
 def run(*args: str, env: dict[str, str] | None = None):
     """Invoke the CLI in-process with colour off and a fixed width."""
-    return CliRunner().invoke(app, list(args), env={**PLAIN_ENV, **(env or {})})
-
-
-def check_golden(name: str, text: str) -> None:
-    """Compare with tests/golden/NAME; GPUTOPO_UPDATE_GOLDEN=1 rewrites it."""
-    path = GOLDEN / name
-    if os.environ.get("GPUTOPO_UPDATE_GOLDEN") == "1":
-        path.write_text(text)
-    assert text == path.read_text(), (
-        f"output differs from {path}; rerun with GPUTOPO_UPDATE_GOLDEN=1 if intended"
-    )
+    return invoke(*args, env=env)
 
 
 def test_seed_box_golden_output():
