@@ -238,3 +238,21 @@ def test_doctor_without_matplotlib_still_writes_json_and_markdown(tmp_path, monk
     assert result.exit_code == 0, result.output
     assert "no HTML report: matplotlib is not installed" in result.stderr
     assert sorted(p.suffix for p in tmp_path.iterdir()) == [".json", ".md"]
+
+
+def test_heatmap_scales_are_shared_unless_the_measurement_is_simulated(monkeypatch):
+    """Measured and estimated colours compare on GPUs; CPU stand-ins' tiny numbers get their own scale."""
+    from gputopo.ui import figures
+
+    seen = []
+    real = figures._png
+
+    def capture(fig):
+        seen.append([im.get_clim()[1] for ax in fig.axes for im in ax.get_images()])
+        return real(fig)
+
+    monkeypatch.setattr(figures, "_png", capture)
+    measured, estimated = {(0, 1): 1.5}, {(0, 1): 48.0}
+    figures.pair_heatmaps([0, 1], measured, estimated, set(), same_scale=True)
+    figures.pair_heatmaps([0, 1], measured, estimated, set(), same_scale=False)
+    assert seen == [[48.0, 48.0], [1.5, 48.0]]

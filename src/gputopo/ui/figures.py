@@ -227,11 +227,14 @@ def pair_heatmaps(
     n = len(gpus)
     size = max(3.2, 0.55 * n + 1.6)
     fig, axes = plt.subplots(1, 2, figsize=(2 * size + 1, size))
-    top = max([v for v in (*measured_gbps.values(), *estimated_gbps.values()) if v] + [1.0])
+    shared_top = max([v for v in (*measured_gbps.values(), *estimated_gbps.values()) if v] + [1.0])
     for ax, data, title in (
         (axes[0], measured_gbps, measured_title),
         (axes[1], estimated_gbps, "model estimate (GB/s)"),
     ):
+        # One colour scale for both panels so they compare, unless the measurement is of another kind
+        # (CPU stand-ins): then each panel gets its own.
+        top = shared_top if same_scale else max([v for v in data.values() if v] + [1.0])
         grid = [[math.nan] * n for _ in range(n)]
         for i, a in enumerate(gpus):
             for j, b in enumerate(gpus):
