@@ -1,0 +1,67 @@
+"""On a real NVIDIA GPU: the live paths (NVML, CUDA, NCCL, real /dev/nvidia*). Skipped without one."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import plain_env
+
+
+def _has_gpu() -> bool:
+    if not Path("/dev/nvidiactl").exists():
+        return False
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _has_gpu(), reason="needs an NVIDIA GPU and driver")]
+
+
+def gputopo(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **plain_env()}
+    return subprocess.run(
+        [sys.executable, "-m", "gputopo", *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
+
+
+def test_topo_reads_nvml_live():
+    out = gputopo("topo", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["live"] is True and doc["gpus"]
+    first = doc["gpus"][0]
+    assert first["name"] and first["pci_bus_id"] and first["uuid"].startswith("GPU-")
+    assert first["minor_number"] is not None
+
+
+def test_probe_on_gpu0_runs_the_cuda_path(tmp_path):
+    """DP and DDP on one GPU, NCCL with one rank, the all-reduce sweep up to 256 MiB."""
+    out = gputopo("probe", "--gpus", "0", "--steps", "3", "--report-dir", str(tmp_path), "--json")
+    assert out.returncode == 0, out.stderr[-3000:]
+    doc = json.loads(out.stdout)
+    assert doc["device"] == "cuda" and doc["verdict"] == "pass"
+    checks = {c["name"]: c for c in doc["sets"][0]["checks"]}
+    assert checks["dp"]["verdict"] == "pass" and checks["ddp"]["verdict"] == "pass"
+    rows = checks["allreduce"]["metrics"]["rows"]
+    assert max(r["bytes"] for r in rows) >= 256 << 20
+    assert all(r["wrong"] == 0 for r in rows)
+
+
+def test_kill_stale_dry_run_on_real_device_files():
+    out = gputopo("kill-stale", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["dry_run"] is True
+    for h in doc["holders"]:
+        if h["pid"] == os.getpid():  # this test is the tool's parent: protected, never a target
+            assert h["protected"] and h["action"] == "spared"
