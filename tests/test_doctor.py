@@ -256,3 +256,13 @@ def test_heatmap_scales_are_shared_unless_the_measurement_is_simulated(monkeypat
     figures.pair_heatmaps([0, 1], measured, estimated, set(), same_scale=True)
     figures.pair_heatmaps([0, 1], measured, estimated, set(), same_scale=False)
     assert seen == [[48.0, 48.0], [1.5, 48.0]]
+
+
+def test_unwritable_report_dir_fails_before_any_work(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = run("doctor", "--report-dir", str(blocker / "reports"))
+    assert result.exit_code == 2
+    assert "cannot write the report" in result.stderr
+    probe = run("probe", "--device", "cpu", "--gpus", "0,1", "--report-dir", str(blocker / "r"))
+    assert probe.exit_code == 2 and "cannot write the report" in probe.stderr

@@ -19,6 +19,19 @@ from gputopo.errors import UsageError
 _KIND_RE = re.compile(r"[a-z][a-z0-9-]*")
 
 
+def ensure_report_dir(report_dir: Path) -> None:
+    """Create ``report_dir`` now, before a long run, so an unwritable one fails in a second, not after."""
+    try:
+        report_dir.mkdir(parents=True, exist_ok=True)
+        if not os.access(report_dir, os.W_OK):
+            raise PermissionError(13, "not writable")
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write the report to {report_dir}: {exc.strerror or exc}",
+            "choose a writable folder with --report-dir",
+        ) from None
+
+
 def report_paths(
     kind: str, report_dir: Path, now: datetime | None = None, html: bool = False
 ) -> dict[str, str]:
@@ -69,8 +82,8 @@ def write_report(
     The JSON file gets the same mapping under its ``"report"`` key, so the document names its own files.
     Raises ``UsageError`` (exit 2) when ``report_dir`` cannot be created or written.
     """
+    ensure_report_dir(report_dir)
     try:
-        report_dir.mkdir(parents=True, exist_ok=True)
         paths = report_paths(kind, report_dir, now, html=html is not None)
         atomic_write(Path(paths["json"]), json.dumps({**data, "report": paths}, indent=2) + "\n")
         atomic_write(Path(paths["markdown"]), markdown)

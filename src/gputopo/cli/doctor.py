@@ -30,10 +30,11 @@ def doctor_command(
 ) -> None:
     """Check this machine end to end (topology, links, stale processes, probes) and write a report."""
     from gputopo.doctor import DoctorOptions, run_doctor, to_markdown
-    from gputopo.report import write_report
+    from gputopo.report import ensure_report_dir, write_report
     from gputopo.ui.html_report import render_html
 
     out = Output(json_mode=json_out)
+    ensure_report_dir(report_dir)
     options = DoctorOptions(input, steps, timeout, skip_probe, model, report_dir)
 
     def progress(plan):

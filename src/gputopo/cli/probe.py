@@ -79,7 +79,7 @@ def probe_command(
     from gputopo.probe.document import to_document, to_markdown
     from gputopo.probe.plan import make_plan
     from gputopo.probe.runner import run_probe
-    from gputopo.report import write_report
+    from gputopo.report import ensure_report_dir, write_report
 
     out = Output(json_mode=json_out)
     require_torch()
@@ -100,6 +100,7 @@ def probe_command(
         report_dir=report_dir,
         topology_input=input,
     )
+    ensure_report_dir(config.report_dir)
     plan = make_plan(config)
     if json_out:
         run = run_probe(config, plan=plan)
