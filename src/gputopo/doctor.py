@@ -131,8 +131,9 @@ def probe_section(
     hook: ProbeHook | None,
 ) -> dict[str, Any] | None:
     """Every pair (short), then the recommended larger sets; one merged ``gputopo/probe/v1`` document."""
-    from gputopo.probe.config import Mode, build_config, detect_devices, require_torch
+    from gputopo.probe.config import build_config, detect_devices, require_torch
     from gputopo.probe.document import to_document
+    from gputopo.probe.options import Mode
     from gputopo.probe.plan import make_plan
     from gputopo.probe.runner import run_probe
 

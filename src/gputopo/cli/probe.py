@@ -14,7 +14,7 @@ import typer
 from gputopo.cli import app
 from gputopo.cli.common import INPUT_HELP, JSON_OPTION, guarded
 from gputopo.errors import EXIT_PROBLEM
-from gputopo.probe.config import Fault, Mode
+from gputopo.probe.options import Fault, Mode
 from gputopo.ui.output import Output
 
 

@@ -10,16 +10,13 @@ from __future__ import annotations
 import importlib.util
 import os
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 
 from gputopo.errors import UnavailableError, UsageError
+from gputopo.probe.options import Fault, Mode
 
 INSTALL_HINT = "pip install 'gputopo[probe]'  (it brings torch and torchvision)"
 
-# Checks in the order one launch runs them: the exact copy check first, so a broken path is named before
-# the training checks fail in its wake.
-CHECK_ORDER = ("p2p", "dp", "ddp", "allreduce")
 MODELS = ("resnet18", "resnet50", "tiny")
 
 # CPU ranks stand in for GPUs; more than 8 would only oversubscribe a small machine further.
@@ -29,30 +26,6 @@ CPU_STAND_INS = 8
 _MIB = 1 << 20
 GPU_SWEEP_BYTES = tuple(_MIB << k for k in range(0, 9))  # 1 MiB .. 256 MiB
 CPU_SWEEP_BYTES = (64 << 10, 256 << 10, _MIB, 4 * _MIB)
-
-
-class Mode(str, Enum):
-    """What to probe: one check, or all of them."""
-
-    DP = "dp"
-    DDP = "ddp"
-    ALLREDUCE = "allreduce"
-    P2P = "p2p"
-    ALL = "all"
-
-    @property
-    def checks(self) -> tuple[str, ...]:
-        """The checks this mode runs, in launch order."""
-        return CHECK_ORDER if self is Mode.ALL else (self.value,)
-
-
-class Fault(str, Enum):
-    """A fault planted in one rank to show that a detector fires."""
-
-    NAN = "nan"
-    CORRUPT = "corrupt"
-    HANG = "hang"
-    CRASH = "crash"
 
 
 @dataclass(frozen=True)

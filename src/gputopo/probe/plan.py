@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import combinations
 
-from gputopo.probe.config import CHECK_ORDER, ProbeConfig
+from gputopo.probe.config import ProbeConfig
+from gputopo.probe.options import CHECK_ORDER
 
 # Checks whose numbers are bandwidths: never measured while another launch runs.
 TIMED_CHECKS = frozenset({"p2p", "allreduce"})

@@ -16,8 +16,9 @@ from typing import Any
 from gputopo.errors import GputopoError
 from gputopo.model import Topology
 from gputopo.probe import verdict
-from gputopo.probe.config import CHECK_ORDER, ProbeConfig
+from gputopo.probe.config import ProbeConfig
 from gputopo.probe.launch import LaunchOutcome, run_round
+from gputopo.probe.options import CHECK_ORDER
 from gputopo.probe.plan import Job, Plan, make_plan
 from gputopo.probe.verdict import CheckResult, SetResult
 
