@@ -118,3 +118,19 @@ def test_tail_reads_the_last_lines(tmp_path, lines):
     path.write_text("".join(f"line {i}\n" for i in range(lines)))
     assert launch._tail(path, 2) == "\n".join(f"line {i}" for i in range(max(0, lines - 2), lines))
     assert launch._tail(tmp_path / "missing") == ""
+
+
+def test_root_cause_is_the_rank_that_crashed_not_the_peer_that_lost_it():
+    """Both ranks failed in the same second: the one whose peer vanished is the consequence."""
+    from gputopo.probe.launch import root_cause_order
+
+    lost = {
+        "rank": 0,
+        "message": None,
+        "timestamp": 100,
+        "stderr_tail": "RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:4567",
+    }
+    crashed = {"rank": 1, "message": None, "timestamp": 100, "stderr_tail": "injected crash in rank 1"}
+    later = {"rank": 2, "message": "boom", "timestamp": 101, "stderr_tail": ""}
+    assert sorted([lost, later, crashed], key=root_cause_order) == [crashed, later, lost]
+    assert sorted([later, crashed], key=root_cause_order)[0] is crashed

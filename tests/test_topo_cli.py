@@ -237,3 +237,26 @@ def test_real_machine_without_driver_exits_3_in_a_subprocess():
     assert "Traceback" not in out.stderr
     if out.returncode == 3:
         assert out.stderr.startswith("error: no NVIDIA driver")
+
+
+def test_the_program_loads_only_the_command_it_runs():
+    """`gputopo topo` builds only topo's parser (start-up); `gputopo --help` still lists every command."""
+    code = (
+        "import sys, runpy\n"
+        "sys.argv = ['gputopo', 'topo', '--input', 'sample:workstation-2gpu-nvlink']\n"
+        "try:\n"
+        "    runpy.run_module('gputopo', run_name='__main__')\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(sorted(m for m in sys.modules if m.startswith('gputopo.cli.')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "['gputopo.cli.common', 'gputopo.cli.topo']"
+    listed = subprocess.run(
+        [sys.executable, "-m", "gputopo", "--help"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **PLAIN_ENV},
+    ).stdout
+    for name in ("doctor", "report", "probe", "recommend", "kill-stale", "topo"):
+        assert f"  {name} " in listed

@@ -152,17 +152,16 @@ class Nic:
     name: str | None = None
 
 
-class P2PStatus(Enum):
-    """NVML/nvidia-smi peer-to-peer status codes (``nvidia-smi topo -p2p``)."""
-
-    OK = "OK"
-    CNS = "CNS"  # chipset not supported
-    GNS = "GNS"  # GPU not supported
-    TNS = "TNS"  # topology not supported
-    NS = "NS"  # not supported
-    DR = "DR"  # disabled by regkey
-    U = "U"  # unknown
-
+# NVML/nvidia-smi peer-to-peer status codes (``nvidia-smi topo -p2p``) and what they mean.
+P2P_STATUS_CODES = {
+    "OK": "status OK",
+    "CNS": "chipset not supported",
+    "GNS": "GPU not supported",
+    "TNS": "topology not supported",
+    "NS": "not supported",
+    "DR": "disabled by regkey",
+    "U": "unknown",
+}
 
 P2P_CAPABILITIES = ("read", "write", "nvlink", "atomics")
 

@@ -7,6 +7,9 @@ message, a hint and an exit code in one place (``common.guarded``).
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import typer
 
 from gputopo import __version__
@@ -36,8 +39,40 @@ def _root(
     """GPU topology diagnostics and tuning."""
 
 
-# Registering a command is importing its module.
-from gputopo.cli import doctor, probe, recommend, stale, topo  # noqa: E402, F401
+# Registering a command is importing its module. Typer builds the parser of every registered command on
+# each run (about 10 ms for all of them, a quarter of topo's start-up budget), so when gputopo runs as a
+# program with a command named on its command line, only that command's module is loaded. Imported any
+# other way (tests, `import gputopo.cli`), every command is there.
+COMMAND_MODULES = {
+    "doctor": "doctor",
+    "report": "doctor",
+    "probe": "probe",
+    "recommend": "recommend",
+    "kill-stale": "stale",
+    "topo": "topo",
+}
+
+
+def load_commands(names: list[str] | None = None) -> None:
+    """Register the commands ``names`` (all when ``None``) by importing their modules."""
+    import importlib
+
+    wanted = COMMAND_MODULES if names is None else {n: COMMAND_MODULES[n] for n in names}
+    for module in dict.fromkeys(wanted.values()):
+        importlib.import_module(f"gputopo.cli.{module}")
+
+
+def _invoked_command() -> str | None:
+    """The command named on the command line when this process is the gputopo program, else ``None``."""
+    if len(sys.argv) < 2:
+        return None
+    prog = Path(sys.argv[0])
+    is_gputopo = prog.name == "gputopo" or (prog.name == "__main__.py" and prog.parent.name == "gputopo")
+    return sys.argv[1] if is_gputopo and sys.argv[1] in COMMAND_MODULES else None
+
+
+_command = _invoked_command()
+load_commands([_command] if _command else None)
 
 
 def main() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from enum import Enum
 from pathlib import Path
@@ -120,6 +119,8 @@ def _read_json(path: Path) -> object:
         ) from None
     except OSError as exc:
         raise InputError(f"--from-report {path}: cannot read ({exc.strerror})", "check the path") from None
+    import json  # only --from-report needs it; kept out of start-up
+
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:

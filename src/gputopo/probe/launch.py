@@ -386,29 +386,46 @@ def agent_main(job_path: str) -> int:
         elastic_launch(config, sys.executable)("-m", "gputopo.probe.worker", job["spec"])
         result = {"status": "ok", "failures": []}
     except ChildFailedError as exc:
-        first_rank, _ = exc.get_first_failure()
-        ordered = sorted(exc.failures.items(), key=lambda item: (item[0] != first_rank, item[0]))
-        result = {
-            "status": "failed",
-            "failures": [
-                {
-                    "rank": rank,
-                    "exitcode": failure.exitcode,
-                    "signal": failure.signal_name()
-                    if failure.exitcode is not None and failure.exitcode < 0
-                    else None,
-                    "pid": failure.pid,
-                    "message": _failure_message(failure),
-                    "stderr_tail": _tail(_stderr_log(log_dir, failure.local_rank)),
-                    "timestamp": failure.timestamp,
-                }
-                for rank, failure in ordered
-            ],
-        }
+        failures = [
+            {
+                "rank": rank,
+                "exitcode": failure.exitcode,
+                "signal": failure.signal_name()
+                if failure.exitcode is not None and failure.exitcode < 0
+                else None,
+                "pid": failure.pid,
+                "message": _failure_message(failure),
+                "stderr_tail": _tail(_stderr_log(log_dir, failure.local_rank)),
+                "timestamp": failure.timestamp,
+            }
+            for rank, failure in exc.failures.items()
+        ]
+        result = {"status": "failed", "failures": sorted(failures, key=root_cause_order)}
     tmp = Path(job["result"] + ".tmp")
     tmp.write_text(json.dumps(result))
     os.replace(tmp, job["result"])
     return 0
+
+
+# What a rank prints when it fails only because a peer went away first: a consequence, not the cause.
+_PEER_LOST = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "remote process exited",
+    "NCCL communicator was aborted",
+    "Socket Timeout",
+)
+
+
+def root_cause_order(failure: dict[str, Any]) -> tuple[bool, float, int]:
+    """Sort key putting the root cause first: ranks that did not merely lose a peer, then the earliest
+    (torch's timestamps have one-second resolution, so a rank that crashed and the peer that lost it
+    often tie), then the lowest rank."""
+    text = f"{failure.get('message') or ''}\n{failure.get('stderr_tail') or ''}"
+    lost_peer = any(p in text for p in _PEER_LOST)
+    stamp = failure.get("timestamp")
+    return (lost_peer, float(stamp) if stamp is not None else float("inf"), int(failure["rank"]))
 
 
 def _failure_message(failure: Any) -> str | None:

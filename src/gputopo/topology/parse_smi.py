@@ -20,15 +20,14 @@ cell after the slip would be wrong.
 
 from __future__ import annotations
 
-import html
-import json
 import re
 import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from gputopo.errors import ParseError
-from gputopo.model import Gpu, Matrix, Nic, P2PStatus, Topology, is_link_code
+from gputopo.model import P2P_STATUS_CODES, Gpu, Matrix, Nic, Topology, is_link_code
 
 __all__ = ["parse_p2p_text", "parse_topo_text"]
 
@@ -67,7 +66,7 @@ _SELF = "X"
 # Characters pasted in place of the self X (fonts, web pages and translation tools swap them in).
 _SELF_LOOKALIKES = frozenset("xΧχХх×Ｘｘ╳✕✗")
 _PLAIN_CODES = ("PIX", "PXB", "PHB", "NODE", "SYS", "SOC")
-_P2P_CODES = frozenset(status.value for status in P2PStatus)
+_P2P_CODES = frozenset(P2P_STATUS_CODES)
 _MAX_CODE_CHARS = 8
 
 _ANSI_RE = re.compile(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
@@ -79,25 +78,26 @@ _QUOTE_RE = re.compile(r"\s*>(?= |$) ?")
 
 _BINARY_SAMPLE_CHARS = 65536
 _TOPO_HINT = "check that the file is the output of `nvidia-smi topo -m`, pasted whole"
+# Other vendors' look-alike outputs; compiled only when a text fails to parse.
 _LOOKALIKES = (
-    (re.compile(r"(?m)MarsLink|mx-smi|MetaX|Node Affinity|^\s*HT\s*="), "MetaX `mx-smi topo`"),
-    (re.compile(r"(?m)MTLink|mthreads|Moore Threads|^\s*MT[x#]\s*="), "Moore Threads `mthreads-gmi`"),
-    (re.compile(r"(?m)xpu-smi|Xe Link|Multi-Die Fabric|GPU \d+/\d+|^\s*MDF\s*="), "Intel `xpu-smi topology`"),
-    (re.compile(r"ppu-smi|PPUDirect"), "Alibaba `ppu-smi topo`"),
-    (re.compile(r"rocm-smi|ROCm|XGMI|Weight between two GPUs"), "AMD `rocm-smi`"),
+    (r"(?m)MarsLink|mx-smi|MetaX|Node Affinity|^\s*HT\s*=", "MetaX `mx-smi topo`"),
+    (r"(?m)MTLink|mthreads|Moore Threads|^\s*MT[x#]\s*=", "Moore Threads `mthreads-gmi`"),
+    (r"(?m)xpu-smi|Xe Link|Multi-Die Fabric|GPU \d+/\d+|^\s*MDF\s*=", "Intel `xpu-smi topology`"),
+    (r"ppu-smi|PPUDirect", "Alibaba `ppu-smi topo`"),
+    (r"rocm-smi|ROCm|XGMI|Weight between two GPUs", "AMD `rocm-smi`"),
 )
 
 
-@dataclass(frozen=True)
-class _Line:
+# The two immutable records are NamedTuples rather than frozen dataclasses: cheaper to define at import,
+# which topo's start-up budget counts.
+class _Line(NamedTuple):
     """One line after cleaning; ``no`` is its 1-based number in the text as given."""
 
     no: int
     text: str
 
 
-@dataclass(frozen=True)
-class _Tok:
+class _Tok(NamedTuple):
     """A whitespace-separated token and where it sits once tabs are expanded.
 
     ``rel_*`` count from the line's first visible character (raw output's column 0 even when the
@@ -199,6 +199,8 @@ def _looks_binary(text: str) -> bool:
 
 def _is_json(text: str) -> bool:
     """True when ``text`` parses as JSON (only asked for text starting with ``[``)."""
+    import json  # rare path; kept out of topo's start-up
+
     try:
         json.loads(text)
     except (ValueError, RecursionError):
@@ -215,6 +217,8 @@ def _clean(line: str) -> str:
     line = line.translate(_INVISIBLE)
     line = _ANSI_LEFTOVER_RE.sub("", line)
     if "<" in line or "&" in line:
+        import html  # only pastes from web pages need it; kept out of topo's start-up
+
         line = html.unescape(_HTML_TAG_RE.sub("", line))
     line = line.replace("\xa0", " ")
     for _ in range(3):
@@ -286,7 +290,7 @@ def _lookalike_hint(lines: Sequence[_Line]) -> str | None:
     """A hint naming the tool when the text looks like another vendor's ``topo`` or like ``-p2p``."""
     text = "\n".join(line.text for line in lines)
     for pattern, tool in _LOOKALIKES:
-        if pattern.search(text):
+        if re.search(pattern, text):
             return f"this looks like {tool} output; gputopo reads NVIDIA's `nvidia-smi topo -m`"
     if re.search(r"(?m)^\s*(?:GNS|CNS|TNS)\s+=|Status Ok", text):
         return "this looks like `nvidia-smi topo -p2p` output; save `nvidia-smi topo -m` for --input"

@@ -7,7 +7,6 @@ there; warnings still go to stderr. Colour follows rich's rules (``NO_COLOR``, `
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import Any
@@ -41,6 +40,8 @@ class Output:
     def document(self, data: dict[str, Any]) -> None:
         """Print the JSON document (JSON mode only)."""
         if self.json_mode:
+            import json  # only JSON mode needs it; kept out of the human path's start-up
+
             sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
             sys.stdout.flush()
 
