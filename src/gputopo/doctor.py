@@ -350,11 +350,18 @@ def to_markdown(doc: dict[str, Any]) -> str:
     lines += ["## Processes holding GPUs", ""]
     holders = doc["stale"].get("holders") or []
     for h in holders:
-        state = "stale" if h.get("stale") else "protected" if h.get("protected") else "in use"
+        state = holder_state(h)
         lines.append(f"- pid {h['pid']} ({h.get('user')}): {state}; {'; '.join(h.get('reasons') or [])}")
     if not holders:
         lines.append(doc["stale"].get("note") or "No process holds a GPU device file.")
     return "\n".join(lines) + "\n"
+
+
+def holder_state(holder: dict[str, Any]) -> str:
+    """One word for a kill-stale holder in a report: stale, protected, or in use."""
+    if holder.get("stale"):
+        return "stale"
+    return "protected" if holder.get("protected") else "in use"
 
 
 def _md(text: Any) -> str:

@@ -10,6 +10,7 @@ import base64
 import html
 from typing import Any
 
+from gputopo.doctor import holder_state
 from gputopo.topology import snapshot
 from gputopo.ui import figures
 
@@ -169,7 +170,7 @@ def render_html(doc: dict[str, Any]) -> str:
                     if isinstance(h.get("command"), list)
                     else h.get("command")
                 ),
-                "stale" if h.get("stale") else ("protected" if h.get("protected") else "in use"),
+                holder_state(h),
                 _e("; ".join(h.get("reasons") or [])),
             ]
             for h in stale["holders"]
