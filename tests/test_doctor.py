@@ -125,10 +125,33 @@ def test_markdown_and_html_say_simulated_and_show_problems():
         }
     ]
     doc["pairs"] = pair_rows(samples.load("quad-nv4-pairs-2socket"), doc["probe"])
+    doc["stale"] = {
+        "holders": [
+            {
+                "pid": 4242,
+                "user": "alice",
+                "command": ["python", "train.py"],
+                "stale": True,
+                "protected": False,
+                "reasons": ["orphaned: its parent exited"],
+            },
+            {
+                "pid": 77,
+                "user": "root",
+                "command": ["nvidia-persistenced"],
+                "stale": False,
+                "protected": True,
+                "reasons": ["protected: NVIDIA persistence daemon"],
+            },
+        ]
+    }
     md = to_markdown(doc)
+    assert "- pid 4242 (alice): stale; orphaned: its parent exited" in md
+    assert "- pid 77 (root): protected; protected: NVIDIA persistence daemon" in md
     assert "(SIMULATED)" in md and "| GPUs 0,1 | p2p check failed (corrupt) | IOMMU/ACS |" in md
     page = render_html(doc)
     assert "SIMULATED" in page and "p2p check failed (corrupt)" in page
+    assert "<td>4242</td><td>alice</td><td>python train.py</td><td>stale</td>" in page
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
     assert len(images) == 3  # topology graph, pair heatmaps, busbw curves; each a real picture
     from PIL import Image
