@@ -135,7 +135,7 @@ def no_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
 def set_nvml(monkeypatch: pytest.MonkeyPatch, processes, minors, sees) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setattr(inventory, "gpu_processes", processes if callable(processes) else lambda: processes)
     monkeypatch.setattr(inventory, "minor_numbers", lambda: minors)
-    monkeypatch.setattr(inventory, "nvml_sees_pid_namespace", lambda: sees)
+    monkeypatch.setattr(inventory, "pid_namespace_verdict", lambda procs: sees)
 
 
 def kill_stale(*args: str, input: str | None = None):  # type: ignore[no-untyped-def]
@@ -525,3 +525,24 @@ def test_cli_default_grace_matches_the_service():
     from gputopo.procs.survey import DEFAULT_GRACE_S as service_grace
 
     assert cli_grace == service_grace
+
+
+def test_one_survey_reads_nvml_process_list_once(monkeypatch):
+    """Memory figures and the PID-namespace verdict come from the same NVML process list."""
+    from gputopo.procs.survey import nvml_view
+    from gputopo.system.inventory import GpuProcess
+
+    calls = []
+
+    def processes():
+        calls.append(1)
+        return [GpuProcess(os.getpid(), 0, 512)]
+
+    monkeypatch.setattr(inventory, "gpu_processes", processes)
+    monkeypatch.setattr(inventory, "minor_numbers", lambda: {0: 0})
+    seen = []
+    monkeypatch.setattr(inventory, "pid_namespace_verdict", lambda procs: seen.append(procs) or True)
+    view = nvml_view()
+    assert len(calls) == 1
+    assert seen == [[GpuProcess(os.getpid(), 0, 512)]]
+    assert view.sees_pid_namespace is True and view.processes is not None

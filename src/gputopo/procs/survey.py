@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gputopo.errors import UnavailableError, UsageError
 from gputopo.procs.holders import GpuMemoryUse, HolderScan, NvmlView, build_holders
 from gputopo.procs.stale import Policy, StaleReport, StaleRun, StopOutcome, assess, settle
+
+if TYPE_CHECKING:
+    from gputopo.system.inventory import GpuProcess
 
 DEFAULT_GRACE_S = 10.0
 
@@ -100,27 +104,30 @@ def _check_gpus(wanted: frozenset[int], nvml: NvmlView) -> None:
 
 
 def nvml_view() -> NvmlView:
-    """What NVML says, through the system seam; all ``None`` when NVML is unavailable."""
+    """What NVML says, through the system seam; all ``None`` when NVML is unavailable.
+
+    NVML's process list is read once and serves both the memory figures and the PID-namespace verdict.
+    """
     from gputopo.system import inventory
 
     minors = inventory.minor_numbers()
+    processes = inventory.gpu_processes()
     return NvmlView(
-        processes=_gpu_processes(),
+        processes=_memory_use(processes),
         minors=dict(minors) if minors is not None else None,
-        sees_pid_namespace=inventory.nvml_sees_pid_namespace(),
+        sees_pid_namespace=inventory.pid_namespace_verdict(processes),
     )
 
 
 def nvml_after(before: NvmlView) -> NvmlView:
     """NVML's process list again after stopping; the namespace verdict is the one from before (with the
     stopped processes gone, NVML may list nothing to judge it by)."""
-    return NvmlView(_gpu_processes(), before.minors, before.sees_pid_namespace)
-
-
-def _gpu_processes() -> tuple[GpuMemoryUse, ...] | None:
     from gputopo.system import inventory
 
-    processes = inventory.gpu_processes()
+    return NvmlView(_memory_use(inventory.gpu_processes()), before.minors, before.sees_pid_namespace)
+
+
+def _memory_use(processes: Sequence[GpuProcess] | None) -> tuple[GpuMemoryUse, ...] | None:
     if processes is None:
         return None
     return tuple(GpuMemoryUse(p.pid, p.gpu_index, p.used_memory_mib) for p in processes)

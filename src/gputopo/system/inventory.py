@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -293,7 +293,15 @@ def minor_numbers() -> dict[int, int] | None:
 def nvml_sees_pid_namespace(
     proc_root: Path = Path("/proc"), device_pattern: str = "/dev/nvidia*"
 ) -> bool | None:
-    """Whether the PIDs NVML reports are PIDs of this PID namespace.
+    """Whether the PIDs NVML reports now are PIDs of this PID namespace (see ``pid_namespace_verdict``)."""
+    return pid_namespace_verdict(gpu_processes(), proc_root, device_pattern)
+
+
+def pid_namespace_verdict(
+    procs: Sequence[GpuProcess] | None, proc_root: Path = Path("/proc"), device_pattern: str = "/dev/nvidia*"
+) -> bool | None:
+    """Whether the PIDs in ``procs`` (NVML's process list, from ``gpu_processes``) are PIDs of this PID
+    namespace. Takes the list so a caller that already has it does not ask NVML again.
 
     Comparing ``/proc/self/ns/pid`` with ``/proc/1/ns/pid`` does not answer it: whether the driver
     translates PIDs into a container's namespace depends on the driver and the container runtime. So the
@@ -305,7 +313,6 @@ def nvml_sees_pid_namespace(
       files (readable to us) include no device file, i.e. a different process under the same number.
     - ``None``: can't tell: NVML is unavailable, reports no processes, or some PIDs' files are unreadable.
     """
-    procs = gpu_processes()
     if not procs:
         return None
     contradicted = inconclusive = 0
