@@ -334,7 +334,7 @@ def to_markdown(doc: dict[str, Any]) -> str:
         for p in doc["pairs"]:
             lines.append(
                 f"| {p['gpus'][0]},{p['gpus'][1]} | {p['link']} | {p['verdict']} | "
-                f"{_num(p['measured_busbw_gbps'])} | {_num(p['est_busbw_gbps'])} |"
+                f"{fmt_gbps(p['measured_busbw_gbps'])} | {fmt_gbps(p['est_busbw_gbps'])} |"
             )
         lines.append("")
     if doc["probe"]:
@@ -368,5 +368,6 @@ def _md(text: Any) -> str:
     return str(text if text is not None else "n/a").replace("|", "\\|").replace("\n", " ")
 
 
-def _num(value: float | None) -> str:
+def fmt_gbps(value: float | None) -> str:
+    """A bandwidth for a report: three significant digits, ``n/a`` when unknown."""
     return "n/a" if value is None else f"{value:.3g}"

@@ -9,11 +9,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from gputopo.doctor import fmt_gbps
 from gputopo.findings import NOTE, PROBLEM
-
-
-def _num(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3g}"
 
 
 def render_doctor(doc: dict[str, Any]) -> RenderableType:
@@ -43,8 +40,8 @@ def render_doctor(doc: dict[str, Any]) -> RenderableType:
                 f"{p['gpus'][0]},{p['gpus'][1]}",
                 p.get("link") or "?",
                 Text(p["verdict"].upper(), style=style),
-                _num(p.get("measured_busbw_gbps")),
-                _num(p.get("est_busbw_gbps")),
+                fmt_gbps(p.get("measured_busbw_gbps")),
+                fmt_gbps(p.get("est_busbw_gbps")),
             )
         parts.append(t)
     probe = doc.get("probe")
@@ -89,7 +86,7 @@ def render_doctor(doc: dict[str, Any]) -> RenderableType:
     for r in doc["recommendations"]:
         if r["best"]:
             lines.append(
-                f"# {r['n']} GPUs: est. {_num(r['best']['est_busbw_gbps'])} GB/s busbw\n", style="dim"
+                f"# {r['n']} GPUs: est. {fmt_gbps(r['best']['est_busbw_gbps'])} GB/s busbw\n", style="dim"
             )
             lines.append(f"{r['export']}\n")
         else:
