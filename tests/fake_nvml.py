@@ -375,7 +375,8 @@ class FakeNvml:
     def nvmlDeviceGetMaxPcieLinkWidth(self, handle: FakeHandle) -> int:
         return self._gpu(handle, "nvmlDeviceGetMaxPcieLinkWidth").pcie[3]
 
-    def nvmlDeviceGetMemoryInfo(self, handle: FakeHandle) -> SimpleNamespace:
+    def nvmlDeviceGetMemoryInfo(self, handle: FakeHandle, version: int | None = None) -> SimpleNamespace:
+        # Both versions report the same here; the C fake driver (tests/fakedriver) tells them apart.
         gpu = self._gpu(handle, "nvmlDeviceGetMemoryInfo")
         total, used = gpu.memory_total_mib * _MIB, gpu.memory_used_mib * _MIB
         return SimpleNamespace(total=total, used=used, free=total - used)

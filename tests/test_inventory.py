@@ -335,7 +335,7 @@ def test_pair_query_failure_is_a_warning_not_a_crash(monkeypatch: pytest.MonkeyP
         topo = read_live()
     assert topo.matrix.code("GPU0", "GPU1") is None and topo.matrix.code("GPU0", "GPU2") == "PXB"
     assert topo.gpu(0).error is None
-    assert topo.warnings == ("GPU0-GPU1: NVML could not tell the path (Unknown Error)",)
+    assert topo.warnings == ("GPU0-GPU1: TopologyCommonAncestor is n/a: NVML said Unknown Error",)
 
 
 def test_no_gpus_is_unavailable(no_smi: Path) -> None:

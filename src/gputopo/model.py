@@ -104,13 +104,23 @@ class PcieLink:
 # Utilisation at or above which a GPU counts as busy for the PCIe link check.
 BUSY_UTILIZATION_PCT = 10
 
+# Why a GPU could not be read (``Gpu.state``); ``Gpu.error`` holds NVML's own words.
+GPU_FAILING = "failing"  # lost, needs a reset, or gone: a hardware or driver problem on that GPU
+GPU_NOT_ACCESSIBLE = "not accessible"  # NVML refused the handle for permission (cgroups, containers)
+GPU_NOT_RESPONDING = "not responding"  # an NVML call about it did not return within the deadline
+
 
 @dataclass(frozen=True)
 class Gpu:
     """One GPU. ``index`` is nvidia-smi's (PCI bus order), which is what ``GPU<index>`` labels use.
 
     Live-only fields stay ``None`` when read from text or when NVML does not support them.
-    ``error`` is set when the GPU failed to answer (e.g. "GPU is lost"); the rest still renders.
+    ``error`` is set when the GPU could not be read (e.g. "GPU is lost"), and ``state`` says how:
+    ``GPU_FAILING`` (also when ``state`` is ``None``, as in older snapshots), ``GPU_NOT_ACCESSIBLE`` or
+    ``GPU_NOT_RESPONDING``; the rest of the machine still renders. ``mig_enabled`` is NVML's current MIG
+    mode and ``mig_devices`` the UUIDs of its MIG devices: CUDA and NCCL cannot use the GPU as a whole then.
+    ``nvlink_bridge`` is ``False`` for a GPU that has NVLinks of which none is active (a PCIe card without
+    its bridge), ``True`` when some are, ``None`` without NVLink or when unknown.
     """
 
     index: int
@@ -127,11 +137,31 @@ class Gpu:
     compute_pids: tuple[int, ...] | None = None
     utilization_pct: int | None = None
     error: str | None = None
+    state: str | None = None
+    mig_enabled: bool | None = None
+    mig_devices: tuple[str, ...] = ()
+    nvlink_bridge: bool | None = None
 
     @property
     def label(self) -> str:
         """The matrix label, ``GPU<index>``."""
         return f"GPU{self.index}"
+
+    @property
+    def failing(self) -> bool:
+        """True when the GPU itself is in trouble (lost, reset required): hardware advice applies."""
+        return self.error is not None and self.state in (None, GPU_FAILING)
+
+    @property
+    def unavailable_reason(self) -> str | None:
+        """Why no job can use this GPU from here (``None`` when one can): failing, not accessible, not
+        responding, or MIG enabled."""
+        if self.error is not None:
+            return f"{self.state or GPU_FAILING}: {self.error}"
+        if self.mig_enabled:
+            n = len(self.mig_devices)
+            return f"MIG enabled ({n} MIG device{'s' if n != 1 else ''}; NCCL cannot use the GPU as a whole)"
+        return None
 
     @property
     def pcie_below_max_while_busy(self) -> bool:

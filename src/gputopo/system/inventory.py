@@ -12,10 +12,19 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from gputopo.errors import InputError, UnavailableError
-from gputopo.model import P2P_CAPABILITIES, Gpu, Matrix, NvlinkPeer, Topology
-from gputopo.system import nvml, smi
+from gputopo.model import (
+    GPU_NOT_ACCESSIBLE,
+    GPU_NOT_RESPONDING,
+    P2P_CAPABILITIES,
+    Gpu,
+    Matrix,
+    NvlinkPeer,
+    Topology,
+)
+from gputopo.system import nvml, nvml_worker, smi
 
 NO_DRIVER_MESSAGE = "no NVIDIA driver or NVML found on this machine"
 NO_DRIVER_HINT = (
@@ -51,13 +60,27 @@ def format_id_ranges(ids: Iterable[int]) -> str:
     return ",".join(parts)
 
 
-def read_live(smi_timeout_s: float = smi.DEFAULT_TIMEOUT_S) -> Topology:
-    """This machine's topology: from NVML, else from ``nvidia-smi topo -m``, else ``UnavailableError``."""
+def read_live(
+    smi_timeout_s: float = smi.DEFAULT_TIMEOUT_S, nvml_timeout_s: float = nvml_worker.DEFAULT_TIMEOUT_S
+) -> Topology:
+    """This machine's topology: from NVML, else from ``nvidia-smi topo -m``, else ``UnavailableError``.
+
+    Each NVML read (start-up, one GPU, one GPU pair) has ``nvml_timeout_s``: a GPU that does not answer
+    in time is marked "not responding" and the rest is still read (``nvml_worker``). With a test backend
+    in place (``nvml.use_backend``) the reads run in this process, without deadlines.
+    """
+    if nvml_timeout_s <= 0:
+        raise InputError(f"--nvml-timeout {nvml_timeout_s:g}: must be positive", "e.g. --nvml-timeout 5")
     try:
-        with nvml.session() as s:
-            return _read_nvml(s)
+        if nvml.backend_overridden():
+            with nvml.session() as s:
+                return _read_nvml(_LocalReader(s), None)
+        return _read_nvml(_WorkerReader(nvml_timeout_s), nvml_timeout_s)
     except nvml.NvmlUnavailable as exc:
         nvml_failure = exc
+    if nvml_failure.hung:
+        # nvidia-smi asks the same driver: it would hang too.
+        raise UnavailableError(nvml_failure.message, nvml_failure.hint)
     try:
         text = smi.topo_matrix_text(timeout_s=smi_timeout_s)
     except smi.SmiUnavailable as exc:
@@ -81,39 +104,201 @@ def read_live(smi_timeout_s: float = smi.DEFAULT_TIMEOUT_S) -> Topology:
     return replace(topo, warnings=(note, *topo.warnings))
 
 
-def _read_nvml(s: nvml.Session) -> Topology:
-    """The topology as NVML sees it; a GPU that fails is marked and the rest is still read."""
-    count = s.device_count()
-    if count == 0:
-        raise UnavailableError("NVML sees no GPUs on this machine", NO_DRIVER_HINT)
-    warnings: list[str] = []
-    gpus: list[Gpu] = []
-    devices: dict[int, nvml.Device] = {}
-    ends: dict[int, list[nvml.NvlinkEnd]] = {}
-    for i in range(count):
+@dataclass(frozen=True)
+class GpuRead:
+    """One GPU as NVML answered: the ``Gpu`` (``error``/``state`` set when it could not be read), its
+    NVLinks, and the warnings its values left."""
+
+    gpu: Gpu
+    ends: tuple[nvml.NvlinkEnd, ...]
+    warnings: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PairRead:
+    """One GPU pair: the PCIe path code (``None`` if unknown or not asked), P2P status per capability."""
+
+    path: str | None
+    p2p: dict[str, str | None]
+    warnings: tuple[str, ...]
+
+
+class Served:
+    """The reads themselves, on one NVML session: run in the worker process, or in this one for tests."""
+
+    def __init__(self, s: nvml.Session) -> None:
+        self.s = s
+        self.devices: dict[int, nvml.Device] = {}
+
+    def answer(self, request: tuple[Any, ...]) -> Any:
+        """Dispatch a request tuple: ``("header",)``, ``("gpu", i)`` or ``("pair", a, b, need_path)``."""
+        if request[0] == "header":
+            try:
+                return ("ok", self.s.device_count(), self.s.driver_version(), self.s.cuda_driver_version())
+            except nvml.NvmlUnavailable as exc:
+                return ("unavailable", exc.message, exc.hint, exc.not_installed)
+        if request[0] == "gpu":
+            return self.gpu(int(request[1]))
+        return self.pair(int(request[1]), int(request[2]), bool(request[3]))
+
+    def gpu(self, index: int) -> GpuRead:
+        s = self.s
+        before = len(s.warnings)
+        ends: tuple[nvml.NvlinkEnd, ...] = ()
         try:
-            dev = s.device(i)
+            dev = s.device(index)
             gpu = _read_gpu(dev)
-            ends[i] = dev.nvlink_ends()
-            devices[i] = dev
+            ends = tuple(dev.nvlink_ends())
+            self.devices[index] = dev
+            extra: tuple[str, ...] = ()
         except nvml.DeviceFailed as exc:
-            gpu = Gpu(index=i, error=exc.reason)
-            warnings.append(f"GPU{i} did not answer NVML ({exc.reason}); its details and links are unknown")
-        gpus.append(gpu)
+            gpu = Gpu(index=index, error=exc.reason, state=exc.state)
+            extra = (_unread_warning(gpu),)
+        return GpuRead(gpu, ends, tuple(s.warnings[before:]) + extra)
 
-    peers, link_warnings = _nvlink_peers(gpus, ends)
-    warnings += link_warnings
-    up = {(p.gpu, p.peer): p.links_up for p in peers}
+    def pair(self, a: int, b: int, need_path: bool) -> PairRead:
+        s = self.s
+        before = len(s.warnings)
+        notes: list[str] = []
+        try:
+            da = self.devices.get(a) or s.device(a)
+            db = self.devices.get(b) or s.device(b)
+        except nvml.DeviceFailed as exc:
+            return PairRead(None, dict.fromkeys(P2P_CAPABILITIES), (f"GPU{a}-GPU{b}: {exc.reason}",))
+        self.devices[a], self.devices[b] = da, db
+        path = None
+        if need_path:
+            try:
+                path = s.path_code(da, db)
+            except nvml.DeviceFailed as exc:
+                notes.append(f"GPU{a}-GPU{b}: NVML could not tell the path ({exc.reason})")
+        p2p: dict[str, str | None] = {}
+        for cap in P2P_CAPABILITIES:
+            for x, y, dx, dy in ((a, b, da, db), (b, a, db, da)):
+                try:
+                    p2p[f"{cap}:{x}:{y}"] = s.p2p_status(dx, dy, cap)
+                except nvml.DeviceFailed as exc:
+                    notes.append(f"GPU{x}-GPU{y}: NVML could not tell P2P {cap} ({exc.reason})")
+                    p2p[f"{cap}:{x}:{y}"] = None
+        return PairRead(path, p2p, tuple(s.warnings[before:]) + tuple(notes))
 
-    labels = tuple(g.label for g in gpus)
-    cells: list[list[str | None]] = [[None] * count for _ in range(count)]
-    for a in range(count):
-        cells[a][a] = "X"
-        for b in range(a + 1, count):
-            code = _pair_code(s, devices, up, a, b, warnings)
-            cells[a][b] = cells[b][a] = code
 
-    p2p = {cap: _p2p_matrix(s, devices, count, cap, warnings) for cap in P2P_CAPABILITIES}
+def _unread_warning(gpu: Gpu) -> str:
+    if gpu.state == GPU_NOT_ACCESSIBLE:
+        return (
+            f"{gpu.label} is not accessible from here ({gpu.error}): NVML counts it but may not open it "
+            "(a GPU outside this job's cgroup or container); it is left out"
+        )
+    if gpu.state == GPU_NOT_RESPONDING:
+        return f"{gpu.label} is not responding: {gpu.error}; its details and links are unknown"
+    return f"{gpu.label} did not answer NVML ({gpu.error}); its details and links are unknown"
+
+
+class _LocalReader:
+    """Reads in this process (test backends): no deadline."""
+
+    def __init__(self, s: nvml.Session) -> None:
+        self.served = Served(s)
+
+    def header(self) -> tuple[Any, ...]:
+        return self.served.answer(("header",))  # type: ignore[no-any-return]
+
+    def gpu(self, index: int) -> GpuRead:
+        return self.served.gpu(index)
+
+    def pair(self, a: int, b: int, need_path: bool) -> PairRead:
+        return self.served.pair(a, b, need_path)
+
+    def close(self) -> None:
+        pass
+
+
+class _WorkerReader:
+    """Reads in a worker process, each with a deadline (``nvml_worker``); ``NoAnswer`` when one passes."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.worker = nvml_worker.Worker(timeout_s)
+
+    def header(self) -> tuple[Any, ...]:
+        try:
+            self.worker.call(("header",), "nvmlInit")
+        except nvml_worker.NoAnswer as exc:
+            if self.worker.header is not None and self.worker.header[0] == "unavailable":
+                return self.worker.header  # type: ignore[no-any-return]
+            raise nvml.NvmlUnavailable(
+                exc.what, "the driver may be hung; check `dmesg` for Xid errors", hung=True
+            ) from None
+        header = self.worker.header
+        if header is not None and header[0] == "unavailable":
+            return header  # type: ignore[no-any-return]
+        return self.worker.call(("header",), "the GPU count")  # type: ignore[no-any-return]
+
+    def gpu(self, index: int) -> GpuRead:
+        return self.worker.call(("gpu", index), f"GPU{index}")  # type: ignore[no-any-return]
+
+    def pair(self, a: int, b: int, need_path: bool) -> PairRead:
+        return self.worker.call(("pair", a, b, need_path), f"GPU{a}-GPU{b}")  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+def _read_nvml(reader: _LocalReader | _WorkerReader, timeout_s: float | None) -> Topology:
+    """The topology as NVML sees it; a GPU that fails, is refused or does not answer is marked and the
+    rest is still read."""
+    try:
+        header = reader.header()
+        if header[0] == "unavailable":
+            _, message, hint, not_installed = header
+            raise nvml.NvmlUnavailable(message, hint, not_installed=not_installed)
+        _, count, driver, cuda = header
+        if count == 0:
+            raise UnavailableError("NVML sees no GPUs on this machine", NO_DRIVER_HINT)
+        warnings: list[str] = []
+        gpus: list[Gpu] = []
+        ends: dict[int, list[nvml.NvlinkEnd]] = {}
+        for i in range(count):
+            try:
+                read = reader.gpu(i)
+            except nvml_worker.NoAnswer as exc:
+                gpu = Gpu(index=i, error=exc.what, state=GPU_NOT_RESPONDING)
+                read = GpuRead(gpu, (), (_unread_warning(gpu),))
+            gpus.append(read.gpu)
+            warnings += read.warnings
+            if read.gpu.error is None:
+                ends[i] = list(read.ends)
+        peers, link_warnings, bridges = _nvlink_peers(gpus, ends)
+        gpus = [replace(g, nvlink_bridge=bridges.get(g.index)) for g in gpus]
+        warnings += link_warnings
+        up = {(p.gpu, p.peer): p.links_up for p in peers}
+
+        labels = tuple(g.label for g in gpus)
+        cells: list[list[str | None]] = [[None] * count for _ in range(count)]
+        p2p_cells = {
+            cap: [["X" if a == b else None for b in range(count)] for a in range(count)]
+            for cap in P2P_CAPABILITIES
+        }
+        for a in range(count):
+            cells[a][a] = "X"
+        for a in range(count):
+            for b in range(a + 1, count):
+                if a not in ends or b not in ends:
+                    continue
+                # The fewer of the two sides' counts: a pair runs at the links both ends see up.
+                nvlinks = min(up.get((a, b), 0), up.get((b, a), 0))
+                try:
+                    pr = reader.pair(a, b, need_path=not nvlinks)
+                except nvml_worker.NoAnswer as exc:
+                    warnings.append(f"GPU{a}-GPU{b}: {exc.what}; the path and P2P status are unknown")
+                    continue
+                warnings += pr.warnings
+                cells[a][b] = cells[b][a] = f"NV{nvlinks}" if nvlinks else pr.path
+                for key, status in pr.p2p.items():
+                    cap, x, y = key.split(":")
+                    p2p_cells[cap][int(x)][int(y)] = status
+    finally:
+        reader.close()
+    p2p = {cap: tuple(tuple(r) for r in m) for cap, m in p2p_cells.items()}
     return Topology(
         source="nvml",
         gpus=tuple(gpus),
@@ -122,8 +307,8 @@ def _read_nvml(s: nvml.Session) -> Topology:
         warnings=tuple(warnings),
         nvlinks=tuple(peers),
         p2p=p2p,  # type: ignore[arg-type]  # cells are None where NVML could not tell
-        driver_version=s.driver_version(),
-        cuda_driver_version=s.cuda_driver_version(),
+        driver_version=driver,
+        cuda_driver_version=cuda,
         live=True,
     )
 
@@ -135,6 +320,7 @@ def _read_gpu(dev: nvml.Device) -> Gpu:
     gpu_numa = dev.gpu_numa_id()
     total_mib, used_mib = dev.memory_mib()
     compute = dev.processes("compute")
+    mig = dev.mig_mode()
     return Gpu(
         index=dev.index,
         name=dev.name(),
@@ -149,27 +335,40 @@ def _read_gpu(dev: nvml.Device) -> Gpu:
         memory_used_mib=used_mib,
         compute_pids=tuple(sorted({pid for pid, _ in compute})) if compute is not None else None,
         utilization_pct=dev.utilization_pct(),
+        mig_enabled=mig,
+        mig_devices=dev.mig_device_uuids() if mig else (),
     )
 
 
 def _nvlink_peers(
     gpus: list[Gpu], ends: dict[int, list[nvml.NvlinkEnd]]
-) -> tuple[list[NvlinkPeer], list[str]]:
-    """NVLinks per ordered GPU pair, up and down, from each GPU's own list of links.
+) -> tuple[list[NvlinkPeer], list[str], dict[int, bool]]:
+    """NVLinks per ordered GPU pair, up and down, from each GPU's own list of links; and per GPU with
+    NVLinks whether any is active (``False``: no bridge).
 
     A link whose far end is another GPU counts for that pair. Links to an NVSwitch connect the GPU to
     every other GPU that also has NVSwitch links (all-to-all), so each such pair gets the GPU's whole
     switch link count, as nvidia-smi shows ``NV18`` for every pair of an HGX H100. Links to a device NVML
     does not name (a GPU outside this container, an NVSwitch on a driver without the remote-type query)
-    are not guessed: they are reported in a warning.
+    are not guessed: they are reported in a warning. A GPU none of whose links is active and none of
+    whose links names a far end is a PCIe card with NVLink but no bridge (A100/H100 PCIe, A40, RTX
+    A6000): that is how it was built, not a fault, so it gets no "links down" warning. A link down beside
+    active siblings, or all links down while they still name their far end (the bridged partner is
+    lost), stays a problem.
     """
     by_bus = {g.pci_bus_id: g.index for g in gpus if g.pci_bus_id}
     direct: dict[tuple[int, int], list[int]] = {}
     switch: dict[int, list[int]] = {}
     warnings: list[str] = []
+    bridges: dict[int, bool] = {}
     for a, links in sorted(ends.items()):
+        if not links:
+            continue
         unnamed = 0
         down = sum(1 for end in links if not end.up)
+        bridges[a] = down < len(links)
+        if not bridges[a] and not any(end.remote_bus_id for end in links):
+            continue  # never connected: no bridge, so no pairs and no warning
         if down:
             warnings.append(f"GPU{a}: {down} of {len(links)} NVLinks are down")
         for end in links:
@@ -197,51 +396,7 @@ def _nvlink_peers(
                 links_down += switch[a][1]
             if links_up or links_down:
                 peers.append(NvlinkPeer(a, b, links_up, links_down))
-    return peers, warnings
-
-
-def _pair_code(
-    s: nvml.Session,
-    devices: dict[int, nvml.Device],
-    up: dict[tuple[int, int], int],
-    a: int,
-    b: int,
-    warnings: list[str],
-) -> str | None:
-    """The ``topo -m`` code of a GPU pair: ``NV#`` when NVLinks are up, else the PCIe path code."""
-    if a not in devices or b not in devices:
-        return None
-    # The fewer of the two sides' counts: a pair runs at the links both ends see up.
-    nvlinks = min(up.get((a, b), 0), up.get((b, a), 0))
-    if nvlinks:
-        return f"NV{nvlinks}"
-    try:
-        return s.path_code(devices[a], devices[b])
-    except nvml.DeviceFailed as exc:
-        warnings.append(f"GPU{a}-GPU{b}: NVML could not tell the path ({exc.reason})")
-        return None
-
-
-def _p2p_matrix(
-    s: nvml.Session, devices: dict[int, nvml.Device], count: int, capability: str, warnings: list[str]
-) -> tuple[tuple[str | None, ...], ...]:
-    """One P2P status matrix (``X`` on the diagonal, ``None`` where NVML could not answer)."""
-    rows: list[tuple[str | None, ...]] = []
-    for a in range(count):
-        row: list[str | None] = []
-        for b in range(count):
-            if a == b:
-                row.append("X")
-            elif a in devices and b in devices:
-                try:
-                    row.append(s.p2p_status(devices[a], devices[b], capability))
-                except nvml.DeviceFailed as exc:
-                    warnings.append(f"GPU{a}-GPU{b}: NVML could not tell P2P {capability} ({exc.reason})")
-                    row.append(None)
-            else:
-                row.append(None)
-        rows.append(tuple(row))
-    return tuple(rows)
+    return peers, warnings, bridges
 
 
 def gpu_processes() -> list[GpuProcess] | None:

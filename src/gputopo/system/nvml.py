@@ -2,18 +2,29 @@
 
 NVML is loaded and initialised lazily, inside ``session()``, and shut down when the session ends; importing
 this module does neither. Every pynvml error is turned into something of ours here, so nothing outside this
-module ever sees one:
+module ever sees one. The rule, per call:
 
-- a query the GPU or driver does not support (``NotSupported``, ``FunctionNotFound``, ``NoPermission``,
-  ...) returns ``None``, which the rest of gputopo shows as n/a;
-- a GPU that stopped answering (``GpuIsLost``, ``ResetRequired``, ``Unknown``, ...) raises ``DeviceFailed``
-  for that GPU only, so the caller can mark it and keep reading the others;
+- a value the GPU or driver does not have (``NotSupported``, ``FunctionNotFound`` from a driver older than
+  the bindings, ``InvalidArgument`` for an NVLink index past the last, ``NotFound``) returns ``None``,
+  which the rest of gputopo shows as n/a;
+- only a GPU that is gone (``GpuIsLost``, ``ResetRequired``, ``GpuNotFound``) raises ``DeviceFailed`` for
+  that GPU, so the caller marks it "failing" and keeps reading the others;
+- the handle refused for permission (``NoPermission``, or ``OperatingSystem``: "blocked by the operating
+  system/cgroups") raises ``DeviceFailed`` with state "not accessible": GPUs hidden from a Slurm job;
+- any other error (``Unknown``, ``NotReady``, ``InvalidState``, ``CorruptedInforom``, ``Timeout``,
+  ``NoPermission`` on a single value, ...) blanks that one value and leaves a warning in
+  ``Session.warnings``; the GPU's other values are still read;
 - NVML that cannot start at all (no ``libnvidia-ml.so``, driver not loaded, driver/library mismatch)
   raises ``NvmlUnavailable``, a project error with exit code 3.
 
+Every nvidia-ml-py from the lowest version pyproject allows is handled: names that newer bindings added
+(``NVMLLibraryMismatchError``, ``NVML_ERROR_GPU_NOT_FOUND``, functions like ``nvmlDeviceGetNumaNodeId``)
+are looked up with ``getattr``, never assumed.
+
 Tests swap the backend (the object the ``nvml*`` functions are called on) with ``use_backend(fake)``; the
 real backend is the ``pynvml`` module itself. A fake implements the functions named in ``NvmlBackend``, with
-pynvml's names, arguments and return shapes, and raises pynvml's own ``NVMLError`` subclasses.
+pynvml's names, arguments and return shapes, and raises pynvml's own ``NVMLError`` subclasses. The tests of
+the real path load the real pynvml against a fake ``libnvidia-ml.so.1`` (tests/fakedriver).
 """
 
 from __future__ import annotations
@@ -26,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from gputopo.errors import UnavailableError
-from gputopo.model import PcieLink
+from gputopo.model import GPU_FAILING, GPU_NOT_ACCESSIBLE, PcieLink
 
 _MIB = 1024 * 1024
 
@@ -58,7 +69,7 @@ class NvmlBackend(Protocol):
     def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: Any) -> int: ...
     def nvmlDeviceGetCurrPcieLinkWidth(self, handle: Any) -> int: ...
     def nvmlDeviceGetMaxPcieLinkWidth(self, handle: Any) -> int: ...
-    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any: ...
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Any: ...
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any: ...
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]: ...
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> list[Any]: ...
@@ -67,6 +78,9 @@ class NvmlBackend(Protocol):
     def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: Any, link: int) -> int: ...
     def nvmlDeviceGetTopologyCommonAncestor(self, device1: Any, device2: Any) -> int: ...
     def nvmlDeviceGetP2PStatus(self, device1: Any, device2: Any, p2pIndex: int) -> int: ...
+    def nvmlDeviceGetMigMode(self, device: Any) -> list[int]: ...
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: Any) -> int: ...
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Any, index: int) -> Any: ...
 
 
 _backend: NvmlBackend | None = None
@@ -89,6 +103,11 @@ def use_backend(backend: NvmlBackend) -> Iterator[NvmlBackend]:
         set_backend(previous)
 
 
+def backend_overridden() -> bool:
+    """True while a test backend is in place (it lives in this process, so reads must too)."""
+    return _backend is not None
+
+
 def _pynvml() -> Any:
     # Imported here, not at module level: commands that never read the live machine don't pay for it.
     import pynvml
@@ -101,33 +120,54 @@ def _lib() -> Any:
 
 
 class NvmlUnavailable(UnavailableError):
-    """NVML cannot start on this machine (exit 3); ``not_installed`` when there is no driver/library."""
+    """NVML cannot start on this machine (exit 3); ``not_installed`` when there is no driver/library,
+    ``hung`` when it did not answer within the deadline."""
 
-    def __init__(self, message: str, hint: str | None = None, not_installed: bool = False) -> None:
+    def __init__(
+        self, message: str, hint: str | None = None, not_installed: bool = False, hung: bool = False
+    ) -> None:
         super().__init__(message, hint)
         self.not_installed = not_installed
+        self.hung = hung
 
 
 class DeviceFailed(Exception):
-    """A GPU stopped answering NVML. ``where`` is ``GPU2`` (or ``GPU0-GPU2`` for a pair query), ``reason``
-    is NVML's text, e.g. ``GPU is lost``."""
+    """A GPU could not be read. ``where`` is ``GPU2`` (or ``GPU0-GPU2`` for a pair query), ``reason``
+    is NVML's text, e.g. ``GPU is lost``; ``state`` is ``model.GPU_FAILING`` or ``GPU_NOT_ACCESSIBLE``."""
 
-    def __init__(self, where: str, reason: str) -> None:
+    def __init__(self, where: str, reason: str, state: str = GPU_FAILING) -> None:
         super().__init__(f"{where}: {reason}")
         self.where = where
         self.reason = reason
+        self.state = state
+
+
+def _codes(lib: Any, *names: str) -> frozenset[int]:
+    # getattr: older bindings lack some codes (NVML_ERROR_GPU_NOT_FOUND is not in nvidia-ml-py 12.535).
+    return frozenset(getattr(lib, n) for n in names if hasattr(lib, n))
 
 
 def _soft_error_codes(lib: Any) -> frozenset[int]:
-    """NVML return codes that mean "this value is not available here", not "this GPU is broken"."""
-    names = (
+    """NVML return codes that mean "this value is not available here", not "something is wrong"."""
+    return _codes(
+        lib,
         "NVML_ERROR_NOT_SUPPORTED",
         "NVML_ERROR_FUNCTION_NOT_FOUND",  # an older driver than the pynvml bindings
-        "NVML_ERROR_NO_PERMISSION",
-        "NVML_ERROR_NOT_FOUND",
+        "NVML_ERROR_NOT_FOUND",  # e.g. no far end to describe on an NVLink, an empty MIG slot
         "NVML_ERROR_INVALID_ARGUMENT",  # e.g. an NVLink index past the GPU's last link
     )
-    return frozenset(getattr(lib, n) for n in names if hasattr(lib, n))
+
+
+def _gone_error_codes(lib: Any) -> frozenset[int]:
+    """NVML return codes that mean the GPU itself is gone or wedged: the only ones that fail a GPU."""
+    return _codes(lib, "NVML_ERROR_GPU_IS_LOST", "NVML_ERROR_RESET_REQUIRED", "NVML_ERROR_GPU_NOT_FOUND")
+
+
+def _refused_error_codes(lib: Any) -> frozenset[int]:
+    """Handle errors that mean "not yours to see": NVML's docs for nvmlDeviceGetCount_v2 say it counts
+    GPUs whose nvmlDeviceGetHandleByIndex_v2 then answers NO_PERMISSION; OPERATING_SYSTEM is "blocked by
+    the operating system/cgroups" (NVML nvmlReturn_t)."""
+    return _codes(lib, "NVML_ERROR_NO_PERMISSION", "NVML_ERROR_OPERATING_SYSTEM")
 
 
 def _not_installed_codes(lib: Any) -> frozenset[int]:
@@ -204,21 +244,33 @@ class Session:
         self._lib = lib
         self._errors = _pynvml()
         self._soft = _soft_error_codes(self._errors)
+        self._gone = _gone_error_codes(self._errors)
+        # nvidia-ml-py 12.535.x has no NVMLLibraryMismatchError (raised by newer bindings' unversioned
+        # wrappers when the driver lacks the function): looking it up unconditionally crashed every read.
+        self._mismatch: type[BaseException] | None = getattr(self._errors, "NVMLLibraryMismatchError", None)
+        self.warnings: list[str] = []
+        """Values blanked by an unexpected NVML error, one line each (``GPU3: ... : Unknown Error``)."""
 
-    def _call(self, where: str, fn_name: str, *args: Any) -> Any:
-        """Call ``lib.<fn_name>(*args)``; ``None`` when unsupported, ``DeviceFailed`` when the GPU fails."""
+    def _call(self, where: str, fn_name: str, *args: Any, **kwargs: Any) -> Any:
+        """Call ``lib.<fn_name>(*args)`` under the rule in the module docstring: ``None`` when the value is
+        not there (with a warning when NVML said something unexpected), ``DeviceFailed`` when the GPU is
+        gone."""
         errors = self._errors
         fn = getattr(self._lib, fn_name, None)
         if fn is None:  # bindings older than the function: same as the driver lacking it
             return None
         try:
-            return fn(*args)
-        except errors.NVMLLibraryMismatchError:
-            return None
+            return fn(*args, **kwargs)
         except errors.NVMLError as exc:
-            if exc.value in self._soft:
+            if exc.value in self._gone:
+                raise DeviceFailed(where, str(exc)) from None
+            if exc.value not in self._soft:
+                self.warnings.append(f"{where}: {_field_name(fn_name)} is n/a: NVML said {exc}")
+            return None
+        except Exception as exc:
+            if self._mismatch is not None and isinstance(exc, self._mismatch):
                 return None
-            raise DeviceFailed(where, str(exc)) from None
+            raise
 
     def driver_version(self) -> str | None:
         """The NVIDIA driver version, e.g. ``550.54.15``."""
@@ -252,7 +304,11 @@ class Session:
         try:
             handle = self._lib.nvmlDeviceGetHandleByIndex(index)
         except errors.NVMLError as exc:
-            raise DeviceFailed(f"GPU{index}", str(exc)) from None
+            # Without a handle nothing about the GPU can be read: permission means "not ours to see",
+            # anything else (lost, insufficient power, IRQ issue, unknown) leaves a GPU that cannot work.
+            refused = exc.value in _refused_error_codes(errors)
+            state = GPU_NOT_ACCESSIBLE if refused else GPU_FAILING
+            raise DeviceFailed(f"GPU{index}", str(exc), state) from None
         return Device(self, index, handle)
 
     def path_code(self, a: Device, b: Device) -> str | None:
@@ -317,8 +373,8 @@ class Device:
         self.index = index
         self.handle = handle
 
-    def _q(self, fn_name: str, *args: Any) -> Any:
-        return self.session._call(f"GPU{self.index}", fn_name, self.handle, *args)
+    def _q(self, fn_name: str, *args: Any, **kwargs: Any) -> Any:
+        return self.session._call(f"GPU{self.index}", fn_name, self.handle, *args, **kwargs)
 
     def name(self) -> str | None:
         """The product name, e.g. ``NVIDIA H100 80GB HBM3``."""
@@ -370,11 +426,44 @@ class Device:
         return None if link == PcieLink() else link
 
     def memory_mib(self) -> tuple[int | None, int | None]:
-        """(total, used) GPU memory in MiB."""
-        info = self._q("nvmlDeviceGetMemoryInfo")
+        """(total, used) GPU memory in MiB, ``used`` as nvidia-smi shows it.
+
+        The v2 call first: NVML's current docs define v1 ``used`` as "Sum of Reserved and Allocated device
+        memory" and v2 ``used`` as allocated memory, with the driver's reservation (about 0.5 GiB on an
+        H100) in ``reserved``. (The R525 docs still said v2 ``used`` includes ``reserved``; drivers since
+        report it apart, as nvidia-smi's "Reserved" line shows.) Drivers or bindings without v2: v1.
+        """
+        info = None
+        version = getattr(self.session._errors, "nvmlMemory_v2", None)
+        if version is not None:
+            info = self._q("nvmlDeviceGetMemoryInfo", version=version)
+        if info is None:
+            info = self._q("nvmlDeviceGetMemoryInfo")
         if info is None:
             return None, None
         return int(info.total) // _MIB, int(info.used) // _MIB
+
+    def mig_mode(self) -> bool | None:
+        """Whether MIG is enabled now (NVML's current mode; a pending change needs a reset); ``None`` on
+        GPUs and drivers without MIG."""
+        modes = self._q("nvmlDeviceGetMigMode")
+        if modes is None:
+            return None
+        return int(modes[0]) == int(getattr(self.session._errors, "NVML_DEVICE_MIG_ENABLE", 1))
+
+    def mig_device_uuids(self) -> tuple[str, ...]:
+        """UUIDs (``MIG-...``) of the MIG devices on this GPU, in slot order; empty without any."""
+        slots = self._q("nvmlDeviceGetMaxMigDeviceCount")
+        uuids: list[str] = []
+        for slot in range(int(slots or 0)):
+            # An empty slot answers NotFound (soft): skipped.
+            mig = self._q("nvmlDeviceGetMigDeviceHandleByIndex", slot)
+            if mig is None:
+                continue
+            uuid = _text(self.session._call(f"GPU{self.index}", "nvmlDeviceGetUUID", mig))
+            if uuid is not None:
+                uuids.append(uuid)
+        return tuple(uuids)
 
     def utilization_pct(self) -> int | None:
         """GPU utilisation over NVML's last sample period, percent."""
@@ -418,16 +507,19 @@ class Device:
             if state is None:
                 continue
             up = int(state) == e.NVML_FEATURE_ENABLED
-            try:
-                remote = _bus_id_of(self._q("nvmlDeviceGetNvLinkRemotePciInfo", link))
-                kind = self._q("nvmlDeviceGetNvLinkRemoteDeviceType", link)
-            except DeviceFailed:
-                if up:
-                    raise
-                # A link that is down may have no far end to describe; that says nothing about the GPU.
-                remote, kind = None, None
+            # A link that is down may have no far end to describe (NotFound: n/a, no warning).
+            remote = _bus_id_of(self._q("nvmlDeviceGetNvLinkRemotePciInfo", link))
+            kind = self._q("nvmlDeviceGetNvLinkRemoteDeviceType", link)
             ends.append(NvlinkEnd(link, up, remote, kinds.get(int(kind)) if kind is not None else None))
         return ends
+
+
+def _field_name(fn_name: str) -> str:
+    """``nvmlDeviceGetMemoryInfo`` -> ``MemoryInfo``: the value a warning is about."""
+    for prefix in ("nvmlDeviceGet", "nvmlSystemGet", "nvml"):
+        if fn_name.startswith(prefix):
+            return fn_name[len(prefix) :]
+    return fn_name
 
 
 def _text(value: Any) -> str | None:

@@ -26,6 +26,7 @@ def to_dict(topo: Topology) -> dict[str, Any]:
         d = asdict(g)
         d["label"] = g.label
         d["compute_pids"] = list(g.compute_pids) if g.compute_pids is not None else None
+        d["mig_devices"] = list(g.mig_devices)
         gpus.append(d)
     return {
         "schema": SCHEMA,
@@ -104,6 +105,7 @@ def _gpu(d: dict[str, Any]) -> Gpu:
         kwargs["pcie"] = PcieLink(**d["pcie"])
     if d.get("compute_pids") is not None:
         kwargs["compute_pids"] = tuple(int(p) for p in d["compute_pids"])
+    kwargs["mig_devices"] = tuple(str(u) for u in d.get("mig_devices") or ())
     return Gpu(**kwargs)
 
 

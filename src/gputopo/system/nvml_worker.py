@@ -1,0 +1,193 @@
+"""NVML reads with a deadline: a worker process asks NVML, the caller waits only as long as it chooses.
+
+An NVML call cannot be interrupted: a GPU that fell into a bad state (Xid 79, a wedged driver) can block
+``nvmlInit`` or any query about it for ever, in uninterruptible sleep inside the driver, and a thread
+blocked there keeps the whole process from exiting cleanly. So the calls run in a child process
+(``python -m gputopo.system.nvml_worker``) and the parent waits for each answer with a deadline. When one
+does not come, the parent kills the child (it may stay stuck in the driver; it is not waited for), and
+the next request starts a fresh child, which never touches the GPU that hung: NVML opens a GPU only when
+its handle is asked for (NVML docs of nvmlDeviceGetHandleByIndex_v2: "this API causes NVML to initialize
+the target GPU"), so a new ``nvmlInit`` does not go near it.
+
+Requests and answers are pickled frames (4-byte length, then the pickle) on the child's stdin and
+stdout; both ends are this module, run by the same Python. The child holds one NVML session for its whole
+life, answers requests in order, and shuts NVML down when its stdin closes.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import struct
+import subprocess
+import sys
+import time
+from contextlib import suppress
+from typing import Any, BinaryIO
+
+DEFAULT_TIMEOUT_S = 5.0
+_HEADER = struct.Struct(">I")
+_REAP_S = 0.5
+
+
+class NoAnswer(Exception):
+    """The worker did not answer within the deadline, or could not be started; ``what`` says which."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
+
+
+def _write_frame(stream: BinaryIO, obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_HEADER.pack(len(data)) + data)
+    stream.flush()
+
+
+def _read_exact(stream: BinaryIO, n: int) -> bytes | None:
+    chunks = b""
+    while len(chunks) < n:
+        chunk = stream.read(n - len(chunks))
+        if not chunk:
+            return None
+        chunks += chunk
+    return chunks
+
+
+class Worker:
+    """The parent's end: ``call(request)`` returns the child's answer or raises ``NoAnswer``.
+
+    After a ``NoAnswer`` the child is gone; the next ``call`` starts a new one (and answers ``NoAnswer``
+    at once if that fails too, so a dead driver costs one deadline, not one per request).
+    """
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._buffer = b""
+        self._broken: str | None = None
+        self.header: Any = None
+        """The child's first answer (what ``_serve`` reports on start), from the latest start."""
+
+    def _start(self) -> None:
+        env = dict(os.environ)
+        # The child must import this gputopo, wherever it came from (a checkout on PYTHONPATH included).
+        src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "gputopo.system.nvml_worker"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                env=env,
+            )
+        except OSError as exc:
+            self._broken = f"cannot start the NVML worker ({exc.strerror or exc})"
+            raise NoAnswer(self._broken) from None
+        self._buffer = b""
+        try:
+            self.header = self._receive("nvmlInit")
+        except NoAnswer as exc:
+            self._broken = exc.what
+            raise
+
+    def call(self, request: Any, what: str) -> Any:
+        """Send ``request``; its answer, or ``NoAnswer`` when none comes within ``timeout_s``."""
+        if self._broken is not None:
+            raise NoAnswer(self._broken)
+        if self._proc is None:
+            self._start()
+        assert self._proc is not None and self._proc.stdin is not None
+        try:
+            _write_frame(self._proc.stdin, request)  # type: ignore[arg-type]
+        except (BrokenPipeError, OSError):
+            self._kill()
+            raise NoAnswer(f"the NVML worker exited before {what}") from None
+        return self._receive(what)
+
+    def _receive(self, what: str) -> Any:
+        assert self._proc is not None and self._proc.stdout is not None
+        fd = self._proc.stdout.fileno()
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            if len(self._buffer) >= _HEADER.size:
+                (size,) = _HEADER.unpack_from(self._buffer)
+                if len(self._buffer) >= _HEADER.size + size:
+                    frame = self._buffer[_HEADER.size : _HEADER.size + size]
+                    self._buffer = self._buffer[_HEADER.size + size :]
+                    return pickle.loads(frame)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._kill()
+                raise NoAnswer(f"NVML did not answer {what} within {self.timeout_s:g} s")
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                self._kill()
+                raise NoAnswer(f"the NVML worker exited during {what}")
+            self._buffer += chunk
+
+    def _kill(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        with suppress(OSError):
+            proc.kill()
+        # A process stuck inside the driver may not die until the driver lets go: don't wait for it.
+        with suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=_REAP_S)
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                with suppress(OSError):
+                    pipe.close()
+
+    def close(self) -> None:
+        """End the child: close its stdin (it shuts NVML down and exits), then make sure it is gone."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        with suppress(OSError):
+            if proc.stdin is not None:
+                proc.stdin.close()
+        try:
+            proc.wait(timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            self._proc = proc
+            self._kill()
+        if proc.stdout is not None:
+            with suppress(OSError):
+                proc.stdout.close()
+
+
+def _serve() -> None:
+    """The child: one NVML session, answering ``inventory`` requests until stdin closes."""
+    from gputopo.system import inventory, nvml
+
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    try:
+        session = nvml.session()
+        s = session.__enter__()
+    except nvml.NvmlUnavailable as exc:
+        _write_frame(stdout, ("unavailable", exc.message, exc.hint, exc.not_installed))
+        return
+    try:
+        _write_frame(stdout, ("ok", None))
+        served = inventory.Served(s)
+        while True:
+            head = _read_exact(stdin, _HEADER.size)
+            if head is None:
+                return
+            frame = _read_exact(stdin, _HEADER.unpack(head)[0])
+            if frame is None:
+                return
+            _write_frame(stdout, served.answer(pickle.loads(frame)))
+    finally:
+        session.__exit__(None, None, None)
+
+
+if __name__ == "__main__":
+    _serve()

@@ -1,0 +1,435 @@
+/*
+ * A fake NVIDIA driver library for tests: built as libnvidia-ml.so.1 and loaded by the REAL nvidia-ml-py
+ * (pynvml) through LD_LIBRARY_PATH, so pynvml's own ctypes code marshals every call, exactly as it does
+ * against a driver. Only the functions gputopo calls exist; pynvml answers FunctionNotFound for the rest
+ * (its _nvmlGetFunctionPointer turns a missing symbol into NVML_ERROR_FUNCTION_NOT_FOUND). Built with
+ * -DOLD_DRIVER it also lacks functions that older drivers lack (memory v2, MIG, NUMA node id, remote
+ * NVLink device type, the v3 process lists).
+ *
+ * The machine is described by the text file named in FAKE_NVML_CONFIG, read at nvmlInit; without it the
+ * library answers DriverNotLoaded. One statement per line, '#' starts a comment:
+ *
+ *   driver VERSION | cuda INT                       system versions
+ *   init CODE | hang-init                           nvmlInit fails / never returns
+ *   gpu I BUS UUID MINOR NAME...                    a GPU (index I; NAME is the rest of the line)
+ *   handle I CODE                                   nvmlDeviceGetHandleByIndex_v2(I) fails with CODE
+ *   pcie I GEN_CUR GEN_MAX WIDTH_CUR WIDTH_MAX
+ *   mem I TOTAL_MIB USED_MIB RESERVED_MIB           v1 "used" is USED + RESERVED, as real drivers report
+ *   util I PCT | numaid I N | cpus I HEXWORD... | nodes I HEXWORD...
+ *   mig I CURRENT PENDING | migdev I SLOT UUID
+ *   link I L STATE REMOTE_BUS REMOTE_TYPE           REMOTE_BUS "-": the remote PCI query says NotFound
+ *   proc I PID USED_MIB
+ *   path A B LEVEL | p2p A B STATUS                 pair answers (default: SYSTEM, P2P OK)
+ *   err I|* FUNCTION CODE                           FUNCTION fails with CODE for GPU I (or every GPU)
+ *   hang I|* FUNCTION                               FUNCTION never returns for GPU I (or every GPU)
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef int nvmlReturn_t;
+#define OK 0
+#define E_UNINIT 1
+#define E_INVALID 2
+#define E_NOT_SUPPORTED 3
+#define E_NOT_FOUND 6
+#define E_INSUFFICIENT_SIZE 7
+#define E_DRIVER_NOT_LOADED 9
+
+#define MAXG 16
+#define MAXL 18
+#define MAXRULES 64
+#define MAXMIG 7
+#define MAXPROC 8
+
+typedef struct {
+    int kind; /* 1: GPU, 2: MIG device */
+    int index;
+    int slot;
+} handle_t;
+
+typedef struct {
+    int state, type, present;
+    char bus[32];
+} link_t;
+
+typedef struct {
+    int present, handle_err, minor, numaid, util;
+    char bus[32], uuid[96], name[96];
+    unsigned gen_cur, gen_max, width_cur, width_max;
+    unsigned long long total, used, reserved;
+    unsigned long long cpus[16], nodes[4];
+    int ncpus, nnodes;
+    int mig_cur, mig_pending, has_mig;
+    char mig_uuid[MAXMIG][96];
+    int nproc;
+    unsigned proc_pid[MAXPROC];
+    unsigned long long proc_mem[MAXPROC];
+    link_t links[MAXL];
+    handle_t handle;
+    handle_t mig_handle[MAXMIG];
+} gpu_t;
+
+typedef struct {
+    int gpu; /* -1: every GPU */
+    int hang;
+    int code;
+    char fn[80];
+} rule_t;
+
+static gpu_t gpus[MAXG];
+static int ngpus, init_code, init_hang, inited;
+static char driver[80] = "550.54.15";
+static int cuda = 12040;
+static int path_level[MAXG][MAXG], p2p_status[MAXG][MAXG], path_set[MAXG][MAXG];
+static rule_t rules[MAXRULES];
+static int nrules;
+
+static void hang_forever(void) {
+    for (;;) pause();
+}
+
+static void load(const char *file) {
+    FILE *f = fopen(file, "r");
+    char line[512];
+    memset(gpus, 0, sizeof gpus);
+    memset(path_set, 0, sizeof path_set);
+    ngpus = nrules = init_code = init_hang = 0;
+    if (!f) {
+        init_code = E_DRIVER_NOT_LOADED;
+        return;
+    }
+    while (fgets(line, sizeof line, f)) {
+        char *nl = strchr(line, '\n'), *hash = strchr(line, '#');
+        char key[32], a[96], b[96];
+        int i = 0, j = 0, n = 0, x = 0, y = 0, z = 0, w = 0;
+        if (nl) *nl = 0;
+        if (hash) *hash = 0;
+        if (sscanf(line, "%31s", key) != 1) continue;
+        if (!strcmp(key, "driver")) sscanf(line, "%*s %79s", driver);
+        else if (!strcmp(key, "cuda")) sscanf(line, "%*s %d", &cuda);
+        else if (!strcmp(key, "init")) sscanf(line, "%*s %d", &init_code);
+        else if (!strcmp(key, "hang-init")) init_hang = 1;
+        else if (!strcmp(key, "gpu") && sscanf(line, "%*s %d %95s %95s %d %n", &i, a, b, &x, &n) == 4 &&
+                 i >= 0 && i < MAXG) {
+            gpu_t *g = &gpus[i];
+            g->present = 1;
+            g->minor = x;
+            g->numaid = -2; /* unset: NotSupported */
+            strcpy(g->bus, a);
+            strcpy(g->uuid, b);
+            snprintf(g->name, sizeof g->name, "%s", line + n);
+            g->handle.kind = 1;
+            g->handle.index = i;
+            if (i + 1 > ngpus) ngpus = i + 1;
+        } else if (!strcmp(key, "handle") && sscanf(line, "%*s %d %d", &i, &x) == 2) gpus[i].handle_err = x;
+        else if (!strcmp(key, "pcie") && sscanf(line, "%*s %d %d %d %d %d", &i, &x, &y, &z, &w) == 5) {
+            gpus[i].gen_cur = x, gpus[i].gen_max = y, gpus[i].width_cur = z, gpus[i].width_max = w;
+        } else if (!strcmp(key, "mem") && sscanf(line, "%*s %d %d %d %d", &i, &x, &y, &z) == 4) {
+            gpus[i].total = (unsigned long long)x << 20;
+            gpus[i].used = (unsigned long long)y << 20;
+            gpus[i].reserved = (unsigned long long)z << 20;
+        } else if (!strcmp(key, "util")) sscanf(line, "%*s %d %d", &i, &gpus[i < 0 ? 0 : i].util);
+        else if (!strcmp(key, "numaid") && sscanf(line, "%*s %d %d", &i, &x) == 2) gpus[i].numaid = x;
+        else if ((!strcmp(key, "cpus") || !strcmp(key, "nodes")) && sscanf(line, "%*s %d %n", &i, &n) == 1) {
+            int cpus = !strcmp(key, "cpus"), k = 0, used = 0;
+            char *p = line + n;
+            unsigned long long word;
+            while (k < (cpus ? 16 : 4) && sscanf(p, "%llx%n", &word, &used) == 1) {
+                if (cpus) gpus[i].cpus[k++] = word;
+                else gpus[i].nodes[k++] = word;
+                p += used;
+            }
+            if (cpus) gpus[i].ncpus = k;
+            else gpus[i].nnodes = k;
+        } else if (!strcmp(key, "mig") && sscanf(line, "%*s %d %d %d", &i, &x, &y) == 3) {
+            gpus[i].has_mig = 1, gpus[i].mig_cur = x, gpus[i].mig_pending = y;
+        } else if (!strcmp(key, "migdev") && sscanf(line, "%*s %d %d %95s", &i, &x, a) == 3 && x < MAXMIG) {
+            strcpy(gpus[i].mig_uuid[x], a);
+            gpus[i].mig_handle[x].kind = 2, gpus[i].mig_handle[x].index = i, gpus[i].mig_handle[x].slot = x;
+        } else if (!strcmp(key, "link") && sscanf(line, "%*s %d %d %d %95s %d", &i, &j, &x, a, &y) == 5 &&
+                   j < MAXL) {
+            link_t *l = &gpus[i].links[j];
+            l->present = 1, l->state = x, l->type = y;
+            snprintf(l->bus, sizeof l->bus, "%.31s", strcmp(a, "-") ? a : "");
+        } else if (!strcmp(key, "proc") && sscanf(line, "%*s %d %d %d", &i, &x, &y) == 3 &&
+                   gpus[i].nproc < MAXPROC) {
+            gpus[i].proc_pid[gpus[i].nproc] = x;
+            gpus[i].proc_mem[gpus[i].nproc++] = (unsigned long long)y << 20;
+        } else if (!strcmp(key, "path") && sscanf(line, "%*s %d %d %d", &i, &j, &x) == 3) {
+            path_level[i][j] = path_level[j][i] = x;
+            path_set[i][j] = path_set[j][i] = 1;
+        } else if (!strcmp(key, "p2p") && sscanf(line, "%*s %d %d %d", &i, &j, &x) == 3) {
+            p2p_status[i][j] = p2p_status[j][i] = x;
+        } else if ((!strcmp(key, "err") || !strcmp(key, "hang")) && nrules < MAXRULES &&
+                   sscanf(line, "%*s %95s %79s %d", a, rules[nrules].fn, &x) >= 2) {
+            rules[nrules].gpu = strcmp(a, "*") ? atoi(a) : -1;
+            rules[nrules].hang = !strcmp(key, "hang");
+            rules[nrules].code = x;
+            nrules++;
+        }
+    }
+    fclose(f);
+}
+
+/* The configured answer of FUNCTION for GPU index (hangs here if told to); OK when nothing is set. */
+static nvmlReturn_t rule(const char *fn, int index) {
+    for (int k = 0; k < nrules; k++) {
+        if ((strcmp(rules[k].fn, fn) && strcmp(rules[k].fn, "*")) || (rules[k].gpu != -1 && rules[k].gpu != index)) continue;
+        if (rules[k].hang) hang_forever();
+        return rules[k].code;
+    }
+    return OK;
+}
+
+#define GPU_OF(h)                                                                 \
+    handle_t *hd = (handle_t *)(h);                                               \
+    if (!inited) return E_UNINIT;                                                 \
+    if (!hd || hd->index < 0 || hd->index >= ngpus) return E_INVALID;             \
+    gpu_t *g = &gpus[hd->index];                                                  \
+    (void)g;                                                                      \
+    {                                                                             \
+        nvmlReturn_t r_ = rule(__func__, hd->index);                              \
+        if (r_) return r_;                                                        \
+    }
+
+nvmlReturn_t nvmlInitWithFlags(unsigned flags) {
+    (void)flags;
+    load(getenv("FAKE_NVML_CONFIG") ? getenv("FAKE_NVML_CONFIG") : "");
+    if (init_hang) hang_forever();
+    if (init_code) return init_code;
+    inited = 1;
+    return OK;
+}
+nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
+nvmlReturn_t nvmlShutdown(void) {
+    inited = 0;
+    return OK;
+}
+
+const char *nvmlErrorString(nvmlReturn_t code) {
+    switch (code) {
+    case 27: return "Not Ready";
+    case 29: return "Invalid State";
+    case 999: return "Unknown Error";
+    default: return "Fake NVML error";
+    }
+}
+
+nvmlReturn_t nvmlSystemGetDriverVersion(char *out, unsigned len) {
+    if (!inited) return E_UNINIT;
+    snprintf(out, len, "%s", driver);
+    return rule(__func__, -1);
+}
+nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *out) {
+    if (!inited) return E_UNINIT;
+    *out = cuda;
+    return rule(__func__, -1);
+}
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned *out) {
+    if (!inited) return E_UNINIT;
+    *out = ngpus;
+    return rule(__func__, -1);
+}
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned index, void **out) {
+    if (!inited) return E_UNINIT;
+    if (index >= (unsigned)ngpus || !gpus[index].present) return E_INVALID;
+    nvmlReturn_t r = rule(__func__, index);
+    if (r) return r;
+    if (gpus[index].handle_err) return gpus[index].handle_err;
+    *out = &gpus[index].handle;
+    return OK;
+}
+
+nvmlReturn_t nvmlDeviceGetName(void *h, char *out, unsigned len) {
+    GPU_OF(h);
+    snprintf(out, len, "%s", hd->kind == 2 ? "MIG 1g.10gb Device" : g->name);
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetUUID(void *h, char *out, unsigned len) {
+    GPU_OF(h);
+    snprintf(out, len, "%s", hd->kind == 2 ? g->mig_uuid[hd->slot] : g->uuid);
+    return OK;
+}
+
+typedef struct {
+    char busIdLegacy[16];
+    unsigned domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[32];
+} pci_t;
+
+static void fill_pci(pci_t *p, const char *bus) {
+    memset(p, 0, sizeof *p);
+    snprintf(p->busId, sizeof p->busId, "%s", bus);
+    snprintf(p->busIdLegacy, sizeof p->busIdLegacy, "%s", strlen(bus) > 4 ? bus + 4 : bus);
+}
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(void *h, pci_t *out) {
+    GPU_OF(h);
+    fill_pci(out, g->bus);
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetMinorNumber(void *h, unsigned *out) {
+    GPU_OF(h);
+    *out = g->minor;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetCpuAffinity(void *h, unsigned size, unsigned long long *out) {
+    GPU_OF(h);
+    if (!g->ncpus) return E_NOT_SUPPORTED;
+    for (unsigned k = 0; k < size; k++) out[k] = k < 16 ? g->cpus[k] : 0;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetMemoryAffinity(void *h, unsigned size, unsigned long long *out, int scope) {
+    GPU_OF(h);
+    (void)scope;
+    if (!g->nnodes) return E_NOT_SUPPORTED;
+    for (unsigned k = 0; k < size; k++) out[k] = k < 4 ? g->nodes[k] : 0;
+    return OK;
+}
+#define UINT_FIELD(fname, field)                 \
+    nvmlReturn_t fname(void *h, unsigned *out) { \
+        GPU_OF(h);                               \
+        if (!g->field) return E_NOT_SUPPORTED;   \
+        *out = g->field;                         \
+        return OK;                               \
+    }
+UINT_FIELD(nvmlDeviceGetCurrPcieLinkGeneration, gen_cur)
+UINT_FIELD(nvmlDeviceGetMaxPcieLinkGeneration, gen_max)
+UINT_FIELD(nvmlDeviceGetCurrPcieLinkWidth, width_cur)
+UINT_FIELD(nvmlDeviceGetMaxPcieLinkWidth, width_max)
+
+typedef struct {
+    unsigned long long total, free, used;
+} mem_v1_t;
+typedef struct {
+    unsigned version;
+    unsigned long long total, reserved, free, used;
+} mem_v2_t;
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo(void *h, mem_v1_t *out) {
+    GPU_OF(h);
+    out->total = g->total;
+    out->used = g->used + g->reserved; /* v1 counts the driver's reservation as used */
+    out->free = g->total - out->used;
+    return OK;
+}
+#ifndef OLD_DRIVER
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(void *h, mem_v2_t *out) {
+    GPU_OF(h);
+    if (out->version != 0x02000028) return 25; /* NVML_ERROR_ARGUMENT_VERSION_MISMATCH */
+    out->total = g->total;
+    out->reserved = g->reserved;
+    out->used = g->used;
+    out->free = g->total - g->used - g->reserved;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetNumaNodeId(void *h, int *out) {
+    GPU_OF(h);
+    if (g->numaid == -2) return E_NOT_SUPPORTED;
+    *out = g->numaid;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetMigMode(void *h, unsigned *cur, unsigned *pending) {
+    GPU_OF(h);
+    if (!g->has_mig) return E_NOT_SUPPORTED;
+    *cur = g->mig_cur;
+    *pending = g->mig_pending;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(void *h, unsigned *out) {
+    GPU_OF(h);
+    if (!g->has_mig) return E_NOT_SUPPORTED;
+    *out = MAXMIG;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(void *h, unsigned slot, void **out) {
+    GPU_OF(h);
+    if (slot >= MAXMIG) return E_INVALID;
+    if (!g->mig_uuid[slot][0]) return E_NOT_FOUND;
+    *out = &g->mig_handle[slot];
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(void *h, unsigned link, int *out) {
+    GPU_OF(h);
+    if (link >= MAXL || !g->links[link].present) return E_INVALID;
+    *out = g->links[link].type;
+    return OK;
+}
+#endif
+
+nvmlReturn_t nvmlDeviceGetUtilizationRates(void *h, unsigned *out) {
+    GPU_OF(h);
+    out[0] = g->util;
+    out[1] = 0;
+    return OK;
+}
+
+typedef struct {
+    unsigned pid;
+    unsigned long long used;
+    unsigned gi, ci;
+} proc_t;
+
+static nvmlReturn_t procs(gpu_t *g, unsigned *count, proc_t *out, int graphics) {
+    unsigned n = graphics ? 0 : g->nproc;
+    if (n == 0) {
+        *count = 0;
+        return OK;
+    }
+    if (!out || *count < n) {
+        *count = n;
+        return E_INSUFFICIENT_SIZE;
+    }
+    for (unsigned k = 0; k < n; k++) {
+        out[k].pid = g->proc_pid[k];
+        out[k].used = g->proc_mem[k];
+        out[k].gi = out[k].ci = 0xFFFFFFFF;
+    }
+    *count = n;
+    return OK;
+}
+#define PROCS(fname, graphics)                                     \
+    nvmlReturn_t fname(void *h, unsigned *count, proc_t *out) {    \
+        GPU_OF(h);                                                 \
+        return procs(g, count, out, graphics);                     \
+    }
+#ifndef OLD_DRIVER
+PROCS(nvmlDeviceGetComputeRunningProcesses_v3, 0)
+PROCS(nvmlDeviceGetGraphicsRunningProcesses_v3, 1)
+#endif
+PROCS(nvmlDeviceGetComputeRunningProcesses_v2, 0)
+PROCS(nvmlDeviceGetGraphicsRunningProcesses_v2, 1)
+
+nvmlReturn_t nvmlDeviceGetNvLinkState(void *h, unsigned link, int *out) {
+    GPU_OF(h);
+    if (link >= MAXL || !g->links[link].present) return E_INVALID;
+    *out = g->links[link].state;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(void *h, unsigned link, pci_t *out) {
+    GPU_OF(h);
+    if (link >= MAXL || !g->links[link].present) return E_INVALID;
+    if (!g->links[link].bus[0]) return E_NOT_FOUND;
+    fill_pci(out, g->links[link].bus);
+    return OK;
+}
+
+nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(void *h1, void *h2, int *out) {
+    GPU_OF(h1);
+    handle_t *other = (handle_t *)h2;
+    nvmlReturn_t r = rule(__func__, other->index);
+    if (r) return r;
+    *out = path_set[hd->index][other->index] ? path_level[hd->index][other->index] : 50;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetP2PStatus(void *h1, void *h2, int cap, int *out) {
+    GPU_OF(h1);
+    (void)cap;
+    handle_t *other = (handle_t *)h2;
+    nvmlReturn_t r = rule(__func__, other->index);
+    if (r) return r;
+    *out = p2p_status[hd->index][other->index];
+    return OK;
+}
