@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gputopo.model import LinkKind, Topology
+from gputopo.model import GPU_NOT_ACCESSIBLE, GPU_NOT_RESPONDING, LinkKind, Topology
 
 PROBLEM = "problem"
 NOTE = "note"
@@ -27,13 +27,41 @@ def link_findings(topo: Topology) -> list[Finding]:
     """Everything the topology itself says is wrong, problems first."""
     found: list[Finding] = []
     for g in topo.gpus:
-        if g.error:
+        if g.failing:
             found.append(
                 Finding(
                     g.label,
                     f"the GPU does not answer NVML ({g.error})",
                     "look for Xid errors in `dmesg`; drain the jobs and reset the GPU (`nvidia-smi -r -i "
                     f"{g.index}`) or reboot; if it keeps falling off the bus, reseat it or open an RMA",
+                )
+            )
+        elif g.state == GPU_NOT_RESPONDING:
+            found.append(
+                Finding(
+                    g.label,
+                    f"the GPU did not answer NVML in time ({g.error})",
+                    "look for Xid errors in `dmesg` (79: fallen off the bus) and for processes stuck on the "
+                    f"GPU; `nvidia-smi -i {g.index}` hanging too confirms it; a reset or reboot clears it",
+                )
+            )
+        elif g.state == GPU_NOT_ACCESSIBLE:
+            found.append(
+                Finding(
+                    g.label,
+                    f"not accessible from here ({g.error}): another job's or container's GPU",
+                    "nothing to fix on the GPU; run where the GPU is allocated to you to check it",
+                    severity=NOTE,
+                )
+            )
+        elif g.mig_enabled:
+            found.append(
+                Finding(
+                    g.label,
+                    f"MIG is enabled ({len(g.mig_devices)} MIG devices): left out of probes and sets",
+                    "NCCL does not run on MIG devices; `nvidia-smi -i "
+                    f"{g.index} -mig 0` (then a GPU reset) turns MIG off if the GPU is meant for training",
+                    severity=NOTE,
                 )
             )
         elif g.pcie_below_max_while_busy and g.pcie is not None:

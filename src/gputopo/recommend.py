@@ -630,7 +630,8 @@ def _assign(p: _Problem, multiset: list[_Shape]) -> list[tuple[int, ...]]:
 
 
 def exclusions(topo: Topology, constraints: Constraints) -> tuple[Exclusion, ...]:
-    """GPUs no set may use, each with its reasons: ``--exclude``, failing, busy, failed alone in a probe."""
+    """GPUs no set may use, each with its reasons: ``--exclude``, failing, not accessible, not responding,
+    MIG enabled, busy, failed alone in a probe."""
     known = set(topo.gpu_indices)
     for g in constraints.exclude:
         if g not in known:
@@ -647,8 +648,11 @@ def exclusions(topo: Topology, constraints: Constraints) -> tuple[Exclusion, ...
         why = []
         if gpu.index in constraints.exclude:
             why.append("excluded by --exclude")
-        if gpu.error:
-            why.append(f"failing: {gpu.error}")
+        # Failing, not accessible from here, not responding, or MIG enabled (CUDA sees MIG devices, not
+        # the GPU, and NCCL does not run on them): no set can use it.
+        unavailable = gpu.unavailable_reason
+        if unavailable:
+            why.append(unavailable)
         if gpu.index in alone:
             why.append(alone[gpu.index])
         if not constraints.allow_busy:

@@ -130,7 +130,7 @@ static void load(const char *file) {
             gpus[i].total = (unsigned long long)x << 20;
             gpus[i].used = (unsigned long long)y << 20;
             gpus[i].reserved = (unsigned long long)z << 20;
-        } else if (!strcmp(key, "util")) sscanf(line, "%*s %d %d", &i, &gpus[i < 0 ? 0 : i].util);
+        } else if (!strcmp(key, "util") && sscanf(line, "%*s %d %d", &i, &x) == 2) gpus[i].util = x;
         else if (!strcmp(key, "numaid") && sscanf(line, "%*s %d %d", &i, &x) == 2) gpus[i].numaid = x;
         else if ((!strcmp(key, "cpus") || !strcmp(key, "nodes")) && sscanf(line, "%*s %d %n", &i, &n) == 1) {
             int cpus = !strcmp(key, "cpus"), k = 0, used = 0;

@@ -10,6 +10,7 @@ import typer
 
 from gputopo.cli import app
 from gputopo.cli.common import INPUT_HELP, JSON_OPTION, guarded
+from gputopo.cli.topo import NVML_TIMEOUT_OPTION
 from gputopo.errors import InputError, UsageError
 from gputopo.ui.output import Output
 
@@ -57,6 +58,7 @@ def recommend_command(
     ),
     top: int = typer.Option(DEFAULT_TOP, "--top", help="How many ranked candidates to show."),
     id_format: IdFormat = FORMAT_OPTION,
+    nvml_timeout: float = NVML_TIMEOUT_OPTION,
     json_out: bool = JSON_OPTION,
 ) -> None:
     """The best GPU sets for CUDA_VISIBLE_DEVICES: ranked by estimated all-reduce bandwidth, with reasons."""
@@ -69,7 +71,7 @@ def recommend_command(
     evidence = None
     if from_report is not None:
         evidence = evidence_from_report(_read_json(from_report), str(from_report))
-    topo = load_topology(input)
+    topo = load_topology(input, nvml_timeout_s=nvml_timeout)
     constraints = Constraints(
         n=n,
         sets=sets,

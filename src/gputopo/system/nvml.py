@@ -264,8 +264,9 @@ class Session:
         except errors.NVMLError as exc:
             if exc.value in self._gone:
                 raise DeviceFailed(where, str(exc)) from None
-            if exc.value not in self._soft:
-                self.warnings.append(f"{where}: {_field_name(fn_name)} is n/a: NVML said {exc}")
+            note = f"{where}: {_field_name(fn_name)} is n/a: NVML said {exc}"
+            if exc.value not in self._soft and note not in self.warnings:  # once per value, not per link
+                self.warnings.append(note)
             return None
         except Exception as exc:
             if self._mismatch is not None and isinstance(exc, self._mismatch):

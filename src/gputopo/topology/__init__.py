@@ -10,17 +10,18 @@ from gputopo.model import Topology
 SAMPLE_PREFIX = "sample:"
 
 
-def load_topology(spec: str | None) -> Topology:
+def load_topology(spec: str | None, nvml_timeout_s: float | None = None) -> Topology:
     """The topology named by ``--input``, or this machine's when ``spec`` is ``None``.
 
     ``spec`` is ``sample:NAME``, a path to a JSON snapshot (``gputopo topo --json``), or a path to saved
     ``nvidia-smi topo -m`` text. Raises ``InputError`` (exit 2) for anything unreadable and
-    ``UnavailableError`` (exit 3) when reading live without an NVIDIA driver.
+    ``UnavailableError`` (exit 3) when reading live without an NVIDIA driver. ``nvml_timeout_s`` bounds
+    each live NVML read (``--nvml-timeout``; default ``system.nvml_worker.DEFAULT_TIMEOUT_S``).
     """
     if spec is None:
         from gputopo.system.inventory import read_live
 
-        return read_live()
+        return read_live() if nvml_timeout_s is None else read_live(nvml_timeout_s=nvml_timeout_s)
     if spec.startswith(SAMPLE_PREFIX):
         from gputopo.topology import samples
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from gputopo.model import P2P_CAPABILITIES, Gpu, Link, LinkKind, Topology
+from gputopo.model import GPU_NOT_RESPONDING, P2P_CAPABILITIES, Gpu, Link, LinkKind, Topology
 
 NA = "n/a"
 
@@ -139,8 +139,13 @@ def gpu_table(topo: Topology) -> Text:
     rows: list[list[str | Text]] = []
     for g in topo.gpus:
         if g.error:
-            failing = Text(f"FAILING: {g.error}", style="bold red")
-            rows.append([Text(g.label, style="bold red"), failing, *([""] * (len(header) - 2))])
+            if g.failing:
+                text, style = f"FAILING: {g.error}", "bold red"
+            elif g.state == GPU_NOT_RESPONDING:
+                text, style = f"NOT RESPONDING: {g.error}", "bold red"
+            else:
+                text, style = f"not accessible from here: {g.error}", "dim"
+            rows.append([Text(g.label, style=style), Text(text, style=style), *([""] * (len(header) - 2))])
             continue
         row: list[str | Text] = [
             g.label,
@@ -168,7 +173,24 @@ def live_table(topo: Topology) -> Text:
         )
         util = NA if g.utilization_pct is None else f"{g.utilization_pct}%"
         rows.append([g.label, pcie_text(g), util, _na(g.minor_number), mem, _na(g.uuid)])
-    return grid(["GPU", "PCIe link", "util", "minor", "memory used", "UUID"], rows)
+    table = grid(["GPU", "PCIe link", "util", "minor", "memory used", "UUID"], rows)
+    return table + gpu_notes(topo)
+
+
+def gpu_notes(topo: Topology) -> Text:
+    """One line per GPU with MIG on (and its MIG devices) or NVLinks without a bridge; empty otherwise."""
+    notes = Text()
+    for g in topo.gpus:
+        if g.error:
+            continue
+        if g.mig_enabled:
+            migs = ", ".join(g.mig_devices) or "none created"
+            notes.append(
+                f"{g.label}: MIG enabled, left out of probes and sets; MIG devices: {migs}\n", "yellow"
+            )
+        if g.nvlink_bridge is False:
+            notes.append(f"{g.label}: has NVLinks but no bridge (no link active or connected)\n", "dim")
+    return notes
 
 
 def nvlink_table(topo: Topology) -> Text:

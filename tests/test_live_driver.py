@@ -1,0 +1,209 @@
+"""The live path against the real nvidia-ml-py, with a fake driver library under it (tests/fakedriver).
+
+Each test starts ``python -m gputopo`` with the fake ``libnvidia-ml.so.1`` first on ``LD_LIBRARY_PATH``,
+so every call goes through pynvml's own ctypes marshalling, error classes and symbol lookup (a function
+the fake driver lacks is FunctionNotFound, as on an old driver). The subprocess timeout is the guard
+against a hang: a command that does not end in time fails the test.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import fake_driver
+from fake_driver import bus, eight_gpu_machine, uuid
+
+pytestmark = pytest.mark.skipif(
+    fake_driver.compiler() is None, reason="no C compiler to build the fake driver"
+)
+
+# One deadline for every run here: short, since GPU6 of the test machine hangs on purpose.
+TIMEOUT = ("--nvml-timeout", "1")
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return fake_driver.build(tmp_path_factory.mktemp("driver"))
+
+
+@pytest.fixture(scope="module")
+def old_driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return fake_driver.build(tmp_path_factory.mktemp("old-driver"), old=True)
+
+
+def machine(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "machine.txt"
+    path.write_text(text)
+    return path
+
+
+def topo_json(lib: Path, machine_file: Path) -> dict:
+    result = fake_driver.run(lib, machine_file, "topo", "--json", *TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def eight(driver: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """``topo --json`` of the done-when machine (see fake_driver.EIGHT_GPU_LINES), read once."""
+    return topo_json(driver, machine(tmp_path_factory.mktemp("eight"), eight_gpu_machine()))
+
+
+def gpu(doc: dict, index: int) -> dict:
+    return next(g for g in doc["gpus"] if g["index"] == index)
+
+
+def test_matrix_of_the_gpus_that_answered(eight: dict) -> None:
+    cells = eight["matrix"]["cells"]
+    assert eight["source"] == "nvml" and eight["driver_version"] == "550.54.15"
+    assert cells[0][1] == cells[1][0] == "NV4"
+    assert cells[0][2] == cells[1][2] == "PHB"
+    assert cells[5][7] == "PHB"
+    assert cells[0][5] == cells[2][7] == "SYS"
+    for broken in (3, 4, 6):  # lost, refused, hung: unknown, not guessed
+        assert all(cells[broken][j] is None for j in range(8) if j != broken)
+    assert eight["p2p"]["read"][0][7] == "OK" and eight["p2p"]["read"][0][3] is None
+
+
+def test_lost_refused_and_hung_gpus_are_marked_each_in_its_own_way(eight: dict) -> None:
+    lost, refused, hung = gpu(eight, 3), gpu(eight, 4), gpu(eight, 6)
+    assert (lost["state"], lost["error"]) == ("failing", "GPU is lost")
+    assert (refused["state"], refused["error"]) == ("not accessible", "Insufficient Permissions")
+    assert hung["state"] == "not responding" and "within 1 s" in hung["error"]
+    assert all(g[k] is None for g in (lost, refused, hung) for k in ("name", "uuid", "pci_bus_id"))
+
+
+def test_gpus_next_to_the_broken_ones_are_intact(eight: dict) -> None:
+    for i in (0, 1, 2, 5, 7):
+        g = gpu(eight, i)
+        assert (g["error"], g["state"], g["uuid"], g["pci_bus_id"]) == (None, None, uuid(i), bus(i))
+        assert g["name"] == "NVIDIA H100 PCIe" and g["memory_total_mib"] == 81559
+
+
+def test_one_field_error_blanks_that_field_only_with_a_warning(eight: dict) -> None:
+    g0 = gpu(eight, 0)
+    assert g0["utilization_pct"] is None and g0["error"] is None
+    assert g0["cpu_affinity"] == "0-31" and g0["numa_affinity"] == "0"
+    assert "GPU0: UtilizationRates is n/a: NVML said Unknown Error" in eight["warnings"]
+
+
+def test_memory_used_comes_from_the_v2_call_without_the_drivers_reservation(eight: dict) -> None:
+    assert gpu(eight, 0)["memory_used_mib"] == 0  # v1 would say 512 (the reservation)
+    assert gpu(eight, 7)["memory_used_mib"] == 40000
+
+
+def test_mig_gpu_lists_its_mig_devices(eight: dict) -> None:
+    g5 = gpu(eight, 5)
+    assert g5["mig_enabled"] is True
+    assert g5["mig_devices"] == [
+        "MIG-aaaaaaaa-0000-0000-0000-000000000001",
+        "MIG-aaaaaaaa-0000-0000-0000-000000000002",
+    ]
+    assert gpu(eight, 0)["mig_enabled"] is False
+
+
+def test_bridgeless_nvlink_card_is_not_links_down(eight: dict) -> None:
+    assert gpu(eight, 2)["nvlink_bridge"] is False
+    assert gpu(eight, 0)["nvlink_bridge"] is True and gpu(eight, 7)["nvlink_bridge"] is None
+    assert not any("NVLinks are down" in w for w in eight["warnings"])
+    assert {(p["gpu"], p["peer"]) for p in eight["nvlinks"]} == {(0, 1), (1, 0)}
+
+
+def test_pcie_downclocked_while_busy_and_narrowed_while_idle(eight: dict) -> None:
+    g7, g1 = gpu(eight, 7), gpu(eight, 1)
+    assert g7["utilization_pct"] == 95 and g7["compute_pids"] == [4242]
+    assert (g7["pcie"]["gen_current"], g7["pcie"]["gen_max"]) == (3, 5)
+    assert (g1["pcie"]["width_current"], g1["pcie"]["width_max"]) == (8, 16)
+
+
+def test_topo_text_names_each_state(driver: Path, tmp_path: Path) -> None:
+    result = fake_driver.run(driver, machine(tmp_path, eight_gpu_machine()), "topo", *TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "GPU3  FAILING: GPU is lost" in out
+    assert "GPU4  not accessible from here: Insufficient Permissions" in out
+    assert "GPU6  NOT RESPONDING: NVML did not answer GPU6 within 1 s" in out
+    assert "GPU5: MIG enabled, left out of probes and sets" in out
+    assert "GPU2: has NVLinks but no bridge" in out
+    assert "GPU4 is not accessible from here" in result.stderr
+
+
+def test_recommend_leaves_out_lost_refused_mig_and_hung_gpus_with_the_reason(
+    driver: Path, tmp_path: Path
+) -> None:
+    result = fake_driver.run(
+        driver, machine(tmp_path, eight_gpu_machine()), "recommend", "-n", "2", "--json", *TIMEOUT
+    )
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    why = {e["gpu"]: e["why"] for e in doc["excluded"]}
+    assert why[3] == "failing: GPU is lost"
+    assert why[4] == "not accessible: Insufficient Permissions"
+    assert why[5].startswith("MIG enabled (2 MIG devices")
+    assert why[6].startswith("not responding: NVML did not answer GPU6")
+    assert why[7].startswith("busy: 1 compute process (pid 4242)")
+    assert set(why) == {3, 4, 5, 6, 7}
+    assert doc["candidates"][0]["gpus"] == [0, 1]
+
+
+def test_driver_without_memory_v2_or_mig_functions(old_driver: Path, tmp_path: Path) -> None:
+    doc = topo_json(old_driver, machine(tmp_path, eight_gpu_machine()))
+    g0, g5 = gpu(doc, 0), gpu(doc, 5)
+    assert g0["memory_used_mib"] == 512  # v1: the reservation counts as used
+    assert g5["mig_enabled"] is None and g5["error"] is None
+    # FunctionNotFound is "not available here", never a warning or a failing GPU.
+    assert not any("FunctionNotFound" in w or "Function Not Found" in w for w in doc["warnings"])
+    assert gpu(doc, 2)["nvlink_bridge"] is False
+
+
+@pytest.mark.parametrize(
+    "code, words",
+    [(999, "Unknown Error"), (27, "Not Ready"), (29, "Invalid State"), (14, "Corrupted infoROM")],
+)
+def test_unexpected_errors_on_one_value_keep_the_row(
+    driver: Path, tmp_path: Path, code: int, words: str
+) -> None:
+    text = eight_gpu_machine(
+        f"err 1 nvmlDeviceGetMemoryInfo_v2 {code}",
+        f"err 1 nvmlDeviceGetMemoryInfo {code}",
+        f"err 0 nvmlDeviceGetNvLinkRemotePciInfo_v2 {code}",
+    )
+    doc = topo_json(driver, machine(tmp_path, text))
+    g1 = gpu(doc, 1)
+    assert g1["error"] is None and g1["memory_used_mib"] is None and g1["uuid"] == uuid(1)
+    assert f"GPU1: MemoryInfo is n/a: NVML said {words}" in doc["warnings"]
+    # GPU0's NVLinks lost their far end: the links are not guessed, GPU0 itself stays.
+    assert gpu(doc, 0)["error"] is None and gpu(doc, 0)["uuid"] == uuid(0)
+    assert doc["warnings"].count(f"GPU0: NvLinkRemotePciInfo is n/a: NVML said {words}") == 1
+    assert "GPU0: 4 NVLinks lead to a device NVML does not name; not counted" in doc["warnings"]
+
+
+def test_links_down_because_the_bridged_partner_is_lost_stay_a_problem(driver: Path, tmp_path: Path) -> None:
+    lines = [ln for ln in eight_gpu_machine().splitlines() if not ln.startswith("link 0 ")]
+    lines += [f"link 0 {k} 0 {bus(1)} 0" for k in range(4)] + ["handle 1 15"]
+    doc = topo_json(driver, machine(tmp_path, "\n".join(lines) + "\n"))
+    assert gpu(doc, 1)["state"] == "failing"
+    assert "GPU0: 4 of 4 NVLinks are down" in doc["warnings"]
+    assert gpu(doc, 0)["nvlink_bridge"] is False
+
+
+def test_nvml_init_that_never_returns_ends_the_command(driver: Path, tmp_path: Path) -> None:
+    result = fake_driver.run(driver, machine(tmp_path, "hang-init\n"), "topo", *TIMEOUT, timeout=60)
+    assert result.returncode == 3
+    assert "NVML did not answer nvmlInit within 1 s" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_no_driver_config_is_driver_not_loaded(driver: Path, tmp_path: Path) -> None:
+    result = fake_driver.run(driver, tmp_path / "absent.txt", "topo", *TIMEOUT)
+    assert result.returncode == 3
+    assert "no NVIDIA driver or NVML found" in result.stderr
+
+
+def test_bad_nvml_timeout_is_a_usage_error(driver: Path, tmp_path: Path) -> None:
+    result = fake_driver.run(driver, machine(tmp_path, eight_gpu_machine()), "topo", "--nvml-timeout", "0")
+    assert result.returncode == 2
+    assert "--nvml-timeout 0: must be positive" in result.stderr
