@@ -75,6 +75,15 @@ def _err(code: int) -> pynvml.NVMLError:
     return pynvml.NVMLError(code)
 
 
+def _too_old_driver() -> Exception:
+    """What the installed pynvml raises for an unversioned call the driver lacks: newer bindings raise
+    NVMLLibraryMismatchError, 12.535.x (which has no such class) plain FunctionNotFound."""
+    mismatch = getattr(pynvml, "NVMLLibraryMismatchError", None)
+    if mismatch is not None:
+        return mismatch("Unversioned function called and the pyNVML version ...")
+    return _err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+
 def _bus(n: int) -> str:
     return f"00000000:{n:02X}:00.0"
 
@@ -388,13 +397,13 @@ class FakeNvml:
     def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeHandle) -> list[Any]:
         if not self.process_api_v3:
             self._gpu(handle, "nvmlDeviceGetComputeRunningProcesses")
-            raise pynvml.NVMLLibraryMismatchError("Unversioned function called and the pyNVML version ...")
+            raise _too_old_driver()
         return self._procs(self.processes, handle, "nvmlDeviceGetComputeRunningProcesses")
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: FakeHandle) -> list[Any]:
         if not self.process_api_v3:
             self._gpu(handle, "nvmlDeviceGetGraphicsRunningProcesses")
-            raise pynvml.NVMLLibraryMismatchError("Unversioned function called and the pyNVML version ...")
+            raise _too_old_driver()
         return self._procs(self.graphics_processes, handle, "nvmlDeviceGetGraphicsRunningProcesses")
 
     def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: FakeHandle) -> list[Any]:
@@ -438,7 +447,7 @@ class FakeNvml:
 
     def nvmlDeviceGetP2PStatus(self, device1: FakeHandle, device2: FakeHandle, p2pIndex: int) -> int:
         a, b = self._pair(device1, device2, "nvmlDeviceGetP2PStatus")
-        if not isinstance(p2pIndex, int) or not 0 <= p2pIndex <= pynvml.NVML_P2P_CAPS_INDEX_PCI:
+        if not isinstance(p2pIndex, int) or not 0 <= p2pIndex <= pynvml.NVML_P2P_CAPS_INDEX_ATOMICS:
             # what ctypes does with a wrong argument (pynvml 13's NVML_P2P_CAPS_INDEX_READ is a tuple)
             raise TypeError(f"p2pIndex must be an int capability index, got {p2pIndex!r}")
         cap = ("read", "write", "nvlink", "atomics", "pci")[p2pIndex]
