@@ -207,3 +207,72 @@ def test_bad_nvml_timeout_is_a_usage_error(driver: Path, tmp_path: Path) -> None
     result = fake_driver.run(driver, machine(tmp_path, eight_gpu_machine()), "topo", "--nvml-timeout", "0")
     assert result.returncode == 2
     assert "--nvml-timeout 0: must be positive" in result.stderr
+
+
+def dry_run(driver: Path, tmp_path: Path, *args: str, preset: str | None = None):
+    extra = {"CUDA_VISIBLE_DEVICES": preset} if preset is not None else {}
+    extra["NCCL_DEBUG"] = "INFO"
+    return fake_driver.run(
+        driver, machine(tmp_path, eight_gpu_machine()), "probe", "--dry-run", *args, *TIMEOUT, extra_env=extra
+    )
+
+
+def test_probe_dry_run_names_the_uuids_without_a_preset(driver: Path, tmp_path: Path) -> None:
+    result = dry_run(driver, tmp_path, "--json", "--gpus", "7,1")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["schema"] == "gputopo/probe-plan/v1" and doc["device"] == "cuda"
+    (launch,) = doc["launches"]
+    assert launch["gpus"] == [7, 1] and launch["uuids"] == [uuid(7), uuid(1)]
+    assert launch["bus_ids"] == [bus(7), bus(1)]
+    assert launch["env"]["CUDA_VISIBLE_DEVICES"] == f"{uuid(7)},{uuid(1)}"
+    assert launch["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert launch["env"]["NCCL_DEBUG"] == "INFO"  # inherited by the ranks
+    assert launch["checks"] == ["p2p", "dp", "ddp", "allreduce"]
+    assert {e["gpu"] for e in doc["left_out"]} == {3, 4, 5, 6}
+
+
+def test_probe_dry_run_default_set_leaves_out_what_cannot_be_probed(driver: Path, tmp_path: Path) -> None:
+    result = dry_run(driver, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "round 0: GPUs 0,1,2,7: p2p dp ddp allreduce" in result.stdout
+    assert "GPU5 left out: MIG enabled" in result.stdout
+
+
+def test_probe_dry_run_with_a_preset_of_uuids(driver: Path, tmp_path: Path) -> None:
+    result = dry_run(driver, tmp_path, "--json", "--gpus", "2,1", preset=f"{uuid(1)},{uuid(2)}")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["gpus_allowed"] == [1, 2]
+    assert doc["launches"][0]["env"]["CUDA_VISIBLE_DEVICES"] == f"{uuid(2)},{uuid(1)}"
+
+
+def test_probe_dry_run_refuses_a_gpu_outside_the_preset(driver: Path, tmp_path: Path) -> None:
+    result = dry_run(driver, tmp_path, "--gpus", "0,1", preset=f"{uuid(1)},{uuid(2)}")
+    assert result.returncode == 2
+    assert "GPU0 cannot be probed: not in CUDA_VISIBLE_DEVICES" in result.stderr
+    assert "the GPUs you may probe are 1,2" in result.stderr
+
+
+def test_probe_dry_run_refuses_the_mig_gpu_with_the_reason(driver: Path, tmp_path: Path) -> None:
+    result = dry_run(driver, tmp_path, "--gpus", "5,7")
+    assert result.returncode == 2
+    assert "GPU5 cannot be probed: MIG enabled" in result.stderr
+
+
+def test_probe_dry_run_starts_no_torch(driver: Path, tmp_path: Path) -> None:
+    # A torch that cannot even be imported: the dry run must not need it.
+    stub = tmp_path / "stub"
+    (stub / "torch").mkdir(parents=True)
+    (stub / "torch" / "__init__.py").write_text("raise ImportError('torch must not be imported')\n")
+    result = fake_driver.run(
+        driver,
+        machine(tmp_path, eight_gpu_machine()),
+        "probe",
+        "--dry-run",
+        "--json",
+        *TIMEOUT,
+        extra_env={"PYTHONPATH": f"{fake_driver.SRC}:{stub}"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["launches"][0]["gpus"] == [0, 1, 2, 7]

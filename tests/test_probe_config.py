@@ -98,9 +98,9 @@ def test_bad_numbers_and_names_are_usage_errors(kwargs, text):
 def test_visible_devices_maps_nvidia_smi_indices_for_the_ranks():
     c = build_config(EIGHT_GPU_BOX, ["5,6"])
     assert c.visible_devices((5, 6)) == "5,6"
-    # A user who already narrowed CUDA_VISIBLE_DEVICES to 2,4,6 probes "0,2" = physical 2 and 6.
-    narrowed = DeviceInventory("cuda", (0, 1, 2), cfg._visible_ids(3, "2,4,6"))
-    assert build_config(narrowed, ["0,2"]).visible_devices((0, 2)) == "2,6"
+    # The ranks get the ids the inventory holds for those indices (UUIDs on a live machine).
+    narrowed = DeviceInventory("cuda", (2, 4, 6), ("GPU-c", "GPU-e", "GPU-g"))
+    assert build_config(narrowed, ["2,6"]).visible_devices((2, 6)) == "GPU-c,GPU-g"
     assert build_config(CPU_STAND_INS, ["0,1"]).visible_devices((0, 1)) is None
 
 

@@ -13,6 +13,7 @@ import typer
 
 from gputopo.cli import app
 from gputopo.cli.common import INPUT_HELP, JSON_OPTION, guarded
+from gputopo.cli.topo import NVML_TIMEOUT_OPTION
 from gputopo.errors import EXIT_PROBLEM
 from gputopo.probe.options import Fault, Mode
 from gputopo.ui.output import Output
@@ -72,6 +73,14 @@ def probe_command(
         Optional[str],  # noqa: UP045 (typer)
         typer.Option("--input", "-i", help=INPUT_HELP + " Used for the bandwidth estimate."),
     ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Print the plan (launches, GPUs, checks, each rank's CUDA/NCCL environment); start nothing.",
+        ),
+    ] = False,
+    nvml_timeout: float = NVML_TIMEOUT_OPTION,
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Check GPU sets for real: P2P copies, DataParallel and DDP against one GPU, all-reduce bandwidth."""
@@ -82,8 +91,12 @@ def probe_command(
     from gputopo.report import ensure_report_dir, write_report
 
     out = Output(json_mode=json_out)
-    require_torch()
-    inventory = detect_devices(device.value if device else None)
+    if not dry_run:
+        require_torch()
+    # --dry-run reads the GPUs from NVML only: torch and CUDA are never started.
+    inventory = detect_devices(
+        device.value if device else None, need_cuda=not dry_run, nvml_timeout_s=nvml_timeout
+    )
     config = build_config(
         inventory,
         gpus,
@@ -100,6 +113,15 @@ def probe_command(
         report_dir=report_dir,
         topology_input=input,
     )
+    if dry_run:
+        from gputopo.probe.dryrun import plan_document, plan_text
+
+        doc = plan_document(config, make_plan(config))
+        if json_out:
+            out.document(doc)
+        else:
+            out.show(plan_text(doc))
+        return
     ensure_report_dir(config.report_dir)
     plan = make_plan(config)
     if json_out:

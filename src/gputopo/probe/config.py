@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gputopo.errors import UnavailableError, UsageError
+from gputopo.probe.identity import GpuIdentity, allowed_gpus, check_requested
 from gputopo.probe.options import Fault, Mode
 
 INSTALL_HINT = "pip install 'gputopo[probe]'  (it brings torch and torchvision)"
@@ -30,17 +31,25 @@ CPU_SWEEP_BYTES = (64 << 10, 256 << 10, _MIB, 4 * _MIB)
 
 @dataclass(frozen=True)
 class DeviceInventory:
-    """What can be probed: the device kind, the indices that exist, and how ranks should see them.
+    """What can be probed: the device kind, the indices that may be used, and how ranks should see them.
 
-    ``visible_ids[i]`` is the value that makes index ``gpus[i]`` visible to a rank through
-    ``CUDA_VISIBLE_DEVICES`` (the index itself, or the id a pre-set ``CUDA_VISIBLE_DEVICES`` gave it).
-    For ``cpu`` the indices are stand-ins and ``visible_ids`` is empty.
+    On ``cuda`` the indices are NVML's (nvidia-smi's), already narrowed to the GPUs a preset
+    ``CUDA_VISIBLE_DEVICES`` allows and that can be probed at all (``identity.allowed_gpus``);
+    ``visible_ids[i]`` is the UUID that makes ``gpus[i]`` visible to a rank through
+    ``CUDA_VISIBLE_DEVICES``, ``identities`` every GPU NVML listed, and ``why_not`` why each GPU outside
+    ``gpus`` is. For ``cpu`` the indices are stand-ins and the rest is empty.
     """
 
     device: str
     gpus: tuple[int, ...]
     visible_ids: tuple[str, ...] = ()
     note: str | None = None
+    identities: tuple[GpuIdentity, ...] = ()
+    why_not: dict[int, str] = field(default_factory=dict, hash=False)
+
+    def bus_id(self, index: int) -> str | None:
+        """The PCI bus id NVML gave GPU ``index`` (``None`` on CPU or when unknown)."""
+        return next((g.bus_id for g in self.identities if g.index == index), None)
 
 
 @dataclass(frozen=True)
@@ -100,37 +109,74 @@ def require_torch() -> None:
         )
 
 
-def detect_devices(requested: str | None) -> DeviceInventory:
-    """Ask torch which devices exist. ``requested`` is ``"cuda"``, ``"cpu"`` or ``None`` (CUDA if any).
+def detect_devices(
+    requested: str | None, need_cuda: bool = True, nvml_timeout_s: float | None = None
+) -> DeviceInventory:
+    """What can be probed. ``requested`` is ``"cuda"``, ``"cpu"`` or ``None`` (CUDA if any).
 
-    Sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` before CUDA starts so torch's indices are nvidia-smi's.
+    GPUs come from NVML, numbered as nvidia-smi numbers them and narrowed by a preset
+    ``CUDA_VISIBLE_DEVICES`` (``identity``); ``need_cuda`` also asks torch whether it can drive them
+    (``probe --dry-run`` does not: it starts neither torch nor CUDA).
     """
-    require_torch()
     if requested == "cpu":
+        require_torch()
         return DeviceInventory("cpu", tuple(range(CPU_STAND_INS)), note="CPU ranks stand in for GPUs")
-    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    import torch
+    inventory = nvml_inventory(nvml_timeout_s=nvml_timeout_s)
+    if need_cuda:
+        require_torch()
+        import torch
 
-    if not torch.cuda.is_available():
-        why = "no CUDA device is visible to torch"
-        if torch.version.cuda is None:
-            why = f"this torch ({torch.__version__}) is built without CUDA"
-        raise UnavailableError(
-            f"--device cuda: {why}",
-            "run on CPU ranks with `--device cpu --gpus 0,1` (the same checks with gloo)",
+        if not torch.cuda.is_available():
+            why = "no CUDA device is visible to torch"
+            if torch.version.cuda is None:
+                why = f"this torch ({torch.__version__}) is built without CUDA"
+            raise UnavailableError(f"--device cuda: {why}", _CPU_HINT)
+    return inventory
+
+
+_CPU_HINT = "run on CPU ranks with `--device cpu --gpus 0,1` (the same checks with gloo)"
+
+
+def nvml_inventory(
+    preset: str | None = None, device_order: str | None = None, nvml_timeout_s: float | None = None
+) -> DeviceInventory:
+    """The GPUs NVML lists, under the identity rule; ``preset`` and ``device_order`` default to this
+    process's ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``."""
+    from gputopo.topology import load_topology
+
+    if preset is None:
+        preset = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if device_order is None:
+        device_order = os.environ.get("CUDA_DEVICE_ORDER")
+    try:
+        topo = load_topology(None, nvml_timeout_s=nvml_timeout_s)
+    except UnavailableError as exc:
+        raise UnavailableError(f"--device cuda: {exc.message}", _CPU_HINT) from None
+    identities = tuple(
+        GpuIdentity(
+            index=g.index,
+            uuid=g.uuid,
+            bus_id=g.pci_bus_id,
+            name=g.name,
+            unavailable=g.unavailable_reason or (None if g.uuid else "NVML gives no UUID for it"),
+            mig_enabled=bool(g.mig_enabled),
+            mig_devices=g.mig_devices,
         )
-    count = torch.cuda.device_count()
-    return DeviceInventory(
-        "cuda", tuple(range(count)), _visible_ids(count, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        for g in topo.gpus
     )
-
-
-def _visible_ids(count: int, preset: str | None) -> tuple[str, ...]:
-    """Map torch's indices to ``CUDA_VISIBLE_DEVICES`` values, honouring a pre-set list."""
-    if preset is None or not preset.strip():
-        return tuple(str(i) for i in range(count))
-    ids = [part.strip() for part in preset.split(",") if part.strip()]
-    return tuple(ids[:count])
+    allowed = allowed_gpus(identities, preset, device_order)
+    uuids = {g.index: g.uuid or "" for g in identities}
+    note = (
+        f"CUDA_VISIBLE_DEVICES={preset} allows GPUs {describe_indices(allowed.indices)}" if preset else None
+    )
+    return DeviceInventory(
+        "cuda",
+        allowed.indices,
+        tuple(uuids[i] for i in allowed.indices),
+        note=note,
+        identities=identities,
+        why_not=allowed.why_not,
+    )
 
 
 def parse_gpu_list(text: str) -> tuple[int, ...]:
@@ -180,10 +226,17 @@ def build_config(
         if inventory.device == "cpu":
             raise UsageError("--device cpu needs --gpus: which stand-in ranks to run", "e.g. --gpus 0,1")
         if not inventory.gpus:
+            why = "; ".join(f"GPU{g} {w}" for g, w in sorted(inventory.why_not.items()))
             raise UnavailableError(
-                "torch sees no GPU to probe", "check `nvidia-smi` and CUDA_VISIBLE_DEVICES"
+                "no GPU here can be probed" + (f": {why}" if why else ""),
+                "check `nvidia-smi` and CUDA_VISIBLE_DEVICES",
             )
         sets = (inventory.gpus,)
+    if inventory.device == "cuda" and inventory.identities:
+        # NVML indices: a GPU outside the allowed ones is refused with the reason and the allowed list.
+        from gputopo.probe.identity import Allowed
+
+        check_requested(sets, Allowed(inventory.gpus, inventory.why_not, None))
     existing = set(inventory.gpus)
     for s in sets:
         unknown = [g for g in s if g not in existing]

@@ -94,6 +94,8 @@ def job_spec(config: ProbeConfig, job: Job, checks: tuple[str, ...], out_dir: Pa
     return {
         "device": config.device,
         "gpus": list(job.gpus),
+        # NVML's PCI bus id per rank: each rank checks CUDA gave it that GPU (identity.check_rank_device).
+        "bus_ids": [config.inventory.bus_id(g) for g in job.gpus],
         "checks": list(checks),
         "model": config.model,
         "batch_size": config.batch_size,

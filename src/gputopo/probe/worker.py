@@ -73,6 +73,21 @@ def _bus_id(domain: int, bus: int, device: int) -> str:
     return f"{domain:08X}:{bus:02X}:{device:02X}.0"
 
 
+def check_identity(spec: dict[str, Any], local_rank: int) -> None:
+    """Fail this rank (and so the launch, with the message in its verdict) unless CUDA device
+    ``local_rank`` is the GPU NVML named for it: same PCI bus id."""
+    import torch
+
+    from gputopo.probe.identity import check_rank_device
+
+    expected = spec.get("bus_ids") or []
+    if local_rank >= len(expected):
+        return
+    props = torch.cuda.get_device_properties(local_rank)
+    got = _bus_id(props.pci_domain_id, props.pci_bus_id, props.pci_device_id)
+    check_rank_device(local_rank, spec["gpus"][local_rank], expected[local_rank], got)
+
+
 def run(spec_path: str) -> None:
     """Join the group, run the checks, write the results; any exception ends the rank non-zero."""
     import torch
@@ -87,6 +102,7 @@ def run(spec_path: str) -> None:
     if spec["device"] == "cuda":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
+        check_identity(spec, local_rank)
     else:
         device = torch.device("cpu")
     ctx = checks.RankContext(rank, world, local_rank, device, spec, out_dir)

@@ -1,0 +1,66 @@
+"""``probe --dry-run``: the plan as data, without starting torch or CUDA (pure but for the environment).
+
+Each launch lists its GPUs (NVML indices, and the UUIDs its ranks will see), its checks, and the
+environment its ranks get that decides which device each uses and how NCCL behaves: exactly what
+``launch.rank_environment`` will give them, filtered to those variables.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gputopo.probe.config import ProbeConfig
+from gputopo.probe.plan import Plan
+
+SCHEMA = "gputopo/probe-plan/v1"
+# Variables that choose the device or tune NCCL/gloo: shown; the rest of the environment is not.
+_SHOWN = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "OMP_NUM_THREADS")
+_SHOWN_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_")
+
+
+def plan_document(config: ProbeConfig, plan: Plan) -> dict[str, Any]:
+    """The ``gputopo/probe-plan/v1`` document: device, the GPUs left out and why, and every launch."""
+    from gputopo.probe.launch import rank_environment
+
+    inv = config.inventory
+    uuids = dict(zip(inv.gpus, inv.visible_ids, strict=False)) if inv.device == "cuda" else {}
+    launches = []
+    for number, rnd in enumerate(plan.rounds):
+        for job in rnd:
+            env = rank_environment(config, job, marker="dry-run")
+            launches.append(
+                {
+                    "round": number,
+                    "gpus": list(job.gpus),
+                    "uuids": [uuids.get(g) for g in job.gpus] if uuids else None,
+                    "bus_ids": [inv.bus_id(g) for g in job.gpus] if uuids else None,
+                    "checks": list(job.checks),
+                    "env": {
+                        k: v for k, v in sorted(env.items()) if k in _SHOWN or k.startswith(_SHOWN_PREFIXES)
+                    },
+                }
+            )
+    return {
+        "schema": SCHEMA,
+        "device": config.device,
+        "backend": config.backend,
+        "gpus_allowed": list(inv.gpus),
+        "left_out": [{"gpu": g, "why": why} for g, why in sorted(inv.why_not.items())],
+        "note": inv.note,
+        "launches": launches,
+    }
+
+
+def plan_text(doc: dict[str, Any]) -> str:
+    """The plan for people: one block per launch."""
+    lines = [f"Probe plan ({doc['device']}, {doc['backend']}); nothing is started."]
+    if doc.get("note"):
+        lines.append(doc["note"])
+    for left in doc["left_out"]:
+        lines.append(f"GPU{left['gpu']} left out: {left['why']}")
+    for launch in doc["launches"]:
+        gpus = ",".join(str(g) for g in launch["gpus"])
+        lines.append(f"round {launch['round']}: GPUs {gpus}: {' '.join(launch['checks'])}")
+        for key, value in launch["env"].items():
+            lines.append(f"    {key}={value}")
+    return "\n".join(lines)

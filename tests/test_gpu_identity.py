@@ -1,0 +1,136 @@
+"""The GPU identity rule (probe/identity.py): NVML indices for people, UUIDs for ranks, presets obeyed."""
+
+from __future__ import annotations
+
+import pytest
+
+from gputopo.errors import UsageError
+from gputopo.probe.config import DeviceInventory, build_config
+from gputopo.probe.identity import (
+    GpuIdentity,
+    allowed_gpus,
+    check_rank_device,
+    check_requested,
+    cuda_bus_id,
+    parse_visible_devices,
+    visible_devices,
+)
+
+
+def box(n: int = 8, names: tuple[str, ...] = (), **broken: str) -> list[GpuIdentity]:
+    """n GPUs; ``broken`` maps ``gpuN`` to a reason it cannot be probed."""
+    return [
+        GpuIdentity(
+            index=i,
+            uuid=f"GPU-{i:04d}aaaa-0000",
+            bus_id=f"00000000:{0x10 + i:02X}:00.0",
+            name=names[i] if names else "NVIDIA H100",
+            unavailable=broken.get(f"gpu{i}"),
+        )
+        for i in range(n)
+    ]
+
+
+def test_parse_visible_devices() -> None:
+    assert parse_visible_devices(None) is None
+    assert parse_visible_devices("") == ()
+    assert parse_visible_devices(" 4, 5 ,6") == ("4", "5", "6")
+    assert parse_visible_devices("0,,1") == ("0",)  # CUDA stops at the first invalid entry
+
+
+def test_without_a_preset_every_working_gpu_is_allowed() -> None:
+    allowed = allowed_gpus(box(gpu3="failing: GPU is lost"), None)
+    assert allowed.indices == (0, 1, 2, 4, 5, 6, 7)
+    assert allowed.why_not == {3: "failing: GPU is lost"}
+
+
+def test_preset_indices_keep_their_meaning_as_nvidia_smi_indices() -> None:
+    # Slurm gave GPUs 4-7: --gpus 4,5 is allowed and means physical 4,5; 0,1 is refused.
+    allowed = allowed_gpus(box(), "4,5,6,7")
+    assert allowed.indices == (4, 5, 6, 7)
+    check_requested([(4, 5)], allowed)
+    with pytest.raises(UsageError) as err:
+        check_requested([(0, 1)], allowed)
+    assert "GPU0 cannot be probed: not in CUDA_VISIBLE_DEVICES=4,5,6,7" in err.value.message
+    assert "4,5,6,7" in err.value.hint and err.value.exit_code == 2
+
+
+def test_preset_uuids_and_prefixes() -> None:
+    allowed = allowed_gpus(box(), "GPU-0006aaaa-0000,GPU-0002")
+    assert allowed.indices == (2, 6)
+
+
+def test_cuda_indices_skip_gpus_cuda_cannot_open() -> None:
+    gpus = box()
+    gpus[1] = GpuIdentity(1, None, None, unavailable="not accessible: Insufficient Permissions")
+    # CUDA's device 1 is the next GPU it can open: nvidia-smi's GPU2.
+    assert allowed_gpus(gpus, "1", "PCI_BUS_ID").indices == (2,)
+
+
+def test_cuda_indices_follow_pci_order_not_nvml_listing_order() -> None:
+    gpus = box(2)
+    swapped = [
+        GpuIdentity(0, gpus[0].uuid, "00000000:90:00.0", "NVIDIA H100"),
+        GpuIdentity(1, gpus[1].uuid, "00000000:10:00.0", "NVIDIA H100"),
+    ]
+    assert allowed_gpus(swapped, "0", "PCI_BUS_ID").indices == (1,)
+
+
+@pytest.mark.parametrize(
+    "preset, order, words",
+    [
+        ("0,1", None, "mixed GPU models"),
+        ("GPU-9999", "PCI_BUS_ID", "no GPU with UUID GPU-9999"),
+        ("GPU-000", "PCI_BUS_ID", "more than one GPU"),
+        ("12", "PCI_BUS_ID", "no CUDA device 12"),
+        ("MIG-abc", "PCI_BUS_ID", "no MIG device MIG-abc"),
+        ("gpu0", "PCI_BUS_ID", "not a GPU index, UUID or MIG id"),
+    ],
+)
+def test_presets_that_cannot_be_resolved_are_usage_errors(preset, order, words) -> None:
+    mixed = box(2, names=("NVIDIA H100", "NVIDIA L40S"))
+    with pytest.raises(UsageError, match=words):
+        allowed_gpus(mixed, preset, order)
+
+
+def test_integer_presets_on_a_mixed_box_are_fine_in_pci_order() -> None:
+    mixed = box(2, names=("NVIDIA H100", "NVIDIA L40S"))
+    assert allowed_gpus(mixed, "1", "PCI_BUS_ID").indices == (1,)
+
+
+def test_integer_presets_with_mig_gpus_are_refused() -> None:
+    gpus = box(2)
+    gpus[1] = GpuIdentity(1, gpus[1].uuid, gpus[1].bus_id, mig_enabled=True, mig_devices=("MIG-x1",))
+    with pytest.raises(UsageError, match="MIG-enabled"):
+        allowed_gpus(gpus, "0", "PCI_BUS_ID")
+    # A MIG id names a MIG device: nothing NCCL can probe, so nothing is allowed by it.
+    assert allowed_gpus(gpus, "MIG-x1").indices == ()
+
+
+def test_ranks_see_uuids_in_the_sets_order() -> None:
+    assert visible_devices(box(), (6, 2)) == "GPU-0006aaaa-0000,GPU-0002aaaa-0000"
+
+
+def test_build_config_refuses_a_gpu_outside_the_preset_naming_the_allowed_ones() -> None:
+    gpus = box()
+    allowed = allowed_gpus(gpus, "4,5,6,7")
+    inv = DeviceInventory(
+        "cuda",
+        allowed.indices,
+        tuple(g.uuid or "" for g in gpus if g.index in allowed.indices),
+        identities=tuple(gpus),
+        why_not=allowed.why_not,
+    )
+    c = build_config(inv, ["4,5"])
+    assert c.visible_devices((4, 5)) == "GPU-0004aaaa-0000,GPU-0005aaaa-0000"
+    assert inv.bus_id(5) == "00000000:15:00.0"
+    with pytest.raises(UsageError, match="GPU1 cannot be probed"):
+        build_config(inv, ["1,4"])
+
+
+def test_rank_device_check() -> None:
+    assert cuda_bus_id(0, 0x3B, 0) == "00000000:3B:00.0"
+    check_rank_device(0, 5, "00000000:3B:00.0", "00000000:3b:00.0")
+    check_rank_device(0, 5, None, "00000000:3B:00.0")  # nothing known: nothing to compare
+    with pytest.raises(RuntimeError, match="GPU identity mismatch: local rank 1 should drive GPU5"):
+        check_rank_device(1, 5, "00000000:3B:00.0", "00000000:5E:00.0")
