@@ -9,6 +9,8 @@ against a hang: a command that does not end in time fails the test.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -276,3 +278,34 @@ def test_probe_dry_run_starts_no_torch(driver: Path, tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["launches"][0]["gpus"] == [0, 1, 2, 7]
+
+
+LISTINGS = """
+import sys
+from gputopo.system import nvml_worker
+from gputopo.system.inventory import gpu_processes, minor_numbers
+nvml_worker.LIST_TIMEOUT_S = float(sys.argv[1])
+print(repr((gpu_processes(), minor_numbers())))
+"""
+
+
+def listings(lib: Path, machine_file: Path, timeout_s: float) -> str:
+    """kill-stale's NVML listings, in a process started on the fake machine (the loader reads
+    LD_LIBRARY_PATH at start, so this process cannot switch to the fake driver)."""
+    env = fake_driver.env_for(lib, machine_file)
+    done = subprocess.run(
+        [sys.executable, "-c", LISTINGS, str(timeout_s)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_process_and_minor_listings_come_from_the_worker(driver: Path, tmp_path: Path) -> None:
+    got = listings(driver, machine(tmp_path, eight_gpu_machine()), 30)
+    assert got == (
+        "([GpuProcess(pid=4242, gpu_index=7, used_memory_mib=40000)], {0: 0, 1: 1, 2: 2, 5: 5, 6: 6, 7: 7})"
+    )
+
+
+def test_process_listing_on_a_hung_gpu_ends_unknown(driver: Path, tmp_path: Path) -> None:
+    assert listings(driver, machine(tmp_path, eight_gpu_machine("hang 7 *")), 1) == "(None, None)"

@@ -67,12 +67,13 @@ def read_live(
 
     Each NVML read (start-up, one GPU, one GPU pair) has ``nvml_timeout_s``: a GPU that does not answer
     in time is marked "not responding" and the rest is still read (``nvml_worker``). With a test backend
-    in place (``nvml.use_backend``) the reads run in this process, without deadlines.
+    in place (``nvml.use_backend``), or no NVML library to load, the reads run in this process.
     """
     if nvml_timeout_s <= 0:
         raise InputError(f"--nvml-timeout {nvml_timeout_s:g}: must be positive", "e.g. --nvml-timeout 5")
     try:
-        if nvml.backend_overridden():
+        if nvml.backend_overridden() or not nvml.library_present():
+            # A test backend lives in this process; without the library NVML fails at once, here.
             with nvml.session() as s:
                 return _read_nvml(_LocalReader(s), None)
         return _read_nvml(_WorkerReader(nvml_timeout_s), nvml_timeout_s)
@@ -399,8 +400,10 @@ def _nvlink_peers(
     return peers, warnings, bridges
 
 
+@nvml_worker.with_deadline(on_no_answer=None)
 def gpu_processes() -> list[GpuProcess] | None:
-    """Compute and graphics processes on every GPU; ``None`` when NVML is unavailable.
+    """Compute and graphics processes on every GPU; ``None`` when NVML is unavailable or does not answer
+    within ``nvml_worker.LIST_TIMEOUT_S`` (it runs in the worker process).
 
     A process on two GPUs appears once per GPU. GPUs that fail or do not list processes are skipped.
     """
@@ -425,8 +428,10 @@ def gpu_processes() -> list[GpuProcess] | None:
     ]
 
 
+@nvml_worker.with_deadline(on_no_answer=None)
 def minor_numbers() -> dict[int, int] | None:
-    """nvidia-smi GPU index -> minor number N of ``/dev/nvidiaN``; ``None`` when NVML is unavailable.
+    """nvidia-smi GPU index -> minor number N of ``/dev/nvidiaN``; ``None`` when NVML is unavailable or
+    does not answer within ``nvml_worker.LIST_TIMEOUT_S`` (it runs in the worker process).
 
     GPUs that fail or do not report a minor number are left out.
     """

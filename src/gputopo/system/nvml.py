@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -106,6 +107,21 @@ def use_backend(backend: NvmlBackend) -> Iterator[NvmlBackend]:
 def backend_overridden() -> bool:
     """True while a test backend is in place (it lives in this process, so reads must too)."""
     return _backend is not None
+
+
+def library_present() -> bool:
+    """Whether ``libnvidia-ml.so.1`` loads, as pynvml loads it on Linux. Loading the library does not
+    talk to the driver (only ``nvmlInit`` and the queries do), so this cannot hang; without the library
+    there is nothing to put behind a deadline."""
+    if sys.platform != "linux":
+        return True  # let pynvml look for it the way it does there
+    import ctypes
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return False
+    return True
 
 
 def _pynvml() -> Any:

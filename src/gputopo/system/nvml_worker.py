@@ -16,6 +16,8 @@ life, answers requests in order, and shuts NVML down when its stdin closes.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import os
 import pickle
 import select
@@ -23,10 +25,16 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from contextlib import suppress
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 DEFAULT_TIMEOUT_S = 5.0
+# A whole listing over every GPU (the processes on them, their minor numbers) in one call.
+LIST_TIMEOUT_S = 15.0
+_IN_WORKER = False
+
+T = TypeVar("T")
 _HEADER = struct.Struct(">I")
 _REAP_S = 0.5
 
@@ -163,8 +171,53 @@ class Worker:
                 proc.stdout.close()
 
 
+def with_deadline(
+    on_no_answer: Any, timeout_s: float = LIST_TIMEOUT_S
+) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """Run the decorated function (one that reads NVML) in a worker process; ``on_no_answer`` when it
+    does not return within ``timeout_s``. Arguments and result must pickle. With a test backend in place
+    (``nvml.use_backend``), and inside the worker itself, the function runs here, as it is."""
+
+    def wrap(fn: Callable[..., T]) -> Callable[..., T]:
+        @functools.wraps(fn)
+        def inner(*args: Any, **kwargs: Any) -> T:
+            from gputopo.system import nvml
+
+            if _IN_WORKER or nvml.backend_overridden() or not nvml.library_present():
+                return fn(*args, **kwargs)
+            worker = Worker(LIST_TIMEOUT_S)
+            try:
+                answer = worker.call(("call", fn.__module__, fn.__qualname__, args, kwargs), fn.__name__)
+            except NoAnswer:
+                if worker.header is not None and worker.header[0] == "unavailable":
+                    return fn(*args, **kwargs)  # NVML cannot start: the function says what that means
+                return on_no_answer  # type: ignore[no-any-return]
+            finally:
+                worker.close()
+            if answer[0] == "raise":
+                raise answer[1]
+            return answer[1]  # type: ignore[no-any-return]
+
+        return inner
+
+    return wrap
+
+
+def _call(request: tuple[Any, ...]) -> tuple[str, Any]:
+    _, module, qualname, args, kwargs = request
+    target: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    try:
+        return ("ok", target(*args, **kwargs))
+    except Exception as exc:  # handed to the caller, which raises it there
+        return ("raise", exc)
+
+
 def _serve() -> None:
     """The child: one NVML session, answering ``inventory`` requests until stdin closes."""
+    global _IN_WORKER
+    _IN_WORKER = True
     from gputopo.system import inventory, nvml
 
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
@@ -184,10 +237,17 @@ def _serve() -> None:
             frame = _read_exact(stdin, _HEADER.unpack(head)[0])
             if frame is None:
                 return
-            _write_frame(stdout, served.answer(pickle.loads(frame)))
+            request = pickle.loads(frame)
+            _write_frame(stdout, _call(request) if request[0] == "call" else served.answer(request))
     finally:
         session.__exit__(None, None, None)
 
 
 if __name__ == "__main__":
-    _serve()
+    # Serve from the module as imported by name, not from ``__main__``: the flag ``_IN_WORKER`` must be
+    # the one that ``with_deadline`` reads (it lives in ``gputopo.system.nvml_worker``).
+    from gputopo.system import nvml_worker
+
+    nvml_worker._serve()
+    sys.stdout.flush()
+    os._exit(0)  # NVML is shut down and the answers are out: skip the interpreter's teardown
