@@ -309,3 +309,29 @@ def test_process_and_minor_listings_come_from_the_worker(driver: Path, tmp_path:
 
 def test_process_listing_on_a_hung_gpu_ends_unknown(driver: Path, tmp_path: Path) -> None:
     assert listings(driver, machine(tmp_path, eight_gpu_machine("hang 7 *")), 1) == "(None, None)"
+
+
+def test_doctor_on_the_eight_gpu_machine_ends_and_advises_only_where_it_should(
+    driver: Path, tmp_path: Path
+) -> None:
+    result = fake_driver.run(
+        driver,
+        machine(tmp_path, eight_gpu_machine()),
+        "doctor",
+        "--skip-probe",
+        "--json",
+        "--report-dir",
+        str(tmp_path / "reports"),
+        *TIMEOUT,
+    )
+    assert result.returncode == 1, result.stderr  # problems found: the lost and the hung GPU
+    findings = {f["where"]: f for f in json.loads(result.stdout)["findings"]}
+    assert findings["GPU3"]["severity"] == "problem" and "reset the GPU" in findings["GPU3"]["remedy"]
+    assert (
+        findings["GPU6"]["severity"] == "problem"
+        and "did not answer NVML in time" in findings["GPU6"]["what"]
+    )
+    # Not yours, and MIG: notes without hardware advice.
+    assert findings["GPU4"]["severity"] == "note" and "RMA" not in findings["GPU4"]["remedy"]
+    assert findings["GPU5"]["severity"] == "note" and "MIG is enabled" in findings["GPU5"]["what"]
+    assert "GPU2" not in findings  # no bridge is not a fault

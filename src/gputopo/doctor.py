@@ -40,6 +40,7 @@ class DoctorOptions:
     skip_probe: bool = False
     model: str | None = None
     report_dir: Path = Path("reports")
+    nvml_timeout_s: float | None = None  # per live NVML read; None: the default
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ class Machine:
 ProbeHook = Callable[[Any], AbstractContextManager[Any]]
 
 
-def choose_machine(spec: str | None) -> Machine:
+def choose_machine(spec: str | None, nvml_timeout_s: float | None = None) -> Machine:
     """This machine when it has NVIDIA GPUs; otherwise a sample (or ``--input``), simulated on CPU."""
     from gputopo.topology import load_topology
 
@@ -63,7 +64,7 @@ def choose_machine(spec: str | None) -> Machine:
         topo = load_topology(spec)
         return Machine(topo, simulated=True, why_simulated=f"--input {spec}: not this machine's GPUs")
     try:
-        return Machine(load_topology(None), simulated=False, why_simulated=None)
+        return Machine(load_topology(None, nvml_timeout_s), simulated=False, why_simulated=None)
     except UnavailableError as exc:
         topo = load_topology(f"sample:{DEFAULT_SAMPLE}")
         why = f"{exc.message}; running on sample machine {DEFAULT_SAMPLE} with CPU ranks (simulated)"
@@ -138,7 +139,7 @@ def probe_section(
     from gputopo.probe.runner import run_probe
 
     require_torch()
-    inventory = detect_devices("cpu" if machine.simulated else None)
+    inventory = detect_devices("cpu" if machine.simulated else None, nvml_timeout_s=options.nvml_timeout_s)
     model = options.model or ("tiny" if inventory.device == "cpu" else "resnet18")
     topology_input = machine.topology.source if machine.simulated else None
     common = {
@@ -231,7 +232,7 @@ def run_doctor(options: DoctorOptions, probe_hook: ProbeHook | None = None) -> d
         raise UsageError(f"--timeout {options.timeout_s:g}: must be positive", "e.g. --timeout 120")
     from gputopo.topology import snapshot
 
-    machine = choose_machine(options.input)
+    machine = choose_machine(options.input, options.nvml_timeout_s)
     topo = machine.topology
     if machine.simulated and len(topo.gpus) > MAX_SIMULATED_GPUS and not options.skip_probe:
         raise UsageError(

@@ -9,6 +9,7 @@ import typer
 
 from gputopo.cli import app
 from gputopo.cli.common import INPUT_HELP, JSON_OPTION, guarded
+from gputopo.cli.topo import NVML_TIMEOUT_OPTION
 from gputopo.errors import EXIT_PROBLEM, InputError
 from gputopo.ui.output import Output
 
@@ -26,6 +27,7 @@ def doctor_command(
         None, help="ResNet for the probes (resnet18, resnet50, tiny). Default: resnet18 on GPU, tiny on CPU."
     ),
     report_dir: Path = typer.Option(Path("reports"), help="Where the JSON, Markdown and HTML reports go."),
+    nvml_timeout: float = NVML_TIMEOUT_OPTION,
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Check this machine end to end (topology, links, stale processes, probes) and write a report."""
@@ -35,7 +37,7 @@ def doctor_command(
 
     out = Output(json_mode=json_out)
     ensure_report_dir(report_dir)
-    options = DoctorOptions(input, steps, timeout, skip_probe, model, report_dir)
+    options = DoctorOptions(input, steps, timeout, skip_probe, model, report_dir, nvml_timeout)
 
     def progress(plan):
         from gputopo.ui.probe_view import ProbeProgress
