@@ -33,6 +33,9 @@ DEFAULT_TIMEOUT_S = 5.0
 # A whole listing over every GPU (the processes on them, their minor numbers) in one call.
 LIST_TIMEOUT_S = 15.0
 _IN_WORKER = False
+# Starting Python and importing pynvml touches no driver, so it gets its own, generous allowance: on a
+# loaded machine it can take longer than an NVML deadline, and must not read as a hung GPU.
+STARTUP_S = 60.0
 
 T = TypeVar("T")
 _HEADER = struct.Struct(">I")
@@ -96,6 +99,7 @@ class Worker:
             raise NoAnswer(self._broken) from None
         self._buffer = b""
         try:
+            self._receive("the NVML worker's start", STARTUP_S)
             self.header = self._receive("nvmlInit")
         except NoAnswer as exc:
             self._broken = exc.what
@@ -115,10 +119,11 @@ class Worker:
             raise NoAnswer(f"the NVML worker exited before {what}") from None
         return self._receive(what)
 
-    def _receive(self, what: str) -> Any:
+    def _receive(self, what: str, timeout_s: float | None = None) -> Any:
         assert self._proc is not None and self._proc.stdout is not None
         fd = self._proc.stdout.fileno()
-        deadline = time.monotonic() + self.timeout_s
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
         while True:
             if len(self._buffer) >= _HEADER.size:
                 (size,) = _HEADER.unpack_from(self._buffer)
@@ -129,7 +134,7 @@ class Worker:
             left = deadline - time.monotonic()
             if left <= 0:
                 self._kill()
-                raise NoAnswer(f"NVML did not answer {what} within {self.timeout_s:g} s")
+                raise NoAnswer(f"NVML did not answer {what} within {timeout_s:g} s")
             ready, _, _ = select.select([fd], [], [], left)
             if not ready:
                 continue
@@ -221,6 +226,8 @@ def _serve() -> None:
     from gputopo.system import inventory, nvml
 
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    nvml._pynvml()  # import the bindings before saying ready: only NVML calls are on the clock
+    _write_frame(stdout, ("ready",))
     try:
         session = nvml.session()
         s = session.__enter__()
