@@ -660,3 +660,24 @@ def test_read_live_on_real_nvml() -> None:
             assert g.memory_total_mib and g.memory_total_mib > 0
     assert topo.driver_version
     assert minor_numbers() is not None and gpu_processes() is not None
+
+
+def test_bindings_without_the_mismatch_error_class_read_past_a_field_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # nvidia-ml-py 12.535.x has no NVMLLibraryMismatchError: the first NVML error of any kind used to
+    # crash the whole read with AttributeError.
+    monkeypatch.delattr(pynvml, "NVMLLibraryMismatchError", raising=False)
+    fake = FakeNvml.pcie_box()
+    real = fake.nvmlDeviceGetNumaNodeId
+
+    def numa(handle):
+        if handle.index == 2:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return real(handle)
+
+    monkeypatch.setattr(fake, "nvmlDeviceGetNumaNodeId", numa)
+    with fake.installed():
+        topo = read_live()
+    assert topo.gpu(2).error is None and topo.gpu(2).gpu_numa_id is None
+    assert topo.gpu(2).name is not None

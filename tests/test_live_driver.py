@@ -335,3 +335,17 @@ def test_doctor_on_the_eight_gpu_machine_ends_and_advises_only_where_it_should(
     assert findings["GPU4"]["severity"] == "note" and "RMA" not in findings["GPU4"]["remedy"]
     assert findings["GPU5"]["severity"] == "note" and "MIG is enabled" in findings["GPU5"]["what"]
     assert "GPU2" not in findings  # no bridge is not a fault
+
+
+def test_a_pair_query_that_hangs_leaves_that_pair_unknown_and_the_rest_read(
+    driver: Path, tmp_path: Path
+) -> None:
+    # Every P2P query asked from GPU7's side hangs (the fake matches the first device of a pair).
+    doc = topo_json(driver, machine(tmp_path, eight_gpu_machine("hang 7 nvmlDeviceGetP2PStatus")))
+    assert gpu(doc, 7)["error"] is None and gpu(doc, 7)["uuid"] == uuid(7)
+    assert doc["matrix"]["cells"][0][1] == "NV4" and doc["p2p"]["read"][0][1] == "OK"
+    assert doc["matrix"]["cells"][5][7] is None  # its path was asked in the request that hung
+    assert (
+        "GPU5-GPU7: NVML did not answer GPU5-GPU7 within 2 s; the path and P2P status are unknown"
+        in doc["warnings"]
+    )
