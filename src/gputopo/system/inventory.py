@@ -222,17 +222,14 @@ class _WorkerReader:
 
     def header(self) -> tuple[Any, ...]:
         try:
-            self.worker.call(("header",), "nvmlInit")
+            return self.worker.call(("header",), "the GPU count")  # type: ignore[no-any-return]
         except nvml_worker.NoAnswer as exc:
-            if self.worker.header is not None and self.worker.header[0] == "unavailable":
-                return self.worker.header  # type: ignore[no-any-return]
+            started = self.worker.header
+            if started is not None and started[0] == "unavailable":
+                return started  # type: ignore[no-any-return]  # NVML said why it cannot start
             raise nvml.NvmlUnavailable(
                 exc.what, "the driver may be hung; check `dmesg` for Xid errors", hung=True
             ) from None
-        header = self.worker.header
-        if header is not None and header[0] == "unavailable":
-            return header  # type: ignore[no-any-return]
-        return self.worker.call(("header",), "the GPU count")  # type: ignore[no-any-return]
 
     def gpu(self, index: int) -> GpuRead:
         return self.worker.call(("gpu", index), f"GPU{index}")  # type: ignore[no-any-return]
