@@ -82,17 +82,14 @@ class Worker:
         """The child's first answer (what ``_serve`` reports on start), from the latest start."""
 
     def _start(self) -> None:
-        env = dict(os.environ)
-        # The child must import this gputopo, wherever it came from (a checkout on PYTHONPATH included).
-        src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        # Same interpreter, environment and working directory: the child imports this same gputopo.
+        debug = os.environ.get("GPUTOPO_DEBUG", "") not in ("", "0")
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "gputopo.system.nvml_worker"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                env=env,
+                stderr=None if debug else subprocess.DEVNULL,
             )
         except OSError as exc:
             self._broken = f"cannot start the NVML worker ({exc.strerror or exc})"
