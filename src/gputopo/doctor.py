@@ -140,6 +140,11 @@ def probe_section(
 
     require_torch()
     inventory = detect_devices("cpu" if machine.simulated else None, nvml_timeout_s=options.nvml_timeout_s)
+    if inventory.device == "cuda":
+        # A preset CUDA_VISIBLE_DEVICES (a Slurm job) limits the GPUs this process may probe.
+        allowed = set(inventory.gpus)
+        usable = [g for g in usable if g in allowed]
+        sizes_sets = [s for s in sizes_sets if set(s) <= allowed]
     model = options.model or ("tiny" if inventory.device == "cpu" else "resnet18")
     topology_input = machine.topology.source if machine.simulated else None
     common = {
