@@ -349,3 +349,15 @@ def test_a_pair_query_that_hangs_leaves_that_pair_unknown_and_the_rest_read(
         "GPU5-GPU7: NVML did not answer GPU5-GPU7 within 2 s; the path and P2P status are unknown"
         in doc["warnings"]
     )
+
+
+@pytest.mark.parametrize("code, words", [(4, "Insufficient Permissions"), (17, "The operating system")])
+def test_handles_refused_for_permission_or_by_cgroups_are_not_accessible(
+    driver: Path, tmp_path: Path, code: int, words: str
+) -> None:
+    lines = [ln for ln in eight_gpu_machine().splitlines() if not ln.startswith(("handle", "hang"))]
+    lines += [f"handle 6 {code}", f"handle 7 {code}"]
+    doc = topo_json(driver, machine(tmp_path, "\n".join(lines) + "\n"))
+    for i in (6, 7):
+        assert gpu(doc, i)["state"] == "not accessible" and gpu(doc, i)["error"].startswith(words)
+    assert gpu(doc, 3)["state"] is None and gpu(doc, 3)["uuid"] == uuid(3)
