@@ -67,6 +67,14 @@ def test_cuda_indices_skip_gpus_cuda_cannot_open() -> None:
     assert allowed_gpus(gpus, "1", "PCI_BUS_ID").indices == (2,)
 
 
+def test_cuda_indices_are_refused_while_a_gpu_cannot_be_read() -> None:
+    gpus = box()
+    gpus[3] = GpuIdentity(3, None, None, unavailable="failing: GPU is lost")
+    with pytest.raises(UsageError, match="numbering is uncertain while GPU3 cannot be read"):
+        allowed_gpus(gpus, "4", "PCI_BUS_ID")
+    assert allowed_gpus(gpus, "GPU-0004").indices == (4,)  # UUIDs need no numbering
+
+
 def test_cuda_indices_follow_pci_order_not_nvml_listing_order() -> None:
     gpus = box(2)
     swapped = [

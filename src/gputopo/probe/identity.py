@@ -112,7 +112,16 @@ def _resolve(entry: str, gpus: Sequence[GpuIdentity], preset: str, order: str | 
             f"{where}: with mixed GPU models, CUDA's default order (fastest first) is not nvidia-smi's",
             hint + ", or set CUDA_DEVICE_ORDER=PCI_BUS_ID so the indices are nvidia-smi's",
         )
-    # CUDA numbers the GPUs it can open; a GPU NVML may not open (no permission) is not among them.
+    # CUDA numbers the GPUs it can open; a GPU NVML may not open (no permission, a cgroup) is not among
+    # them. Whether CUDA counts a lost or hung GPU is not knowable from here: don't guess.
+    unsure = [
+        g.index for g in gpus if g.uuid is None and not (g.unavailable or "").startswith("not accessible")
+    ]
+    if unsure:
+        raise UsageError(
+            f"{where}: CUDA's numbering is uncertain while GPU{','.join(map(str, unsure))} cannot be read",
+            hint,
+        )
     visible = sorted((g for g in gpus if g.uuid is not None), key=lambda g: (g.bus_id or "", g.index))
     k = int(entry)
     if k >= len(visible):
