@@ -345,10 +345,7 @@ def test_a_pair_query_that_hangs_leaves_that_pair_unknown_and_the_rest_read(
     assert gpu(doc, 7)["error"] is None and gpu(doc, 7)["uuid"] == uuid(7)
     assert doc["matrix"]["cells"][0][1] == "NV4" and doc["p2p"]["read"][0][1] == "OK"
     assert doc["matrix"]["cells"][5][7] is None  # its path was asked in the request that hung
-    assert (
-        "GPU5-GPU7: NVML did not answer GPU5-GPU7 within 2 s; the path and P2P status are unknown"
-        in doc["warnings"]
-    )
+    assert "NVML did not answer GPU5-GPU7 within 2 s; its path and P2P status are unknown" in doc["warnings"]
 
 
 @pytest.mark.parametrize("code, words", [(4, "Insufficient Permissions"), (17, "The operating system")])

@@ -75,8 +75,8 @@ def read_live(
         if nvml.backend_overridden() or not nvml.library_present():
             # A test backend lives in this process; without the library NVML fails at once, here.
             with nvml.session() as s:
-                return _read_nvml(_LocalReader(s), None)
-        return _read_nvml(_WorkerReader(nvml_timeout_s), nvml_timeout_s)
+                return _read_nvml(_LocalReader(s))
+        return _read_nvml(_WorkerReader(nvml_timeout_s))
     except nvml.NvmlUnavailable as exc:
         nvml_failure = exc
     if nvml_failure.hung:
@@ -117,10 +117,11 @@ class GpuRead:
 
 @dataclass(frozen=True)
 class PairRead:
-    """One GPU pair: the PCIe path code (``None`` if unknown or not asked), P2P status per capability."""
+    """One GPU pair: the PCIe path code (``None`` if unknown or not asked), and the P2P status per
+    ``(capability, from GPU, to GPU)``, both directions."""
 
     path: str | None
-    p2p: dict[str, str | None]
+    p2p: dict[tuple[str, int, int], str | None]
     warnings: tuple[str, ...]
 
 
@@ -165,7 +166,7 @@ class Served:
             da = self.devices.get(a) or s.device(a)
             db = self.devices.get(b) or s.device(b)
         except nvml.DeviceFailed as exc:
-            return PairRead(None, dict.fromkeys(P2P_CAPABILITIES), (f"GPU{a}-GPU{b}: {exc.reason}",))
+            return PairRead(None, {}, (f"GPU{a}-GPU{b}: {exc.reason}",))
         self.devices[a], self.devices[b] = da, db
         path = None
         if need_path:
@@ -173,14 +174,14 @@ class Served:
                 path = s.path_code(da, db)
             except nvml.DeviceFailed as exc:
                 notes.append(f"GPU{a}-GPU{b}: NVML could not tell the path ({exc.reason})")
-        p2p: dict[str, str | None] = {}
+        p2p: dict[tuple[str, int, int], str | None] = {}
         for cap in P2P_CAPABILITIES:
             for x, y, dx, dy in ((a, b, da, db), (b, a, db, da)):
                 try:
-                    p2p[f"{cap}:{x}:{y}"] = s.p2p_status(dx, dy, cap)
+                    p2p[(cap, x, y)] = s.p2p_status(dx, dy, cap)
                 except nvml.DeviceFailed as exc:
                     notes.append(f"GPU{x}-GPU{y}: NVML could not tell P2P {cap} ({exc.reason})")
-                    p2p[f"{cap}:{x}:{y}"] = None
+                    p2p[(cap, x, y)] = None
         return PairRead(path, p2p, tuple(s.warnings[before:]) + tuple(notes))
 
 
@@ -241,7 +242,7 @@ class _WorkerReader:
         self.worker.close()
 
 
-def _read_nvml(reader: _LocalReader | _WorkerReader, timeout_s: float | None) -> Topology:
+def _read_nvml(reader: _LocalReader | _WorkerReader) -> Topology:
     """The topology as NVML sees it; a GPU that fails, is refused or does not answer is marked and the
     rest is still read."""
     try:
@@ -284,16 +285,18 @@ def _read_nvml(reader: _LocalReader | _WorkerReader, timeout_s: float | None) ->
                     continue
                 # The fewer of the two sides' counts: a pair runs at the links both ends see up.
                 nvlinks = min(up.get((a, b), 0), up.get((b, a), 0))
+                if nvlinks:
+                    cells[a][b] = cells[b][a] = f"NV{nvlinks}"
                 try:
                     pr = reader.pair(a, b, need_path=not nvlinks)
                 except nvml_worker.NoAnswer as exc:
-                    warnings.append(f"GPU{a}-GPU{b}: {exc.what}; the path and P2P status are unknown")
+                    warnings.append(f"{exc.what}; its path and P2P status are unknown")
                     continue
                 warnings += pr.warnings
-                cells[a][b] = cells[b][a] = f"NV{nvlinks}" if nvlinks else pr.path
-                for key, status in pr.p2p.items():
-                    cap, x, y = key.split(":")
-                    p2p_cells[cap][int(x)][int(y)] = status
+                if not nvlinks:
+                    cells[a][b] = cells[b][a] = pr.path
+                for (cap, x, y), status in pr.p2p.items():
+                    p2p_cells[cap][x][y] = status
     finally:
         reader.close()
     p2p = {cap: tuple(tuple(r) for r in m) for cap, m in p2p_cells.items()}
