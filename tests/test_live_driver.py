@@ -189,7 +189,7 @@ def test_links_down_because_the_bridged_partner_is_lost_stay_a_problem(driver: P
     doc = topo_json(driver, machine(tmp_path, "\n".join(lines) + "\n"))
     assert gpu(doc, 1)["state"] == "failing"
     assert "GPU0: 4 of 4 NVLinks are down" in doc["warnings"]
-    assert gpu(doc, 0)["nvlink_bridge"] is False
+    assert gpu(doc, 0)["nvlink_bridge"] is True  # bridged, its partner gone: not "no bridge"
 
 
 def test_nvml_init_that_never_returns_ends_the_command(driver: Path, tmp_path: Path) -> None:

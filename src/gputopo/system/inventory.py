@@ -367,8 +367,9 @@ def _nvlink_peers(
             continue
         unnamed = 0
         down = sum(1 for end in links if not end.up)
-        bridges[a] = down < len(links)
-        if not bridges[a] and not any(end.remote_bus_id for end in links):
+        # Connected: a link is up, or names its far end (a bridge whose partner is lost or down).
+        bridges[a] = down < len(links) or any(end.remote_bus_id for end in links)
+        if not bridges[a]:
             continue  # never connected: no bridge, so no pairs and no warning
         if down:
             warnings.append(f"GPU{a}: {down} of {len(links)} NVLinks are down")
