@@ -119,8 +119,8 @@ class Gpu:
     ``GPU_FAILING`` (also when ``state`` is ``None``, as in older snapshots), ``GPU_NOT_ACCESSIBLE`` or
     ``GPU_NOT_RESPONDING``; the rest of the machine still renders. ``mig_enabled`` is NVML's current MIG
     mode and ``mig_devices`` the UUIDs of its MIG devices: CUDA and NCCL cannot use the GPU as a whole then.
-    ``nvlink_bridge`` is ``False`` for a GPU that has NVLinks of which none is active (a PCIe card without
-    its bridge), ``True`` when some are, ``None`` without NVLink or when unknown.
+    ``nvlink_bridge`` is ``False`` for a GPU that has NVLinks of which none is active or names a far end (a
+    PCIe card without its bridge), ``True`` when one does, ``None`` without NVLink or when unknown.
     """
 
     index: int
