@@ -10,6 +10,11 @@ Roles (first argument):
   holds the files and prints ``ready pid=<P> zombie=<Z>``.
 - ``run FILE... -- ARGV``: open the files, then run ARGV with those descriptors inherited, and exit with
   its status (the tool's parent holds the files, and so does the tool).
+- ``launch-rank FILE...`` / ``launch-spawn FILE...``: as a subreaper S, fork a launcher L that starts a new
+  session (as a terminal or ``setsid torchrun`` does) and starts one worker W holding the files: a process
+  with the environment torchrun gives a rank, or a multiprocessing ``spawn`` child. L prints
+  ``ready pid=<W> launcher=<L>`` and sleeps; the test kills L to leave W without its launcher (W is then
+  adopted by S, from another session).
 
 Options: ``--ignore-term`` ignores SIGTERM; ``--comm NAME`` sets the kernel's process name (with argv[0]
 set by the caller, this is how a daemon's name is worn); ``--uid UID`` drops to that user after opening.
@@ -70,7 +75,9 @@ def _apply(opts: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("role", choices=["hold", "orphan", "zombie-parent", "run"])
+    parser.add_argument(
+        "role", choices=["hold", "orphan", "zombie-parent", "run", "launch-rank", "launch-spawn"]
+    )
     parser.add_argument("files", nargs="*")
     parser.add_argument("--ignore-term", action="store_true")
     parser.add_argument("--comm")
@@ -111,6 +118,16 @@ def main() -> None:
             os._exit(0)
         _reap_until_alone()
 
+    if opts.role in ("launch-rank", "launch-spawn"):
+        if os.fork() == 0:
+            os.setsid()
+            worker = _start_worker(opts.role, opts.files)
+            while not _holds_all(worker, opts.files):
+                time.sleep(0.01)
+            _ready(pid=worker, launcher=os.getpid())
+            _sleep_forever()
+        _reap_until_alone()
+
     if opts.role == "zombie-parent":
         if os.fork() == 0:
             _open_all(opts.files)
@@ -123,6 +140,49 @@ def main() -> None:
             _ready(zombie=zombie)
             _sleep_forever()
         _reap_until_alone()
+
+
+# What torchrun (torch.distributed.elastic's local agent) puts in a rank's environment.
+RANK_ENV = {
+    "TORCHELASTIC_RUN_ID": "test-run",
+    "TORCHELASTIC_RESTART_COUNT": "0",
+    "GROUP_RANK": "0",
+    "LOCAL_RANK": "0",
+    "RANK": "0",
+    "WORLD_SIZE": "1",
+    "LOCAL_WORLD_SIZE": "1",
+    "MASTER_ADDR": "127.0.0.1",
+    "MASTER_PORT": "29500",
+}
+
+
+def _start_worker(role: str, files: list[str]) -> int:
+    if role == "launch-rank":
+        env = {**os.environ, **RANK_ENV}
+        rank = subprocess.Popen(
+            [sys.executable, __file__, "hold", *files], env=env, stdout=subprocess.DEVNULL
+        )
+        return rank.pid
+    import multiprocessing
+
+    child = multiprocessing.get_context("spawn").Process(target=_hold_in_worker, args=(files,))
+    child.start()
+    assert child.pid is not None
+    return child.pid
+
+
+def _hold_in_worker(files: list[str]) -> None:
+    _open_all(files)
+    _sleep_forever()
+
+
+def _holds_all(pid: int, files: list[str]) -> bool:
+    fd_dir = f"/proc/{pid}/fd"
+    try:
+        targets = {os.readlink(os.path.join(fd_dir, fd)) for fd in os.listdir(fd_dir)}
+    except OSError:
+        return False
+    return all(os.path.realpath(f) in targets for f in files)
 
 
 def _state(pid: int) -> str:

@@ -40,6 +40,12 @@ def kill_stale_command(
     device_files: str | None = typer.Option(
         None, "--device-files", metavar="GLOB", help="Device files to look at (default: /dev/nvidia*)."
     ),
+    pids: list[int] | None = typer.Option(
+        None,
+        "--pid",
+        metavar="PID",
+        help="Target exactly this process (repeatable); protections still apply.",
+    ),
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Find processes holding GPU device files, show which are stale and why, and stop them with --yes."""
@@ -62,7 +68,14 @@ def kill_stale_command(
     if all_users and _euid() != 0:
         raise UsageError("--all-users needs root", "run as root (sudo) to stop other users' processes")
     wanted_gpus = _parse_gpus(gpus) if gpus is not None else None
-    policy = Policy(all=all_holders, all_users=all_users, older_than_s=older_than_s)
+    if pids and any(p <= 0 for p in pids):
+        raise UsageError("--pid: a process id is a positive number", "e.g. --pid 4242 --pid 4243")
+    policy = Policy(
+        all=all_holders,
+        all_users=all_users,
+        older_than_s=older_than_s,
+        pids=frozenset(pids) if pids else None,
+    )
 
     found = Survey.take(device_files, policy, wanted_gpus, grace_s=grace)
     for note in found.notes:
