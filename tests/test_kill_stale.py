@@ -161,8 +161,10 @@ def set_nvml(monkeypatch: pytest.MonkeyPatch, processes, minors, refused=None, n
 
 def orphaned(procs: Procs, role: str, *files: str) -> tuple[int, int]:
     """Start a worker under a launcher (``launch-rank`` or ``launch-spawn``), kill the launcher and wait
-    until the worker is adopted; returns (worker, dead launcher)."""
-    fields = procs.start(role, *files)
+    until the worker is adopted; returns (worker, dead launcher). A rank leads its own session, as
+    torchrun's do, so its subreaper is named like one (tini)."""
+    extra = ("--comm", "tini") if role == "launch-rank" else ()
+    fields = procs.start(role, *files, *extra)
     worker, launcher = fields["pid"], fields["launcher"]
     os.kill(launcher, signal.SIGKILL)
     deadline = time.monotonic() + 15
@@ -202,7 +204,9 @@ def test_rank_whose_launcher_was_killed_is_stale_and_goes_with_yes(
     held = by_pid(doc)
     assert held[rank]["kind"] == "rank" and "torchrun rank 0 of run test-run" in held[rank]["marks"]
     assert held[rank]["stale"] is True and held[rank]["action"] == "listed"
-    assert any("adopted by" in r and "outside its job" in r for r in held[rank]["reasons"])
+    assert any(
+        "adopted by" in r and "(tini), a subreaper outside its job" in r for r in held[rank]["reasons"]
+    )
     assert held[rank]["parent"] != str(launcher) and held[rank]["ppid"] != launcher
     assert held[rank]["devices"] == [devices["nvidia0"], devices["nvidiactl"]]
     assert held[worker]["stale"] is False and held[worker]["action"] == "spared"

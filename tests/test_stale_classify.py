@@ -304,6 +304,16 @@ def test_no_rule_stops_a_process_for_its_parent_being_pid_1_alone() -> None:
         assert not by_pid[6000].stale, init_name
 
 
+def test_limits_an_unreadable_pid_1_and_a_session_leading_rank_under_an_unknown_subreaper() -> None:
+    hidden_init = proc(INIT, 0, uid=ROOT, error="access denied")
+    _, by_pid = judge(machine({6000: GPU0}, [hidden_init, rank(6000, INIT, sid=6000)]))
+    assert not by_pid[6000].stale and "PID 1 cannot be read" in (by_pid[6000].job.why or "")  # type: ignore[union-attr]
+    # torchrun's ranks lead their own sessions: adopted by a subreaper that is no known init, nothing shows.
+    reaper = proc(3100, SHELL, name="python", cmdline=("python", "supervise.py"))
+    _, by_pid = judge(machine({6001: GPU0}, [reaper, rank(6001, 3100, sid=6001)]))
+    assert not by_pid[6001].stale
+
+
 # --- containers: what PID 1 is decides --------------------------------------------------------------
 
 

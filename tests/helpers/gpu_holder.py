@@ -14,7 +14,9 @@ Roles (first argument):
   session (as a terminal or ``setsid torchrun`` does) and starts one worker W holding the files: a process
   with the environment torchrun gives a rank, or a multiprocessing ``spawn`` child. L prints
   ``ready pid=<W> launcher=<L>`` and sleeps; the test kills L to leave W without its launcher (W is then
-  adopted by S, from another session).
+  adopted by S). The rank, like torchrun's (``start_new_session=True`` in torch.distributed.elastic's
+  SubprocessHandler), leads its own session, so only S's name shows the adoption: ``--comm tini`` makes
+  S a ``tini -s`` style subreaper. The spawn child stays in L's session, which S is not in.
 
 Options: ``--ignore-term`` ignores SIGTERM; ``--comm NAME`` sets the kernel's process name (with argv[0]
 set by the caller, this is how a daemon's name is worn); ``--uid UID`` drops to that user after opening.
@@ -119,6 +121,8 @@ def main() -> None:
         _reap_until_alone()
 
     if opts.role in ("launch-rank", "launch-spawn"):
+        if opts.comm:  # the subreaper's own name; the worker keeps its interpreter's
+            _prctl(PR_SET_NAME, opts.comm.encode()[:15])
         if os.fork() == 0:
             os.setsid()
             worker = _start_worker(opts.role, opts.files)

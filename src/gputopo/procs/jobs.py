@@ -18,9 +18,14 @@ names a younger process, or it was adopted by a subreaper (PR_SET_CHILD_SUBREAPE
 nearest still living ancestor subreaper"). The kernel does not say who is a subreaper; adoption shows when
 the worker, not a session leader, sits in another session than its parent (a child inherits its parent's
 session and only ``setsid()`` changes it, making the caller a leader), or when the parent is a known
-init. Two exceptions: a new parent that is a process of the same job (a launcher, or a process with the
-same rendezvous) keeps it, and so does PID 1 when PID 1 is itself the launcher (a container whose PID 1 is
-torchrun or the training script).
+init. torchrun starts each rank in a session of its own (``start_new_session=True`` in
+torch.distributed.elastic's SubprocessHandler), so a rank adopted by a subreaper that is not a known init
+leaves no evidence and is not called stale; on most machines the adopter is PID 1.
+
+Two exceptions: a new parent that is a process of the same job (a launcher, or a process with the same
+rendezvous) keeps it, and so does PID 1 when PID 1 is itself the launcher (a container whose PID 1 is
+torchrun or the training script). When PID 1 cannot be read, whether it is the launcher is unknown and
+nothing is called stale for being its child.
 
 A process without worker marks is never stale by these rules: with parent PID 1 it is **detached** (a
 nohup'd training, a service, a notebook), otherwise a **process** with a live parent.
@@ -203,7 +208,11 @@ def role(info: ProcessInfo, parent: ProcessInfo | None, pid1: ProcessInfo | None
     if ppid is None or ppid == 0:
         return JobRole(kind, marks, parent_text, None, "no parent to judge by")
     if ppid == 1:
-        if pid1 is not None and launches(pid1, info):
+        if pid1 is None or pid1.error or not pid1.identities:
+            return JobRole(
+                kind, marks, "1", None, "PID 1 cannot be read, so whether it is the launcher is unknown"
+            )
+        if launches(pid1, info):
             return JobRole(
                 kind, marks, f"PID 1 {describe(pid1)}", None, f"PID 1 {describe(pid1)} is its launcher"
             )
