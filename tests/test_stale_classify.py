@@ -741,3 +741,13 @@ def test_human_output_says_what_yes_would_do_then_what_was_done() -> None:
 
     done = render_text(make_run(dry_run=False))
     assert "Stopped 2 of 3: 1 killed, 1 access denied, 1 terminated. GPU memory freed: 30000 MiB." in done
+
+
+def test_doctor_reports_say_why_a_holder_is_not_stale() -> None:
+    from gputopo.doctor import holder_why
+
+    doc = stale_document(make_run(dry_run=True))
+    by_pid = {h["pid"]: h for h in doc["holders"]}
+    assert by_pid[800]["kind"] == "detached" and holder_why(by_pid[800]).startswith("detached: parent 1")
+    assert holder_why(by_pid[6000]) == "launcher gone: reparented to PID 1 1 (systemd)"
+    assert by_pid[6000]["kind"] == "rank" and by_pid[6000]["parent"] == "1 (systemd)"
