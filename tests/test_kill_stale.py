@@ -274,6 +274,47 @@ def test_detached_sleeper_is_not_stale_and_goes_only_with_all_or_pid(
     assert not running(again) and not running(other)
 
 
+def _pid1_may_launch() -> bool:
+    """True when this machine's PID 1 could be a launcher (Python or torchrun): then its children are
+    not orphans, by design, and the PID 1 tests below do not apply."""
+    from gputopo.procs.jobs import is_init, launches
+    from gputopo.system.lsof import read_process
+
+    pid1 = read_process(1)
+    assert pid1 is not None
+    worker = read_process(os.getpid())
+    assert worker is not None
+    return not is_init(pid1) and launches(pid1, worker)
+
+
+@pytest.mark.skipif(_pid1_may_launch(), reason="PID 1 here is a Python process or a launcher")
+def test_pid_1_of_this_machine_adopts_a_detached_job_and_an_orphaned_rank(
+    procs: Procs, devices: dict[str, str]
+) -> None:
+    detached = procs.start("pid1-hold", devices["nvidia1"])["pid"]
+    fields = procs.start("pid1-rank", devices["nvidia0"])
+    rank, launcher = fields["pid"], fields["launcher"]
+    os.kill(launcher, signal.SIGKILL)
+    deadline = time.monotonic() + 15
+    while psutil.Process(rank).ppid() != 1:
+        assert time.monotonic() < deadline, "PID 1 never adopted the rank"
+        time.sleep(0.01)
+
+    code, doc = as_json("--device-files", devices["glob"], "--yes", "--grace", "1")
+    assert code == 0
+    held = by_pid(doc)
+    assert held[detached]["ppid"] == 1 and held[detached]["kind"] == "detached"
+    assert held[detached]["stale"] is False and held[detached]["action"] == "spared"
+    assert held[rank]["ppid"] == 1 and held[rank]["kind"] == "rank"
+    assert held[rank]["reasons"][0].startswith("launcher gone: reparented to PID 1 1 (")
+    assert held[rank]["action"] == "terminated"
+    assert running(detached) and not running(rank)
+
+    code, doc = as_json("--device-files", devices["glob"], "--pid", str(detached), "--yes", "--grace", "1")
+    assert code == 0 and by_pid(doc)[detached]["action"] == "terminated"
+    assert not running(detached)
+
+
 def test_pid_keeps_every_protection_and_names_unknown_pids(procs: Procs, devices: dict[str, str]) -> None:
     daemon = procs.start(
         "hold", devices["nvidiactl"], "--comm", "nvidia-persistenced", argv0="nvidia-persistenced"

@@ -17,6 +17,11 @@ Roles (first argument):
   adopted by S). The rank, like torchrun's (``start_new_session=True`` in torch.distributed.elastic's
   SubprocessHandler), leads its own session, so only S's name shows the adoption: ``--comm tini`` makes
   S a ``tini -s`` style subreaper. The spawn child stays in L's session, which S is not in.
+- ``pid1-hold FILE...`` / ``pid1-rank FILE...``: no subreaper: fork L, which starts a new session, and
+  exit, so L's parent is PID 1. ``pid1-hold``: L holds the files itself (a nohup'd job whose shell is
+  gone) and prints ``ready pid=<L>``. ``pid1-rank``: L starts a rank (as in ``launch-rank``) and prints
+  ``ready pid=<W> launcher=<L>``; once the test kills L, PID 1 adopts the rank. Whatever PID 1 is must
+  reap them.
 
 Options: ``--ignore-term`` ignores SIGTERM; ``--comm NAME`` sets the kernel's process name (with argv[0]
 set by the caller, this is how a daemon's name is worn); ``--uid UID`` drops to that user after opening.
@@ -78,7 +83,17 @@ def _apply(opts: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument(
-        "role", choices=["hold", "orphan", "zombie-parent", "run", "launch-rank", "launch-spawn"]
+        "role",
+        choices=[
+            "hold",
+            "orphan",
+            "zombie-parent",
+            "run",
+            "launch-rank",
+            "launch-spawn",
+            "pid1-hold",
+            "pid1-rank",
+        ],
     )
     parser.add_argument("files", nargs="*")
     parser.add_argument("--ignore-term", action="store_true")
@@ -104,6 +119,23 @@ def main() -> None:
         fds = _open_all(opts.files)
         _apply(opts)
         sys.exit(subprocess.call(tail, pass_fds=fds))
+
+    if opts.role in ("pid1-hold", "pid1-rank"):
+        if os.fork() == 0:
+            os.setsid()
+            if opts.role == "pid1-hold":
+                _open_all(opts.files)
+                _apply(opts)
+                while os.getppid() != 1:
+                    time.sleep(0.01)
+                _ready()
+            else:
+                worker = _start_worker("launch-rank", opts.files)
+                while not _holds_all(worker, opts.files):
+                    time.sleep(0.01)
+                _ready(pid=worker, launcher=os.getpid())
+            _sleep_forever()
+        os._exit(0)
 
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
     if opts.role == "orphan":

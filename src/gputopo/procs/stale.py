@@ -193,7 +193,10 @@ def assess(
     if policy.pids is not None:
         held = {h.pid for h in holders}
         for pid in sorted(policy.pids - held):
-            notes.append(f"--pid {pid}: no such process holds a GPU device file here; nothing to do for it")
+            notes.append(
+                f"--pid {pid}: not among the holders shown (it holds none of the device files, or "
+                "--gpus leaves it out); nothing is done to it"
+            )
     pid1 = scan.processes.get(1)
     assessments = tuple(_assess_one(h, scan, nvml, policy, pid1) for h in holders)
     return StaleReport(assessments=assessments, notes=tuple(notes))
