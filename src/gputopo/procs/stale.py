@@ -181,7 +181,7 @@ def assess(
     """Judge every holder: stale reasons, protections, and what ``--yes`` would signal."""
     notes: list[str] = []
     if not nvml.available:
-        notes.append("NVML unavailable: GPU numbers and memory are unknown; GPUs shown are from device files")
+        notes.append("NVML unavailable: GPU numbers and memory are unknown; HOLDS shows the device files")
     elif not nvml.process_pids_usable:
         notes.append(
             "NVML's pids cannot be matched to this PID namespace"
