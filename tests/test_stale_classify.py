@@ -314,6 +314,36 @@ def test_limits_an_unreadable_pid_1_and_a_session_leading_rank_under_an_unknown_
     assert not by_pid[6001].stale
 
 
+def launch_env(rank: int) -> dict[str, str]:
+    """What torch.distributed.launch (before torchrun), a batch script or an orchestrator sets."""
+    return {"LOCAL_RANK": str(rank), "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1"}
+
+
+def test_ranks_known_only_by_rank_variables_need_the_session_evidence() -> None:
+    batch = proc(5900, SHELL, name="bash", cmdline=("/bin/bash", "job.sh"))
+    under_batch = proc(6000, 5900, cmdline=TRAIN, env=launch_env(0))
+    supervisor = proc(3000, INIT, name="supervisord", sid=3000)
+    supervised = proc(6001, 3000, cmdline=TRAIN, env=launch_env(1), sid=3000)
+    adopted_one = proc(6002, 3000, cmdline=TRAIN, env=launch_env(0), sid=4444)
+    scan = machine(
+        {6000: GPU0, 6001: GPU1, 6002: GPU0}, [batch, under_batch, supervisor, supervised, adopted_one]
+    )
+    _, by_pid = judge(scan)
+    assert by_pid[6000].job.kind == "rank" and not by_pid[6000].stale  # type: ignore[union-attr]
+    assert "is running" in (by_pid[6000].job.why or "")  # type: ignore[union-attr]
+    assert not by_pid[6001].stale and "may have started it itself" in (by_pid[6001].job.why or "")  # type: ignore[union-attr]
+    assert by_pid[6002].reasons == (
+        "launcher gone: adopted by 3000 (supervisord), a subreaper outside its job",
+    )
+
+    tini = proc(1, 0, name="tini", cmdline=("/usr/bin/tini", "--", "python", "train.py"), uid=ROOT, sid=1)
+    own_child = proc(10, 1, cmdline=TRAIN, env=launch_env(0), uid=ROOT, sid=1)
+    from_exec = proc(11, 1, cmdline=TRAIN, env=launch_env(1), uid=ROOT, sid=90)  # started from docker exec
+    _, by_pid = judge(container(tini, {10: GPU0, 11: GPU1}, [own_child, from_exec]))
+    assert not by_pid[10].stale and "may have started it itself" in (by_pid[10].job.why or "")  # type: ignore[union-attr]
+    assert by_pid[11].reasons == ("launcher gone: reparented to PID 1 1 (tini)",)
+
+
 # --- containers: what PID 1 is decides --------------------------------------------------------------
 
 

@@ -25,7 +25,9 @@ leaves no evidence and is not called stale; on most machines the adopter is PID 
 Two exceptions: a new parent that is a process of the same job (a launcher, or a process with the same
 rendezvous) keeps it, and so does PID 1 when PID 1 is itself the launcher (a container whose PID 1 is
 torchrun or the training script). When PID 1 cannot be read, whether it is the launcher is unknown and
-nothing is called stale for being its child.
+nothing is called stale for being its child. And a rank known only by ``RANK``, ``LOCAL_RANK``,
+``WORLD_SIZE`` and ``MASTER_ADDR`` (no ``TORCHELASTIC_*``) may be the own child of an init, a supervisor
+or a batch script that set them, so for it only the session evidence counts.
 
 A process without worker marks is never stale by these rules: with parent PID 1 it is **detached** (a
 nohup'd training, a service, a notebook), otherwise a **process** with a live parent.
@@ -38,8 +40,7 @@ from dataclasses import dataclass
 
 from gputopo.procs.holders import ProcessInfo
 
-# Programs that run as PID 1 or as subreapers without launching GPU work themselves: a worker they adopted
-# has lost its launcher. Shells are here too: an entrypoint shell that ran torchrun is not torchrun.
+# Inits and supervisors: they adopt orphans (as PID 1, or as subreapers), and they start services too.
 INIT_NAMES = frozenset(
     {
         "init",
@@ -57,22 +58,20 @@ INIT_NAMES = frozenset(
         "containerd-shim",
         "containerd-shim-runc-v2",
         "conmon",
-        "sh",
-        "bash",
-        "dash",
-        "zsh",
-        "ash",
-        "sleep",
-        "jupyter",
-        "jupyter-lab",
-        "jupyter-notebook",
-        "jupyterhub",
     }
+)
+
+# Never a torch launcher when they are PID 1: the inits, and the shells and placeholders containers run
+# as PID 1 (an entrypoint shell that ran torchrun is not torchrun). A live shell is an ordinary parent.
+NOT_LAUNCHER_NAMES = INIT_NAMES | frozenset(
+    {"sh", "bash", "dash", "zsh", "ash", "sleep", "jupyter", "jupyter-lab", "jupyter-notebook", "jupyterhub"}
 )
 
 # Command-line words that name a torch launcher (the script name, or the module run with ``-m``).
 _LAUNCHER_WORDS = frozenset({"torchrun", "torch.distributed.run", "torch.distributed.launch"})
 _LAUNCHER_PREFIXES = ("torch.distributed.elastic", "deepspeed.launcher")
+
+_WEAK = " (RANK, WORLD_SIZE... are set by orchestrators and batch scripts too)"
 
 _SPAWN_MARKS = ("from multiprocessing.spawn import spawn_main", "from multiprocessing.forkserver import main")
 
@@ -149,8 +148,13 @@ def is_python(info: ProcessInfo) -> bool:
 
 
 def is_init(info: ProcessInfo) -> bool:
-    """True for an init, subreaper or shell that launches no GPU work itself (``INIT_NAMES``)."""
+    """True for an init or supervisor (``INIT_NAMES``): it adopts orphans."""
     return any(n in INIT_NAMES for n in info.identities)
+
+
+def never_launcher(info: ProcessInfo) -> bool:
+    """True for an init, a shell or a placeholder (``NOT_LAUNCHER_NAMES``): not a torch launcher."""
+    return any(n in NOT_LAUNCHER_NAMES for n in info.identities)
 
 
 def same_rendezvous(a: ProcessInfo, b: ProcessInfo) -> bool:
@@ -165,7 +169,7 @@ def same_rendezvous(a: ProcessInfo, b: ProcessInfo) -> bool:
 
 def launches(candidate: ProcessInfo, worker: ProcessInfo) -> bool:
     """True when ``candidate`` can be the launcher of (or a process of the same job as) ``worker``."""
-    if is_init(candidate):
+    if never_launcher(candidate):
         return False
     if is_launcher(candidate) or same_rendezvous(candidate, worker):
         return True
@@ -180,13 +184,16 @@ def _younger(parent: ProcessInfo, info: ProcessInfo) -> bool:
     return parent.create_time_s > info.create_time_s
 
 
+def left_session(info: ProcessInfo, other: ProcessInfo) -> bool:
+    """True when ``info``, not a session leader, is in another session than ``other``: it cannot be
+    ``other``'s own child (a child inherits its parent's session; only ``setsid()`` changes it, and makes
+    the caller a leader)."""
+    return info.sid is not None and other.sid is not None and info.sid != info.pid and info.sid != other.sid
+
+
 def adopted(info: ProcessInfo, parent: ProcessInfo) -> bool:
     """The evidence that ``parent`` adopted ``info`` rather than started it (see the module docstring)."""
-    if _younger(parent, info):
-        return True
-    if info.sid is not None and parent.sid is not None and info.sid != info.pid and info.sid != parent.sid:
-        return True
-    return is_init(parent)
+    return _younger(parent, info) or left_session(info, parent) or is_init(parent)
 
 
 def role(info: ProcessInfo, parent: ProcessInfo | None, pid1: ProcessInfo | None) -> JobRole:
@@ -194,6 +201,10 @@ def role(info: ProcessInfo, parent: ProcessInfo | None, pid1: ProcessInfo | None
     marks = rank_marks(info)
     kind = "rank" if marks else None
     spawn = spawn_marks(info)
+    # Only torchrun sets TORCHELASTIC_*, and only multiprocessing writes a spawn command line; the plain
+    # RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR set can come from an orchestrator or a batch script, so a
+    # process with only those may be its init's or supervisor's own child, and needs the session evidence.
+    strong = "TORCHELASTIC_RUN_ID" in info.env or spawn is not None
     if spawn:
         kind, marks = "spawn worker", (f"{spawn}, {marks}" if marks else spawn)
     if forked_from(info, parent):
@@ -212,10 +223,11 @@ def role(info: ProcessInfo, parent: ProcessInfo | None, pid1: ProcessInfo | None
             return JobRole(
                 kind, marks, "1", None, "PID 1 cannot be read, so whether it is the launcher is unknown"
             )
+        first = f"PID 1 {describe(pid1)}"
         if launches(pid1, info):
-            return JobRole(
-                kind, marks, f"PID 1 {describe(pid1)}", None, f"PID 1 {describe(pid1)} is its launcher"
-            )
+            return JobRole(kind, marks, first, None, f"{first} is its launcher")
+        if not strong and not left_session(info, pid1):
+            return JobRole(kind, marks, first, None, f"{first} may have started it itself{_WEAK}")
         init = describe(pid1, 1)
         return JobRole(kind, marks, init, f"launcher gone: reparented to PID 1 {init}", None)
     if parent is None:
@@ -224,6 +236,8 @@ def role(info: ProcessInfo, parent: ProcessInfo | None, pid1: ProcessInfo | None
         younger = f"launcher gone: pid {ppid} now names a younger process {describe(parent)}"
         return JobRole(kind, marks, parent_text, younger, None)
     if adopted(info, parent):
+        if not strong and not left_session(info, parent):
+            return JobRole(kind, marks, parent_text, None, f"{parent_text} may have started it itself{_WEAK}")
         if not is_init(parent) and (is_launcher(parent) or same_rendezvous(parent, info)):
             return JobRole(
                 kind, marks, parent_text, None, f"adopted by {parent_text}, a process of the same job"
