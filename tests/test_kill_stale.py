@@ -306,7 +306,7 @@ def test_pid_1_of_this_machine_adopts_a_detached_job_and_an_orphaned_rank(
     assert held[detached]["ppid"] == 1 and held[detached]["kind"] == "detached"
     assert held[detached]["stale"] is False and held[detached]["action"] == "spared"
     assert held[rank]["ppid"] == 1 and held[rank]["kind"] == "rank"
-    assert held[rank]["reasons"][0].startswith("launcher gone: reparented to PID 1 1 (")
+    assert held[rank]["reasons"][0].startswith("launcher gone: reparented to PID 1 (")
     assert held[rank]["action"] == "terminated"
     assert running(detached) and not running(rank)
 

@@ -235,7 +235,7 @@ def test_rank_reparented_to_an_init_has_lost_its_launcher() -> None:
     _, by_pid = judge(machine({6000: GPU0}, [rank(6000, INIT, sid=6000)]))
     a = by_pid[6000]
     assert a.job is not None and a.job.kind == "rank" and a.job.marks == "torchrun rank 0 of run run-1"
-    assert a.reasons == ("launcher gone: reparented to PID 1 1 (systemd)",) and a.targeted
+    assert a.reasons == ("launcher gone: reparented to PID 1 (systemd)",) and a.targeted
 
 
 def test_worker_whose_parent_pid_names_a_younger_process() -> None:
@@ -341,7 +341,7 @@ def test_ranks_known_only_by_rank_variables_need_the_session_evidence() -> None:
     from_exec = proc(11, 1, cmdline=TRAIN, env=launch_env(1), uid=ROOT, sid=90)  # started from docker exec
     _, by_pid = judge(container(tini, {10: GPU0, 11: GPU1}, [own_child, from_exec]))
     assert not by_pid[10].stale and "may have started it itself" in (by_pid[10].job.why or "")  # type: ignore[union-attr]
-    assert by_pid[11].reasons == ("launcher gone: reparented to PID 1 1 (tini)",)
+    assert by_pid[11].reasons == ("launcher gone: reparented to PID 1 (tini)",)
 
 
 # --- containers: what PID 1 is decides --------------------------------------------------------------
@@ -370,7 +370,7 @@ def test_container_whose_pid_1_is_torchrun_keeps_its_ranks_and_their_workers() -
     scan = container(pid1, {10: GPU0, 11: GPU1, 20: GPU0}, [*ranks, loader])
     report, by_pid = judge(scan)
     assert not report.targets
-    assert by_pid[10].job.why == "PID 1 1 (torchrun) is its launcher"  # type: ignore[union-attr]
+    assert by_pid[10].job.why == "PID 1 (torchrun) is its launcher"  # type: ignore[union-attr]
     assert by_pid[20].job.kind == "fork worker" and not by_pid[20].stale  # type: ignore[union-attr]
 
 
@@ -389,7 +389,7 @@ def test_container_whose_pid_1_is_tini_lets_orphaned_ranks_go_but_not_a_detached
     scan = container(pid1, {10: GPU0, 11: GPU1, 12: GPU0, 13: GPU1}, [*ranks, spawned, nohup])
     report, by_pid = judge(scan)
     assert [t.pid for t in report.targets] == [10, 11, 12]
-    assert by_pid[10].reasons == ("launcher gone: reparented to PID 1 1 (tini)",)
+    assert by_pid[10].reasons == ("launcher gone: reparented to PID 1 (tini)",)
     assert by_pid[13].job.kind == "detached" and not by_pid[13].targeted  # type: ignore[union-attr]
 
 
@@ -779,5 +779,17 @@ def test_doctor_reports_say_why_a_holder_is_not_stale() -> None:
     doc = stale_document(make_run(dry_run=True))
     by_pid = {h["pid"]: h for h in doc["holders"]}
     assert by_pid[800]["kind"] == "detached" and holder_why(by_pid[800]).startswith("detached: parent 1")
-    assert holder_why(by_pid[6000]) == "launcher gone: reparented to PID 1 1 (systemd)"
+    assert holder_why(by_pid[6000]) == "launcher gone: reparented to PID 1 (systemd)"
     assert by_pid[6000]["kind"] == "rank" and by_pid[6000]["parent"] == "1 (systemd)"
+
+
+def test_a_narrow_terminal_never_cuts_a_pid_a_verdict_or_an_action() -> None:
+    run = make_run(dry_run=True)
+    for width in (80, 100, 140):
+        console = Console(width=width, record=True, color_system=None, file=open("/dev/null", "w"))  # noqa: SIM115
+        console.print(render_run(run))
+        table = console.export_text().split("Why:")[0]
+        rows = {line.split()[0]: line for line in table.splitlines() if line[:1].isdigit()}
+        assert {"800", "6000", "6001", "6002"} <= set(rows)
+        assert "would stop" in rows["6000"] and "protected" in rows["800"] and "spared" in rows["800"]
+        assert ("alice" in rows["6000"]) == (width >= 100)  # USER and AGE only where they fit

@@ -223,13 +223,12 @@ def role(info: ProcessInfo, parent: ProcessInfo | None, pid1: ProcessInfo | None
             return JobRole(
                 kind, marks, "1", None, "PID 1 cannot be read, so whether it is the launcher is unknown"
             )
-        first = f"PID 1 {describe(pid1)}"
+        first = f"PID 1 ({pid1.name or '?'})"
         if launches(pid1, info):
-            return JobRole(kind, marks, first, None, f"{first} is its launcher")
+            return JobRole(kind, marks, describe(pid1), None, f"{first} is its launcher")
         if not strong and not left_session(info, pid1):
-            return JobRole(kind, marks, first, None, f"{first} may have started it itself{_WEAK}")
-        init = describe(pid1, 1)
-        return JobRole(kind, marks, init, f"launcher gone: reparented to PID 1 {init}", None)
+            return JobRole(kind, marks, describe(pid1), None, f"{first} may have started it itself{_WEAK}")
+        return JobRole(kind, marks, describe(pid1), f"launcher gone: reparented to {first}", None)
     if parent is None:
         return JobRole(kind, marks, parent_text, None, f"its parent {ppid} could not be read")
     if _younger(parent, info):
