@@ -48,7 +48,8 @@ def kill_stale_command(
     ),
     json_out: bool = JSON_OPTION,
 ) -> None:
-    """Find processes holding GPU device files, show which are stale and why, and stop them with --yes."""
+    """Find processes holding GPU device files, show what each is and why it is stale or not, and stop
+    the leftovers of a crashed launch (ranks and workers whose launcher is gone) with --yes."""
     from gputopo.procs.stale import Policy, parse_duration_s
     from gputopo.procs.survey import Survey, nvml_after
     from gputopo.ui.stale_view import render_run, stale_document
