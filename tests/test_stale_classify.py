@@ -781,6 +781,7 @@ def test_doctor_reports_say_why_a_holder_is_not_stale() -> None:
     assert by_pid[800]["kind"] == "detached" and holder_why(by_pid[800]).startswith("detached: parent 1")
     assert holder_why(by_pid[6000]) == "launcher gone: reparented to PID 1 (systemd)"
     assert by_pid[6000]["kind"] == "rank" and by_pid[6000]["parent"] == "1 (systemd)"
+    assert by_pid[6002]["why"].startswith("zombie: it exited")
 
 
 def test_a_narrow_terminal_never_cuts_a_pid_a_verdict_or_an_action() -> None:

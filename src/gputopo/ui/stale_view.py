@@ -253,7 +253,8 @@ def _holder_doc(h: HolderOutcome) -> dict[str, Any]:
         "kind": a.job.kind if a.job is not None else None,
         "marks": a.job.marks if a.job is not None else None,
         "parent": a.job.parent if a.job is not None else None,
-        "why": a.job.gone or a.job.why if a.job is not None else None,
+        # Why it is stale (its reasons), else why it is not.
+        "why": "; ".join(a.reasons) if a.reasons else (a.job.why if a.job is not None else None),
         "notes": list(a.notes),
         "gpu_memory_mib": holder.gpu_memory_mib,
         "nvml_listed": holder.nvml_listed,
