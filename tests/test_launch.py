@@ -249,3 +249,32 @@ def test_run_warns_about_nccl_debug_variables_but_still_runs():
     )
     assert done.returncode == 0
     assert "NCCL_P2P_DISABLE" in done.stderr
+
+
+def test_torchrun_runs_a_program_with_no_python_and_a_script_as_python(dgx_a100):
+    program = build_launch(dgx_a100, (0, 1), ["python", "-m", "pkg.train"], torchrun=True, tools=READY)
+    assert program.argv[-4:] == ("--no-python", "python", "-m", "pkg.train")
+    script = build_launch(dgx_a100, (0, 1), ["train.py", "--lr", "1"], torchrun=True, tools=READY)
+    assert "--no-python" not in script.argv
+
+
+def test_the_torchrun_line_parses_with_the_installed_torchs_own_parser(dgx_a100):
+    run = pytest.importorskip("torch.distributed.run")
+    tools = LaunchTools(torchrun=("torchrun",), numa_binding=detect_tools().numa_binding, numactl=True)
+    plan = build_launch(dgx_a100, (0, 1), ["python", "t.py"], torchrun=True, nnodes=2, tools=tools)
+    args = run.get_args_parser().parse_args(list(plan.argv[1:]))
+    assert (args.nproc_per_node, args.nnodes, args.no_python) == ("2", "2", True)
+    assert args.training_script == "python" and args.training_script_args == ["t.py"]
+    if tools.numa_binding:
+        assert args.numa_binding == "node"
+
+
+def test_run_under_real_torchrun_gives_the_rank_the_chosen_gpu():
+    pytest.importorskip("torch")
+    child = "import os; print(os.environ['LOCAL_RANK'], os.environ['CUDA_VISIBLE_DEVICES'])"
+    done = _gputopo(
+        "run", "--n", "1", "--torchrun", "--exclude", "0", "--input", "sample:seed-8gpu-nv4",
+        "--", sys.executable, "-c", child,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["0", "1"]

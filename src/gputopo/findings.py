@@ -140,7 +140,7 @@ def nccl_env_findings(env: Mapping[str, str], nic_names: Sequence[str] = ()) -> 
         found.append(
             Finding(
                 f"{name}={value}",
-                f"{does}; NCCL lists it among the variables for debugging, not for production",
+                f"{name}={value} {does}; NCCL lists it among the variables for debugging, not for production",
                 f"unset it (`unset {name}`) and remove it from job scripts, ~/.bashrc, /etc/nccl.conf and "
                 "container images, unless it is a deliberate, dated workaround",
             )

@@ -164,6 +164,9 @@ def build_launch(
             notes.append("no --numa-binding: " + "; ".join(missing))
         else:
             argv.extend(["--numa-binding", "node"])
+        if command and not command[0].endswith(".py"):
+            # torchrun runs its first argument with the Python interpreter unless told it is a program.
+            argv.append("--no-python")
     argv.extend(command)
     notes.extend(f"{f.what}: {f.remedy}" for f in env_findings)
     return LaunchPlan(gpus=gpus, env=env, argv=tuple(argv), notes=tuple(notes))
