@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -13,7 +14,8 @@ from gputopo.cli.common import INPUT_HELP, guarded
 from gputopo.cli.recommend import DEFAULT_MAX_USED_MIB, REPORT_OPTION, _read_json, parse_gpu_list
 from gputopo.errors import UnavailableError, UsageError
 from gputopo.findings import Finding
-from gputopo.launch_line import LaunchTools
+from gputopo.launch_line import LaunchPlan, LaunchTools
+from gputopo.model import Topology
 from gputopo.ui.output import Output
 
 
@@ -100,7 +102,9 @@ def run_command(
     exec_command(plan.argv, merged_env(os.environ, plan))
 
 
-def launch_plan_for(topo, gpus, text: str, nnodes: int, prefer_uuid: bool, out: Output):  # noqa: ANN001, ANN201
+def launch_plan_for(
+    topo: Topology, gpus: Sequence[int], text: str, nnodes: int, prefer_uuid: bool, out: Output
+) -> LaunchPlan:
     """``recommend --launch "CMD ..." [--nnodes N]``: the torchrun line for ``gpus``, NCCL settings checked.
 
     CMD is wrapped in torchrun unless it already starts torchrun; NCCL settings from this environment

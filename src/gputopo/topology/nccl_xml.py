@@ -29,7 +29,8 @@ and this interpreter may ship one.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 from xml.parsers import expat
 
 from gputopo.errors import InputError
@@ -209,11 +210,27 @@ def read_system(text: str, source: str = "nccl-topo.xml") -> NcclSystem:
     )
 
 
+class _Where(NamedTuple):
+    """The ``<cpu>`` a device hangs off: its position in the file, NUMA node and CPU list."""
+
+    cpu: int
+    numa: str | None
+    affinity: str | None
+
+
+def _xml_gpu(
+    busid: str, where: _Where, path: tuple[PciHop, ...], sm: int | None, nv: tuple[tuple[str, int, str], ...]
+) -> XmlGpu:
+    return XmlGpu(-1, busid, where.cpu, where.numa, where.affinity, path, sm, nv)
+
+
 class _Walker:
+    """Walks the element tree once, collecting GPUs and NICs with the path of ``<pci>`` above each."""
+
     def __init__(self, source: str, warnings: list[str]) -> None:
         self.source = source
         self.warnings = warnings
-        self.gpus: list[dict] = []
+        self.gpus: list[tuple[int | None, XmlGpu, _Node]] = []  # (dev as written, GPU, its element)
         self.nics: list[XmlNic] = []
 
     def fail(self, node: _Node, what: str) -> InputError:
@@ -223,14 +240,14 @@ class _Walker:
         numaid = node.attrs.get("numaid")
         numa = None if numaid in (None, "", "-1") else numaid
         affinity = _cpu_list(node.attrs.get("affinity"))
-        where = (index, numa, affinity)
+        where = _Where(index, numa, affinity)
         for child in node.children:
             if child.tag == "pci":
                 self.pci(child, where, ())
             elif child.tag == "nic":
                 self.nic(child, where, ())
 
-    def pci(self, node: _Node, where: tuple, path: tuple[PciHop, ...]) -> None:
+    def pci(self, node: _Node, where: _Where, path: tuple[PciHop, ...]) -> None:
         busid = _busid(node.attrs.get("busid"))
         if busid is None:
             raise self.fail(node, "<pci> without a valid busid")
@@ -246,13 +263,11 @@ class _Walker:
                 self.nic(child, where, path)
         if not kids:  # a bare leaf of a hand-written file: its class says what it is
             if hop.pci_class.startswith("0x03"):
-                self.gpus.append(
-                    {"dev": None, "busid": busid, "where": where, "path": path, "sm": None, "nv": ()}
-                )
+                self.gpus.append((None, _xml_gpu(busid, where, path, None, ()), node))
             elif hop.pci_class.startswith("0x02"):
-                self.nics.append(XmlNic(None, (where[0],), path, busid))
+                self.nics.append(XmlNic(None, (where.cpu,), path, busid))
 
-    def gpu(self, node: _Node, where: tuple, path: tuple[PciHop, ...]) -> None:
+    def gpu(self, node: _Node, where: _Where, path: tuple[PciHop, ...]) -> None:
         dev = _int(node, "dev", self)
         nv = []
         for link in node.children:
@@ -264,18 +279,10 @@ class _Walker:
                 raise self.fail(link, "<nvlink> without a count")
             nv.append((target, count, (link.attrs.get("tclass") or "").lower()))
         self.gpus.append(
-            {
-                "dev": dev,
-                "busid": path[-1].busid,
-                "where": where,
-                "path": path,
-                "sm": _int(node, "sm", self),
-                "nv": tuple(nv),
-                "node": node,
-            }
+            (dev, _xml_gpu(path[-1].busid, where, path, _int(node, "sm", self), tuple(nv)), node)
         )
 
-    def nic(self, node: _Node, where: tuple, path: tuple[PciHop, ...]) -> None:
+    def nic(self, node: _Node, where: _Where, path: tuple[PciHop, ...]) -> None:
         for net in node.children:
             if net.tag != "net":
                 continue
@@ -285,7 +292,7 @@ class _Walker:
             self.nics.append(
                 XmlNic(
                     name,
-                    (where[0],),
+                    (where.cpu,),
                     path,
                     card,
                     _int(net, "speed", self),
@@ -294,29 +301,25 @@ class _Walker:
             )
 
     def numbered_gpus(self) -> tuple[XmlGpu, ...]:
+        """GPUs by NVML index; those without ``dev`` (hand-written files) numbered after, in bus order."""
         seen: dict[int, str] = {}
-        for g in self.gpus:
-            if g["dev"] is not None:
-                if g["dev"] in seen:
-                    raise self.fail(
-                        g["node"], f"two GPUs claim dev={g['dev']} ({seen[g['dev']]} and {g['busid']})"
-                    )
-                seen[g["dev"]] = g["busid"]
-        unnumbered = sorted((g for g in self.gpus if g["dev"] is None), key=lambda g: g["busid"])
+        numbered: list[XmlGpu] = []
+        for dev, gpu, node in self.gpus:
+            if dev is None:
+                continue
+            if dev in seen:
+                raise self.fail(node, f"two GPUs claim dev={dev} ({seen[dev]} and {gpu.busid})")
+            seen[dev] = gpu.busid
+            numbered.append(replace(gpu, index=dev))
+        unnumbered = sorted((gpu for dev, gpu, _ in self.gpus if dev is None), key=lambda g: g.busid)
         if unnumbered:
             self.warnings.append(
                 f"{len(unnumbered)} GPU(s) have no <gpu dev=...> (a hand-written file): numbered in PCI bus "
                 "order, as nvidia-smi does"
             )
-        nxt = max(seen, default=-1) + 1
-        for g in unnumbered:
-            g["dev"] = nxt
-            nxt += 1
-        out = []
-        for g in sorted(self.gpus, key=lambda g: g["dev"]):
-            index, numa, affinity = g["where"]
-            out.append(XmlGpu(g["dev"], g["busid"], index, numa, affinity, g["path"], g["sm"], g["nv"]))
-        return tuple(out)
+        first = max(seen, default=-1) + 1
+        numbered += [replace(gpu, index=first + i) for i, gpu in enumerate(unnumbered)]
+        return tuple(sorted(numbered, key=lambda g: g.index))
 
     def merged_nics(self) -> tuple[XmlNic, ...]:
         """One entry per device: a socket NIC repeated under every <cpu> is merged into one."""
