@@ -74,3 +74,17 @@ def test_doctor_cli_reads_the_real_environment(tmp_path: Path):
     assert f["severity"] == "problem" and "protocols" in f["what"]
     md = Path(doc["report"]["markdown"]).read_text()
     assert "NCCL_PROTO=Simple" in md
+
+
+def test_a_family_prefix_is_deliberate_and_not_flagged():
+    assert nccl_env_findings({"NCCL_IB_HCA": "mlx5"}, ["mlx5_0", "mlx5_1"]) == []
+    assert nccl_env_findings({"NCCL_IB_HCA": "^mlx5_bond"}) == []
+
+
+def test_a_mixed_list_is_spelled_out_from_the_machines_nics():
+    nics = ["mlx5_0", "mlx5_1", "mlx5_10", "mlx5_bond_0", "mlx5_bond_1"]
+    (f,) = nccl_env_findings({"NCCL_IB_HCA": "mlx5_1:1,mlx5_bond"}, nics)
+    assert f.severity == PROBLEM and "mlx5_1 also matches mlx5_10" in f.what
+    assert "NCCL_IB_HCA==mlx5_1:1,mlx5_bond_0,mlx5_bond_1" in f.remedy
+    (f,) = nccl_env_findings({"NCCL_IB_HCA": "mlx5_1,mlx5_bond"})
+    assert "full device names" in f.remedy

@@ -6,6 +6,7 @@ and NCCL settings in the environment that are meant for debugging only.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -152,38 +153,57 @@ def nccl_env_findings(env: Mapping[str, str], nic_names: Sequence[str] = ()) -> 
 
 
 def _ib_hca_findings(value: str, nic_names: Sequence[str]) -> list[Finding]:
+    """``NCCL_IB_HCA`` entries that name one device but, lacking the leading ``=``, match as prefixes.
+
+    An entry that ends in ``_<number>`` or is a NIC's full name is meant as one device (``mlx5_1``); one
+    that is neither (``mlx5``, ``mlx5_bond``) is a deliberate family prefix and is fine as it is.
+    """
     exclude = value.startswith("^")
     body = value[1:] if exclude else value
     if body.startswith("="):
         return []
     entries = [e.strip() for e in body.split(",") if e.strip()]
-    devices = [e.split(":", 1)[0] for e in entries]
-    exact = ("^=" if exclude else "=") + body
+    inner_eq = [e for e in entries if e.startswith("=")]
+    devices = [e.split(":", 1)[0].lstrip("=") for e in entries]
+    single = [d for d in devices if _one_device(d, nic_names)]
+    if not single and not inner_eq:
+        return []
     verb = "leaves out" if exclude else "selects"
     extra = {
-        d: sorted(n for n in nic_names if n != d and n.startswith(d) and n not in devices) for d in devices
+        d: sorted(n for n in nic_names if n != d and n.startswith(d) and n not in devices) for d in single
     }
     extra = {d: names for d, names in extra.items() if names}
-    inner_eq = [e for e in entries if e.startswith("=")]
     if extra:
         shown = "; ".join(f"{d} also matches {', '.join(names)}" for d, names in extra.items())
-        what = (
-            f"NCCL_IB_HCA={value} matches NIC names by prefix and so {verb} more NICs than it names ({shown})"
-        )
+        what = f"NCCL_IB_HCA={value} matches by prefix, so it {verb} more NICs than it names ({shown})"
         severity = PROBLEM
     else:
-        what = (
-            f"NCCL_IB_HCA={value} matches NIC names by prefix (a name like mlx5_1 also {verb} mlx5_10 to "
-            "mlx5_19 where they exist)"
-        )
+        example = single[0] if single else "mlx5_1"
+        what = f"NCCL_IB_HCA={value} matches NIC names by prefix ({example} also matches {example}0 and up)"
         severity = NOTE
     if inner_eq:
         what += f"; the '=' inside the list ({', '.join(inner_eq)}) is read as part of a name"
-    return [
-        Finding(
-            "NCCL_IB_HCA",
-            what,
-            f"write NCCL_IB_HCA={exact}: a leading '=' makes every name in the list exact",
-            severity,
-        )
-    ]
+    return [Finding("NCCL_IB_HCA", what, _ib_hca_remedy(exclude, entries, devices, nic_names), severity)]
+
+
+def _one_device(name: str, nic_names: Sequence[str]) -> bool:
+    return bool(re.search(r"_\d+$", name)) or name in nic_names
+
+
+def _ib_hca_remedy(exclude: bool, entries: list[str], devices: list[str], nic_names: Sequence[str]) -> str:
+    """The exact form. NCCL applies a leading '=' to the whole list: family prefixes must be spelled out."""
+    lead = "^=" if exclude else "="
+    exact: list[str] = []
+    for entry, device in zip(entries, devices, strict=True):
+        port = entry.split(":", 1)[1] if ":" in entry else None
+        if _one_device(device, nic_names):
+            names = [device]
+        else:  # a family prefix: its members on this machine, when known
+            names = sorted(n for n in nic_names if n.startswith(device))
+            if not names:
+                return (
+                    f"write the full device names after one leading '=' (NCCL_IB_HCA={lead}mlx5_0,mlx5_1): "
+                    "the '=' applies to the whole list, so a family prefix cannot stay in it"
+                )
+        exact += [f"{n}:{port}" if port else n for n in names]
+    return f"write NCCL_IB_HCA={lead}{','.join(exact)}: a leading '=' makes every name in the list exact"
