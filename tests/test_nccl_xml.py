@@ -75,8 +75,8 @@ def test_ncv4_nvlink_bridge_pairs_and_a_socket_nic_and_unrecorded_link_speed(sha
     topo, system = _load(shared_fixtures, "03_")
     assert topo.gpu_link(0, 1).code == "NV12" and topo.gpu_link(2, 3).code == "NV12"
     assert topo.gpu_link(0, 2).code == "SYS"
-    assert [n.name for n in topo.nics] == ["eth0"]
-    assert _row(topo, "NIC0")["GPU0"] == "PHB" and _row(topo, "NIC0")["GPU1"] == "SYS"
+    assert [n.name for n in system.nics] == ["eth0"] and topo.nics == ()  # a socket NIC: not in the matrix
+    assert any("eth0 is a socket NIC" in w for w in topo.warnings)
     assert any("link speed not recorded" in w and "Gen3" in w for w in topo.warnings)
     assert topo.gpu(0).pcie.gen_max is None and topo.gpu(0).pcie.width_max == 16  # link_width="0" -> x16
 
@@ -104,7 +104,7 @@ def test_hgx_a100_gpu_to_nic_is_pxb_like_a_dgx_and_nvswitch_gives_nv12(shared_fi
 
 def test_h200_vm_lists_its_socket_nic_once(shared_fixtures):
     topo, system = _load(shared_fixtures, "07_")
-    assert [n.name for n in topo.nics] == ["eth0"]
+    assert [n.name for n in system.nics] == ["eth0"] and topo.nics == ()
     assert system.nics[0].cpus == (0, 1)
     assert topo.gpu_link(0, 4).code == "NV18"
     assert topo.gpu(4).numa_affinity == "1" and topo.gpu(4).cpu_affinity == "96-191"

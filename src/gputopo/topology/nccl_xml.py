@@ -1,6 +1,7 @@
 """NCCL's own view of a machine (``NCCL_TOPO_DUMP_FILE`` / ``NCCL_TOPO_FILE`` XML) -> ``Topology`` (pure).
 
-The format (NCCL src/graph/xml.cc and topo.cc; README "NCCL topology XML" says what we rely on)::
+The format (NCCL src/graph/xml.cc and topo.cc; the README's "NCCL's own topology as input" says what
+we rely on)::
 
     <system version="1">
       <cpu numaid affinity arch vendor familyid modelid>      one per NUMA node
@@ -8,7 +9,7 @@ The format (NCCL src/graph/xml.cc and topo.cc; README "NCCL topology XML" says w
           <pci busid class="0x0302xx" ...>                   a GPU's own PCI function
             <gpu dev sm rank gdr> <nvlink target count tclass/> </gpu>
           <pci busid class="0x02xxxx" ...> <nic> <net name dev speed port guid .../> </nic> </pci>
-        <nic> <net .../> </nic>                               a NIC without PCI device (sockets: eth0)
+        <nic> <net .../> </nic>                               a socket NIC (eth0): left out of the matrix
 
 Hand-written topology files (Azure's) carry only ``<cpu>`` and ``<pci>``: a leaf ``<pci>`` of class
 0x03 is a GPU, of class 0x02 a NIC, named by nobody; GPUs are then numbered in PCI bus order, as
@@ -358,10 +359,13 @@ def to_topology(system: NcclSystem, source: str) -> Topology:
         )
         for g in system.gpus
     )
-    nics = tuple(Nic(f"NIC{i}", n.name) for i, n in enumerate(system.nics))
+    # Like nvidia-smi, the matrix shows PCI network devices only: a socket NIC (eth0 under <cpu>) is not
+    # an RDMA device, and naming it in NCCL_IB_HCA would be wrong.
+    pci_nics = [n for n in system.nics if n.path]
+    nics = tuple(Nic(f"NIC{i}", n.name) for i, n in enumerate(pci_nics))
     # (cpus, path) of every matrix entry, GPUs first, as the labels are
     ends: list[tuple[tuple[int, ...], tuple[PciHop, ...]]] = [((g.cpu,), g.path) for g in system.gpus] + [
-        (n.cpus, n.path) for n in system.nics
+        (n.cpus, n.path) for n in pci_nics
     ]
     labels = tuple([f"GPU{g.index}" for g in system.gpus] + [n.label for n in nics])
     size = len(labels)
@@ -387,8 +391,8 @@ def to_topology(system: NcclSystem, source: str) -> Topology:
     for n in system.nics:
         if not n.path:
             warnings.append(
-                f"{n.name} is a NIC without PCI device (NCCL talks TCP through it); shown PHB to the GPUs "
-                "of the CPUs it is listed under"
+                f"{n.name} is a socket NIC without PCI device (NCCL talks TCP through it); like nvidia-smi, "
+                "the matrix leaves it out"
             )
     if any(n.name is None for n in system.nics):
         warnings.append(
