@@ -88,3 +88,11 @@ def test_a_mixed_list_is_spelled_out_from_the_machines_nics():
     assert "NCCL_IB_HCA==mlx5_1:1,mlx5_bond_0,mlx5_bond_1" in f.remedy
     (f,) = nccl_env_findings({"NCCL_IB_HCA": "mlx5_1,mlx5_bond"})
     assert "full device names" in f.remedy
+
+
+def test_probe_warns_about_nccl_debug_variables_before_it_starts():
+    pytest.importorskip("torch")
+    # --steps 0 stops the probe at its option check, right after the environment was looked at.
+    result = invoke("probe", "--gpus", "0,1", "--device", "cpu", "--steps", "0", env={"NCCL_ALGO": "Tree"})
+    assert result.exit_code == 2
+    assert "NCCL_ALGO=Tree forces the collective algorithms" in result.stderr
