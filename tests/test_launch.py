@@ -145,7 +145,9 @@ def test_recommend_nnodes_without_launch_is_a_usage_error():
 
 
 def _gputopo(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    full_env = {**os.environ, **(env or {})}
+    # The test's own environment must not leak a device list or NCCL settings into what is checked.
+    clean = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES" and not k.startswith("NCCL_")}
+    full_env = {**clean, **(env or {})}
     src = str(Path(__file__).resolve().parents[1] / "src")
     full_env["PYTHONPATH"] = src + os.pathsep + full_env.get("PYTHONPATH", "")
     return subprocess.run(
@@ -178,6 +180,17 @@ def test_run_execs_the_command_on_the_chosen_set_and_returns_its_exit_code(code)
     assert done.returncode == code, done.stderr
     assert done.stdout.split() == ["PCI_BUS_ID", "0,1", "kept"]
     assert "GPUs 0,1" in done.stderr
+    assert "CUDA_VISIBLE_DEVICES=" not in done.stderr.split("GPUs 0,1")[0]  # nothing inherited to warn about
+
+
+def test_run_says_when_it_replaces_an_inherited_device_list():
+    done = _gputopo(
+        "run", "--n", "2", "--input", "sample:seed-8gpu-nv4", "--", sys.executable, "-c", CHILD, "0",
+        env={"CUDA_VISIBLE_DEVICES": "4,5"},
+    )  # fmt: skip
+    assert done.returncode == 0
+    assert done.stdout.split()[1] == "0,1"
+    assert "CUDA_VISIBLE_DEVICES=4,5 was set" in done.stderr
 
 
 def test_run_honours_exclude_like_recommend():

@@ -92,6 +92,12 @@ def run_command(
         return
     for note in plan.notes:
         out.hint(note)
+    inherited = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if inherited is not None and inherited != plan.env["CUDA_VISIBLE_DEVICES"]:
+        out.warn(
+            f"CUDA_VISIBLE_DEVICES={inherited} was set (a scheduler's allocation?); it is replaced by the "
+            "chosen set, so use --exclude to stay inside an allocation"
+        )
     if input is not None:
         out.warn(f"the set was chosen from {topo.source}, not read from this machine")
     gpus = ",".join(str(g) for g in plan.gpus)

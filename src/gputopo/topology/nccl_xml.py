@@ -355,6 +355,8 @@ def to_topology(system: NcclSystem, source: str) -> Topology:
             pci_bus_id=_nvml_busid(g.busid),
             cpu_affinity=g.affinity,
             numa_affinity=g.numaid,
+            # The link NCCL recorded: sysfs max_link_* (the lower of device and port) up to NCCL 2.29,
+            # NVML's current gen/width from 2.30 (xml.cc), which an idle GPU can show lower.
             pcie=PcieLink(gen_max=g.path[-1].gen, width_max=g.path[-1].width) if g.path else None,
         )
         for g in system.gpus
