@@ -60,6 +60,7 @@ def test_hand_written_azure_ndv4_pairs_two_gpus_and_two_nics_per_switch(shared_f
         (c or "").startswith("NV") for r in topo.matrix.cells for c in r
     )  # NV12 is not in the file
     assert all(n.name is None for n in topo.nics)
+    assert any("CPU: AMD" in w and "--socket-gbps 16" in w for w in topo.warnings)
 
 
 def test_hand_written_azure_ndv5_each_gpu_has_its_own_nic_and_sockets_split(shared_fixtures):
@@ -68,6 +69,7 @@ def test_hand_written_azure_ndv5_each_gpu_has_its_own_nic_and_sockets_split(shar
         row = _row(topo, f"GPU{g}")
         assert [k for k, v in row.items() if v == "PIX"] == [f"NIC{g}"]
     assert _row(topo, "GPU0")["NIC1"] == "PHB" and _row(topo, "GPU0")["NIC4"] == "SYS"
+    assert any("Intel model 143 (Sapphire Rapids)" in w and "--socket-gbps 22" in w for w in topo.warnings)
     assert topo.gpu(0).pcie.gen_max == 5 and topo.gpu(0).pcie.width_max == 16  # "32.0 GT/s PCIe" x16
 
 
@@ -108,6 +110,7 @@ def test_h200_vm_lists_its_socket_nic_once(shared_fixtures):
     assert system.nics[0].cpus == (0, 1)
     assert topo.gpu_link(0, 4).code == "NV18"
     assert topo.gpu(4).numa_affinity == "1" and topo.gpu(4).cpu_affinity == "96-191"
+    assert not any(w.startswith("CPU:") for w in topo.warnings)  # no GPU pair crosses the sockets by PCIe
 
 
 def test_nccl_2_30_dump_two_ports_of_one_card_and_gpus_on_two_sockets(shared_fixtures):
@@ -116,6 +119,9 @@ def test_nccl_2_30_dump_two_ports_of_one_card_and_gpus_on_two_sockets(shared_fix
     assert [n.name for n in topo.nics] == ["mlx5_0", "mlx5_1"] and system.physical_nics == 1
     assert _row(topo, "GPU0")["NIC0"] == "PHB" and _row(topo, "GPU1")["NIC0"] == "SYS"
     assert any("PHB and NODE" in w for w in topo.warnings)
+    assert any(
+        "Intel model 106 (Skylake to Ice Lake)" in w and "--socket-gbps 10" in w for w in topo.warnings
+    )
 
 
 def test_a_graph_file_is_named_for_what_it_is(shared_fixtures):
@@ -209,3 +215,28 @@ def test_xml_is_recognised_by_its_start_whatever_the_file_is_called(tmp_path):
     path = tmp_path / "dump.txt"
     path.write_text("\ufeff\n  " + GOOD)
     assert load_topology(str(path)).gpu(0).pci_bus_id == "00000000:13:00.0"
+
+
+@pytest.mark.parametrize(
+    ("attrs", "gbps"),
+    [
+        ({"arch": "x86_64", "vendor": "GenuineIntel", "familyid": "6", "modelid": "207"}, 40),
+        ({"arch": "x86_64", "vendor": "GenuineIntel", "familyid": "6", "modelid": "143"}, 22),
+        ({"arch": "x86_64", "vendor": "GenuineIntel", "familyid": "6", "modelid": "85"}, 10),
+        ({"arch": "x86_64", "vendor": "GenuineIntel", "familyid": "6", "modelid": "79"}, 6),
+        ({"arch": "x86_64", "vendor": "AuthenticAMD", "familyid": "143", "modelid": "49"}, 16),
+        ({"arch": "arm64"}, 6),
+        ({"arch": "ppc64"}, 32),
+    ],
+)
+def test_the_socket_link_figure_follows_nccls_cpu_classes(attrs, gbps):
+    from gputopo.topology.nccl_xml import _socket_note
+
+    assert f"--socket-gbps {gbps} " in _socket_note((attrs,))
+
+
+def test_an_unknown_cpu_gets_no_socket_figure():
+    from gputopo.topology.nccl_xml import _socket_note
+
+    assert _socket_note(({"arch": "x86_64", "vendor": "CentaurHauls"},)) is None
+    assert _socket_note(()) is None

@@ -401,6 +401,11 @@ def to_topology(system: NcclSystem, source: str) -> Topology:
             "NICs of a hand-written file have no names (NIC Legend unknown); NCCL fills them in at run time"
         )
     warnings.extend(_link_warnings(system))
+    n_gpus = len(system.gpus)
+    if any(code == "SYS" for row in cells[:n_gpus] for code in row[:n_gpus]):  # GPU pairs across sockets
+        note = _socket_note(system.cpus)
+        if note:
+            warnings.append(note)
     return Topology(
         source=source,
         gpus=gpus,
@@ -511,6 +516,45 @@ def _link_warnings(system: NcclSystem) -> list[str]:
             "assumes Gen3 x16 (12 GB/s)"
         )
     return out
+
+
+def _socket_note(cpus: tuple[dict[str, str], ...]) -> str | None:
+    """NCCL's figure for the link between CPU sockets, from the first <cpu>'s arch, vendor and model.
+
+    NCCL topo.h / topo.cc (ncclTopoGetInterCpuBw): Intel by model class (modelid >= 0xCF Emerald/Granite
+    Rapids 40, >= 0x8F Sapphire Rapids 22, >= 0x55 Skylake..Ice Lake 10, older 6), AMD 16, POWER9 32,
+    arm64 6 GB/s. The topo -m model assumes 10, so say which figure to give it.
+    """
+    attrs = cpus[0] if cpus else {}
+    arch, vendor = attrs.get("arch"), (attrs.get("vendor") or "").strip()
+    try:
+        family, model = int(attrs.get("familyid", ""), 0), int(attrs.get("modelid", ""), 0)
+    except ValueError:
+        family = model = -1
+    if arch == "x86_64" and vendor == "GenuineIntel" and family == 6:
+        gbps, what = next(
+            (g, w)
+            for floor, g, w in (
+                (0xCF, 40, "Emerald/Granite Rapids"),
+                (0x8F, 22, "Sapphire Rapids"),
+                (0x55, 10, "Skylake to Ice Lake"),
+                (0, 6, "Broadwell or older"),
+            )
+            if model >= floor
+        )
+        cpu = f"Intel model {model} ({what})"
+    elif arch == "x86_64" and vendor == "AuthenticAMD":
+        gbps, cpu = 16, "AMD"
+    elif arch == "ppc64":
+        gbps, cpu = 32, "POWER"
+    elif arch == "arm64":
+        gbps, cpu = 6, "Arm"
+    else:
+        return None
+    return (
+        f"CPU: {cpu}; NCCL counts {gbps} GB/s between sockets, so give recommend --socket-gbps {gbps} to "
+        "use the same figure"
+    )
 
 
 def _hop(busid: str, attrs: dict[str, str]) -> PciHop:
