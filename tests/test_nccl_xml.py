@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -240,3 +241,67 @@ def test_an_unknown_cpu_gets_no_socket_figure():
 
     assert _socket_note(({"arch": "x86_64", "vendor": "CentaurHauls"},)) is None
     assert _socket_note(()) is None
+
+
+def test_damaged_dumps_give_a_topology_or_one_input_error_never_a_crash(shared_fixtures):
+    """Cut and splice real dumps, and poison each kind of attribute: a Topology or an InputError, always."""
+    import random
+
+    rng = random.Random(16)
+    poisons = [
+        "",
+        "-1",
+        "inf",
+        "nan",
+        "1e999",
+        "0x",
+        "99999999999999999999",
+        "ffff:ff:ff.f",
+        "&amp;",
+        "\u00e9",
+    ]
+    names = [
+        "dev",
+        "count",
+        "sm",
+        "speed",
+        "link_width",
+        "link_speed",
+        "numaid",
+        "affinity",
+        "busid",
+        "target",
+    ]
+    names += ["class", "tclass", "version", "name", "modelid"]
+    mutants: list[str] = []
+    for text in (p.read_text() for p in _files(shared_fixtures)):
+        for name in names:
+            for poison in poisons:
+                mutants.append(re.sub(rf'\b{name}="[^"]*"', f'{name}="{poison}"', text, count=1))
+        lines = text.splitlines()
+        for _ in range(20):
+            mutants.append(text[: rng.randrange(len(text))])
+            k = rng.randrange(len(lines))
+            mutants.append("\n".join(lines[:k] + lines[k + 1 + rng.randrange(2) :]))
+    for mutated in mutants:
+        try:
+            topo = parse_nccl_xml(mutated, "damaged.xml")
+        except InputError as exc:
+            assert exc.message.startswith("damaged.xml")
+            continue
+        for row in topo.matrix.cells:  # what reads back is still a matrix topo -m could print
+            assert all(
+                topo.matrix.link(topo.matrix.labels[0], label) is not None for label in topo.matrix.labels
+            )
+            assert len(row) == len(topo.matrix.labels)
+    assert len(mutants) > 1000
+
+
+def test_out_of_range_numbers_are_refused():
+    with pytest.raises(InputError, match="out of range"):
+        parse_nccl_xml(GOOD.replace('dev="0"', 'dev="-5"'), "t.xml")
+    with pytest.raises(InputError, match="not a number"):
+        parse_nccl_xml(GOOD.replace('dev="0"', 'dev="inf"'), "t.xml")
+    many = '<nvlink target="0000:c0:00.0" count="40" tclass="0x068000"/>' * 2
+    with pytest.raises(InputError, match="more than 64 NVLinks"):
+        parse_nccl_xml(GOOD.replace('sm="80"/>', f'sm="80">{many}</gpu>'), "t.xml")

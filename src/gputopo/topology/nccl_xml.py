@@ -40,6 +40,8 @@ from gputopo.model import Gpu, Matrix, Nic, NvlinkPeer, PcieLink, Topology
 MAX_BYTES = 16 * 1024 * 1024  # real dumps are 1-100 KB
 MAX_DEPTH = 64  # a dump nests cpu > pci (a few switch levels) > gpu > nvlink
 MAX_ELEMENTS = 200_000
+MAX_GPUS = 1024  # NVML indices in one dump
+MAX_NVLINKS = 64  # links from one GPU (18 on Hopper and Blackwell); keeps NV# within what topo -m prints
 
 HINT = 'give the file NCCL writes with NCCL_TOPO_DUMP_FILE=path (a <system version="1"> document)'
 
@@ -269,16 +271,18 @@ class _Walker:
                 self.nics.append(XmlNic(None, (where.cpu,), path, busid))
 
     def gpu(self, node: _Node, where: _Where, path: tuple[PciHop, ...]) -> None:
-        dev = _int(node, "dev", self)
+        dev = _int(node, "dev", self, 0, MAX_GPUS - 1)
         nv = []
         for link in node.children:
             if link.tag != "nvlink":
                 continue
             target = (link.attrs.get("target") or "").strip().lower()
-            count = _int(link, "count", self)
-            if count is None or count < 0:
+            count = _int(link, "count", self, 0, MAX_NVLINKS)
+            if count is None:
                 raise self.fail(link, "<nvlink> without a count")
             nv.append((target, count, (link.attrs.get("tclass") or "").lower()))
+        if sum(c for _, c, _ in nv) > MAX_NVLINKS:
+            raise self.fail(node, f"more than {MAX_NVLINKS} NVLinks on one GPU")
         self.gpus.append(
             (dev, _xml_gpu(path[-1].busid, where, path, _int(node, "sm", self), tuple(nv)), node)
         )
@@ -531,7 +535,7 @@ def _socket_note(cpus: tuple[dict[str, str], ...]) -> str | None:
         family, model = int(attrs.get("familyid", ""), 0), int(attrs.get("modelid", ""), 0)
     except ValueError:
         family = model = -1
-    if arch == "x86_64" and vendor == "GenuineIntel" and family == 6:
+    if arch == "x86_64" and vendor == "GenuineIntel" and family == 6 and model >= 0:
         gbps, what = next(
             (g, w)
             for floor, g, w in (
@@ -591,17 +595,18 @@ def _nvml_busid(busid: str) -> str:
     return f"{int(domain, 16):08X}:{bus.upper()}:{rest.upper()}"
 
 
-def _int(node: _Node, name: str, walker: _Walker) -> int | None:
+def _int(node: _Node, name: str, walker: _Walker, lo: int = -(2**31), hi: int = 2**31) -> int | None:
+    """An integer attribute (decimal or 0x hex) within [lo, hi]; ``None`` when absent or empty."""
     text = node.attrs.get(name)
     if text is None or text.strip() == "":
         return None
     try:
-        return int(text, 0)
+        value = int(text.strip(), 0)
     except ValueError:
-        try:
-            return int(float(text))
-        except ValueError:
-            raise walker.fail(node, f"<{node.tag} {name}={text!r}> is not a number") from None
+        raise walker.fail(node, f"<{node.tag} {name}={text!r}> is not a number") from None
+    if not lo <= value <= hi:
+        raise walker.fail(node, f"<{node.tag} {name}={text!r}> is out of range ({lo} to {hi})")
+    return value
 
 
 def _cpu_list(mask: str | None) -> str | None:
