@@ -247,6 +247,32 @@ def test_workers_whose_launcher_runs_are_not_stale(procs: Procs, devices: dict[s
     assert running(worker) and running(launcher)
 
 
+def test_dataloader_worker_whose_rank_died_is_stale_while_the_launcher_lives(
+    procs: Procs, devices: dict[str, str]
+) -> None:
+    fields = procs.start("launch-rank", devices["nvidia0"], "--fork-worker", "--comm", "tini")
+    rank, launcher, worker = fields["pid"], fields["launcher"], fields["worker"]
+
+    code, doc = as_json("--device-files", devices["glob"])
+    held = by_pid(doc)
+    assert held[worker]["kind"] == "fork worker" and f"forked from {rank}" in held[worker]["marks"]
+    assert held[worker]["stale"] is False and held[rank]["stale"] is False
+    assert held[rank]["ppid"] == launcher
+
+    os.kill(rank, signal.SIGKILL)
+    deadline = time.monotonic() + 15
+    while psutil.Process(worker).ppid() == rank:
+        assert time.monotonic() < deadline, "the worker was never adopted"
+        time.sleep(0.01)
+    code, doc = as_json("--device-files", devices["glob"], "--yes", "--grace", "1")
+    assert code == 0
+    held = by_pid(doc)
+    assert held[worker]["kind"] == "rank"  # its parent is gone; it still carries the rank's environment
+    assert held[worker]["reasons"][0].startswith("launcher gone: adopted by")
+    assert held[worker]["action"] == "terminated"
+    assert not running(worker) and running(launcher)
+
+
 def test_detached_sleeper_is_not_stale_and_goes_only_with_all_or_pid(
     procs: Procs, devices: dict[str, str]
 ) -> None:

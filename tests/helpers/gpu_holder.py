@@ -23,8 +23,11 @@ Roles (first argument):
   ``ready pid=<W> launcher=<L>``; once the test kills L, PID 1 adopts the rank. Whatever PID 1 is must
   reap them.
 
-Options: ``--ignore-term`` ignores SIGTERM; ``--comm NAME`` sets the kernel's process name (with argv[0]
-set by the caller, this is how a daemon's name is worn); ``--uid UID`` drops to that user after opening.
+Options: ``--fork-worker`` makes a holder (and a ``launch-rank`` rank) fork a DataLoader-style worker
+that keeps its descriptors, named in the ready line as ``worker=<pid>``; ``--ignore-term`` ignores
+SIGTERM; ``--comm NAME`` sets the kernel's process name (with argv[0] set by the caller, this is how a
+daemon's name is worn; for ``launch-*``, the subreaper's name); ``--uid UID`` drops to that user after
+opening.
 """
 
 from __future__ import annotations
@@ -97,6 +100,7 @@ def main() -> None:
     )
     parser.add_argument("files", nargs="*")
     parser.add_argument("--ignore-term", action="store_true")
+    parser.add_argument("--fork-worker", action="store_true")
     parser.add_argument("--comm")
     parser.add_argument("--uid", type=int)
     argv = sys.argv[1:]
@@ -112,7 +116,13 @@ def main() -> None:
             os.setgid(opts.uid)
             os.setuid(opts.uid)
         _apply(opts)
-        _ready()
+        if opts.fork_worker:  # a DataLoader-style worker: forked, not exec'd, so it keeps the descriptors
+            child = os.fork()
+            if child == 0:
+                _sleep_forever()
+            _ready(worker=child)
+        else:
+            _ready()
         _sleep_forever()
 
     if opts.role == "run":
@@ -130,7 +140,7 @@ def main() -> None:
                     time.sleep(0.01)
                 _ready()
             else:
-                worker = _start_worker("launch-rank", opts.files)
+                worker, _ = _start_worker("launch-rank", opts.files)
                 while not _holds_all(worker, opts.files):
                     time.sleep(0.01)
                 _ready(pid=worker, launcher=os.getpid())
@@ -157,10 +167,13 @@ def main() -> None:
             _prctl(PR_SET_NAME, opts.comm.encode()[:15])
         if os.fork() == 0:
             os.setsid()
-            worker = _start_worker(opts.role, opts.files)
+            # L goes by the name a launcher has (torchrun's script is its command name), not S's.
+            _prctl(PR_SET_NAME, b"torchrun" if opts.role == "launch-rank" else b"python")
+            worker, forked = _start_worker(opts.role, opts.files, opts.fork_worker)
             while not _holds_all(worker, opts.files):
                 time.sleep(0.01)
-            _ready(pid=worker, launcher=os.getpid())
+            extra = {"worker": forked} if forked is not None else {}
+            _ready(pid=worker, launcher=os.getpid(), **extra)
             _sleep_forever()
         _reap_until_alone()
 
@@ -192,19 +205,27 @@ RANK_ENV = {
 }
 
 
-def _start_worker(role: str, files: list[str]) -> int:
+def _start_worker(role: str, files: list[str], fork_worker: bool = False) -> tuple[int, int | None]:
+    """Start the worker; returns its pid and, with ``fork_worker``, the pid of the child it forked."""
     if role == "launch-rank":
         env = {**os.environ, **RANK_ENV}
+        extra = ["--fork-worker"] if fork_worker else []
         rank = subprocess.Popen(
-            [sys.executable, __file__, "hold", *files], env=env, stdout=subprocess.DEVNULL
+            [sys.executable, __file__, "hold", *files, *extra],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # as torch.distributed.elastic's SubprocessHandler does
         )
-        return rank.pid
+        assert rank.stdout is not None
+        fields = dict(f.split("=") for f in rank.stdout.readline().split()[1:])
+        return rank.pid, int(fields["worker"]) if "worker" in fields else None
     import multiprocessing
 
     child = multiprocessing.get_context("spawn").Process(target=_hold_in_worker, args=(files,))
     child.start()
     assert child.pid is not None
-    return child.pid
+    return child.pid, None
 
 
 def _hold_in_worker(files: list[str]) -> None:
