@@ -32,6 +32,9 @@ def render_topology(topo: Topology) -> RenderableType:
     parts: list[RenderableType] = [Text(f"Topology of {_title(topo)}", style="bold"), matrix_table(topo)]
     parts.append(Text("Legend:", style="bold"))
     parts.append(legend(topo))
+    nics = nic_legend(topo)
+    if nics is not None:
+        parts.append(nics)
     parts.append(gpu_table(topo))
     if topo.live:
         parts.append(live_table(topo))
@@ -106,10 +109,16 @@ def legend(topo: Topology) -> RenderableType:
     if any(c is None for row in topo.matrix.cells for c in row):
         lines.append("  ?       ", style="dim")
         lines.append("not shown in the source (cropped or truncated)\n")
-    named = [n for n in topo.nics if n.name and n.name != n.label]
-    if named:
-        lines.append("  NICs: " + ", ".join(f"{n.label}={n.name}" for n in named) + "\n")
     return lines
+
+
+def nic_legend(topo: Topology) -> Text | None:
+    """``NIC Legend:`` and one ``  NIC0: mlx5_0`` line per named NIC, as nvidia-smi prints it (so a saved
+    ``gputopo topo`` reads back with its NIC names); ``None`` when no NIC has a name of its own."""
+    named = [n for n in topo.nics if n.name and n.name != n.label]
+    if not named:
+        return None
+    return Text("NIC Legend:\n\n" + "".join(f"  {n.label}: {n.name}\n" for n in named))
 
 
 def _na(value: object) -> str:
