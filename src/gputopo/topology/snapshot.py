@@ -65,7 +65,7 @@ def from_dict(data: Any, source: str = "snapshot") -> Topology:
     if not isinstance(data, dict):
         raise InputError(f"{source}: a topology snapshot is a JSON object", hint)
     if data.get("schema") != SCHEMA:
-        found = f"schema {data['schema']!r}" if data.get("schema") else "no schema field"
+        found = f"its schema is {data['schema']!r}" if data.get("schema") else "it has no schema field"
         raise InputError(f"{source}: {found}; a topology snapshot has schema {SCHEMA!r}", hint)
     try:
         gpus = tuple(_gpu(g) for g in data["gpus"])

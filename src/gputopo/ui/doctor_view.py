@@ -11,6 +11,8 @@ from rich.text import Text
 
 from gputopo.doctor import fmt_gbps
 from gputopo.findings import NOTE, PROBLEM
+from gputopo.topology import snapshot
+from gputopo.ui.topo_view import topology_blocks
 
 
 def render_doctor(doc: dict[str, Any]) -> RenderableType:
@@ -18,6 +20,11 @@ def render_doctor(doc: dict[str, Any]) -> RenderableType:
     parts: list[RenderableType] = []
     if doc.get("simulated"):
         parts.append(Text(f"SIMULATED: {doc.get('why_simulated')}", style="bold yellow"))
+    topo = doc["topology"]
+    parts.append(Text(f"Topology of {topo.get('source', 'the report')}", style="bold"))
+    parts.extend(topology_blocks(snapshot.from_dict(topo, source=topo.get("source", "report"))))
+    for w in doc.get("warnings") or []:
+        parts.append(Text(f"warning about the input: {w}", style="yellow"))
     problems = [f for f in doc["findings"] if f["severity"] == PROBLEM]
     notes = [f for f in doc["findings"] if f["severity"] == NOTE]
     if problems:
@@ -93,6 +100,7 @@ def render_doctor(doc: dict[str, Any]) -> RenderableType:
             lines.append(f"# {r['n']} GPUs: none ({r['why']})\n", style="dim")
     for e in doc.get("left_out") or []:
         lines.append(f"# GPU{e['gpu']} left out: {e['why']}\n", style="dim")
+    lines.rstrip()
     parts.append(Panel(lines, title="Which GPUs to use", title_align="left"))
     verdict_style = "bold green" if doc["verdict"] == "healthy" else "bold red"
     parts.append(Text(doc["headline"], style=verdict_style))

@@ -29,13 +29,7 @@ def link_style(code: str | None) -> str:
 
 def render_topology(topo: Topology) -> RenderableType:
     """Everything ``gputopo topo`` shows for ``topo``, top to bottom."""
-    parts: list[RenderableType] = [Text(f"Topology of {_title(topo)}", style="bold"), matrix_table(topo)]
-    parts.append(Text("Legend:", style="bold"))
-    parts.append(legend(topo))
-    nics = nic_legend(topo)
-    if nics is not None:
-        parts.append(nics)
-    parts.append(gpu_table(topo))
+    parts: list[RenderableType] = [Text(f"Topology of {_title(topo)}", style="bold"), *topology_blocks(topo)]
     if topo.live:
         parts.append(live_table(topo))
     if topo.nvlinks:
@@ -43,6 +37,34 @@ def render_topology(topo: Topology) -> RenderableType:
     if topo.p2p:
         parts.append(p2p_table(topo))
     return Group(*parts)
+
+
+def topology_blocks(topo: Topology) -> list[RenderableType]:
+    """What a report carries of a topology: the coloured link matrix, its legend, the NIC legend and the
+    GPU table (name, PCI bus id, CPU and NUMA affinity)."""
+    parts: list[RenderableType] = [matrix_table(topo), Text("Legend:", style="bold"), legend(topo)]
+    nics = nic_legend(topo)
+    if nics is not None:
+        parts.append(nics)
+    parts.append(gpu_table(topo))
+    return parts
+
+
+def topology_export(topo: Topology, html: bool = False) -> str:
+    """``topology_blocks`` as plain text (for Markdown: it reads back with ``--input``) or as an HTML
+    ``<pre>`` with the terminal's colours inlined."""
+    import io
+
+    from rich.console import Console
+
+    console = Console(
+        file=io.StringIO(), record=True, width=100_000, color_system="truecolor", highlight=False
+    )
+    for block in topology_blocks(topo):
+        console.print(block)
+    if not html:
+        return "\n".join(line.rstrip() for line in console.export_text().splitlines()).strip("\n") + "\n"
+    return console.export_html(inline_styles=True, code_format='<pre class="topo">{code}</pre>')
 
 
 def grid(header: list[str], rows: list[list[str | Text]], center: bool = False) -> Text:
