@@ -39,6 +39,10 @@ def report_usage_error(exc: Exception) -> int:
         sys.stderr.write(message.rstrip("\n") + "\n")
         return code
     where = ctx.command_path if ctx is not None else "gputopo"
+    # typer names the value's Python type; a person wants the kind of value.
+    message = message.replace("is not a valid int", "is not a whole number").replace(
+        "is not a valid float", "is not a number"
+    )
     Output().error(f"{where}: {message.rstrip('.')}", f"`{where} --help` lists the options, with examples")
     return code
 

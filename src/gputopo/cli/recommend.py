@@ -9,7 +9,7 @@ import typer
 
 from gputopo.cli import app
 from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, examples, guarded
-from gputopo.errors import InputError
+from gputopo.errors import InputError, UsageError
 from gputopo.gpulist import parse_gpu_list
 from gputopo.ui.output import Output
 
@@ -78,6 +78,8 @@ def recommend_command(
     from gputopo.topology.bandwidth import Assumptions
 
     out = Output(json_mode=json_out)
+    if max_used_mib < 0:
+        raise UsageError(f"--max-used-mib {max_used_mib}: must be 0 or more", "e.g. --max-used-mib 1024")
     assumptions = Assumptions(nvlink_gbps_per_link=nvlink_gbps, pcie_gen=pcie_gen, socket_gbps=socket_gbps)
     evidence = None
     if from_report is not None:

@@ -8,7 +8,7 @@ import sys
 import typer
 
 from gputopo.cli import app
-from gputopo.cli.common import JSON_OPTION, guarded
+from gputopo.cli.common import JSON_OPTION, examples, guarded
 from gputopo.errors import CheckFailed, UsageError
 from gputopo.gpulist import parse_gpu_list
 from gputopo.ui.output import Output
@@ -18,7 +18,14 @@ from gputopo.ui.output import Output
 DEFAULT_GRACE_S = 10.0
 
 
-@app.command("kill-stale")
+@app.command(
+    "kill-stale",
+    epilog=examples(
+        "gputopo kill-stale                      # dry run: who holds the GPUs, which are stale and why",
+        "gputopo kill-stale --yes                # stop the stale ones (SIGTERM, grace, SIGKILL)",
+        "gputopo kill-stale --gpus 5,6 --older-than 10m --yes",
+    ),
+)
 @guarded
 def kill_stale_command(
     yes: bool = typer.Option(False, "--yes", "-y", help="Stop the targeted processes (default: dry run)."),
