@@ -820,7 +820,30 @@ def _fill_matrix(
         if label not in by_label:
             warnings.add("no row for {who}: the paste looks cut; their links are unknown", label)
     _check_symmetry(labels, matrix, warnings)
+    _fill_from_mirror(labels, matrix, warnings)
     return matrix
+
+
+def _fill_from_mirror(labels: Sequence[str], matrix: list[list[str | None]], warnings: _Warnings) -> None:
+    """Fill cells a cut paste lost where the text still shows them: the matrix is symmetric (nvidia-smi
+    prints the same path both ways), and a device's cell to itself is always ``X``. Says what was filled."""
+    mirrored, diagonal = [], []
+    for i, label in enumerate(labels):
+        if matrix[i][i] is None:
+            matrix[i][i] = "X"
+            diagonal.append(label)
+        for j in range(len(labels)):
+            if i != j and matrix[i][j] is None and matrix[j][i] is not None:
+                matrix[i][j] = matrix[j][i]
+                mirrored.append(f"{label}/{labels[j]}")
+    if mirrored:
+        shown = ", ".join(mirrored[:4]) + (f" (and {len(mirrored) - 4} more)" if len(mirrored) > 4 else "")
+        warnings.add(
+            f"{len(mirrored)} cell(s) the text does not show were filled from their mirror, which it does "
+            f"show (the matrix is symmetric): {shown}"
+        )
+    if diagonal:
+        warnings.add(f"the self cell (X) of {_names(diagonal)} was not shown and was filled in")
 
 
 def _devices(
