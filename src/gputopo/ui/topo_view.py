@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from gputopo.model import P2P_CAPABILITIES, Gpu, Link, LinkKind, Topology
+from gputopo.model import P2P_CAPABILITIES, UNKNOWN_CELL, Gpu, Link, LinkKind, Topology
 
 NA = "n/a"
 
@@ -106,7 +106,7 @@ def matrix_table(topo: Topology) -> Text:
     """The link matrix, GPUs and NICs, with the codes as nvidia-smi prints them."""
     rows: list[list[str | Text]] = []
     for label, row in zip(topo.matrix.labels, topo.matrix.cells, strict=True):
-        cells = [Text(c if c is not None else "?", style=link_style(c)) for c in row]
+        cells = [Text(c if c is not None else UNKNOWN_CELL, style=link_style(c)) for c in row]
         rows.append([Text(label, style="bold"), *cells])
     return grid(["", *topo.matrix.labels], rows, center=True)
 
