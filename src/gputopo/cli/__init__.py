@@ -22,6 +22,7 @@ app = typer.Typer(
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="Start with `gputopo doctor`; `gputopo COMMAND -h` shows each command's options and examples.",
 )
 
 
