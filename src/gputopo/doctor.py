@@ -327,7 +327,9 @@ def to_markdown(doc: dict[str, Any]) -> str:
     lines += ["## Which GPUs to use", ""]
     for r in doc["recommendations"]:
         if r["best"]:
-            lines.append(f"- {r['n']} GPUs: `{r['export']}` (est. {r['best']['est_busbw_gbps']} GB/s busbw)")
+            lines.append(
+                f"- {r['n']} GPUs: `{r['export']}` ({estimate_words(r['best'].get('est_busbw_gbps'))})"
+            )
         else:
             lines.append(f"- {r['n']} GPUs: none ({r['why']})")
     for e in doc["left_out"]:
@@ -385,6 +387,13 @@ def holder_state(holder: dict[str, Any]) -> str:
 
 def _md(text: Any) -> str:
     return str(text if text is not None else "n/a").replace("|", "\\|").replace("\n", " ")
+
+
+def estimate_words(gbps: float | None) -> str:
+    """``est. 48 GB/s busbw``, or why there is none (a cut paste hides links the set needs)."""
+    if gbps is None:
+        return "no busbw estimate: the input does not show every link this set needs"
+    return f"est. {fmt_gbps(gbps)} GB/s busbw"
 
 
 def fmt_gbps(value: float | None) -> str:

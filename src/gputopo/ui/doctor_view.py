@@ -9,7 +9,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from gputopo.doctor import fmt_gbps
+from gputopo.doctor import estimate_words, fmt_gbps
 from gputopo.findings import NOTE, PROBLEM
 from gputopo.topology import snapshot
 from gputopo.ui.topo_view import topology_blocks
@@ -92,9 +92,7 @@ def render_doctor(doc: dict[str, Any]) -> RenderableType:
     lines = Text()
     for r in doc["recommendations"]:
         if r["best"]:
-            lines.append(
-                f"# {r['n']} GPUs: est. {fmt_gbps(r['best']['est_busbw_gbps'])} GB/s busbw\n", style="dim"
-            )
+            lines.append(f"# {r['n']} GPUs: {estimate_words(r['best'].get('est_busbw_gbps'))}\n", style="dim")
             lines.append(f"{r['export']}\n")
         else:
             lines.append(f"# {r['n']} GPUs: none ({r['why']})\n", style="dim")
