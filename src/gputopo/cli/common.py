@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import functools
 import os
+import re
+import sys
 import traceback
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
 from gputopo.errors import GputopoError
 from gputopo.ui.output import Output
+
+if TYPE_CHECKING:
+    from gputopo.model import Topology
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -34,20 +39,17 @@ def report_usage_error(exc: Exception) -> int:
     code = getattr(exc, "exit_code", 2)
     ctx = getattr(exc, "ctx", None)
     if "\n" in message:  # `gputopo` alone: the message is the help text itself
-        import sys
-
         sys.stderr.write(message.rstrip("\n") + "\n")
         return code
     where = ctx.command_path if ctx is not None else "gputopo"
     # typer names the value's Python type; a person wants the kind of value.
-    message = message.replace("is not a valid int", "is not a whole number").replace(
-        "is not a valid float", "is not a number"
-    )
+    message = re.sub(r"is not a valid (?:int|integer)\b", "is not a whole number", message)
+    message = re.sub(r"is not a valid float\b", "is not a number", message)
     Output().error(f"{where}: {message.rstrip('.')}", f"`{where} --help` lists the options, with examples")
     return code
 
 
-def read_topology(out: Output, spec: str | None):  # -> Topology; untyped to keep model.py out of start-up
+def read_topology(out: Output, spec: str | None) -> Topology:
     """The topology ``--input`` names (or this machine's), its warnings said on stderr."""
     from gputopo.topology import load_topology
 
