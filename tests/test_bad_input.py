@@ -134,6 +134,12 @@ CASES = [
     ("doctor --input {binary} --skip-probe", 2),
     ("doctor --input sample:dgx2-v100-16gpu", 2),
     ("doctor --simulate --skip-probe --report-dir {under_file}", 2),
+    # run (checked before anything is started)
+    (f"run --n 2 --input {SEED} --exclude x -- true", 2),
+    (f"run --n 2 --input {SEED} --json -- true", 2),
+    (f"run --n 9 --input {SEED} --dry-run -- true", 2),
+    (f"run --n 2 --input {SEED} --dry-run", 2),
+    ("run --n 2 --input {binary} --dry-run -- true", 2),
     # report
     ("report", 2),
     ("report {missing}", 2),
@@ -189,7 +195,7 @@ def test_option_errors_take_one_line_not_four(capsys):
     ]
 
 
-@pytest.mark.parametrize("command", ["topo", "recommend", "probe", "kill-stale", "doctor", "report"])
+@pytest.mark.parametrize("command", ["topo", "recommend", "run", "probe", "kill-stale", "doctor", "report"])
 def test_every_command_takes_dash_h_and_shows_examples(command, capsys):
     assert run_main([command, "-h"]) == 0
     out = capsys.readouterr().out

@@ -91,6 +91,9 @@ def probe_command(
     from gputopo.report import ensure_report_dir, write_report
 
     out = Output(json_mode=json_out)
+    from gputopo.cli.run import warn_nccl_env
+
+    warn_nccl_env(out)  # the ranks inherit these settings, and so do the measurements
     require_torch()
     inventory = detect_devices(device.value if device else None)
     config = build_config(

@@ -9,14 +9,17 @@ from gputopo.model import Topology
 
 SAMPLE_PREFIX = "sample:"
 STDIN = "-"
+# How NCCL topology XML begins (a pasted `topo -m` can begin with HTML tags, so not just "<").
+NCCL_XML_STARTS = ("<?xml", "<system", "<graphs", "<!DOCTYPE")
 
 
 def load_topology(spec: str | None) -> Topology:
     """The topology named by ``--input``, or this machine's when ``spec`` is ``None``.
 
-    ``spec`` is ``sample:NAME``, a path to a JSON snapshot (``gputopo topo --json``), a path to saved
-    ``nvidia-smi topo -m`` text, or ``-`` for either on stdin. Raises ``InputError`` (exit 2) for anything
-    unreadable and ``UnavailableError`` (exit 3) when reading live without an NVIDIA driver.
+    ``spec`` is ``sample:NAME``, a path to a JSON snapshot (``gputopo topo --json``), NCCL topology XML
+    (``NCCL_TOPO_DUMP_FILE``: a ``.xml`` name or text starting ``<?xml``, ``<system``, ...), saved
+    ``nvidia-smi topo -m`` text, or ``-`` for any of them on stdin. Raises ``InputError`` (exit 2) for
+    anything unreadable and ``UnavailableError`` (exit 3) when reading live without an NVIDIA driver.
     """
     if spec is None:
         from gputopo.system.inventory import read_live
@@ -43,7 +46,7 @@ def load_topology(spec: str | None) -> Topology:
         raise InputError(
             f"--input {spec}: cannot read ({exc.strerror})", "check the path and its permissions"
         ) from None
-    return _from_text(decode(raw), str(path))
+    return _from_text(decode(raw), str(path), xml_name=path.suffix.lower() == ".xml")
 
 
 def _read_stdin() -> str:
@@ -58,8 +61,14 @@ def _read_stdin() -> str:
     return decode(stream.read()) if stream is not None else sys.stdin.read()
 
 
-def _from_text(text: str, source: str) -> Topology:
-    if text.lstrip("\ufeff \t\r\n").startswith("{"):
+def _from_text(text: str, source: str, xml_name: bool = False) -> Topology:
+    """Read text as whichever input it is: NCCL XML, a JSON snapshot, or `topo -m` output."""
+    head = text.lstrip("\ufeff \t\r\n")
+    if xml_name or head.startswith(NCCL_XML_STARTS):
+        from gputopo.topology.nccl_xml import parse_nccl_xml  # NCCL_TOPO_DUMP_FILE output
+
+        return parse_nccl_xml(text, source=source)
+    if head.startswith("{"):
         from gputopo.topology import snapshot
 
         return snapshot.loads(text.lstrip("\ufeff"), source=source)
