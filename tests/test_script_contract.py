@@ -330,3 +330,17 @@ def test_kept_apart_lists_each_pair_once_with_every_reason(tmp_path):
     assert "p2p check failed (corrupt)" in why and "dp check failed (nan)" in why and "ddp check" in why
     human = invoke("recommend", "--n", "2", "--input", SEED, "--from-report", str(path), columns=400)
     assert human.stdout.count("kept apart: GPU0 + GPU1") == 1
+
+
+def test_nccl_topology_xml_reads_from_stdin_and_as_utf16(tmp_path):
+    root = fixture_dir()
+    if root is None:
+        pytest.skip("shared fixtures not found")
+    path = next((root / "nccl-topo").glob("*.xml"))
+    direct = json.loads(piped("topo", "--input", str(path), "--json").stdout)
+    from_stdin = piped("topo", "--input", "-", "--json", stdin=path.read_bytes())
+    assert from_stdin.exit_code == 0, from_stdin.output
+    assert matrix_of(json.loads(from_stdin.stdout)) == matrix_of(direct)
+    wide = tmp_path / "dump.xml"
+    wide.write_bytes(path.read_text(encoding="utf-8").encode("utf-16"))
+    assert matrix_of(json.loads(piped("topo", "--input", str(wide), "--json").stdout)) == matrix_of(direct)
