@@ -344,3 +344,19 @@ def test_nccl_topology_xml_reads_from_stdin_and_as_utf16(tmp_path):
     wide = tmp_path / "dump.xml"
     wide.write_bytes(path.read_text(encoding="utf-8").encode("utf-16"))
     assert matrix_of(json.loads(piped("topo", "--input", str(wide), "--json").stdout)) == matrix_of(direct)
+
+
+def test_probe_with_input_carries_its_warnings(tmp_path):
+    """probe --input reads a topology for its estimate: its warnings reach stderr, the JSON and the report."""
+    pytest.importorskip("torch")
+    path = str(_seed_fixture())
+    topo = json.loads(invoke("topo", "--input", path, "--json").stdout)
+    result = invoke(
+        "probe", "--device", "cpu", "--gpus", "0,1", "--mode", "allreduce", "--model", "tiny",
+        "--input", path, "--report-dir", str(tmp_path), "--json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["warnings"] == topo["warnings"]
+    assert topo["warnings"][0] in result.stderr.replace("\n", " ")
+    assert topo["warnings"][0] in Path(doc["report"]["markdown"]).read_text()
