@@ -360,3 +360,15 @@ def test_probe_with_input_carries_its_warnings(tmp_path):
     assert doc["warnings"] == topo["warnings"]
     assert topo["warnings"][0] in result.stderr.replace("\n", " ")
     assert topo["warnings"][0] in Path(doc["report"]["markdown"]).read_text()
+
+
+def test_bus_ids_are_printed_as_written_never_as_emoji(capsys):
+    """rich turns ``:ab:`` into an emoji by default; a bus id like ``0000:ab:00.0`` must survive."""
+    from gputopo.ui.output import Output
+
+    out = Output()
+    out.warn("GPU at 0000:ab:00.0 runs below its link")
+    out.show("GPU0  00000000:ab:00.0")
+    captured = capsys.readouterr()
+    assert "0000:ab:00.0" in captured.err
+    assert "00000000:ab:00.0" in captured.out

@@ -35,8 +35,8 @@ class Output:
         # Not a terminal and no COLUMNS: lay out at the natural width (see ``show``), never fold.
         self.unwrapped = not stdout_is_terminal() and "COLUMNS" not in os.environ
         width = PIPE_MAX_WIDTH if self.unwrapped else None
-        self.out = Console(file=sys.stdout, highlight=False, soft_wrap=False, width=width)
-        self.err = Console(file=sys.stderr, highlight=False, soft_wrap=True)
+        self.out = Console(file=sys.stdout, highlight=False, emoji=False, soft_wrap=False, width=width)
+        self.err = Console(file=sys.stderr, highlight=False, emoji=False, soft_wrap=True)
 
     def show(self, *renderables: RenderableType) -> None:
         """Print human output to stdout (ignored in JSON mode, where only the document goes out)."""
