@@ -23,7 +23,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 JSON_OPTION = typer.Option(False, "--json", help="Print one JSON document on stdout and nothing else.")
 INPUT_HELP = (
     "Read a machine instead of this one: a saved `nvidia-smi topo -m` text file, a JSON snapshot from "
-    "`gputopo topo --json`, - for either on stdin, or sample:NAME (see `gputopo topo --list-samples`)."
+    "`gputopo topo --json`, NCCL's topology dump (NCCL_TOPO_DUMP_FILE XML), - for any of them on stdin, "
+    "or sample:NAME (see `gputopo topo --list-samples`)."
 )
 INPUT_METAVAR = "PATH|-|sample:NAME"
 
