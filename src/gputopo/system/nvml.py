@@ -628,17 +628,20 @@ def process_list(dev: Device, kind: ProcessListKind) -> ProcessList:
             continue
         try:
             raw = fn(dev.handle)
-        except errors.NVMLLibraryMismatchError:
-            continue
         except errors.NVMLError as exc:
             code = exc.value
             if code == getattr(errors, "NVML_ERROR_FUNCTION_NOT_FOUND", None):
                 continue
             if kind != "compute" and code == getattr(errors, "NVML_ERROR_NOT_SUPPORTED", None):
                 return ProcessList(kind, ())
-            if code in session._soft:
-                return ProcessList(kind, None, str(exc))
-            raise DeviceFailed(f"GPU{dev.index}", str(exc)) from None
+            if code in session._gone:  # the per-call rule: only a GPU that is gone fails the GPU
+                raise DeviceFailed(f"GPU{dev.index}", str(exc)) from None
+            return ProcessList(kind, None, str(exc))
+        except Exception as exc:
+            # Newer bindings' unversioned wrapper on a driver without it; 12.535.x has no such class.
+            if session._mismatch is not None and isinstance(exc, session._mismatch):
+                continue
+            raise
         out = []
         for p in raw or ():
             used = getattr(p, "usedGpuMemory", None)
