@@ -64,14 +64,18 @@ def doctor_command(
         raise typer.Exit(EXIT_PROBLEM)
 
 
+# Every report gputopo writes, by its schema, and the command that wrote it.
+REPORT_SCHEMAS = {"gputopo/doctor/v1": "doctor", "gputopo/probe/v1": "probe"}
+
+
 @app.command("report")
 @guarded
 def report_command(
-    path: Path = typer.Argument(..., help="A doctor report (reports/doctor-*.json)."),
+    path: Path = typer.Argument(..., help="A doctor or probe report (reports/doctor-*.json, probe-*.json)."),
     html: Optional[Path] = typer.Option(None, "--html", help="Also write the HTML report to this file."),  # noqa: UP045
     json_out: bool = JSON_OPTION,
 ) -> None:
-    """Show a saved doctor report in the terminal (and re-render its HTML)."""
+    """Show a saved doctor or probe report in the terminal (and re-render its HTML)."""
     import json
 
     from gputopo.report import atomic_write
@@ -80,31 +84,39 @@ def report_command(
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
-        raise InputError(f"{path}: no such file", "give a reports/doctor-*.json file") from None
+        raise InputError(
+            f"{path}: no such file", "give a reports/doctor-*.json or probe-*.json file"
+        ) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(
-            f"{path}: not a readable JSON report ({exc})", "give a reports/doctor-*.json file"
+            f"{path}: not a readable JSON report ({exc})", "give a reports/doctor-*.json or probe-*.json file"
         ) from None
-    if not isinstance(doc, dict) or doc.get("schema") != "gputopo/doctor/v1":
-        schema = doc.get("schema") if isinstance(doc, dict) else None
+    schema = doc.get("schema") if isinstance(doc, dict) else None
+    if schema not in REPORT_SCHEMAS:
         raise InputError(
-            f"{path}: schema {schema!r} is not a doctor report",
-            "probe reports are Markdown beside their JSON (reports/probe-*.md); this shows doctor-*.json",
+            f"{path}: schema {schema!r} is not a gputopo report",
+            "give a reports/doctor-*.json or reports/probe-*.json file",
         )
+    kind = REPORT_SCHEMAS[schema]
     try:
         if html is not None:
-            from gputopo.ui.html_report import render_html
+            from gputopo.ui.html_report import render_html, render_probe_html
 
-            atomic_write(html, render_html(doc))
+            atomic_write(html, render_probe_html(doc) if kind == "probe" else render_html(doc))
             out.err.print(f"wrote {html}")
         if json_out:
             out.document(doc)
             return
+        if kind == "probe":
+            from gputopo.ui.probe_view import render_probe
+
+            out.show(render_probe(doc))
+            return
         from gputopo.ui.doctor_view import render_doctor
 
         out.show(render_doctor(doc))
-    except (KeyError, TypeError, AttributeError) as exc:
+    except (KeyError, TypeError, AttributeError, IndexError) as exc:
         raise InputError(
-            f"{path}: incomplete doctor report ({type(exc).__name__}: {exc})",
-            "was it edited by hand? rerun gputopo doctor",
+            f"{path}: incomplete {kind} report ({type(exc).__name__}: {exc})",
+            f"was it edited by hand? rerun gputopo {kind}",
         ) from None

@@ -827,7 +827,10 @@ def p2p_matrix(
 
 
 def p2p_check(
-    ctx: RankContext, devices: Sequence[int] | None = None, engine: CopyEngine | None = None
+    ctx: RankContext,
+    devices: Sequence[int] | None = None,
+    engine: CopyEngine | None = None,
+    nbytes: int = P2P_BYTES,
 ) -> dict[str, Any]:
     """The p2p matrix over the set's devices, driven from this one process (rank 0, which sees them all).
 
@@ -844,6 +847,7 @@ def p2p_check(
         engine,
         devices,
         labels,
+        nbytes=nbytes,
         seed=int(ctx.spec.get("seed", 0)),
         progress=lambda done, total: ctx.progress("p2p", "pair", done, total),
     )
