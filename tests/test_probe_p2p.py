@@ -164,3 +164,44 @@ def test_cuda_engine_on_two_gpus(tmp_path):
     result = verdict.judge_p2p(m, None)
     assert result.verdict in ("pass", "skipped"), result.detail
     assert all(p["wrong_bytes_there"] == 0 and p["unidir_gbps"] > 0 for p in m["pairs"])
+
+
+def _p2p_doc(engine):
+    m = checks.p2p_matrix(engine, [0, 1, 2], [4, 5, 6], nbytes=NBYTES, warmup=1, copies=20)
+    result = verdict.judge_p2p(m, {(4, 6): "CNS", (6, 4): "CNS"}, expected_gbps=lambda a, b: 48.0)
+    s = verdict.SetResult((4, 5, 6), (result,))
+    return {
+        "schema": "gputopo/probe/v1",
+        "device": "cuda",
+        "verdict": s.verdict,
+        "caveats": [],
+        "sets": [s.to_dict()],
+        "config": {"backend": "nccl"},
+        "environment": {"torch": "2.14"},
+    }
+
+
+def test_the_matrix_reads_like_p2p_bandwidth_latency_test_in_the_terminal():
+    from gputopo.probe.document import set_tables
+
+    doc = _p2p_doc(NoPeerEngine({(0, 2), (2, 0)}))
+    ((gpus, lines),) = set_tables(doc)
+    assert gpus == [4, 5, 6]
+    titles = [line for line in lines if line.startswith("# ") and "(" in line and "src" not in line]
+    assert any("unidirectional bandwidth (GB/s)" in t for t in titles)
+    assert any("bidirectional bandwidth" in t for t in titles)
+    assert any("latency of a 4 B copy (us)" in t for t in titles)
+    assert any("model estimate, one way (GB/s)" in t for t in titles)
+    rows = [line.split() for line in lines if not line.startswith("#")]
+    assert rows[0][0] == "4" and rows[0][1] == "-" and rows[0][3].endswith("*")  # 4->6 staged
+    assert any("4->6 (NVML P2P read CNS)" in line for line in lines)
+    assert lines[-1].startswith("# PASS: 4 ordered pairs copied exactly peer to peer")
+
+
+def test_the_html_report_draws_the_matrix_beside_the_estimate():
+    pytest.importorskip("matplotlib")
+    from gputopo.ui.html_report import render_probe_html
+
+    page = render_probe_html(_p2p_doc(DroppingEngine()))
+    assert "Peer-to-peer copies, set 4,5,6" in page and page.count("<img ") == 1
+    assert "FAIL: a copy came back wrong" in page and "gputopo probe: FAIL" in page

@@ -99,6 +99,8 @@ def report_command(
         )
     kind = REPORT_SCHEMAS[schema]
     try:
+        if kind == "probe" and not isinstance(doc.get("sets"), list):
+            raise KeyError("sets")
         if html is not None:
             from gputopo.ui.html_report import render_html, render_probe_html
 
