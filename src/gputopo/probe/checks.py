@@ -201,7 +201,7 @@ class References:
         }
 
 
-def reference_runs(ctx: RankContext) -> References | None:
+def reference_runs(ctx: RankContext, group: Any = None) -> References | None:
     """Both reference runs at once: run 1 in rank 0, run 2 in rank 1 (rank 0 again when it is alone).
 
     Collective: every rank calls it; rank 0 gets the ``References``, the others ``None``. On GPUs, run 2
@@ -216,7 +216,7 @@ def reference_runs(ctx: RankContext) -> References | None:
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(json.dumps(second["losses"]))
         os.replace(tmp, path)
-    barrier(ctx)
+    barrier(ctx, group)
     if ctx.rank != 0:
         return None
     assert first is not None
@@ -224,12 +224,12 @@ def reference_runs(ctx: RankContext) -> References | None:
     return References(first, second_losses, f"{ctx.device.type} rank {second_rank}")
 
 
-def barrier(ctx: RankContext) -> None:
-    """A barrier over all ranks (NCCL wants the device named)."""
+def barrier(ctx: RankContext, group: Any = None) -> None:
+    """A barrier over ``group`` (default: every rank; NCCL wants the device named)."""
     if ctx.is_cuda:
-        dist.barrier(device_ids=[ctx.device.index])
+        dist.barrier(group=group, device_ids=[ctx.device.index])
     else:
-        dist.barrier()
+        dist.barrier(group=group)
 
 
 def _max_abs_diff(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
@@ -398,7 +398,7 @@ def _corrupting_hook(ctx: RankContext, state: dict[str, int]) -> Callable[..., A
     return hook
 
 
-def ddp_check(ctx: RankContext, refs: References | None) -> dict[str, Any]:
+def ddp_check(ctx: RankContext, refs: References | None, group: Any = None) -> dict[str, Any]:
     """DistributedDataParallel, one rank per device; parameters compared across ranks after every step.
 
     Only rank 0 gets the reference (``refs``); the others pass ``None``.
@@ -407,7 +407,9 @@ def ddp_check(ctx: RankContext, refs: References | None) -> dict[str, Any]:
 
     steps = int(ctx.spec["steps"])
     model = _fresh_model(ctx, ctx.device)
-    ddp = DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.is_cuda else None)
+    ddp = DistributedDataParallel(
+        model, device_ids=[ctx.device.index] if ctx.is_cuda else None, process_group=group
+    )
     state = {"step": 0, "done": 0}
     if ctx.fault("corrupt", "ddp"):
         ddp.register_comm_hook(None, _corrupting_hook(ctx, state))
@@ -433,7 +435,7 @@ def ddp_check(ctx: RankContext, refs: References | None) -> dict[str, Any]:
         # One small all-gather per step: both checksums and the finite flag of every rank.
         mine = torch.cat([checksum(list(model.parameters())), torch.tensor([int(finite)], device=ctx.device)])
         rows = [torch.empty_like(mine) for _ in range(ctx.world)]
-        dist.all_gather(rows, mine)
+        dist.all_gather(rows, mine, group=group)
         table = torch.stack(rows).cpu()
         off = [r for r in range(ctx.world) if not torch.equal(table[r, :-1], table[0, :-1])]
         if off:
@@ -444,13 +446,13 @@ def ddp_check(ctx: RankContext, refs: References | None) -> dict[str, Any]:
     ctx.sync()
     wall_s = time.perf_counter() - started
     rank_losses = [torch.empty_like(losses) for _ in range(ctx.world)]
-    dist.all_gather(rank_losses, losses)
+    dist.all_gather(rank_losses, losses, group=group)
     per_rank = torch.stack(rank_losses).cpu()
     if refs is None:
         return {}
     return {
         "ranks": ctx.world,
-        "backend": dist.get_backend(),
+        "backend": dist.get_backend(group),
         "losses": per_rank.mean(dim=0).tolist(),
         "rank_losses": per_rank.tolist(),
         "desync_steps": desync_steps,
@@ -469,8 +471,12 @@ def _known_values(n: int, rank: int, device: torch.device) -> torch.Tensor:
     return ((torch.arange(n, device=device) % 251) + 1).float() * (rank + 1)
 
 
-def allreduce_check(ctx: RankContext) -> dict[str, Any]:
-    """nccl-tests-style sweep: warm-up, timed iterations, algbw/busbw, and exact ``#wrong`` per size."""
+def allreduce_check(ctx: RankContext, group: Any = None) -> dict[str, Any]:
+    """nccl-tests-style sweep: warm-up, timed iterations, algbw/busbw, and exact ``#wrong`` per size.
+
+    Collective over ``group`` (default: every rank); ``ctx.rank`` and ``ctx.world`` are the rank's place
+    in that group.
+    """
     sizes = [int(b) for b in ctx.spec["sweep_bytes"]]
     warmup, iters = (5, 20) if ctx.is_cuda else (2, 5)
     # nccl-tests' -n (timed iterations) and -w (warm-up), when the launch passes them.
@@ -481,26 +487,28 @@ def allreduce_check(ctx: RankContext) -> dict[str, Any]:
         count = size // 4
         buf = torch.zeros(count, dtype=torch.float32, device=ctx.device)  # zeros stay zeros: no overflow
         for _ in range(warmup):
-            dist.all_reduce(buf)
+            dist.all_reduce(buf, group=group)
         ctx.sync()
-        barrier(ctx)
+        barrier(ctx, group)
         started = time.perf_counter()
         for _ in range(iters):
-            dist.all_reduce(buf)
+            dist.all_reduce(buf, group=group)
         ctx.sync()
         elapsed = torch.tensor(
             [(time.perf_counter() - started) / iters], dtype=torch.float64, device=ctx.device
         )
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank sets the collective's time
+        dist.all_reduce(
+            elapsed, op=dist.ReduceOp.MAX, group=group
+        )  # the slowest rank sets the collective's time
         if ctx.rank == ctx.inject_rank and i == 0:
             hang_or_crash(ctx, "allreduce", f"{size} bytes")
         data = _known_values(count, ctx.rank, ctx.device)
         if ctx.fault("corrupt", "allreduce") and ctx.rank == ctx.inject_rank:
             data[count // 2] += 1.0
-        dist.all_reduce(data)
+        dist.all_reduce(data, group=group)
         expected = _known_values(count, 0, ctx.device) * (ctx.world * (ctx.world + 1) // 2)
         wrong = (data != expected).sum().to(torch.int64)
-        dist.all_reduce(wrong)  # #wrong summed over ranks, as nccl-tests reports it
+        dist.all_reduce(wrong, group=group)  # #wrong summed over ranks, as nccl-tests reports it
         time_s = float(elapsed)
         algbw = size / time_s / 1e9
         rows.append(

@@ -4,6 +4,12 @@ It joins the process group torch's elastic agent set up (``RANK``, ``WORLD_SIZE`
 the rendezvous in the environment), runs the launch's checks in order and writes what it measured, one
 ``check-<name>.json`` per check, from rank 0. Checks that drive every device from one process (p2p, dp)
 run in rank 0 while the other ranks wait at a barrier; ddp and the all-reduce sweep run in every rank.
+
+Before any check, every rank records the ``NCCL_*`` and ``CUDA_*`` variables it got, pins its numerics
+(``checks.pin_numerics``) and, on GPUs, points NCCL's INIT log at a file of its own; rank 0 gathers the
+records into ``env.json`` and, after each NCCL check, reads which transport every connection used. The
+logs hold every communicator of the rank, DataParallel's single-process one included (it shows as
+``P2P/direct pointer``).
 """
 
 from __future__ import annotations
