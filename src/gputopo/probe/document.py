@@ -254,6 +254,20 @@ def _md_cell(text: Any) -> str:
     return str(text if text is not None else "").replace("|", "\\|").replace("\n", " ")
 
 
+def env_value(key: str, value: Any) -> str:
+    """An environment entry as the reports show it: ``NAME=value`` lists for variable maps."""
+    if key == "set_by_probe" and isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items()) or "nothing"
+    return str(value if value is not None else "")
+
+
+def variable_value(value: str | None) -> str:
+    """A variable's value in the per-rank table: unset and empty are told apart."""
+    if value is None:
+        return "(unset)"
+    return value if value != "" else "(empty)"
+
+
 def numerics_text(numerics: dict[str, Any] | None) -> str:
     """How the ranks' numerics were pinned, in one line."""
     if not numerics:
@@ -324,7 +338,7 @@ def to_markdown(doc: dict[str, Any]) -> str:
     skip = ("devices", "gpus", "rank_variables", "numerics", "caveats")
     for key, value in env.items():
         if key not in skip:
-            out.append(f"| {key} | {_md_cell(value)} |")
+            out.append(f"| {key} | {_md_cell(env_value(key, value))} |")
     devices = env.get("devices") or []
     if devices:
         out += ["", "| index | name | PCI bus id |", "|---|---|---|"]
@@ -343,7 +357,7 @@ def to_markdown(doc: dict[str, Any]) -> str:
                 "|---|" + "---|" * len(ranks),
             ]
             out += [
-                f"| {n} | " + " | ".join(_md_cell(rank_vars[r].get(n, "(unset)")) for r in ranks) + " |"
+                f"| {n} | " + " | ".join(_md_cell(variable_value(rank_vars[r].get(n))) for r in ranks) + " |"
                 for n in names
             ]
         else:

@@ -217,7 +217,15 @@ _PROBE_BANNER = {"pass": "healthy", "fail": "problems"}
 def render_probe_html(doc: dict[str, Any]) -> str:
     """The whole report page for a ``gputopo/probe/v1`` document: verdict and caveats, the checks, the
     p2p matrix beside the model's estimate, the all-reduce curves, NCCL transports, environment."""
-    from gputopo.probe.document import numerics_text, set_label, set_tables, set_transports, verdict_line
+    from gputopo.probe.document import (
+        env_value,
+        numerics_text,
+        set_label,
+        set_tables,
+        set_transports,
+        variable_value,
+        verdict_line,
+    )
     from gputopo.probe.environment import describe_transports
     from gputopo.probe.verdict import p2p_matrices
 
@@ -323,7 +331,9 @@ def render_probe_html(doc: dict[str, Any]) -> str:
     parts.append("<h2>Environment</h2>")
     parts.append(f"<p>Numerics: {_e(numerics_text(env.get('numerics')))}</p>")
     skip = ("devices", "gpus", "rank_variables", "numerics", "caveats")
-    parts.append(_table(["key", "value"], [[_e(k), _e(v)] for k, v in env.items() if k not in skip]))
+    parts.append(
+        _table(["key", "value"], [[_e(k), _e(env_value(k, v))] for k, v in env.items() if k not in skip])
+    )
     rank_vars = env.get("rank_variables")
     if rank_vars:
         ranks = sorted(rank_vars, key=int)
@@ -332,7 +342,7 @@ def render_probe_html(doc: dict[str, Any]) -> str:
         parts.append(
             _table(
                 ["variable", *[f"rank {r}" for r in ranks]],
-                [[_e(n), *[_e(rank_vars[r].get(n, "(unset)")) for r in ranks]] for n in names],
+                [[_e(n), *[_e(variable_value(rank_vars[r].get(n))) for r in ranks]] for n in names],
             )
             if names
             else "<p>None.</p>"
