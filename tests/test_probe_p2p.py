@@ -205,3 +205,22 @@ def test_the_html_report_draws_the_matrix_beside_the_estimate():
     page = render_probe_html(_p2p_doc(DroppingEngine()))
     assert "Peer-to-peer copies, set 4,5,6" in page and page.count("<img ") == 1
     assert "FAIL: a copy came back wrong" in page and "gputopo probe: FAIL" in page
+
+
+def test_the_runner_puts_the_model_estimate_and_nvml_status_beside_each_pair():
+    from gputopo.probe.config import DeviceInventory, build_config
+    from gputopo.probe.runner import TopologyView, _judge
+    from gputopo.topology import load_topology
+
+    topo = load_topology("sample:seed-8gpu-nv4")
+    config = build_config(DeviceInventory("cuda", tuple(range(8))), ["5,6"], mode=verdict_mode("p2p"))
+    m = checks.p2p_matrix(checks.CopyEngine(), [0, 1], [5, 6], nbytes=NBYTES, warmup=1, copies=20)
+    result = _judge("p2p", m, (5, 6), TopologyView(topo), config)
+    pair = result.metrics["pairs"][0]
+    assert pair["expected_gbps"] == TopologyView(topo).expected_busbw_gbps((5, 6))[0] > 0
+
+
+def verdict_mode(name):
+    from gputopo.probe.options import Mode
+
+    return Mode(name)
