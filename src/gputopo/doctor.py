@@ -1,9 +1,10 @@
 """``gputopo doctor``: the whole check of one machine, as one report document.
 
-It reads the topology, judges the links (``findings``), lists stale GPU holders (dry run), probes every
-pair shortly and the recommended sets for the common sizes, recommends sets again in the light of what
-the probes found, and sums it all up. On a machine without an NVIDIA GPU it runs the same steps on a
-sample machine with CPU ranks standing in for the GPUs, and says "simulated" everywhere.
+It reads the topology, judges the links and the environment's NCCL settings (``findings``), lists stale
+GPU holders (dry run), probes every pair shortly and the recommended sets for the common sizes,
+recommends sets again in the light of what the probes found, and sums it all up. On a machine without an
+NVIDIA GPU it runs the same steps on a sample machine with CPU ranks standing in for the GPUs, and says
+"simulated" everywhere.
 
 The result is a plain ``gputopo/doctor/v1`` dict, so the report can be saved, re-rendered and turned
 into HTML anywhere (``gputopo report``).
@@ -11,7 +12,8 @@ into HTML anywhere (``gputopo report``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -20,7 +22,7 @@ from typing import Any
 
 from gputopo import __version__
 from gputopo.errors import GputopoError, UnavailableError, UsageError
-from gputopo.findings import NOTE, PROBLEM, Finding, link_findings
+from gputopo.findings import NOTE, PROBLEM, Finding, link_findings, nccl_env_findings
 from gputopo.model import Topology
 
 SCHEMA = "gputopo/doctor/v1"
@@ -40,6 +42,7 @@ class DoctorOptions:
     skip_probe: bool = False
     model: str | None = None
     report_dir: Path = Path("reports")
+    env: Mapping[str, str] | None = None  # the environment whose NCCL settings are checked (os.environ)
 
 
 @dataclass(frozen=True)
@@ -239,6 +242,8 @@ def run_doctor(options: DoctorOptions, probe_hook: ProbeHook | None = None) -> d
             "pick a smaller sample (gputopo topo --list-samples), or add --skip-probe",
         )
     findings = link_findings(topo)
+    env = os.environ if options.env is None else options.env
+    findings += nccl_env_findings(env, [nic.name or nic.label for nic in topo.nics])
     usable, left_out = usable_gpus(topo)
     sizes = common_sizes(len(usable))
     first = recommendations(topo, sizes, None)

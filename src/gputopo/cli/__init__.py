@@ -48,6 +48,7 @@ COMMAND_MODULES = {
     "report": "doctor",
     "probe": "probe",
     "recommend": "recommend",
+    "run": "run",
     "kill-stale": "stale",
     "topo": "topo",
 }

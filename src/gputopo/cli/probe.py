@@ -107,6 +107,9 @@ def probe_command(
     from gputopo.report import ensure_report_dir, write_report
 
     out = Output(json_mode=json_out)
+    from gputopo.cli.run import warn_nccl_env
+
+    warn_nccl_env(out)  # the ranks inherit these settings, and so do the measurements
     low = parse_size("--min-bytes", min_bytes) if min_bytes is not None else None
     high = parse_size("--max-bytes", max_bytes) if max_bytes is not None else None
     require_torch()

@@ -57,6 +57,18 @@ def recommend_command(
     ),
     top: int = typer.Option(DEFAULT_TOP, "--top", help="How many ranked candidates to show."),
     id_format: IdFormat = FORMAT_OPTION,
+    launch: str | None = typer.Option(
+        None,
+        "--launch",
+        metavar="CMD",
+        help='Also print the torchrun line that runs "CMD ..." on the best set.',
+    ),
+    nnodes: int | None = typer.Option(
+        None,
+        "--nnodes",
+        metavar="N",
+        help="With --launch: machines in the job (sets NCCL_IB_HCA when above 1).",
+    ),
     json_out: bool = JSON_OPTION,
 ) -> None:
     """The best GPU sets for CUDA_VISIBLE_DEVICES: ranked by estimated all-reduce bandwidth, with reasons."""
@@ -82,6 +94,14 @@ def recommend_command(
     )
     rec = recommend(topo, constraints)
     doc = to_dict(rec, id_format.value)  # builds every env first: a --format uuid error comes before output
+    plan = None
+    if nnodes is not None and launch is None:
+        raise UsageError("--nnodes goes with --launch", 'add --launch "CMD ...", e.g. --launch "train.py"')
+    if launch is not None:
+        from gputopo.cli.run import launch_plan_for
+
+        plan = launch_plan_for(topo, rec.best.gpus, launch, nnodes or 1, id_format.value == "uuid", out)
+        doc["launch"] = plan.to_dict()
     for warning in rec.warnings:
         out.warn(warning)
     if json_out:
@@ -94,6 +114,10 @@ def recommend_command(
     for line in export_lines(rec, id_format.value):
         # Output.show wraps and crops at the terminal width; a line meant for pasting must stay whole.
         out.line(line)
+    if plan is not None:
+        for note in plan.notes:
+            out.hint(note)
+        out.line(plan.command)
 
 
 def parse_gpu_list(text: str, option: str) -> tuple[int, ...]:

@@ -8,12 +8,15 @@ from gputopo.errors import InputError
 from gputopo.model import Topology
 
 SAMPLE_PREFIX = "sample:"
+# How NCCL topology XML begins (a pasted `topo -m` can begin with HTML tags, so not just "<").
+NCCL_XML_STARTS = ("<?xml", "<system", "<graphs", "<!DOCTYPE")
 
 
 def load_topology(spec: str | None) -> Topology:
     """The topology named by ``--input``, or this machine's when ``spec`` is ``None``.
 
-    ``spec`` is ``sample:NAME``, a path to a JSON snapshot (``gputopo topo --json``), or a path to saved
+    ``spec`` is ``sample:NAME``, a path to a JSON snapshot (``gputopo topo --json``), NCCL topology XML
+    (``NCCL_TOPO_DUMP_FILE``: a ``.xml`` name or text starting ``<?xml``, ``<system``, ...), or saved
     ``nvidia-smi topo -m`` text. Raises ``InputError`` (exit 2) for anything unreadable and
     ``UnavailableError`` (exit 3) when reading live without an NVIDIA driver.
     """
@@ -41,6 +44,10 @@ def load_topology(spec: str | None) -> Topology:
             f"--input {spec}: cannot read ({exc.strerror})", "check the path and its permissions"
         ) from None
     text = raw.decode("utf-8", errors="replace")
+    if path.suffix.lower() == ".xml" or text.lstrip("\ufeff \t\r\n").startswith(NCCL_XML_STARTS):
+        from gputopo.topology.nccl_xml import parse_nccl_xml  # NCCL_TOPO_DUMP_FILE output
+
+        return parse_nccl_xml(text, source=str(path))
     if text.lstrip().startswith("{"):
         from gputopo.topology import snapshot
 
