@@ -66,7 +66,13 @@ def test_doctor_json_and_reports_carry_the_nccl_findings(tmp_path: Path):
 
 def test_doctor_cli_reads_the_real_environment(tmp_path: Path):
     result = invoke(
-        "doctor", "--skip-probe", "--json", "--report-dir", str(tmp_path), env={"NCCL_PROTO": "Simple"}
+        "doctor",
+        "--simulate",  # without a driver a run that was not asked to simulate exits 3, not by its verdict
+        "--skip-probe",
+        "--json",
+        "--report-dir",
+        str(tmp_path),
+        env={"NCCL_PROTO": "Simple"},
     )
     assert result.exit_code == 1, result.output
     doc = json.loads(result.stdout)

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from gputopo.cli import app
-from gputopo.cli.common import INPUT_HELP, JSON_OPTION, guarded
+from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, examples, guarded
 from gputopo.errors import EXIT_PROBLEM, UsageError
 from gputopo.probe.options import Fault, Mode
 from gputopo.ui.output import Output
@@ -33,7 +33,14 @@ class ModelName(str, Enum):
     TINY = "tiny"
 
 
-@app.command("probe")
+@app.command(
+    "probe",
+    epilog=examples(
+        "gputopo probe --gpus 5,6 --gpus 6,7            # two sets, every check",
+        "gputopo probe --each-pair --mode p2p           # the P2P health matrix of the whole box",
+        "gputopo probe --device cpu --gpus 0,1 --model tiny --steps 5 --inject corrupt",
+    ),
+)
 @guarded
 def probe_command(
     gpus: Annotated[
@@ -65,12 +72,14 @@ def probe_command(
         Optional[int],  # noqa: UP045 (typer)
         typer.Option(help="Rank (within a set) that gets the fault. Default: the last."),
     ] = None,
-    report_dir: Annotated[Path, typer.Option(help="Where the JSON and Markdown reports go.")] = Path(
-        "reports"
-    ),
+    report_dir: Annotated[
+        Path, typer.Option(metavar="PATH", help="Where the JSON and Markdown reports go.")
+    ] = Path("reports"),
     input: Annotated[
         Optional[str],  # noqa: UP045 (typer)
-        typer.Option("--input", "-i", help=INPUT_HELP + " Used for the bandwidth estimate."),
+        typer.Option(
+            "--input", "-i", metavar=INPUT_METAVAR, help=INPUT_HELP + " Used for the bandwidth estimate."
+        ),
     ] = None,
     min_bytes: Annotated[
         Optional[str],  # noqa: UP045 (typer)
@@ -148,6 +157,7 @@ def probe_command(
 
         with ProbeProgress(out.err, plan) as bars:
             run = run_probe(config, bars.update, plan=plan)
+    out.warnings(run.warnings)
     doc = to_document(run)
     why = nothing_tested(run.sets)
     if why is not None:

@@ -10,10 +10,11 @@ from pathlib import Path
 import typer
 
 from gputopo.cli import app
-from gputopo.cli.common import INPUT_HELP, guarded
-from gputopo.cli.recommend import DEFAULT_MAX_USED_MIB, REPORT_OPTION, _read_json, parse_gpu_list
+from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, examples, guarded
+from gputopo.cli.recommend import DEFAULT_MAX_USED_MIB, REPORT_OPTION, _read_json
 from gputopo.errors import UnavailableError, UsageError
 from gputopo.findings import Finding
+from gputopo.gpulist import parse_gpu_list
 from gputopo.launch_line import LaunchPlan, LaunchTools
 from gputopo.model import Topology
 from gputopo.ui.output import Output
@@ -22,6 +23,11 @@ from gputopo.ui.output import Output
 @app.command(
     "run",
     context_settings={"allow_extra_args": False, "ignore_unknown_options": False},
+    epilog=examples(
+        "gputopo run --n 2 -- python train.py",
+        "gputopo run --n 4 --torchrun -- train.py --epochs 10",
+        "gputopo run --n 2 --exclude 0,1 --dry-run -- python train.py",
+    ),
 )
 @guarded
 def run_command(
@@ -33,7 +39,7 @@ def run_command(
         help="Run CMD under torchrun --nproc-per-node K (with --numa-binding node where possible).",
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the line instead of running it."),
-    input: str | None = typer.Option(None, "--input", "-i", help=INPUT_HELP),
+    input: str | None = typer.Option(None, "--input", "-i", metavar=INPUT_METAVAR, help=INPUT_HELP),
     exclude: str | None = typer.Option(
         None, "--exclude", metavar="LIST", help="GPUs to leave out, e.g. 3,4."
     ),
@@ -67,8 +73,7 @@ def run_command(
         evidence=evidence,
     )
     rec = recommend(topo, constraints)
-    for warning in rec.warnings:
-        out.warn(warning)
+    out.warnings(rec.warnings)  # the topology's warnings too
     tools = LaunchTools(torchrun=None)
     if torchrun:
         from gputopo.system.launcher import detect_tools
@@ -84,6 +89,7 @@ def run_command(
         if json_out:
             doc = {"schema": SCHEMA, "source": topo.source, "launch": plan.to_dict()}
             doc["findings"] = [asdict(f) for f in findings]
+            doc["warnings"] = list(rec.warnings)
             out.document(doc)
             return
         for note in plan.notes:

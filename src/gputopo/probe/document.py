@@ -65,6 +65,7 @@ def to_document(run: ProbeRun, report: dict[str, str] | None = None) -> dict[str
         "environment": run.environment,
         "launches": list(run.launches),
         "notes": list(run.notes),
+        "warnings": list(run.warnings),
     }
 
 
@@ -305,6 +306,7 @@ def to_markdown(doc: dict[str, Any]) -> str:
     ]
     out += [f"- not tested: {n}" for n in doc.get("caveats") or []]
     out += [f"- note: {n}" for n in doc.get("notes") or []]
+    out += [f"- warning about the topology: {w}" for w in doc.get("warnings") or []]
     out += ["", "## Verdicts", "", "| set | check | verdict | kind | detail |", "|---|---|---|---|---|"]
     for s in doc.get("sets") or []:
         for chk in s.get("checks") or []:
