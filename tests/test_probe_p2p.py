@@ -202,7 +202,10 @@ def test_the_html_report_draws_the_matrix_beside_the_estimate():
     pytest.importorskip("matplotlib")
     from gputopo.ui.html_report import render_probe_html
 
-    page = render_probe_html(_p2p_doc(DroppingEngine()))
+    doc = _p2p_doc(DroppingEngine())
+    doc["warnings"] = ["line 9: GPU4's row is cut short"]
+    page = render_probe_html(doc)
+    assert "GPU4&#x27;s row is cut short" in page
     assert "Peer-to-peer copies, set 4,5,6" in page and page.count("<img ") == 1
     assert "FAIL: a copy came back wrong" in page and "gputopo probe: FAIL" in page
 

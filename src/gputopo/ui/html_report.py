@@ -251,6 +251,13 @@ def render_probe_html(doc: dict[str, Any]) -> str:
     parts.append(
         f'<div class="banner {_PROBE_BANNER.get(verdict, "problems")}">{_e(verdict_line(doc))}</div>'
     )
+    warnings = doc.get("warnings") or []
+    if warnings:
+        parts.append(
+            "<h2>Warnings about the topology</h2><ul>"
+            + "".join(f"<li>{_e(w)}</li>" for w in warnings)
+            + "</ul>"
+        )
     caveats = doc.get("caveats") or []
     if caveats:
         parts.append(
