@@ -10,6 +10,7 @@ import typer
 from gputopo.cli import app
 from gputopo.cli.common import INPUT_HELP, JSON_OPTION, guarded
 from gputopo.errors import EXIT_PROBLEM, InputError
+from gputopo.probe.options import Fault
 from gputopo.ui.output import Output
 
 
@@ -26,6 +27,12 @@ def doctor_command(
         None, help="ResNet for the probes (resnet18, resnet50, tiny). Default: resnet18 on GPU, tiny on CPU."
     ),
     report_dir: Path = typer.Option(Path("reports"), help="Where the JSON, Markdown and HTML reports go."),
+    inject: Optional[Fault] = typer.Option(  # noqa: UP045 (typer)
+        None, help="Drill: plant a fault in the probes (needs --inject-gpus) to see the doctor catch it."
+    ),
+    inject_gpus: Optional[str] = typer.Option(  # noqa: UP045 (typer)
+        None, "--inject-gpus", help="Drill: the GPUs whose sets get the fault, e.g. 5,6."
+    ),
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Check this machine end to end (topology, links, stale processes, probes) and write a report."""
@@ -35,7 +42,7 @@ def doctor_command(
 
     out = Output(json_mode=json_out)
     ensure_report_dir(report_dir)
-    options = DoctorOptions(input, steps, timeout, skip_probe, model, report_dir)
+    options = DoctorOptions(input, steps, timeout, skip_probe, model, report_dir, inject, inject_gpus)
 
     def progress(plan):
         from gputopo.ui.probe_view import ProbeProgress

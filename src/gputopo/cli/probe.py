@@ -65,6 +65,13 @@ def probe_command(
         Optional[int],  # noqa: UP045 (typer)
         typer.Option(help="Rank (within a set) that gets the fault. Default: the last."),
     ] = None,
+    inject_gpus: Annotated[
+        Optional[str],  # noqa: UP045 (typer)
+        typer.Option(
+            "--inject-gpus",
+            help="Plant the fault in every set holding these GPUs, e.g. 5,6 (p2p: the copies between them).",
+        ),
+    ] = None,
     report_dir: Annotated[Path, typer.Option(help="Where the JSON and Markdown reports go.")] = Path(
         "reports"
     ),
@@ -99,6 +106,7 @@ def probe_command(
         inject_rank=inject_rank,
         report_dir=report_dir,
         topology_input=input,
+        inject_gpus=inject_gpus,
     )
     ensure_report_dir(config.report_dir)
     plan = make_plan(config)

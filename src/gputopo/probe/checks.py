@@ -47,6 +47,17 @@ class RankContext:
     spec: dict[str, Any]
     out_dir: Path
     _progress_file: Any = field(default=None, repr=False)
+    # In the rank pool: the set's process subgroup (``None``: the world group), the CUDA device index of
+    # each rank of the set (``None``: 0..world-1), the job's id and this rank's rank in the pool.
+    group: Any = None
+    device_ids: list[int] | None = None
+    task: str | None = None
+    pool_rank: int | None = None
+
+    @property
+    def devices(self) -> list[int]:
+        """The CUDA device index of every rank of the set, in set order (for DataParallel and p2p)."""
+        return list(self.device_ids) if self.device_ids is not None else list(range(self.world))
 
     @property
     def is_cuda(self) -> bool:
@@ -70,6 +81,8 @@ class RankContext:
             "done": done,
             "total": total,
         }
+        if self.task is not None:
+            row.update(task=self.task, pool_rank=self.pool_rank)
         row.update(extra)
         self._progress_file.write(json.dumps(row) + "\n")
         self._progress_file.flush()
@@ -151,6 +164,10 @@ def reference_run(ctx: RankContext, label: str, per_chunk_backward: bool) -> dic
     order). How far these two drift apart is the noise floor the probes are judged against: on small
     batches with BatchNorm, training amplifies last-bit differences within a few steps.
     """
+    key = (label, per_chunk_backward, ctx.world, str(ctx.device), *(ctx.spec[k] for k in _REFERENCE_KEYS))
+    if key in _REFERENCE_CACHE:
+        ctx.progress("reference", label, int(ctx.spec["steps"]), int(ctx.spec["steps"]), cached=True)
+        return _REFERENCE_CACHE[key]
     steps = int(ctx.spec["steps"])
     model = _fresh_model(ctx, ctx.device)
     opt = _optimizer(model.parameters(), float(ctx.spec["lr"]))
@@ -176,11 +193,19 @@ def reference_run(ctx: RankContext, label: str, per_chunk_backward: bool) -> dic
         losses.append(float(mean.detach()))
         ctx.progress("reference", label, step + 1, steps)
     ctx.sync()
-    return {
+    result = {
         "losses": losses,
         "wall_s": time.perf_counter() - started,
         "params": [p.detach().clone() for p in model.parameters()],
     }
+    _REFERENCE_CACHE[key] = result
+    return result
+
+
+# A pool rank probes many sets of the same size; their reference runs are the same computation on the
+# same device (model, seed, data, chunking), so a rank runs each one once. Nothing planted reaches them.
+_REFERENCE_KEYS = ("model", "seed", "steps", "batch_size", "lr")
+_REFERENCE_CACHE: dict[tuple[Any, ...], dict[str, Any]] = {}
 
 
 @dataclass
@@ -226,11 +251,11 @@ def reference_runs(ctx: RankContext) -> References | None:
 
 
 def barrier(ctx: RankContext) -> None:
-    """A barrier over all ranks (NCCL wants the device named)."""
+    """A barrier over the set's ranks (NCCL wants the device named)."""
     if ctx.is_cuda:
-        dist.barrier(device_ids=[ctx.device.index])
+        dist.barrier(group=ctx.group, device_ids=[ctx.device.index])
     else:
-        dist.barrier()
+        dist.barrier(group=ctx.group)
 
 
 def _max_abs_diff(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
@@ -303,7 +328,7 @@ def _cuda_data_parallel(ctx: RankContext, model: nn.Module, inspector: _ReplicaI
             inspector.after_apply(outputs)
             return outputs
 
-    return ProbeDataParallel(model, device_ids=list(range(ctx.world)), output_device=0)
+    return ProbeDataParallel(model, device_ids=ctx.devices, output_device=ctx.devices[0])
 
 
 class CpuDataParallel(nn.Module):
@@ -408,7 +433,9 @@ def ddp_check(ctx: RankContext, refs: References | None) -> dict[str, Any]:
 
     steps = int(ctx.spec["steps"])
     model = _fresh_model(ctx, ctx.device)
-    ddp = DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.is_cuda else None)
+    ddp = DistributedDataParallel(
+        model, device_ids=[ctx.device.index] if ctx.is_cuda else None, process_group=ctx.group
+    )
     state = {"step": 0, "done": 0}
     if ctx.fault("corrupt", "ddp"):
         ddp.register_comm_hook(None, _corrupting_hook(ctx, state))
@@ -434,7 +461,7 @@ def ddp_check(ctx: RankContext, refs: References | None) -> dict[str, Any]:
         # One small all-gather per step: both checksums and the finite flag of every rank.
         mine = torch.cat([checksum(list(model.parameters())), torch.tensor([int(finite)], device=ctx.device)])
         rows = [torch.empty_like(mine) for _ in range(ctx.world)]
-        dist.all_gather(rows, mine)
+        dist.all_gather(rows, mine, group=ctx.group)
         table = torch.stack(rows).cpu()
         off = [r for r in range(ctx.world) if not torch.equal(table[r, :-1], table[0, :-1])]
         if off:
@@ -445,13 +472,13 @@ def ddp_check(ctx: RankContext, refs: References | None) -> dict[str, Any]:
     ctx.sync()
     wall_s = time.perf_counter() - started
     rank_losses = [torch.empty_like(losses) for _ in range(ctx.world)]
-    dist.all_gather(rank_losses, losses)
+    dist.all_gather(rank_losses, losses, group=ctx.group)
     per_rank = torch.stack(rank_losses).cpu()
     if refs is None:
         return {}
     return {
         "ranks": ctx.world,
-        "backend": dist.get_backend(),
+        "backend": dist.get_backend(ctx.group),
         "losses": per_rank.mean(dim=0).tolist(),
         "rank_losses": per_rank.tolist(),
         "desync_steps": desync_steps,
@@ -479,26 +506,28 @@ def allreduce_check(ctx: RankContext) -> dict[str, Any]:
         count = size // 4
         buf = torch.zeros(count, dtype=torch.float32, device=ctx.device)  # zeros stay zeros: no overflow
         for _ in range(warmup):
-            dist.all_reduce(buf)
+            dist.all_reduce(buf, group=ctx.group)
         ctx.sync()
         barrier(ctx)
         started = time.perf_counter()
         for _ in range(iters):
-            dist.all_reduce(buf)
+            dist.all_reduce(buf, group=ctx.group)
         ctx.sync()
         elapsed = torch.tensor(
             [(time.perf_counter() - started) / iters], dtype=torch.float64, device=ctx.device
         )
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank sets the collective's time
+        dist.all_reduce(
+            elapsed, op=dist.ReduceOp.MAX, group=ctx.group
+        )  # the slowest rank sets the collective's time
         if ctx.rank == ctx.inject_rank and i == 0:
             hang_or_crash(ctx, "allreduce", f"{size} bytes")
         data = _known_values(count, ctx.rank, ctx.device)
         if ctx.fault("corrupt", "allreduce") and ctx.rank == ctx.inject_rank:
             data[count // 2] += 1.0
-        dist.all_reduce(data)
+        dist.all_reduce(data, group=ctx.group)
         expected = _known_values(count, 0, ctx.device) * (ctx.world * (ctx.world + 1) // 2)
         wrong = (data != expected).sum().to(torch.int64)
-        dist.all_reduce(wrong)  # #wrong summed over ranks, as nccl-tests reports it
+        dist.all_reduce(wrong, group=ctx.group)  # #wrong summed over ranks, as nccl-tests reports it
         time_s = float(elapsed)
         algbw = size / time_s / 1e9
         rows.append(
@@ -535,15 +564,19 @@ def p2p_check(ctx: RankContext) -> dict[str, Any]:
     )
     pairs = []
     ordered = list(permutations(range(ctx.world), 2))
+    devs = ctx.devices
+    named = ctx.spec.get("inject_ranks")
     for n, (i, j) in enumerate(ordered):
-        src = pattern.to(f"cuda:{i}")
-        there = torch.empty_like(src, device=f"cuda:{j}")
+        src = pattern.to(f"cuda:{devs[i]}")
+        there = torch.empty_like(src, device=f"cuda:{devs[j]}")
         there.copy_(src)
         back = torch.empty_like(src)
         back.copy_(there)
-        torch.cuda.synchronize(i)
-        torch.cuda.synchronize(j)
-        if ctx.fault("corrupt", "p2p") and j == ctx.inject_rank:
+        torch.cuda.synchronize(devs[i])
+        torch.cuda.synchronize(devs[j])
+        # --inject-gpus: only the copies between the named GPUs; otherwise every copy into one rank.
+        hit = {i, j} <= set(named) if named else j == ctx.inject_rank
+        if ctx.fault("corrupt", "p2p") and hit:
             there.view(-1)[0] ^= 0x5A
             back.view(-1)[0] ^= 0x5A
         wrong_there = int((there.cpu() != pattern).sum())
@@ -551,14 +584,14 @@ def p2p_check(ctx: RankContext) -> dict[str, Any]:
         started = time.perf_counter()
         for _ in range(P2P_TIMED_COPIES):
             there.copy_(src)
-        torch.cuda.synchronize(i)
-        torch.cuda.synchronize(j)
+        torch.cuda.synchronize(devs[i])
+        torch.cuda.synchronize(devs[j])
         elapsed = time.perf_counter() - started
         pairs.append(
             {
                 "src": ctx.spec["gpus"][i],
                 "dst": ctx.spec["gpus"][j],
-                "can_access_peer": bool(torch.cuda.can_device_access_peer(i, j)),
+                "can_access_peer": bool(torch.cuda.can_device_access_peer(devs[i], devs[j])),
                 "wrong_bytes_there": wrong_there,
                 "wrong_bytes_roundtrip": wrong_back,
                 "gbps": P2P_BYTES * P2P_TIMED_COPIES / elapsed / 1e9,

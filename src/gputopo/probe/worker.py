@@ -1,9 +1,12 @@
-"""The program each rank runs: ``python -m gputopo.probe.worker SPEC.json`` (started by ``launch``).
+"""The program each pool rank runs: ``python -m gputopo.probe.worker SPEC.json`` (started by ``launch``).
 
-It joins the process group torch's elastic agent set up (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and
-the rendezvous in the environment), runs the launch's checks in order and writes what it measured, one
-``check-<name>.json`` per check, from rank 0. Checks that drive every device from one process (p2p, dp)
-run in rank 0 while the other ranks wait at a barrier; ddp and the all-reduce sweep run in every rank.
+It joins the world group torch's elastic agent set up (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and the
+rendezvous in the environment), one rank per GPU of the pool, then walks the schedule: in each step it
+runs the job whose set holds its GPU, inside that set's process subgroup, and meets every other rank at
+a barrier. A job's checks write what they measured, one ``check-<name>.json`` each, from the set's rank
+0. Checks that drive every device from one process (p2p, dp) run in the set's rank 0, which sees all the
+pool's devices, while the set's other ranks wait at the subgroup's barrier; ddp and the all-reduce sweep
+run in every rank of the set.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import json
 import os
 import platform
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -74,11 +78,9 @@ def _bus_id(domain: int, bus: int, device: int) -> str:
 
 
 def run(spec_path: str) -> None:
-    """Join the group, run the checks, write the results; any exception ends the rank non-zero."""
+    """Join the pool, run the schedule step by step, write the results; an exception ends the rank."""
     import torch
     import torch.distributed as dist
-
-    from gputopo.probe import checks
 
     spec = json.loads(Path(spec_path).read_text())
     out_dir = Path(spec["out_dir"])
@@ -89,23 +91,79 @@ def run(spec_path: str) -> None:
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-    ctx = checks.RankContext(rank, world, local_rank, device, spec, out_dir)
-    ctx.progress("setup", "join")
+    log = open(out_dir / f"progress-rank{rank}.jsonl", "a")  # noqa: SIM115 - lives as long as the rank
+    pool_row(log, rank, "join")
     dist.init_process_group(
         "nccl" if device.type == "cuda" else "gloo",
         timeout=timedelta(seconds=float(spec["timeout_s"]) + COLLECTIVE_TIMEOUT_GRACE_S),
         device_id=device if device.type == "cuda" else None,
     )
+    pool_row(log, rank, "ready")
     if rank == 0:
         write_json(out_dir / "env.json", environment(device, world, spec["gpus"]))
     try:
-        run_checks(ctx)
+        run_schedule(spec, rank, device, log)
     finally:
         dist.destroy_process_group()
 
 
+def pool_row(log: Any, rank: int, stage: str, step: int = 0) -> None:
+    """A progress row about the pool rather than a job: joined, ready, entering a step."""
+    row = {"t": time.time(), "pool_rank": rank, "rank": rank, "task": None, "check": "pool", "stage": stage}
+    row.update({"done": step, "total": 0})
+    log.write(json.dumps(row) + "\n")
+    log.flush()
+
+
+def run_schedule(spec: dict[str, Any], rank: int, device: Any, log: Any) -> None:
+    """Every step in order: create the step's new groups, run this rank's job, meet the others.
+
+    ``new_group`` must be entered by every rank of the world, for every group, in the same order, even
+    by ranks outside the group (torch.distributed.new_group's docstring; ``split_group`` exists in this
+    torch but supports only NCCL), so the groups of a step are created by all ranks at the step's start.
+    The barrier at the end keeps timed checks alone in their step. Groups live as long as the pool.
+    """
+    import torch.distributed as dist
+
+    from gputopo.probe import checks
+
+    groups: dict[tuple[int, ...], Any] = {}
+    common = {k: v for k, v in spec.items() if k != "schedule"}
+    for k, step in enumerate(spec["schedule"]):
+        pool_row(log, rank, "step", k)
+        for job in step:
+            key = tuple(job["ranks"])
+            if key not in groups:
+                groups[key] = dist.new_group(list(key))
+        for job in step:
+            if rank in job["ranks"]:
+                job_spec = {**common, **job}
+                ctx = checks.RankContext(
+                    job["ranks"].index(rank),
+                    len(job["ranks"]),
+                    device.index or 0,
+                    device,
+                    job_spec,
+                    Path(job["out_dir"]),
+                    _progress_file=log,
+                    group=groups[tuple(job["ranks"])],
+                    device_ids=list(job["ranks"]),
+                    task=job["id"],
+                    pool_rank=rank,
+                )
+                run_checks(ctx)
+                ctx.progress("task", "done")
+        if device.type == "cuda":
+            dist.barrier(device_ids=[device.index])
+        else:
+            dist.barrier()
+
+
 def run_checks(ctx: Any) -> None:
-    """The launch's checks in order; the reference runs once, just before the first check needing it."""
+    """One job's checks in order; the reference runs once, just before the first check needing it.
+
+    ``ctx.rank`` and ``ctx.world`` count within the job's set; collectives go to ``ctx.group``.
+    """
     from gputopo.probe import checks
 
     refs = None
