@@ -134,3 +134,12 @@ def test_root_cause_is_the_rank_that_crashed_not_the_peer_that_lost_it():
     later = {"rank": 2, "message": "boom", "timestamp": 101, "stderr_tail": ""}
     assert sorted([lost, later, crashed], key=root_cause_order) == [crashed, later, lost]
     assert sorted([later, crashed], key=root_cause_order)[0] is crashed
+
+
+def test_a_rank_the_agent_stopped_is_never_the_root_cause():
+    """In a pool, a crash in one set makes the agent SIGTERM the ranks of every other set."""
+    from gputopo.probe.launch import root_cause_order
+
+    stopped = {"rank": 0, "signal": "SIGTERM", "message": None, "timestamp": 100, "stderr_tail": ""}
+    crashed = {"rank": 2, "signal": None, "message": None, "timestamp": 100, "stderr_tail": "injected"}
+    assert sorted([stopped, crashed], key=root_cause_order)[0] is crashed

@@ -38,6 +38,10 @@ STDERR_TAIL_LINES = 20
 # The elastic agent's own wait between SIGTERM and SIGKILL of its workers; torch's default is 30 s.
 AGENT_SHUTDOWN_S = 2
 LAUNCH_RESULT = "launch.json"
+# Joining the pool (spawning the ranks, importing torch, the rendezvous) is no set's time: it may take
+# --timeout or this long, whichever is more. Many ranks importing torch at once on a few busy cores can
+# take tens of seconds, which must not read as a hang of the sets in the first step.
+STARTUP_FLOOR_S = 60.0
 
 # Which checks a planted fault reaches. A hang or crash ends the launch, so it goes into the first
 # distributed check only (see ``inject_checks``).
@@ -216,9 +220,10 @@ class Pool:
     """One launch of the rank pool, running a schedule of steps, from start to a ``PoolOutcome``.
 
     The parent owns the clock: a step's jobs must finish within ``--timeout`` of the step's start (the
-    first step's start is when every rank has joined; joining has its own ``--timeout``). When a step
-    runs over, its unfinished jobs are ``hung`` and the pool is stopped; when a rank dies, the job it
-    was running is ``crashed``. Either way the jobs that finished keep their results.
+    first step starts once every rank has joined; joining may take ``--timeout`` or ``STARTUP_FLOOR_S``,
+    whichever is more). When a step runs over, its unfinished jobs are ``hung`` and the pool is stopped;
+    when a rank dies, the job it was running is ``crashed``.
+    Either way the jobs that finished keep their results.
     """
 
     def __init__(self, config: ProbeConfig, steps: list[Step]) -> None:
@@ -337,7 +342,7 @@ class Pool:
         now = time.monotonic()
         step = self.current_step
         if step is None or len(self.joined) < len(self.gpus):
-            return now - self.started > self.config.timeout_s
+            return now - self.started > max(self.config.timeout_s, STARTUP_FLOOR_S)
         return bool(self.unfinished(step)) and now - self.step_clock[step] > self.config.timeout_s
 
     def _remember_descendants(self) -> None:
@@ -500,10 +505,15 @@ class Pool:
 
 def _own_failure(failure: RankFailure) -> bool:
     """True for a rank that failed by itself: not stopped by the agent, not merely left by a peer."""
-    if failure.signal in ("SIGTERM", "SIGKILL"):
+    if failure.signal == "SIGKILL":  # the agent's SIGKILL after its shutdown grace
         return False
     return not root_cause_order(
-        {"rank": failure.rank, "message": failure.message, "stderr_tail": failure.stderr_tail}
+        {
+            "rank": failure.rank,
+            "signal": failure.signal,
+            "message": failure.message,
+            "stderr_tail": failure.stderr_tail,
+        }
     )[0]
 
 
@@ -642,11 +652,12 @@ _PEER_LOST = (
 
 
 def root_cause_order(failure: dict[str, Any]) -> tuple[bool, float, int]:
-    """Sort key putting the root cause first: ranks that did not merely lose a peer, then the earliest
+    """Sort key putting the root cause first: ranks that did not merely lose a peer or get stopped by
+    the agent (SIGTERM, which it sends to every other rank once one has failed), then the earliest
     (torch's timestamps have one-second resolution, so a rank that crashed and the peer that lost it
     often tie), then the lowest rank."""
     text = f"{failure.get('message') or ''}\n{failure.get('stderr_tail') or ''}"
-    lost_peer = any(p in text for p in _PEER_LOST)
+    lost_peer = any(p in text for p in _PEER_LOST) or failure.get("signal") == "SIGTERM"
     stamp = failure.get("timestamp")
     return (lost_peer, float(stamp) if stamp is not None else float("inf"), int(failure["rank"]))
 

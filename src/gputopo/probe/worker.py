@@ -92,7 +92,7 @@ def run(spec_path: str) -> None:
     else:
         device = torch.device("cpu")
     log = open(out_dir / f"progress-rank{rank}.jsonl", "a")  # noqa: SIM115 - lives as long as the rank
-    pool_row(log, rank, "join")
+    pool_row(log, rank, "join")  # torch is imported: the rank joins the world group now
     dist.init_process_group(
         "nccl" if device.type == "cuda" else "gloo",
         timeout=timedelta(seconds=float(spec["timeout_s"]) + COLLECTIVE_TIMEOUT_GRACE_S),
