@@ -257,7 +257,7 @@ def test_doctor_without_matplotlib_still_writes_json_and_markdown(tmp_path, monk
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
-    result = run("doctor", "--skip-probe", "--report-dir", str(tmp_path))
+    result = run("doctor", "--skip-probe", "--html", "--report-dir", str(tmp_path))
     assert result.exit_code == 0, result.output
     assert "no HTML report: matplotlib is not installed" in result.stderr
     assert sorted(p.suffix for p in tmp_path.iterdir()) == [".json", ".md"]

@@ -39,6 +39,27 @@ def test_spec_carries_options_and_the_fault():
     assert spec["model"] == "tiny" and spec["steps"] == 4 and spec["device"] == "cpu"
 
 
+def test_inject_gpus_reach_every_set_holding_them_in_the_named_gpus_rank():
+    config = build_config(GPU_BOX, ["4,5,6,7", "6,7", "5,6"], inject=Fault.CORRUPT, inject_gpus="5,6")
+    all_checks = ("p2p", "dp", "ddp", "allreduce")
+    big = launch.job_spec(config, Job((4, 5, 6, 7), ("p2p",)), ("p2p",), launch.Path("/x"), all_checks)
+    assert (big["inject"], big["inject_rank"], big["inject_ranks"]) == ("corrupt", 2, [1, 2])
+    assert big["inject_checks"] == ["p2p"]
+    spared = launch.job_spec(config, Job((6, 7), all_checks), all_checks, launch.Path("/x"))
+    assert spared["inject"] is None and spared["inject_checks"] == []
+
+
+def test_a_hang_goes_into_the_sets_first_distributed_check_even_across_jobs():
+    config = build_config(CPU, ["0,1"], inject=Fault.HANG)
+    set_checks = ("dp", "ddp", "allreduce")
+    later = launch.job_spec(
+        config, Job((0, 1), ("allreduce",)), ("allreduce",), launch.Path("/x"), set_checks
+    )
+    assert later["inject_checks"] == []
+    first = launch.job_spec(config, Job((0, 1), ("dp", "ddp")), ("dp", "ddp"), launch.Path("/x"), set_checks)
+    assert first["inject_checks"] == ["dp"]
+
+
 def test_cpu_ranks_get_one_thread_and_no_gpu():
     config = build_config(CPU, ["0,1"])
     env = launch.rank_environment(config, Job((0, 1), ("ddp",)), "m1")
@@ -51,6 +72,21 @@ def test_gpu_ranks_see_their_set_in_nvidia_smi_order(monkeypatch):
     config = build_config(GPU_BOX, ["5,6"])
     env = launch.rank_environment(config, Job((5, 6), ("ddp",)), "m2")
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" and env["CUDA_VISIBLE_DEVICES"] == "5,6"
+
+
+def test_every_pool_rank_sees_every_gpu_of_the_pool():
+    """Pool rank r drives the r-th GPU of the union; the rank running DataParallel reaches all of them."""
+    config = build_config(GPU_BOX, ["5,6", "2,6"])
+    pool = launch.Pool(config, [((Job((5, 6), ("ddp",)), ("ddp",)),), ((Job((2, 6), ("ddp",)), ("ddp",)),)])
+    try:
+        assert pool.gpus == (2, 5, 6)
+        assert [j.ranks for j in pool.jobs] == [(1, 2), (0, 2)]
+        env = launch.rank_environment(config, Job(pool.gpus, ()), "m3")
+        assert env["CUDA_VISIBLE_DEVICES"] == "2,5,6"
+        spec = pool.spec()
+        assert [[j["ranks"] for j in step] for step in spec["schedule"]] == [[[1, 2]], [[0, 2]]]
+    finally:
+        pool.cleanup()
 
 
 STUBBORN = (

@@ -27,6 +27,12 @@ def doctor_command(
         None, help="ResNet for the probes (resnet18, resnet50, tiny). Default: resnet18 on GPU, tiny on CPU."
     ),
     report_dir: Path = typer.Option(Path("reports"), help="Where the JSON, Markdown and HTML reports go."),
+    html_out: Optional[bool] = typer.Option(  # noqa: UP045 (typer)
+        None,
+        "--html/--no-html",
+        help="Draw the HTML report with pictures (matplotlib, a few seconds). Default: with the probes, "
+        "not with --skip-probe (gputopo report FILE --html draws it later).",
+    ),
     inject: Optional[Fault] = typer.Option(  # noqa: UP045 (typer)
         None, help="Drill: plant a fault in the probes (needs --inject-gpus) to see the doctor catch it."
     ),
@@ -38,7 +44,6 @@ def doctor_command(
     """Check this machine end to end (topology, links, stale processes, probes) and write a report."""
     from gputopo.doctor import DoctorOptions, run_doctor, to_markdown
     from gputopo.report import ensure_report_dir, write_report
-    from gputopo.ui.html_report import render_html
 
     out = Output(json_mode=json_out)
     ensure_report_dir(report_dir)
@@ -52,13 +57,17 @@ def doctor_command(
     doc = run_doctor(options, probe_hook=None if json_out else progress)
     if doc["why_simulated"] and json_out:  # the human view prints it at the top itself
         out.warn(doc["why_simulated"])
-    try:
-        html = render_html(doc)
-    except ModuleNotFoundError as exc:
-        if exc.name != "matplotlib":
-            raise
-        html = None
-        out.warn("no HTML report: matplotlib is not installed (pip install 'gputopo[probe]')")
+    html = None
+    # Importing matplotlib costs seconds, most of a --skip-probe run; the quick look skips the pictures.
+    if html_out if html_out is not None else not skip_probe:
+        from gputopo.ui.html_report import render_html
+
+        try:
+            html = render_html(doc)
+        except ModuleNotFoundError as exc:
+            if exc.name != "matplotlib":
+                raise
+            out.warn("no HTML report: matplotlib is not installed (pip install 'gputopo[probe]')")
     paths = write_report("doctor", doc, to_markdown(doc), report_dir, html=html)
     doc["report"] = paths
     if json_out:

@@ -438,7 +438,9 @@ def ddp_check(ctx: RankContext, refs: References | None) -> dict[str, Any]:
     )
     state = {"step": 0, "done": 0}
     if ctx.fault("corrupt", "ddp"):
-        ddp.register_comm_hook(None, _corrupting_hook(ctx, state))
+        # The hook's state is the group its all-reduce uses; None would mean the world group, which in
+        # the pool holds ranks of other sets.
+        ddp.register_comm_hook(ctx.group, _corrupting_hook(ctx, state))
     opt = _optimizer(ddp.parameters(), float(ctx.spec["lr"]))
     losses = torch.zeros(steps, dtype=torch.float64, device=ctx.device)
     desync_steps: list[dict[str, Any]] = []

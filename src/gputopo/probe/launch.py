@@ -1,14 +1,15 @@
-"""Starting ranks through torch's elastic launcher, watching them, and leaving nothing behind.
+"""Starting the rank pool through torch's elastic launcher, watching it, and leaving nothing behind.
 
 Two halves live here. ``agent_main`` runs in a launcher process (``python -m gputopo.probe.launch
 JOB.json``): it calls ``torch.distributed.launcher.api.elastic_launch``, the API under ``torchrun``, and
 writes each rank's failure (exit code, signal, stderr tail) with the first one marked as the root cause,
-as torchrun reports it. ``Launch`` runs in the ``gputopo`` process: it starts that launcher in a session
-of its own, reads the ranks' progress, enforces ``--timeout``, and on timeout, crash or Ctrl-C stops the
-launcher and every rank: SIGTERM, a short grace, then SIGKILL, with each process identified by
-(pid, create time) so a reused pid is never hit. Ranks run in sessions of their own (the elastic agent
-starts them so), which is why the parent tracks them by ancestry and by a marker variable in their
-environment rather than by process group.
+as torchrun reports it. ``Pool`` runs in the ``gputopo`` process: it starts that launcher in a session
+of its own with one rank per GPU of the pool, reads the ranks' progress, times each step of the
+schedule against ``--timeout``, and on timeout, crash or Ctrl-C stops the launcher and every rank:
+SIGTERM, a short grace, then SIGKILL, with each process identified by (pid, create time) so a reused
+pid is never hit. Ranks run in sessions of their own (the elastic agent starts them so), which is why
+the parent tracks them by ancestry and by a marker variable in their environment rather than by
+process group. What it finished, and which set stopped it, goes back to the runner as a ``PoolOutcome``.
 """
 
 from __future__ import annotations
