@@ -213,22 +213,20 @@ def test_each_pair_is_one_launch_with_disjoint_pairs_together(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault", ["hang", "crash"])
-def test_a_hang_or_crash_costs_one_pair_and_a_fresh_pool_judges_the_rest(tmp_path, fault):
-    # Generous for the healthy steps on a busy machine; the hang itself waits this long.
-    timeout = "45" if fault == "hang" else "300"
-    done, _ = probe(
-        tmp_path, *EACH_PAIR, "--inject", fault, "--inject-gpus", "1,2", "--timeout", timeout, timeout=400
-    )
+def test_a_crash_costs_one_pair_and_a_fresh_pool_judges_the_rest(tmp_path):
+    """The crash kills one pair's rank; the agent stops the pool, pairs of other steps run in a new one.
+
+    (A hang costs one set the same way: tests/test_doctor.py plants one in the doctor's run.)
+    """
+    done, _ = probe(tmp_path, *EACH_PAIR, "--inject", "crash", "--inject-gpus", "1,2", timeout=400)
     assert done.returncode == 1, done.stderr
     doc = json.loads(done.stdout)
     by_set = {tuple(s["gpus"]): s["checks"][0] for s in doc["sets"]}
-    kind = "hung" if fault == "hang" else "crashed"
-    assert by_set.pop((1, 2))["kind"] == kind
+    crashed = by_set.pop((1, 2))
+    assert crashed["kind"] == "crashed" and crashed["detail"].startswith("rank 1 exited with exit code 86")
     assert all(c["verdict"] == "pass" for c in by_set.values()), by_set
     first, second = doc["launches"]
-    assert first["status"] == ("timeout" if fault == "hang" else "failed")
-    assert first["ended_by"] == [{"gpus": [1, 2], "kind": kind}]
+    assert first["status"] == "failed" and first["ended_by"] == [{"gpus": [1, 2], "kind": "crashed"}]
     assert second["status"] == "ok"
     # The fresh pool ran only what the first one had not judged.
     assert first["judged"] + second["judged"] == 6

@@ -35,6 +35,9 @@ from gputopo.probe.plan import Job
 MARKER_ENV = "GPUTOPO_PROBE_RUN"
 STOP_GRACE_S = 3.0
 POLL_S = 0.1
+# Listing descendants walks every process of the machine (psutil reads each one's parent); ranks live for
+# the whole pool, so once a second finds them all, and stop() also finds them by their marker.
+DESCENDANTS_EVERY_S = 1.0
 STDERR_TAIL_LINES = 20
 # The elastic agent's own wait between SIGTERM and SIGKILL of its workers; torch's default is 30 s.
 AGENT_SHUTDOWN_S = 2
@@ -255,6 +258,7 @@ class Pool:
         self.step_clock: dict[int, float] = {}
         self.pool_rows: dict[int, dict[str, Any]] = {}
         self._seen: dict[int, psutil.Process] = {}
+        self._descendants_at = float("-inf")
         self._offsets: dict[Path, int] = {}
 
     def spec(self) -> dict[str, Any]:
@@ -326,7 +330,8 @@ class Pool:
     def poll(self) -> list[tuple[Job, dict[str, Any]]]:
         """Advance: new progress rows, exit or timeout. Returns the jobs' new progress rows."""
         assert self.proc is not None
-        self._remember_descendants()
+        if time.monotonic() - self._descendants_at >= DESCENDANTS_EVERY_S:
+            self._remember_descendants()
         rows = self._read_progress()
         if self.ended is None:
             if self.proc.poll() is not None:
@@ -348,6 +353,7 @@ class Pool:
 
     def _remember_descendants(self) -> None:
         assert self.proc is not None
+        self._descendants_at = time.monotonic()
         try:
             for child in psutil.Process(self.proc.pid).children(recursive=True):
                 self._seen.setdefault(child.pid, child)
@@ -488,9 +494,18 @@ class Pool:
             "status": status,
             "wall_s": round((self.ended or time.monotonic()) - self.started, 3),
             "steps": [
-                [{"gpus": list(j.job.gpus), "checks": list(j.checks)} for j in self.jobs if j.step == k]
+                [
+                    {
+                        "gpus": list(j.job.gpus),
+                        "checks": list(j.checks),
+                        "wall_s": round(judged[j.id].wall_s, 3) if j.id in judged else None,
+                    }
+                    for j in self.jobs
+                    if j.step == k
+                ]
                 for k in range(len(self.steps))
             ],
+            "startup_s": round(self.step_clock[0] - self.started, 3) if 0 in self.step_clock else None,
             "steps_entered": (self.current_step + 1) if self.current_step is not None else 0,
             "judged": len(judged),
             "ended_by": ended_by,

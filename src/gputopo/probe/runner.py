@@ -193,6 +193,7 @@ def run_probe(
             pending.append(step)
     environment: dict[str, Any] = {}
     launches = []
+    runs = {job: run for step in pending for job, run in step}
     while pending:
         outcome = run_pool(config, [tuple(step) for step in pending], on_progress)
         if outcome.env and not environment:
@@ -202,12 +203,13 @@ def run_probe(
         judged = set()
         for job_outcome in outcome.judged:
             job = job_outcome.job
-            checks = next(run for j, run in (x for step in pending for x in step) if j == job)
+            checks = runs[job]
             results = judge_outcome(job_outcome, checks, view, config)
             by_set[job.gpus].update(results)
             judged.add(job)
             if job_outcome.status != "ok":
-                ended[job.gpus] = next(c for c in checks if results[c].kind in ("hung", "crashed"))
+                stopped = [c for c in checks if results[c].kind in ("hung", "crashed")]
+                ended[job.gpus] = stopped[0] if stopped else checks[-1]
         if not judged:  # cannot happen (a pool always judges the job that stopped it); never loop forever
             raise RuntimeError("a probe pool ended without judging any job")
         remaining = []
