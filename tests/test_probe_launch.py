@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -179,3 +180,85 @@ def test_a_rank_the_agent_stopped_is_never_the_root_cause():
     stopped = {"rank": 0, "signal": "SIGTERM", "message": None, "timestamp": 100, "stderr_tail": ""}
     crashed = {"rank": 2, "signal": None, "message": None, "timestamp": 100, "stderr_tail": "injected"}
     assert sorted([stopped, crashed], key=root_cause_order)[0] is crashed
+
+
+def _pool_with_rows(rows, steps):
+    """A pool that never started, fed the progress rows its ranks would have written."""
+    config = build_config(CPU, ["0,1,2,3"], each_pair=True, model="tiny")
+    pool = launch.Pool(config, steps)
+    for row in rows:
+        with (pool.dir / f"progress-rank{row['pool_rank']}.jsonl").open("a") as fh:
+            fh.write(json.dumps({"t": 0.0, "done": 0, "total": 0, **row}) + "\n")
+    pool._read_progress()  # noqa: SLF001
+    pool.ended = time.monotonic()
+    return pool
+
+
+DDP = ("ddp",)
+TWO_STEPS = [
+    ((Job((0, 1), DDP), DDP), (Job((2, 3), DDP), DDP)),
+    ((Job((0, 2), DDP), DDP), (Job((1, 3), DDP), DDP)),
+]
+
+
+def _entered_step_0(ranks=range(4)):
+    rows = [{"pool_rank": r, "rank": r, "task": None, "check": "pool", "stage": "ready"} for r in ranks]
+    rows += [
+        {"pool_rank": r, "rank": r, "task": None, "check": "pool", "stage": "step", "done": 0} for r in ranks
+    ]
+    return rows
+
+
+def test_a_step_past_the_timeout_judges_its_unfinished_job_hung_and_keeps_the_finished_one():
+    rows = _entered_step_0()
+    rows += [{"pool_rank": r, "rank": r, "task": "j0", "check": "task", "stage": "done"} for r in (0, 1)]
+    rows += [{"pool_rank": 3, "rank": 1, "task": "j1", "check": "ddp", "stage": "injected-hang"}]
+    pool = _pool_with_rows(rows, TWO_STEPS)
+    try:
+        pool.timed_out = True
+        out = pool.outcome()
+    finally:
+        pool.cleanup()
+    assert [(o.job.gpus, o.status) for o in out.judged] == [((0, 1), "ok"), ((2, 3), "timeout")]
+    hung = out.judged[1]
+    assert hung.last_progress[1]["stage"] == "injected-hang"  # rank within the set, not in the pool
+    assert hung.last_progress[0]["check"] == "pool"  # silent in the job: where the pool last saw it
+    assert out.record["ended_by"] == [{"gpus": [2, 3], "kind": "hung"}] and out.record["judged"] == 2
+
+
+def test_a_crash_is_charged_to_the_job_of_the_rank_that_died():
+    rows = _entered_step_0()
+    pool = _pool_with_rows(rows, TWO_STEPS)
+    died = {"rank": 2, "exitcode": 86, "signal": None, "pid": 1, "message": None, "stderr_tail": "boom"}
+    stopped = {"rank": 0, "exitcode": -15, "signal": "SIGTERM", "pid": 2, "message": None, "stderr_tail": ""}
+    (pool.dir / launch.LAUNCH_RESULT).write_text(
+        json.dumps({"status": "failed", "failures": [died, stopped]})
+    )
+    try:
+        out = pool.outcome()
+    finally:
+        pool.cleanup()
+    (only,) = out.judged
+    assert only.job.gpus == (2, 3) and only.status == "failed"
+    assert only.failures[0].rank == 0 and only.failures[0].exitcode == 86  # pool rank 2 is rank 0 of 2,3
+    assert out.record["ended_by"] == [{"gpus": [2, 3], "kind": "crashed"}]
+
+
+def test_a_pool_that_never_started_charges_every_job_at_once():
+    """An import error or a rendezvous hang blames no set, and a fresh pool would fail alike."""
+    pool = _pool_with_rows([], TWO_STEPS)
+    failure = {
+        "rank": 0,
+        "exitcode": 1,
+        "signal": None,
+        "pid": 1,
+        "message": "ImportError: x",
+        "stderr_tail": "",
+    }
+    (pool.dir / launch.LAUNCH_RESULT).write_text(json.dumps({"status": "failed", "failures": [failure]}))
+    try:
+        out = pool.outcome()
+    finally:
+        pool.cleanup()
+    assert len(out.judged) == 4 and all(o.status == "failed" for o in out.judged)
+    assert [e["kind"] for e in out.record["ended_by"]] == ["crashed"] * 4

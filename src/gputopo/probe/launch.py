@@ -464,7 +464,15 @@ class Pool:
         result = _read_json(self.dir / LAUNCH_RESULT)
         status = "timeout" if self.timed_out else "launcher-error" if result is None else result["status"]
         ended_by: list[dict[str, Any]] = []
-        if status == "timeout":
+        if self.current_step is None and status != "ok":
+            # The pool never started (an import error, a rendezvous or world-communicator hang): no set
+            # is to blame and a fresh pool would fail alike, so every job carries it, in one launch.
+            kind = "hung" if status == "timeout" else "crashed"
+            failures = tuple(RankFailure(**f) for f in (result or {}).get("failures", []))
+            for j in self.jobs:
+                judged[j.id] = self._job_outcome(j, status, tuple(self._in_set(j, f) for f in failures))
+                ended_by.append({"gpus": list(j.job.gpus), "kind": kind})
+        elif status == "timeout":
             for j in self.unfinished(step):
                 judged[j.id] = self._job_outcome(j, "timeout")
                 ended_by.append({"gpus": list(j.job.gpus), "kind": "hung"})
