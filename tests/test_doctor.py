@@ -336,7 +336,7 @@ def test_seed_drill_corrupt_path_between_5_and_6_in_one_launch(tmp_path):
 def test_a_planted_hang_costs_its_sets_and_at_most_two_more_launches(tmp_path):
     done, doc = _doctor(
         tmp_path, "--input", "sample:quad-nv4-pairs-2socket", "--inject", "hang", "--inject-gpus", "2,3",
-        "--steps", "2", "--model", "tiny", "--timeout", "30",
+        "--steps", "2", "--model", "tiny", "--timeout", "20",
     )  # fmt: skip
     assert done.returncode == 1, done.stderr[-2000:]
     probe = doc["probe"]

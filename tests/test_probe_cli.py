@@ -287,3 +287,11 @@ def test_cli_and_probe_help_do_not_import_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "False"]
+
+
+def test_a_set_listed_out_of_order_keeps_its_order_as_rank_order(tmp_path):
+    """--gpus 1,0: GPU 1 is the set's rank 0; the subgroup must not sort it (the worker checks)."""
+    done, _ = probe(tmp_path, "--device", "cpu", "--gpus", "1,0", "--mode", "allreduce", "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["sets"][0]["gpus"] == [1, 0] and doc["verdict"] == "pass"

@@ -134,7 +134,11 @@ def run_schedule(spec: dict[str, Any], rank: int, device: Any, log: Any) -> None
         for job in step:
             key = tuple(job["ranks"])
             if key not in groups:
-                groups[key] = dist.new_group(list(key))
+                # A set's order is its ranks' order (--gpus 6,5: GPU 6 is rank 0), so the group must not
+                # sort them (new_group sorts by default; sort_ranks=False keeps the list's order).
+                groups[key] = dist.new_group(list(key), sort_ranks=False)
+                if rank in key and dist.get_group_rank(groups[key], rank) != key.index(rank):
+                    raise RuntimeError(f"group {key}: rank {rank} is not rank {key.index(rank)} in it")
         for job in step:
             if rank in job["ranks"]:
                 job_spec = {**common, **job}
