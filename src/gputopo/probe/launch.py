@@ -168,6 +168,7 @@ def job_spec(
         "seed": config.seed,
         "timeout_s": config.timeout_s,
         "sweep_bytes": list(config.sweep_bytes),
+        "iters": config.iters,
         "inject": config.inject.value if site.checks else None,
         "inject_rank": site.rank,
         "inject_ranks": list(site.ranks) if site.ranks is not None else None,

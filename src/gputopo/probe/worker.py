@@ -7,6 +7,13 @@ a barrier. A job's checks write what they measured, one ``check-<name>.json`` ea
 0. Checks that drive every device from one process (p2p, dp) run in the set's rank 0, which sees all the
 pool's devices, while the set's other ranks wait at the subgroup's barrier; ddp and the all-reduce sweep
 run in every rank of the set.
+
+Before any check, every rank records the ``NCCL_*`` and ``CUDA_*`` variables it got, pins its numerics
+(``checks.pin_numerics``) and, on GPUs, points NCCL's INIT log at a file of its own; rank 0 gathers the
+records into ``env.json`` and, after each NCCL check, reads which transport every connection of the set's
+ranks used. The logs hold every communicator of the rank over the pool's life (the world group and
+earlier sets' groups too), DataParallel's single-process one included (it shows as
+``P2P/direct pointer``).
 """
 
 from __future__ import annotations
@@ -72,6 +79,47 @@ def environment(device: Any, world: int, gpus: list[int]) -> dict[str, Any]:
     return env
 
 
+def recorded_rank_environment(environ: Any) -> dict[str, str]:
+    """The ``NCCL_*`` and ``CUDA_*`` variables this rank got from the launch, before the probe adds any."""
+    from gputopo.probe.environment import recorded_variables
+
+    return recorded_variables(environ)
+
+
+def prepare_rank_environment(environ: Any, device: str, out_dir: Path, rank: int) -> dict[str, str]:
+    """Set what this rank needs before CUDA or NCCL start; return what was set (recorded apart).
+
+    cuBLAS is deterministic only with a fixed workspace (``CUBLAS_WORKSPACE_CONFIG``, see the note under
+    ``torch.use_deterministic_algorithms``); NCCL names its transports only in its INIT debug log, so
+    each rank logs to a file of its own in ``out_dir`` (``NCCL_DEBUG_FILE``; NCCL reads these variables
+    when its first communicator starts, which is after this).
+    """
+    added: dict[str, str] = {}
+    if "CUBLAS_WORKSPACE_CONFIG" not in environ:
+        added["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    if device == "cuda":
+        added["NCCL_DEBUG"] = "INFO"
+        added["NCCL_DEBUG_SUBSYS"] = "INIT"
+        added["NCCL_DEBUG_FILE"] = str(out_dir / f"nccl-rank{rank}.log")
+    for name, value in added.items():
+        environ[name] = value
+    return added
+
+
+def rank_records(records: list[Any], backend: str) -> dict[str, Any]:
+    """Per-rank variables and numerics as the report shows them, with the caveats they put on the verdict."""
+    from gputopo.probe.environment import environment_caveats
+
+    records = sorted((r for r in records if r is not None), key=lambda r: r["rank"])
+    return {
+        "rank_variables": {str(r["rank"]): r["variables"] for r in records},
+        "set_by_probe": records[0]["set_by_probe"] if records else {},
+        "numerics": records[0]["numerics"] if records else None,
+        "numerics_same_in_every_rank": all(r["numerics"] == records[0]["numerics"] for r in records),
+        "caveats": environment_caveats({r["rank"]: r["variables"] for r in records}, backend),
+    }
+
+
 def _bus_id(domain: int, bus: int, device: int) -> str:
     """NVML's spelling of a PCI address, e.g. ``00000000:3B:00.0``."""
     return f"{domain:08X}:{bus:02X}:{device:02X}.0"
@@ -82,10 +130,15 @@ def run(spec_path: str) -> None:
     import torch
     import torch.distributed as dist
 
+    from gputopo.probe import checks
+
     spec = json.loads(Path(spec_path).read_text())
     out_dir = Path(spec["out_dir"])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ["LOCAL_RANK"])
+    variables = recorded_rank_environment(os.environ)
+    added = prepare_rank_environment(os.environ, spec["device"], out_dir, rank)
+    numerics = checks.pin_numerics()
     if spec["device"] == "cuda":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
@@ -99,8 +152,14 @@ def run(spec_path: str) -> None:
         device_id=device if device.type == "cuda" else None,
     )
     pool_row(log, rank, "ready")
+    # Every rank's variables and numerics reach rank 0, which writes them with the versions.
+    mine = {"rank": rank, "variables": variables, "set_by_probe": added, "numerics": numerics}
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, mine)
     if rank == 0:
-        write_json(out_dir / "env.json", environment(device, world, spec["gpus"]))
+        env = environment(device, world, spec["gpus"])
+        env.update(rank_records(everyone, "nccl" if device.type == "cuda" else "gloo"))
+        write_json(out_dir / "env.json", env)
     try:
         run_schedule(spec, rank, device, log)
     finally:
@@ -141,21 +200,20 @@ def run_schedule(spec: dict[str, Any], rank: int, device: Any, log: Any) -> None
                     raise RuntimeError(f"group {key}: rank {rank} is not rank {key.index(rank)} in it")
         for job in step:
             if rank in job["ranks"]:
-                job_spec = {**common, **job}
+                key = tuple(job["ranks"])
                 ctx = checks.RankContext(
                     job["ranks"].index(rank),
                     len(job["ranks"]),
                     device.index or 0,
                     device,
-                    job_spec,
+                    {**common, **job},
                     Path(job["out_dir"]),
                     _progress_file=log,
-                    group=groups[tuple(job["ranks"])],
-                    device_ids=list(job["ranks"]),
                     task=job["id"],
                     pool_rank=rank,
+                    log_dir=Path(spec["out_dir"]),
                 )
-                run_checks(ctx)
+                run_checks(ctx, groups[key], list(key))
                 ctx.progress("task", "done")
         if device.type == "cuda":
             dist.barrier(device_ids=[device.index])
@@ -163,10 +221,11 @@ def run_schedule(spec: dict[str, Any], rank: int, device: Any, log: Any) -> None
             dist.barrier()
 
 
-def run_checks(ctx: Any) -> None:
+def run_checks(ctx: Any, group: Any = None, devices: list[int] | None = None) -> None:
     """One job's checks in order; the reference runs once, just before the first check needing it.
 
-    ``ctx.rank`` and ``ctx.world`` count within the job's set; collectives go to ``ctx.group``.
+    ``ctx.rank`` and ``ctx.world`` count within the job's set; collectives go to ``group`` (the set's
+    subgroup); ``devices`` are the set's local CUDA devices (pool rank r drives device r).
     """
     from gputopo.probe import checks
 
@@ -175,16 +234,23 @@ def run_checks(ctx: Any) -> None:
     for check in ctx.spec["checks"]:
         ctx.progress(check, "start")
         if check == first_training:
-            refs = checks.reference_runs(ctx)
+            refs = checks.reference_runs(ctx, group)
         if check in ("p2p", "dp"):
             # One process drives every device of the set, as DataParallel users' scripts do.
             if ctx.rank == 0:
-                metrics = checks.p2p_check(ctx) if check == "p2p" else checks.dp_check(ctx, refs)
-            checks.barrier(ctx)
+                if check == "p2p":
+                    metrics = checks.p2p_check(ctx, devices)
+                else:
+                    metrics = checks.dp_check(ctx, refs, devices)
+            checks.barrier(ctx, group)
         elif check == "ddp":
-            metrics = checks.ddp_check(ctx, refs)
+            metrics = checks.ddp_check(ctx, refs, group)
         else:
-            metrics = checks.allreduce_check(ctx)
+            metrics = checks.allreduce_check(ctx, group)
+        if check in ("ddp", "allreduce") and ctx.is_cuda:
+            checks.barrier(ctx, group)  # every rank has logged its connections before rank 0 reads the logs
+            if ctx.rank == 0:
+                metrics["transports"] = checks.nccl_transports(ctx)
         if ctx.rank == 0:
             write_json(ctx.out_dir / f"check-{check}.json", metrics)
         ctx.progress(check, "done")
