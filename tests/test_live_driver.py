@@ -224,20 +224,24 @@ def test_probe_dry_run_names_the_uuids_without_a_preset(driver: Path, tmp_path: 
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
     assert doc["schema"] == "gputopo/probe-plan/v1" and doc["device"] == "cuda"
-    (launch,) = doc["launches"]
-    assert launch["gpus"] == [7, 1] and launch["uuids"] == [uuid(7), uuid(1)]
-    assert launch["bus_ids"] == [bus(7), bus(1)]
-    assert launch["env"]["CUDA_VISIBLE_DEVICES"] == f"{uuid(7)},{uuid(1)}"
-    assert launch["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
-    assert launch["env"]["NCCL_DEBUG"] == "INFO"  # inherited by the ranks
-    assert launch["checks"] == ["p2p", "dp", "ddp", "allreduce"]
+    launches = doc["launches"]
+    assert [c for launch in launches for c in launch["checks"]] == ["p2p", "dp", "ddp", "allreduce"]
+    for launch in launches:
+        assert launch["gpus"] == [7, 1] and launch["uuids"] == [uuid(7), uuid(1)]
+        assert launch["bus_ids"] == [bus(7), bus(1)]
+        # One pool of ranks, pool rank r on the r-th GPU in ascending order: GPU1 is rank 0, GPU7 rank 1.
+        assert launch["ranks"] == [1, 0]
+        assert launch["env"]["CUDA_VISIBLE_DEVICES"] == f"{uuid(1)},{uuid(7)}"
+        assert launch["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+        assert launch["env"]["NCCL_DEBUG"] == "INFO"  # inherited by the ranks
+    assert doc["pool"]["gpus"] == [1, 7]
     assert {e["gpu"] for e in doc["left_out"]} == {3, 4, 5, 6}
 
 
 def test_probe_dry_run_default_set_leaves_out_what_cannot_be_probed(driver: Path, tmp_path: Path) -> None:
     result = dry_run(driver, tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "round 0: GPUs 0,1,2,7: p2p dp ddp allreduce" in result.stdout
+    assert "round 0: GPUs 0,1,2,7: p2p" in result.stdout and "GPUs 0,1,2,7: allreduce" in result.stdout
     assert "GPU5 left out: MIG enabled" in result.stdout
 
 
@@ -246,7 +250,8 @@ def test_probe_dry_run_with_a_preset_of_uuids(driver: Path, tmp_path: Path) -> N
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
     assert doc["gpus_allowed"] == [1, 2]
-    assert doc["launches"][0]["env"]["CUDA_VISIBLE_DEVICES"] == f"{uuid(2)},{uuid(1)}"
+    assert doc["launches"][0]["gpus"] == [2, 1]
+    assert doc["launches"][0]["env"]["CUDA_VISIBLE_DEVICES"] == f"{uuid(1)},{uuid(2)}"
 
 
 def test_probe_dry_run_refuses_a_gpu_outside_the_preset(driver: Path, tmp_path: Path) -> None:

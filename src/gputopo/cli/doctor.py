@@ -11,6 +11,7 @@ from gputopo.cli import app
 from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, examples, guarded
 from gputopo.cli.topo import NVML_TIMEOUT_OPTION
 from gputopo.errors import EXIT_PROBLEM, InputError, UnavailableError, UsageError
+from gputopo.probe.options import Fault
 from gputopo.ui.output import Output
 
 REPORT_HINT = "give a reports/doctor-*.json or probe-*.json file that gputopo wrote"
@@ -51,6 +52,18 @@ def doctor_command(
     report_dir: Path = typer.Option(
         Path("reports"), metavar="PATH", help="Where the JSON, Markdown and HTML reports go."
     ),
+    html_out: Optional[bool] = typer.Option(  # noqa: UP045 (typer)
+        None,
+        "--html/--no-html",
+        help="Draw the HTML report with pictures (matplotlib, a few seconds). Default: with the probes, "
+        "not with --skip-probe (gputopo report FILE --html draws it later).",
+    ),
+    inject: Optional[Fault] = typer.Option(  # noqa: UP045 (typer)
+        None, help="Drill: plant a fault in the probes (needs --inject-gpus) to see the doctor catch it."
+    ),
+    inject_gpus: Optional[str] = typer.Option(  # noqa: UP045 (typer)
+        None, "--inject-gpus", help="Drill: the GPUs whose sets get the fault, e.g. 5,6."
+    ),
     nvml_timeout: float = NVML_TIMEOUT_OPTION,
     json_out: bool = JSON_OPTION,
 ) -> None:
@@ -58,14 +71,22 @@ def doctor_command(
     from gputopo.doctor import DoctorOptions, run_doctor, to_markdown
     from gputopo.probe.config import MODELS
     from gputopo.report import ensure_report_dir, write_report
-    from gputopo.ui.html_report import render_html
 
     if model is not None and model not in MODELS:
         raise UsageError(f"--model {model}: unknown model", f"choose one of {', '.join(MODELS)}")
     out = Output(json_mode=json_out)
     ensure_report_dir(report_dir)
     options = DoctorOptions(
-        input, steps, timeout, skip_probe, model, report_dir, simulate=simulate, nvml_timeout_s=nvml_timeout
+        input,
+        steps,
+        timeout,
+        skip_probe,
+        model,
+        report_dir,
+        simulate=simulate,
+        inject=inject,
+        inject_gpus=inject_gpus,
+        nvml_timeout_s=nvml_timeout,
     )
 
     def progress(plan):
@@ -77,13 +98,17 @@ def doctor_command(
     out.warnings(doc.get("warnings") or ())
     if doc["why_simulated"] and json_out:  # the human view prints it at the top itself
         out.warn(doc["why_simulated"])
-    try:
-        html = render_html(doc)
-    except ModuleNotFoundError as exc:
-        if exc.name != "matplotlib":
-            raise
-        html = None
-        out.warn("no HTML report: matplotlib is not installed (pip install 'gputopo[probe]')")
+    html = None
+    # Importing matplotlib costs seconds, most of a --skip-probe run; the quick look skips the pictures.
+    if html_out if html_out is not None else not skip_probe:
+        from gputopo.ui.html_report import render_html
+
+        try:
+            html = render_html(doc)
+        except ModuleNotFoundError as exc:
+            if exc.name != "matplotlib":
+                raise
+            out.warn("no HTML report: matplotlib is not installed (pip install 'gputopo[probe]')")
     paths = write_report("doctor", doc, to_markdown(doc), report_dir, html=html)
     doc["report"] = paths
     if json_out:

@@ -19,25 +19,31 @@ _SHOWN_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_")
 
 
 def plan_document(config: ProbeConfig, plan: Plan) -> dict[str, Any]:
-    """The ``gputopo/probe-plan/v1`` document: device, the GPUs left out and why, and every launch."""
+    """The ``gputopo/probe-plan/v1`` document: device, the GPUs left out and why, and every launch.
+
+    Every launch runs in one pool of ranks, one per GPU of the plan (``plan.gpus``; pool rank ``r``
+    drives ``gpus[r]``), so each launch's ``env`` is the pool's and ``ranks`` says which pool ranks run it.
+    """
     from gputopo.probe.launch import rank_environment
+    from gputopo.probe.plan import Job
 
     inv = config.inventory
     uuids = dict(zip(inv.gpus, inv.visible_ids, strict=False)) if inv.device == "cuda" else {}
+    pool = plan.gpus
+    env = rank_environment(config, Job(pool, ()), marker="dry-run")
+    shown = {k: v for k, v in sorted(env.items()) if k in _SHOWN or k.startswith(_SHOWN_PREFIXES)}
     launches = []
     for number, rnd in enumerate(plan.rounds):
         for job in rnd:
-            env = rank_environment(config, job, marker="dry-run")
             launches.append(
                 {
                     "round": number,
                     "gpus": list(job.gpus),
+                    "ranks": [pool.index(g) for g in job.gpus],
                     "uuids": [uuids.get(g) for g in job.gpus] if uuids else None,
                     "bus_ids": [inv.bus_id(g) for g in job.gpus] if uuids else None,
                     "checks": list(job.checks),
-                    "env": {
-                        k: v for k, v in sorted(env.items()) if k in _SHOWN or k.startswith(_SHOWN_PREFIXES)
-                    },
+                    "env": shown,
                 }
             )
     return {
@@ -47,6 +53,7 @@ def plan_document(config: ProbeConfig, plan: Plan) -> dict[str, Any]:
         "gpus_allowed": list(inv.gpus),
         "left_out": [{"gpu": g, "why": why} for g, why in sorted(inv.why_not.items())],
         "note": inv.note,
+        "pool": {"gpus": list(pool), "uuids": [uuids.get(g) for g in pool] if uuids else None, "env": shown},
         "launches": launches,
     }
 
@@ -58,9 +65,11 @@ def plan_text(doc: dict[str, Any]) -> str:
         lines.append(doc["note"])
     for left in doc["left_out"]:
         lines.append(f"GPU{left['gpu']} left out: {left['why']}")
+    pool = ",".join(str(g) for g in doc["pool"]["gpus"])
+    lines.append(f"one rank per GPU {pool}; every rank's environment:")
+    for key, value in doc["pool"]["env"].items():
+        lines.append(f"    {key}={value}")
     for launch in doc["launches"]:
         gpus = ",".join(str(g) for g in launch["gpus"])
         lines.append(f"round {launch['round']}: GPUs {gpus}: {' '.join(launch['checks'])}")
-        for key, value in launch["env"].items():
-            lines.append(f"    {key}={value}")
     return "\n".join(lines)
