@@ -14,7 +14,7 @@ import typer
 from gputopo.cli import app
 from gputopo.cli.common import INPUT_HELP, JSON_OPTION, guarded
 from gputopo.errors import EXIT_PROBLEM
-from gputopo.probe.options import Fault, Mode
+from gputopo.probe.options import Fault, Mode, Precision
 from gputopo.ui.output import Output
 
 
@@ -57,6 +57,15 @@ def probe_command(
     lr: Annotated[float, typer.Option(help="SGD learning rate (momentum 0.9).")] = 0.05,
     seed: Annotated[int, typer.Option(help="Seed of the weights and the synthetic data.")] = 0,
     timeout: Annotated[float, typer.Option(help="Seconds each set may take before it is hung.")] = 300.0,
+    precision: Annotated[
+        Optional[list[Precision]],  # noqa: UP045 (typer)
+        typer.Option(
+            "--precision",
+            "-p",
+            help="Precision of the dp and ddp checks: fp32, tf32, fp16 (autocast + GradScaler), bf16; "
+            "repeat for several. Default: fp32.",
+        ),
+    ] = None,
     inject: Annotated[
         Optional[Fault],  # noqa: UP045 (typer)
         typer.Option(help="Plant a fault in one rank to see its detector fire."),
@@ -99,6 +108,7 @@ def probe_command(
         inject_rank=inject_rank,
         report_dir=report_dir,
         topology_input=input,
+        precisions=[p.value for p in precision or ()],
     )
     ensure_report_dir(config.report_dir)
     plan = make_plan(config)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from gputopo.errors import UnavailableError, UsageError
 from gputopo.probe.options import Fault, Mode
+from gputopo.probe.precision import DEFAULT_PRECISION, PRECISIONS, expand_checks
 
 INSTALL_HINT = "pip install 'gputopo[probe]'  (it brings torch and torchvision)"
 
@@ -67,6 +68,8 @@ class ProbeConfig:
     report_dir: Path = Path("reports")
     topology_input: str | None = None
     inventory: DeviceInventory = field(default_factory=lambda: DeviceInventory("cpu", ()))
+    # --precision: the dp and ddp checks run once per precision (``checks`` holds ``dp@fp16`` and so on).
+    precisions: tuple[str, ...] = (DEFAULT_PRECISION,)
 
     @property
     def backend(self) -> str:
@@ -169,6 +172,7 @@ def build_config(
     inject_rank: int | None = None,
     report_dir: Path = Path("reports"),
     topology_input: str | None = None,
+    precisions: tuple[str, ...] | list[str] | None = None,
 ) -> ProbeConfig:
     """Check the options against what exists and freeze them.
 
@@ -210,6 +214,17 @@ def build_config(
         raise UsageError(
             "--inject nan needs --steps 2 or more", "the NaN shows in the step after it is planted"
         )
+    precisions = tuple(dict.fromkeys(precisions or (DEFAULT_PRECISION,)))
+    unknown_precision = [p for p in precisions if p not in PRECISIONS]
+    if unknown_precision:
+        raise UsageError(
+            f"--precision {unknown_precision[0]!r}: unknown precision", f"choose from {', '.join(PRECISIONS)}"
+        )
+    if inject is Fault.OVERFLOW and steps < 3:
+        raise UsageError(
+            "--inject overflow needs --steps 3 or more",
+            "the scaler must skip two steps from the middle one on to show an overflow",
+        )
     if not lr > 0:
         raise UsageError(f"--lr {lr}: must be positive", "e.g. --lr 0.05")
     if not timeout_s > 0:
@@ -229,7 +244,7 @@ def build_config(
     return ProbeConfig(
         device=inventory.device,
         sets=sets,
-        checks=mode.checks,
+        checks=expand_checks(mode.checks, precisions),
         model=model,
         batch_size=batch_size,
         steps=steps,
@@ -242,4 +257,5 @@ def build_config(
         report_dir=report_dir,
         topology_input=topology_input,
         inventory=inventory,
+        precisions=precisions,
     )

@@ -39,6 +39,7 @@ def config_dict(run: ProbeRun) -> dict[str, Any]:
         "inject_rank": c.inject_rank,
         "sweep_bytes": list(c.sweep_bytes),
         "topology_input": c.topology_input,
+        "precisions": list(c.precisions),
     }
 
 
@@ -129,9 +130,10 @@ def p2p_table(gpus: tuple[int, ...], check: CheckResult) -> list[str]:
 def loss_table(gpus: tuple[int, ...], check: CheckResult) -> list[str]:
     """Step by step: both reference runs, the probe's loss and its gap to reference run 1."""
     m = check.metrics
-    what = "DataParallel" if check.name == "dp" else "DDP"
+    what = "DataParallel" if check.name.partition("@")[0] == "dp" else "DDP"
+    precision = f" at {m['precision']}" if m.get("precision", "fp32") != "fp32" else ""
     lines = [
-        f"# {check.name}, set {set_label(gpus)}: {what} loss vs the single-device reference "
+        f"# {check.name}, set {set_label(gpus)}: {what}{precision} loss vs the single-device reference "
         f"(noise floor {m.get('noise_floor', 0):.3g})",
         f"# {'step':>5} {'reference':>12} {'reference2':>12} {check.name:>12} {'gap':>10}",
     ]
@@ -151,6 +153,13 @@ def check_table(run: ProbeRun, gpus: tuple[int, ...], check: CheckResult) -> lis
         return allreduce_table(run, gpus, check)
     if check.name == "p2p":
         return p2p_table(gpus, check)
+    if check.name == "speed":
+        from gputopo.probe.speed import speed_table
+
+        return [
+            *speed_table(gpus, check.metrics, run.config.device),
+            f"# {check.verdict.upper()}: {check.detail}",
+        ]
     return loss_table(gpus, check)
 
 

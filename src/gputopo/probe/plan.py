@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from itertools import combinations
 
 from gputopo.probe.config import ProbeConfig
-from gputopo.probe.options import CHECK_ORDER
+from gputopo.probe.options import check_rank
 
 # Checks whose numbers are bandwidths: never measured while another launch runs.
-TIMED_CHECKS = frozenset({"p2p", "allreduce"})
+TIMED_CHECKS = frozenset({"p2p", "allreduce", "speed"})
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def round_robin(gpus: tuple[int, ...]) -> tuple[tuple[tuple[int, int], ...], ...
 
 def make_plan(config: ProbeConfig) -> Plan:
     """The launches for ``config``: one per set, or pair rounds for ``--each-pair``."""
-    checks = tuple(c for c in CHECK_ORDER if c in config.checks)
+    checks = tuple(sorted(config.checks, key=check_rank))
     if not config.each_pair:
         return Plan(rounds=tuple((Job(s, checks),) for s in config.sets), sets=config.sets)
     gpus = config.sets[0]

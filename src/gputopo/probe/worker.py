@@ -105,22 +105,25 @@ def run(spec_path: str) -> None:
 
 
 def run_checks(ctx: Any) -> None:
-    """The launch's checks in order; the reference runs once, just before the first check needing it."""
-    from gputopo.probe import checks
+    """The launch's checks in order; the references run once per precision, before the first check
+    needing them (``amp.training_check``)."""
+    from gputopo.probe import amp, checks, speed_run
+    from gputopo.probe.precision import split_check
 
-    refs = None
-    first_training = next((c for c in ctx.spec["checks"] if c in ("dp", "ddp")), None)
+    refs: dict[str, Any] = {}
     for check in ctx.spec["checks"]:
         ctx.progress(check, "start")
-        if check == first_training:
-            refs = checks.reference_runs(ctx)
-        if check in ("p2p", "dp"):
-            # One process drives every device of the set, as DataParallel users' scripts do.
+        base, precision = split_check(check)
+        metrics: dict[str, Any] = {}
+        if base in ("dp", "ddp"):
+            # dp runs in rank 0 (one process drives every device, as DataParallel users' scripts do).
+            metrics = amp.training_check(ctx, base, precision, refs)
+        elif check == "p2p":
             if ctx.rank == 0:
-                metrics = checks.p2p_check(ctx) if check == "p2p" else checks.dp_check(ctx, refs)
+                metrics = checks.p2p_check(ctx)
             checks.barrier(ctx)
-        elif check == "ddp":
-            metrics = checks.ddp_check(ctx, refs)
+        elif check == "speed":
+            metrics = speed_run.speed_check(ctx)
         else:
             metrics = checks.allreduce_check(ctx)
         if ctx.rank == 0:
