@@ -40,6 +40,7 @@ class DoctorOptions:
     skip_probe: bool = False
     model: str | None = None
     report_dir: Path = Path("reports")
+    skip_speed: bool = False
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,10 @@ def probe_section(
     bigger = [s for s in sizes_sets if len(s) > 2]
     if bigger:
         configs.append(build_config(inventory, [",".join(map(str, s)) for s in bigger], **common))
+    if not options.skip_speed and sizes_sets:
+        # The speed table (one GPU, DataParallel, DDP, DDP+AMP) on each recommended set.
+        speed = {**common, "mode": Mode.SPEED}
+        configs.append(build_config(inventory, [",".join(map(str, s)) for s in sizes_sets], **speed))
     merged: dict[str, Any] | None = None
     for config in configs:
         plan = make_plan(config)
@@ -169,13 +174,26 @@ def probe_section(
         if merged is None:
             merged = doc
         else:
-            merged["sets"].extend(doc["sets"])
+            merge_sets(merged["sets"], doc["sets"])
             merged["launches"].extend(doc["launches"])
             merged["notes"] = sorted(set(merged["notes"]) | set(doc["notes"]))
             merged["wall_s"] = round(merged["wall_s"] + doc["wall_s"], 3)
             if doc["verdict"] == "fail":
                 merged["verdict"] = "fail"
     return merged
+
+
+def merge_sets(into: list[dict[str, Any]], sets: list[dict[str, Any]]) -> None:
+    """Add ``sets`` to ``into``; a set already there gets the new checks (and fails if one failed)."""
+    by_gpus = {tuple(s["gpus"]): s for s in into}
+    for s in sets:
+        same = by_gpus.get(tuple(s["gpus"]))
+        if same is None:
+            into.append(s)
+            continue
+        same["checks"].extend(s["checks"])
+        if s["verdict"] == "fail" or same["verdict"] == "skipped":
+            same["verdict"] = s["verdict"]
 
 
 def pair_rows(topo: Topology, probe: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -345,6 +363,7 @@ def to_markdown(doc: dict[str, Any]) -> str:
                 gpus = ",".join(map(str, s["gpus"]))
                 lines.append(f"| {gpus} | {c['name']} | {c['verdict']}{kind} | {_md(c.get('detail'))} |")
         lines.append("")
+        lines += speed_markdown(doc["probe"])
     elif doc["probe_note"]:
         lines += [f"Probes {doc['probe_note']}.", ""]
     lines += ["## Processes holding GPUs", ""]
@@ -355,6 +374,23 @@ def to_markdown(doc: dict[str, Any]) -> str:
     if not holders:
         lines.append(doc["stale"].get("note") or "No process holds a GPU device file.")
     return "\n".join(lines) + "\n"
+
+
+def speed_markdown(probe: dict[str, Any]) -> list[str]:
+    """The speed table of every set that has one (one GPU, DataParallel, DDP, DDP+AMP), as text bars."""
+    from gputopo.probe.speed import speed_table
+
+    out: list[str] = []
+    for s in probe.get("sets") or []:
+        for c in s["checks"]:
+            if c["name"] == "speed":
+                out += [
+                    "```",
+                    *speed_table(tuple(s["gpus"]), c.get("metrics") or {}, probe.get("device")),
+                    "```",
+                    "",
+                ]
+    return ["## Speed: one GPU vs DataParallel vs DDP", "", *out] if out else []
 
 
 def holder_state(holder: dict[str, Any]) -> str:

@@ -22,6 +22,9 @@ def doctor_command(
     steps: int = typer.Option(5, help="Training steps of each probe's dp and ddp checks."),
     timeout: float = typer.Option(120.0, help="Seconds each probed set may take before it counts as hung."),
     skip_probe: bool = typer.Option(False, "--skip-probe", help="Only topology, links and processes."),
+    skip_speed: bool = typer.Option(
+        False, "--skip-speed", help="No speed table (one GPU vs DataParallel vs DDP) on the recommended sets."
+    ),
     model: Optional[str] = typer.Option(  # noqa: UP045 (typer)
         None, help="ResNet for the probes (resnet18, resnet50, tiny). Default: resnet18 on GPU, tiny on CPU."
     ),
@@ -35,7 +38,7 @@ def doctor_command(
 
     out = Output(json_mode=json_out)
     ensure_report_dir(report_dir)
-    options = DoctorOptions(input, steps, timeout, skip_probe, model, report_dir)
+    options = DoctorOptions(input, steps, timeout, skip_probe, model, report_dir, skip_speed=skip_speed)
 
     def progress(plan):
         from gputopo.ui.probe_view import ProbeProgress

@@ -9,6 +9,7 @@ recording per step the scale, whether the scaler skipped the step, and the first
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -222,13 +223,16 @@ def training_check(ctx: Any, base: str, precision: str, refs: dict[str, Any]) ->
 
 
 def calibrate_scale(ctx: Any) -> float:
-    """The GradScaler's starting scale for this launch: half the largest power of two up to 2**16 at which
-    the first step's gradients are finite for every chunk, found on a throwaway copy of the model
-    (collective: the smallest over the ranks wins, so all runs start alike).
+    """The GradScaler's starting scale for this launch: a quarter of the largest power of two up to 2**16
+    at which the first step's gradients are finite, found on a throwaway copy of the model. Collective:
+    each rank searches on its own chunk of the first batch (as DDP ranks and reference run 2
+    backpropagate chunk by chunk), and the smallest wins, so all runs start alike.
 
     GradScaler starts at 2**16 and halves on each overflowing step, skipping it. In a probe of a few
     steps that start-up search could use up the whole run, and a planted or real overflow from the
     middle step would hide inside it; starting where the search would end leaves every step judgeable.
+    Overflow is monotone in the scale, so a bisection over the 17 exponents needs five passes, not the
+    scaler's one step per halving.
     """
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -237,23 +241,27 @@ def calibrate_scale(ctx: Any) -> float:
 
     model = checks._fresh_model(ctx, ctx.device)
     images, labels = checks._chunks(ctx, 0)
+    x, y = images[ctx.rank].to(ctx.device), labels[ctx.rank].to(ctx.device)
     amp = AmpStep("fp16", ctx.device)
 
-    def finite_at(scale: float) -> bool:
-        # Chunk by chunk, as DDP ranks and reference run 2 backpropagate: the largest gradients.
-        for x, y in zip(images, labels, strict=True):
-            model.zero_grad(set_to_none=True)
-            with amp.autocast():
-                loss = F.cross_entropy(model(x.to(ctx.device)), y.to(ctx.device))
-            (loss.float() * scale).backward()
-            if _nonfinite_kind([p.grad for p in model.parameters() if p.grad is not None]) is not None:
-                return False
-        return True
+    def finite_at(exponent: int) -> bool:
+        model.zero_grad(set_to_none=True)
+        with amp.autocast():
+            loss = F.cross_entropy(model(x), y)
+        (loss.float() * 2.0**exponent).backward()
+        return _nonfinite_kind([p.grad for p in model.parameters() if p.grad is not None]) is None
 
-    scale = INIT_SCALE
-    while scale > SCALE_FLOOR and not finite_at(scale):
-        scale /= 2
-    # Halved once more: headroom for gradients that grow over the first steps.
-    found = torch.tensor([max(scale / 2, SCALE_FLOOR)], dtype=torch.float64, device=ctx.device)
+    top = int(math.log2(INIT_SCALE))
+    if finite_at(top):
+        best = top
+    else:
+        low, high = -1, top  # finite_at(low) is assumed (scale below 1), finite_at(high) is false
+        while high - low > 1:
+            mid = (low + high) // 2
+            low, high = (mid, high) if finite_at(mid) else (low, mid)
+        best = low
+    # Two halvings of headroom: the other chunks, and gradients that grow over the first steps.
+    scale = max(2.0 ** (best - 2), SCALE_FLOOR)
+    found = torch.tensor([scale], dtype=torch.float64, device=ctx.device)
     dist.all_reduce(found, op=dist.ReduceOp.MIN)
     return float(found)

@@ -5,7 +5,8 @@ replica after broadcast, an all-reduce element), ``desync`` (DDP ranks' paramete
 bitwise equal), ``nan`` (a loss or gradient went non-finite while the reference stayed finite),
 ``diverged`` (the loss left the reference curve by more than the noise floor allows), ``hung`` (no end
 within ``--timeout``), ``crashed`` (a rank exited non-zero), ``slow`` (all-reduce bus bandwidth far below
-the bandwidth model's estimate). A check reports its most specific finding as its kind and mentions the
+the bandwidth model's estimate), ``overflow`` (an fp16 run's GradScaler kept skipping steps; judged in
+``gputopo.probe.precision``). A check reports its most specific finding as its kind and mentions the
 rest in its detail.
 """
 

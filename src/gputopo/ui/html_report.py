@@ -140,6 +140,30 @@ def render_html(doc: dict[str, Any]) -> str:
         parts.append("<h2>All-reduce bandwidth</h2>")
         parts.append("<figure>" + _img(figures.busbw_curves(curves), "all-reduce busbw curves") + "</figure>")
 
+    speed = [
+        ("GPUs " + ",".join(str(g) for g in s["gpus"]), (check.get("metrics") or {})["rows"])
+        for s in (doc.get("probe") or {}).get("sets") or []
+        for check in s.get("checks") or []
+        if check.get("name") == "speed" and (check.get("metrics") or {}).get("rows")
+    ]
+    if speed:
+        flags = [
+            flag
+            for s in doc["probe"]["sets"]
+            for check in s.get("checks") or []
+            if check.get("name") == "speed"
+            for flag in (check.get("metrics") or {}).get("flags") or []
+        ]
+        parts.append("<h2>Is DataParallel or DDP worth it?</h2>")
+        parts.append(
+            "<figure>"
+            + _img(figures.speed_bars(speed, simulated), "speed: one GPU, DataParallel, DDP, DDP+AMP")
+            + "<figcaption>Samples per second of one GPU, DataParallel, DDP and DDP with AMP at the same "
+            "global batch, with the speedup over one GPU."
+            + "".join(f" <b>{_e(f)}</b>" for f in flags)
+            + "</figcaption></figure>"
+        )
+
     probe = doc.get("probe") or {}
     if probe.get("sets"):
         parts.append("<h2>Checks</h2>")
