@@ -112,3 +112,28 @@ def test_doctor_merges_the_speed_check_into_its_set_and_draws_the_bars():
     page = render_html(doc)
     assert "Is DataParallel or DDP worth it?" in page and "use DistributedDataParallel" in page
     assert len(re.findall(r'src="data:image/png;base64,', page)) == 2  # topology graph and speed bars
+
+
+@pytest.mark.parametrize("skip_speed", [False, True])
+def test_doctor_times_the_recommended_sets_unless_skip_speed(monkeypatch, skip_speed):
+    from datetime import datetime, timezone
+
+    from gputopo import doctor
+    from gputopo.probe import runner
+
+    launched = []
+
+    def fake_run_probe(config, on_progress=None, plan=None):
+        launched.append(config)
+        return runner.ProbeRun(config, (), {}, (), datetime.now(timezone.utc), 0.0)
+
+    monkeypatch.setattr(runner, "run_probe", fake_run_probe)
+    machine = doctor.choose_machine("sample:quad-nv4-pairs-2socket")
+    options = doctor.DoctorOptions(steps=2, skip_speed=skip_speed)
+    doctor.probe_section(machine, [0, 1, 2, 3], [[0, 1], [0, 1, 2, 3]], options, None)
+    speed = [c for c in launched if c.checks == ("speed",)]
+    if skip_speed:
+        assert speed == []
+    else:
+        (config,) = speed
+        assert config.sets == ((0, 1), (0, 1, 2, 3)) and config.steps == 2

@@ -76,8 +76,10 @@ class AmpStep:
         self.device = device
         dtype_name = AUTOCAST_DTYPE[precision]
         self.dtype = getattr(torch, dtype_name) if dtype_name else None
-        # torch.amp.GradScaler(device) is the device-generic scaler (CPU included) since torch 2.3;
-        # torch.cuda.amp.GradScaler is its deprecated CUDA-only alias.
+        # torch.amp.GradScaler(device) is the device-generic scaler, CPU included: torch 2.3's
+        # torch.cuda.amp.GradScaler is already a thin subclass of it (pytorch.org/docs/2.3 source), and
+        # pytorch commit b5bf757 ("Deprecate device-specific GradScaler autocast API") turned the
+        # torch.cuda/torch.cpu spellings into FutureWarning aliases. pyproject's torch>=2.14 has both.
         self.init_scale = float(init_scale)
         self.scaler = (
             torch.amp.GradScaler(device.type, init_scale=self.init_scale) if precision == "fp16" else None
