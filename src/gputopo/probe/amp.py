@@ -24,8 +24,11 @@ from gputopo.probe.precision import (
     INIT_SCALE,
     SCALE_FLOOR,
     check_id,
+    split_check,
     unsupported_reason,
 )
+
+FP32_CURVE = "fp32:losses"  # the key of the lone fp32 reference curve in ``training_check``'s cache
 
 
 @contextmanager
@@ -197,8 +200,9 @@ def device_capabilities(ctx: Any) -> list[tuple[int, int]]:
 def training_check(ctx: Any, base: str, precision: str, refs: dict[str, Any]) -> dict[str, Any]:
     """One dp or ddp check at ``precision`` against references at the same precision (collective).
 
-    ``refs`` caches the reference runs per precision across the launch's checks. The fp32 reference is
-    always run too, so a narrower precision's loss curve can be compared with fp32's. dp runs in rank 0
+    ``refs`` caches the reference runs per precision across the launch's checks. An fp32 reference is
+    always run too (both runs when the launch has fp32 checks, else run 1 alone), so a narrower
+    precision's loss curve can be compared with fp32's. dp runs in rank 0
     while the others wait; ddp in every rank. Rank 0 returns the metrics.
     """
     from gputopo.probe import checks
@@ -206,11 +210,21 @@ def training_check(ctx: Any, base: str, precision: str, refs: dict[str, Any]) ->
     why = unsupported_reason(precision, ctx.device.type, device_capabilities(ctx))
     if why is not None:
         return {"precision": precision, "device": ctx.device.type, "unsupported": why}
-    for p in dict.fromkeys((DEFAULT_PRECISION, precision)):
+    fp32_checked = any(
+        split_check(c) in (("dp", DEFAULT_PRECISION), ("ddp", DEFAULT_PRECISION)) for c in ctx.spec["checks"]
+    )
+    for p in dict.fromkeys((DEFAULT_PRECISION if fp32_checked else precision, precision)):
         if p not in refs:
             scale = calibrate_scale(with_precision(ctx, p)) if p == "fp16" else None
             refs[f"{p}:init_scale"] = scale
             refs[p] = checks.reference_runs(with_precision(ctx, p, scale))
+    if precision != DEFAULT_PRECISION and not fp32_checked and FP32_CURVE not in refs:
+        # No fp32 check in this launch: one fp32 reference run (rank 0) is enough for the gap.
+        fp32 = with_precision(ctx, DEFAULT_PRECISION)
+        refs[FP32_CURVE] = (
+            checks.reference_run(fp32, "fp32", per_chunk_backward=False)["losses"] if ctx.rank == 0 else None
+        )
+        checks.barrier(ctx)
     sub = with_precision(ctx, precision, refs[f"{precision}:init_scale"])
     metrics: dict[str, Any] = {}
     if base == "dp":
@@ -219,8 +233,9 @@ def training_check(ctx: Any, base: str, precision: str, refs: dict[str, Any]) ->
         checks.barrier(ctx)
     else:
         metrics = checks.ddp_check(sub, refs[precision])
-    if ctx.rank == 0 and precision != DEFAULT_PRECISION and refs.get(DEFAULT_PRECISION) is not None:
-        metrics["fp32_ref_losses"] = refs[DEFAULT_PRECISION].first["losses"]
+    if ctx.rank == 0 and precision != DEFAULT_PRECISION:
+        fp32_ref = refs.get(DEFAULT_PRECISION)
+        metrics["fp32_ref_losses"] = fp32_ref.first["losses"] if fp32_ref is not None else refs[FP32_CURVE]
     return metrics
 
 
