@@ -1,7 +1,11 @@
 """Start-up cost of `gputopo topo --input FILE` against the floor of importing typer and rich.
 
-Both commands run as fresh processes, alternating, in the same run; the script prints the median of
-each and their ratio. Target: at most 1.3x. Usage: python benchmarks/bench_topo.py [--runs 15] [FILE]
+Both commands run as fresh processes, alternating, in the same run: the installed ``gputopo`` console
+script, as users run it, and ``python -c "import typer, rich.console"``. The script prints the median
+wall and CPU time of each and their ratios. Judged on wall time (what a user waits for), target at most
+1.3x; the CPU ratio is printed beside it because on a shared machine the wall time of a 100 ms process
+swings with other load far more than its CPU time does (compare the two before trusting a FAIL).
+Usage: python benchmarks/bench_topo.py [--runs 15] [FILE]
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -26,11 +31,7 @@ ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
 def time_once(cmd: list[str]) -> tuple[float, float]:
-    """(wall, CPU) seconds of one run of ``cmd``; its output is discarded.
-
-    CPU time (user + system of the child) is what the ratio is judged on: on a shared machine the wall
-    time of a 100 ms process swings by tens of percent with other load, its CPU time much less.
-    """
+    """(wall, CPU) seconds of one run of ``cmd``; its output is discarded (a pipe-like /dev/null)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
@@ -50,6 +51,11 @@ def main() -> int:
     source = args.input or (str(DEFAULT_INPUT) if DEFAULT_INPUT.exists() else "sample:hgx-h100-nvswitch")
     baseline = [sys.executable, "-c", "import typer, rich.console"]
     script = Path(sys.executable).with_name("gputopo")  # the console script, as users run it
+    if not script.exists():
+        found = shutil.which("gputopo")
+        if found is None:
+            sys.exit("no installed `gputopo` script: pip install -e . first")
+        script = Path(found)
     topo = [str(script), "topo", "--input", source]
     for cmd in (baseline, topo):  # warm the page cache and the bytecode cache
         time_once(cmd)
@@ -71,11 +77,12 @@ def main() -> int:
         f"gputopo topo --input ...                     wall {med['topo'][0] * 1e3:6.1f} ms  "
         f"cpu {med['topo'][1] * 1e3:6.1f} ms"
     )
-    ok = ratio_cpu <= TARGET_RATIO
+    ok = ratio_wall <= TARGET_RATIO
     print(
-        f"ratio: cpu {ratio_cpu:.2f}x, wall {ratio_wall:.2f}x (target <= {TARGET_RATIO}x, judged on cpu): "
+        f"ratio: wall {ratio_wall:.2f}x, cpu {ratio_cpu:.2f}x (target <= {TARGET_RATIO}x, judged on wall): "
         f"{'PASS' if ok else 'FAIL'}"
     )
+    print(f"load average while measuring: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     return 0 if ok else 1
 
 

@@ -190,7 +190,11 @@ def test_doctor_end_to_end_on_cpu_ranks_writes_reports_a_browser_renders(tmp_pat
         env=env,
         timeout=300,
     )
-    assert out.returncode == 0, out.stderr[-2000:]
+    # No driver: the simulation is shown and its reports written, but `doctor || alert` must fire.
+    assert out.returncode == 3, out.stderr[-2000:]
+    assert (
+        "this machine's GPUs were not checked" in out.stderr and "--simulate" in out.stderr.splitlines()[-1]
+    )
     assert "SIMULATED: no NVIDIA driver" in out.stdout
     assert "export CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=0,1" in out.stdout
     json_path = next(tmp_path.glob("doctor-*.json"))
@@ -262,7 +266,7 @@ def test_doctor_without_matplotlib_still_writes_json_and_markdown(tmp_path, monk
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
-    result = run("doctor", "--skip-probe", "--report-dir", str(tmp_path))
+    result = run("doctor", "--simulate", "--skip-probe", "--report-dir", str(tmp_path))
     assert result.exit_code == 0, result.output
     assert "no HTML report: matplotlib is not installed" in result.stderr
     assert sorted(p.suffix for p in tmp_path.iterdir()) == [".json", ".md"]

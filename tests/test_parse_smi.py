@@ -72,10 +72,16 @@ EXPECTED_WARNINGS = {
     "43": ["GPU0, GPU1, GPU2, GPU3: CPU Affinity and NUMA Affinity ran together ('0-31,64-950')"],
     "44": [
         "the header has no column for NIC0, NIC1, NIC2, NIC3",
+        "32 cell(s) the text does not show were filled from their mirror",
+        "the self cell (X) of NIC0, NIC1, NIC2, NIC3 was not shown",
         "GPU0, GPU1, GPU2, GPU3: CPU Affinity '-31,64-95' looks cut",
         "GPU7: CPU Affinity '2-63,96-127' may be cut",
     ],
-    "50": ["no row for GPU4, GPU5, GPU6, ..., mlx5_9 (22 in all): the paste looks cut"],
+    "50": [
+        "no row for GPU4, GPU5, GPU6, ..., mlx5_9 (22 in all): the paste looks cut",
+        "88 cell(s) the text does not show were filled from their mirror",
+        "the self cell (X) of GPU4, GPU5, GPU6, ..., mlx5_9 (22 in all) was not shown",
+    ],
 }
 KNOWN_CLEAN = {
     "02", "04", "05", "06", "08", "09", "11", "13", "14", "15", "18", "19", "22", "23", "24", "26", "27",
@@ -250,22 +256,22 @@ def test_hgx_a100_with_sparse_nic_legend_reads_literally() -> None:
     ]
 
 
-def test_terminal_cropped_h800_keeps_gpu_block_and_leaves_nic_columns_unknown() -> None:
+def test_terminal_cropped_h800_keeps_gpu_block_and_fills_nic_columns_from_the_nic_rows() -> None:
     topo = _parse_fixture("44_")
     assert (topo.matrix.labels, topo.matrix.cells) == _table(
         """
-        GPU0 X    NV8  NV8  NV8  NV8  NV8  NV8  NV8  -  -  -  -
-        GPU1 NV8  X    NV8  NV8  NV8  NV8  NV8  NV8  -  -  -  -
-        GPU2 NV8  NV8  X    NV8  NV8  NV8  NV8  NV8  -  -  -  -
-        GPU3 NV8  NV8  NV8  X    NV8  NV8  NV8  NV8  -  -  -  -
-        GPU4 NV8  NV8  NV8  NV8  X    NV8  NV8  NV8  -  -  -  -
-        GPU5 NV8  NV8  NV8  NV8  NV8  X    NV8  NV8  -  -  -  -
-        GPU6 NV8  NV8  NV8  NV8  NV8  NV8  X    NV8  -  -  -  -
-        GPU7 NV8  NV8  NV8  NV8  NV8  NV8  NV8  X    -  -  -  -
-        NIC0 NODE PIX  NODE NODE SYS  SYS  SYS  SYS  -  -  -  -
-        NIC1 NODE NODE NODE PIX  SYS  SYS  SYS  SYS  -  -  -  -
-        NIC2 SYS  SYS  SYS  SYS  NODE NODE NODE PIX  -  -  -  -
-        NIC3 SYS  SYS  SYS  SYS  NODE NODE NODE PIX  -  -  -  -
+        GPU0 X    NV8  NV8  NV8  NV8  NV8  NV8  NV8  NODE NODE SYS  SYS
+        GPU1 NV8  X    NV8  NV8  NV8  NV8  NV8  NV8  PIX  NODE SYS  SYS
+        GPU2 NV8  NV8  X    NV8  NV8  NV8  NV8  NV8  NODE NODE SYS  SYS
+        GPU3 NV8  NV8  NV8  X    NV8  NV8  NV8  NV8  NODE PIX  SYS  SYS
+        GPU4 NV8  NV8  NV8  NV8  X    NV8  NV8  NV8  SYS  SYS  NODE NODE
+        GPU5 NV8  NV8  NV8  NV8  NV8  X    NV8  NV8  SYS  SYS  NODE NODE
+        GPU6 NV8  NV8  NV8  NV8  NV8  NV8  X    NV8  SYS  SYS  NODE NODE
+        GPU7 NV8  NV8  NV8  NV8  NV8  NV8  NV8  X    SYS  SYS  PIX  PIX
+        NIC0 NODE PIX  NODE NODE SYS  SYS  SYS  SYS  X    -    -    -
+        NIC1 NODE NODE NODE PIX  SYS  SYS  SYS  SYS  -    X    -    -
+        NIC2 SYS  SYS  SYS  SYS  NODE NODE NODE PIX  -    -    X    -
+        NIC3 SYS  SYS  SYS  SYS  NODE NODE NODE PIX  -    -    -    X
         """
     )
 
@@ -290,8 +296,16 @@ def test_truncated_dgx2_keeps_the_rows_it_shows_and_names_all_sixteen_gpus() -> 
         "SYS",
     )
     assert topo.matrix.cells[2][16:18] == ("PXB", "PIX")
-    assert all(cell is None for row in topo.matrix.cells[4:] for cell in row)
+    # The rows the paste lost: their cells to GPU0-3 come from GPU0-3's rows, X on the diagonal, the
+    # rest unknown; a warning says so.
+    cells = topo.matrix.cells
+    for r in range(4, 26):
+        for c in range(26):
+            expected = cells[c][r] if c < 4 else "X" if c == r else None
+            assert cells[r][c] == expected, (r, c)
     assert topo.gpu_link(4, 5) is None and topo.gpu_link(0, 15).code == "NV6"
+    assert topo.gpu_link(15, 0).code == "NV6"
+    assert any("filled from their mirror" in w and "GPU4/GPU0" in w for w in topo.warnings)
 
 
 def test_fused_affinity_is_split_only_where_the_header_columns_say() -> None:
@@ -777,20 +791,26 @@ def test_nic_columns_cropped_from_the_header_and_rows() -> None:
     )
     topo = parse_topo_text(text)
     assert topo.matrix.labels == ("GPU0", "GPU1", "NIC0")
-    assert topo.matrix.cells == (("X", "NV8", None), ("NV8", "X", None), ("PIX", "SYS", None))
+    assert topo.matrix.cells == (("X", "NV8", "PIX"), ("NV8", "X", "SYS"), ("PIX", "SYS", "X"))
     assert topo.nics[0].name == "mlx5_0"
     assert topo.warnings == (
         "the header has no column for NIC0 (cropped?); their links are read from their own rows only",
+        "2 cell(s) the text does not show were filled from their mirror, which it does show (the matrix "
+        "is symmetric): GPU0/NIC0, GPU1/NIC0",
+        "the self cell (X) of NIC0 was not shown and was filled in",
     )
 
 
 def test_nic_cells_cropped_from_rows_under_a_whole_header() -> None:
     text = "\tGPU0\tGPU1\tNIC0\tCPU Affinity\nGPU0\t X \tNV8\t0-31\nGPU1\tNV8\t X \t32-63\nNIC0\tPIX\tSYS\n"
     topo = parse_topo_text(text)
-    assert topo.matrix.cells == (("X", "NV8", None), ("NV8", "X", None), ("PIX", "SYS", None))
+    assert topo.matrix.cells == (("X", "NV8", "PIX"), ("NV8", "X", "SYS"), ("PIX", "SYS", "X"))
     assert [g.cpu_affinity for g in topo.gpus] == ["0-31", "32-63"]
     assert topo.warnings == (
         "GPU0, GPU1, NIC0: the rows show only the GPU columns (cropped?); their NIC cells are unknown",
+        "2 cell(s) the text does not show were filled from their mirror, which it does show (the matrix "
+        "is symmetric): GPU0/NIC0, GPU1/NIC0",
+        "the self cell (X) of NIC0 was not shown and was filled in",
         "NIC0: no NIC Legend entry, so the device name is unknown",
     )
 
@@ -810,8 +830,13 @@ def test_one_row_short_of_a_cell_is_not_mistaken_for_a_crop() -> None:
 def test_paste_cut_inside_the_last_row() -> None:
     text = "\tGPU0\tGPU1\tGPU2\tCPU Affinity\nGPU0\t X \tNV4\tSYS\t0\nGPU1\tNV4\t X \tSYS\t0\nGPU2\tSYS\t"
     topo = parse_topo_text(text)
-    assert topo.matrix.cells == (("X", "NV4", "SYS"), ("NV4", "X", "SYS"), ("SYS", None, None))
-    assert topo.warnings == ("GPU2: the row is cut after 1 of 3 cells; the rest are unknown",)
+    assert topo.matrix.cells == (("X", "NV4", "SYS"), ("NV4", "X", "SYS"), ("SYS", "SYS", "X"))
+    assert topo.warnings == (
+        "GPU2: the row is cut after 1 of 3 cells; the rest are unknown",
+        "1 cell(s) the text does not show were filled from their mirror, which it does show (the matrix "
+        "is symmetric): GPU2/GPU1",
+        "the self cell (X) of GPU2 was not shown and was filled in",
+    )
 
 
 def test_asymmetric_matrix_is_kept_as_printed_with_a_warning() -> None:

@@ -1,9 +1,10 @@
 """``gputopo doctor``: the whole check of one machine, as one report document.
 
-It reads the topology, judges the links (``findings``), lists stale GPU holders (dry run), probes every
-pair shortly and the recommended sets for the common sizes, recommends sets again in the light of what
-the probes found, and sums it all up. On a machine without an NVIDIA GPU it runs the same steps on a
-sample machine with CPU ranks standing in for the GPUs, and says "simulated" everywhere.
+It reads the topology, judges the links and the environment's NCCL settings (``findings``), lists stale
+GPU holders (dry run), probes every pair shortly and the recommended sets for the common sizes,
+recommends sets again in the light of what the probes found, and sums it all up. On a machine without an
+NVIDIA GPU it runs the same steps on a sample machine with CPU ranks standing in for the GPUs, and says
+"simulated" everywhere.
 
 The result is a plain ``gputopo/doctor/v1`` dict, so the report can be saved, re-rendered and turned
 into HTML anywhere (``gputopo report``).
@@ -11,7 +12,8 @@ into HTML anywhere (``gputopo report``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -20,7 +22,7 @@ from typing import Any
 
 from gputopo import __version__
 from gputopo.errors import GputopoError, UnavailableError, UsageError
-from gputopo.findings import NOTE, PROBLEM, Finding, link_findings
+from gputopo.findings import NOTE, PROBLEM, Finding, link_findings, nccl_env_findings
 from gputopo.model import Topology
 
 SCHEMA = "gputopo/doctor/v1"
@@ -40,6 +42,8 @@ class DoctorOptions:
     skip_probe: bool = False
     model: str | None = None
     report_dir: Path = Path("reports")
+    env: Mapping[str, str] | None = None  # the environment whose NCCL settings are checked (os.environ)
+    simulate: bool = False  # asked for: run on the sample machine even where there are GPUs
     skip_speed: bool = False
 
 
@@ -56,13 +60,17 @@ class Machine:
 ProbeHook = Callable[[Any], AbstractContextManager[Any]]
 
 
-def choose_machine(spec: str | None) -> Machine:
+def choose_machine(spec: str | None, simulate: bool = False) -> Machine:
     """This machine when it has NVIDIA GPUs; otherwise a sample (or ``--input``), simulated on CPU."""
     from gputopo.topology import load_topology
 
     if spec is not None:
         topo = load_topology(spec)
         return Machine(topo, simulated=True, why_simulated=f"--input {spec}: not this machine's GPUs")
+    if simulate:
+        topo = load_topology(f"sample:{DEFAULT_SAMPLE}")
+        why = f"--simulate: running on sample machine {DEFAULT_SAMPLE} with CPU ranks"
+        return Machine(topo, simulated=True, why_simulated=why)
     try:
         return Machine(load_topology(None), simulated=False, why_simulated=None)
     except UnavailableError as exc:
@@ -249,7 +257,7 @@ def run_doctor(options: DoctorOptions, probe_hook: ProbeHook | None = None) -> d
         raise UsageError(f"--timeout {options.timeout_s:g}: must be positive", "e.g. --timeout 120")
     from gputopo.topology import snapshot
 
-    machine = choose_machine(options.input)
+    machine = choose_machine(options.input, options.simulate)
     topo = machine.topology
     if machine.simulated and len(topo.gpus) > MAX_SIMULATED_GPUS and not options.skip_probe:
         raise UsageError(
@@ -257,6 +265,8 @@ def run_doctor(options: DoctorOptions, probe_hook: ProbeHook | None = None) -> d
             "pick a smaller sample (gputopo topo --list-samples), or add --skip-probe",
         )
     findings = link_findings(topo)
+    env = os.environ if options.env is None else options.env
+    findings += nccl_env_findings(env, [nic.name or nic.label for nic in topo.nics])
     usable, left_out = usable_gpus(topo)
     sizes = common_sizes(len(usable))
     first = recommendations(topo, sizes, None)
@@ -280,7 +290,9 @@ def run_doctor(options: DoctorOptions, probe_hook: ProbeHook | None = None) -> d
         "why_simulated": machine.why_simulated,
         "device": device,
         "verdict": "problems" if problems else "healthy",
-        "headline": headline(topo, machine.simulated, problems, usable, probe, probe_note),
+        "headline": headline(topo, machine.simulated, problems, usable, probe, probe_note)
+        + (f"; {len(topo.warnings)} warning(s) about the input" if topo.warnings else ""),
+        "warnings": list(topo.warnings),
         "topology": snapshot.to_dict(topo),
         "findings": [asdict(f) for f in findings],
         "left_out": left_out,
@@ -325,6 +337,8 @@ def to_markdown(doc: dict[str, Any]) -> str:
     if doc["simulated"]:
         lines.append(f"- simulated: {doc['why_simulated']}. Bandwidths and timings are not a real GPU's.")
     lines += ["", f"**{doc['headline']}**", ""]
+    if doc.get("warnings"):
+        lines += ["## Warnings about the input", ""] + [f"- {_md(w)}" for w in doc["warnings"]] + [""]
     problems = [f for f in doc["findings"] if f["severity"] == PROBLEM]
     notes = [f for f in doc["findings"] if f["severity"] == NOTE]
     if problems:
@@ -336,7 +350,9 @@ def to_markdown(doc: dict[str, Any]) -> str:
     lines += ["## Which GPUs to use", ""]
     for r in doc["recommendations"]:
         if r["best"]:
-            lines.append(f"- {r['n']} GPUs: `{r['export']}` (est. {r['best']['est_busbw_gbps']} GB/s busbw)")
+            lines.append(
+                f"- {r['n']} GPUs: `{r['export']}` ({estimate_words(r['best'].get('est_busbw_gbps'))})"
+            )
         else:
             lines.append(f"- {r['n']} GPUs: none ({r['why']})")
     for e in doc["left_out"]:
@@ -366,6 +382,7 @@ def to_markdown(doc: dict[str, Any]) -> str:
         lines += speed_markdown(doc["probe"])
     elif doc["probe_note"]:
         lines += [f"Probes {doc['probe_note']}.", ""]
+    lines += ["## Topology", "", "```text", topology_text(doc["topology"]).rstrip("\n"), "```", ""]
     lines += ["## Processes holding GPUs", ""]
     holders = doc["stale"].get("holders") or []
     for h in holders:
@@ -393,6 +410,15 @@ def speed_markdown(probe: dict[str, Any]) -> list[str]:
     return ["## Speed: one GPU vs DataParallel vs DDP", "", *out] if out else []
 
 
+def topology_text(topology: dict[str, Any]) -> str:
+    """The report's topology as ``gputopo topo`` prints it: link matrix, legends, GPU table (affinity and
+    PCI bus ids). Plain text, so ``gputopo topo --input`` reads it back from a copied report."""
+    from gputopo.topology import snapshot
+    from gputopo.ui.topo_view import topology_export
+
+    return topology_export(snapshot.from_dict(topology, source=topology.get("source", "report")))
+
+
 def holder_state(holder: dict[str, Any]) -> str:
     """One word for a kill-stale holder in a report: stale, protected, or in use."""
     if holder.get("stale"):
@@ -402,6 +428,13 @@ def holder_state(holder: dict[str, Any]) -> str:
 
 def _md(text: Any) -> str:
     return str(text if text is not None else "n/a").replace("|", "\\|").replace("\n", " ")
+
+
+def estimate_words(gbps: float | None) -> str:
+    """``est. 48 GB/s busbw``, or why there is none (a cut paste hides links the set needs)."""
+    if gbps is None:
+        return "no busbw estimate: the input does not show every link this set needs"
+    return f"est. {fmt_gbps(gbps)} GB/s busbw"
 
 
 def fmt_gbps(value: float | None) -> str:

@@ -1,10 +1,13 @@
-"""Link problems a topology shows by itself (pure): failing GPUs, slow PCIe links, NVLinks down, P2P off.
+"""Link problems a topology shows by itself (pure): failing GPUs, slow PCIe links, NVLinks down, P2P off;
+and NCCL settings in the environment that are meant for debugging only.
 
 ``doctor`` puts these beside what the probes measured. Each finding says where, what, and what to do.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gputopo.model import LinkKind, Topology
@@ -102,3 +105,105 @@ def _p2p_findings(topo: Topology) -> list[Finding]:
         for code, pairs in through_cpu.items()
     ]
     return problems + notes
+
+
+# --- NCCL settings in the environment -----------------------------------------------------------------------
+
+# NCCL's environment documentation (docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html) files these
+# under "Debugging": they "should not be used in production nor retained in scripts ... Keeping them set may
+# result in sub-optimal behavior, crashes, or hangs". What each does, in our words:
+NCCL_DEBUG_ONLY = {
+    "NCCL_P2P_DISABLE": "turns off direct GPU-to-GPU copies over NVLink and PCIe, so every transfer goes "
+    "through host memory",
+    "NCCL_P2P_LEVEL": "overrides how far apart two GPUs may be for NCCL to copy between them directly "
+    "(NCCL picks this from the topology by itself)",
+    "NCCL_NET_GDR_LEVEL": "overrides how close a NIC must be to a GPU for GPUDirect RDMA (NCCL picks this "
+    "from the topology by itself)",
+    "NCCL_ALGO": "forces the collective algorithms (Ring, Tree, ...) instead of NCCL's per-size tuning",
+    "NCCL_PROTO": "forces the protocols (LL, LL128, Simple) instead of NCCL's per-size tuning",
+}
+
+
+def nccl_env_findings(env: Mapping[str, str], nic_names: Sequence[str] = ()) -> list[Finding]:
+    """NCCL settings in ``env`` that hurt a production job, each with a remedy; never fatal.
+
+    Debugging-only variables are problems. ``NCCL_IB_HCA`` without its leading ``=`` matches by prefix:
+    NCCL strips an optional ``^`` and then an optional ``=`` from the whole value, and only with the ``=``
+    compares names exactly (``ncclIbInit`` in NCCL's net_ib code: ``searchNot``/``searchExact``), so
+    ``mlx5_1`` also selects ``mlx5_10`` to ``mlx5_19``. That is a problem when ``nic_names`` (the machine's
+    NICs) shows an entry picking up a NIC it does not name, and a note otherwise.
+    """
+    found: list[Finding] = []
+    for name, does in NCCL_DEBUG_ONLY.items():
+        value = env.get(name)
+        if value is None:
+            continue
+        found.append(
+            Finding(
+                f"{name}={value}",
+                f"{name}={value} {does}; NCCL lists it among the variables for debugging, not for production",
+                f"unset it (`unset {name}`) and remove it from job scripts, ~/.bashrc, /etc/nccl.conf and "
+                "container images, unless it is a deliberate, dated workaround",
+            )
+        )
+    hca = env.get("NCCL_IB_HCA")
+    if hca is not None and hca.strip():
+        found.extend(_ib_hca_findings(hca.strip(), nic_names))
+    return found
+
+
+def _ib_hca_findings(value: str, nic_names: Sequence[str]) -> list[Finding]:
+    """``NCCL_IB_HCA`` entries that name one device but, lacking the leading ``=``, match as prefixes.
+
+    An entry that ends in ``_<number>`` or is a NIC's full name is meant as one device (``mlx5_1``); one
+    that is neither (``mlx5``, ``mlx5_bond``) is a deliberate family prefix and is fine as it is.
+    """
+    exclude = value.startswith("^")
+    body = value[1:] if exclude else value
+    if body.startswith("="):
+        return []
+    entries = [e.strip() for e in body.split(",") if e.strip()]
+    inner_eq = [e for e in entries if e.startswith("=")]
+    devices = [e.split(":", 1)[0].lstrip("=") for e in entries]
+    single = [d for d in devices if _one_device(d, nic_names)]
+    if not single and not inner_eq:
+        return []
+    verb = "leaves out" if exclude else "selects"
+    extra = {
+        d: sorted(n for n in nic_names if n != d and n.startswith(d) and n not in devices) for d in single
+    }
+    extra = {d: names for d, names in extra.items() if names}
+    if extra:
+        shown = "; ".join(f"{d} also matches {', '.join(names)}" for d, names in extra.items())
+        what = f"NCCL_IB_HCA={value} matches by prefix, so it {verb} more NICs than it names ({shown})"
+        severity = PROBLEM
+    else:
+        example = single[0] if single else "mlx5_1"
+        what = f"NCCL_IB_HCA={value} matches NIC names by prefix ({example} also matches {example}0 and up)"
+        severity = NOTE
+    if inner_eq:
+        what += f"; the '=' inside the list ({', '.join(inner_eq)}) is read as part of a name"
+    return [Finding("NCCL_IB_HCA", what, _ib_hca_remedy(exclude, entries, devices, nic_names), severity)]
+
+
+def _one_device(name: str, nic_names: Sequence[str]) -> bool:
+    return bool(re.search(r"_\d+$", name)) or name in nic_names
+
+
+def _ib_hca_remedy(exclude: bool, entries: list[str], devices: list[str], nic_names: Sequence[str]) -> str:
+    """The exact form. NCCL applies a leading '=' to the whole list: family prefixes must be spelled out."""
+    lead = "^=" if exclude else "="
+    exact: list[str] = []
+    for entry, device in zip(entries, devices, strict=True):
+        port = entry.split(":", 1)[1] if ":" in entry else None
+        if _one_device(device, nic_names):
+            names = [device]
+        else:  # a family prefix: its members on this machine, when known
+            names = sorted(n for n in nic_names if n.startswith(device))
+            if not names:
+                return (
+                    f"write the full device names after one leading '=' (NCCL_IB_HCA={lead}mlx5_0,mlx5_1): "
+                    "the '=' applies to the whole list, so a family prefix cannot stay in it"
+                )
+        exact += [f"{n}:{port}" if port else n for n in names]
+    return f"write NCCL_IB_HCA={lead}{','.join(exact)}: a leading '=' makes every name in the list exact"

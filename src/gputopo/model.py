@@ -80,6 +80,10 @@ class Link:
         return None
 
 
+# What `gputopo topo` prints for a matrix cell its input did not show; read back, the cell stays unknown.
+UNKNOWN_CELL = "?"
+
+
 def is_link_code(code: str) -> bool:
     """True if ``code`` is a code ``nvidia-smi topo -m`` prints in a matrix cell."""
     return Link.from_code(code) is not None

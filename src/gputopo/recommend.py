@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gputopo.errors import InputError, UsageError
@@ -94,7 +94,8 @@ def evidence_from_report(doc: Any, source: str) -> ProbeEvidence:
 
     if not isinstance(doc, Mapping) or doc.get("schema") != PROBE_SCHEMA:
         schema = doc.get("schema") if isinstance(doc, Mapping) else None
-        raise bad(f"not a gputopo probe report (schema {schema!r}, expected {PROBE_SCHEMA!r})")
+        found = f"its schema is {schema!r}" if schema else "it has no schema field"
+        raise bad(f"not a gputopo probe report ({found}; a probe report's is {PROBE_SCHEMA!r})")
     sets = doc.get("sets")
     if not isinstance(sets, list):
         raise bad("no 'sets' list")
@@ -209,6 +210,9 @@ class Candidate:
     reasons: tuple[str, ...]
     lower_bound: bool = False
     uuids: tuple[str | None, ...] = ()
+    # How many concrete sets this row stands for: the others swap in interchangeable GPUs (same links to
+    # every other GPU, same NUMA node), so they get the same estimate and the PCI-lowest one is shown.
+    equivalent_sets: int = 1
 
     def env(self, id_format: str = "index") -> dict[str, str]:
         """The environment that selects this set: always PCI bus order, by index or by UUID."""
@@ -244,6 +248,24 @@ class Recommendation:
     warnings: tuple[str, ...]
     sets: tuple[Candidate, ...] | None = None
     available: tuple[int, ...] = ()
+    top: int = DEFAULT_TOP
+
+    @property
+    def merged_note(self) -> str | None:
+        """Says that rows stand for equivalent sets, when they do (so ``--top 5`` giving 3 rows is clear)."""
+        merged = [c for c in self.candidates if c.equivalent_sets > 1]
+        if not merged:
+            return None
+        shown = ", ".join(f"#{c.rank} stands for {c.equivalent_sets} sets" for c in merged)
+        fewer = (
+            f"--top {self.top} shows {len(self.candidates)}: that is every distinct set; "
+            if len(self.candidates) < self.top
+            else ""
+        )
+        return (
+            f"{fewer}rows merge equivalent sets (GPUs with the same links to every other GPU and the same "
+            f"NUMA node are interchangeable; the lowest indices are shown): {shown}"
+        )
 
 
 # --- the problem the search sees ---------------------------------------------------------------------------
@@ -709,7 +731,10 @@ def recommend(topo: Topology, constraints: Constraints) -> Recommendation:
         )
     ranked = _rank(p, shapes, constraints.top)
     candidates = tuple(
-        _candidate(p, rank, shape.gpus, ranked[0] if rank > 1 else None)
+        replace(
+            _candidate(p, rank, shape.gpus, ranked[0] if rank > 1 else None),
+            equivalent_sets=_equivalent_sets(p, shape),
+        )
         for rank, (_, shape) in enumerate(ranked, start=1)
     )
     packed = None
@@ -722,11 +747,12 @@ def recommend(topo: Topology, constraints: Constraints) -> Recommendation:
             )
         packed = tuple(_candidate(p, i, gpus, None) for i, gpus in enumerate(sets, start=1))
     known = set(topo.gpu_indices)
-    kept_apart = tuple(
-        f
-        for f in (constraints.evidence.failed if constraints.evidence else ())
-        if len(f.gpus) >= 2 and set(f.gpus) <= known
-    )
+    # One entry per group of GPUs, with every reason (a pair failing dp and ddp is one pair kept apart).
+    reasons: dict[tuple[int, ...], list[str]] = {}
+    for f in constraints.evidence.failed if constraints.evidence else ():
+        if len(f.gpus) >= 2 and set(f.gpus) <= known and f.why not in reasons.get(f.gpus, []):
+            reasons.setdefault(f.gpus, []).append(f.why)
+    kept_apart = tuple(FailedGroup(gpus, "; ".join(whys)) for gpus, whys in reasons.items())
     return Recommendation(
         source=topo.source,
         n=n,
@@ -735,10 +761,21 @@ def recommend(topo: Topology, constraints: Constraints) -> Recommendation:
         excluded=excluded,
         kept_apart=kept_apart,
         notes=model.notes(available),
-        warnings=_warnings(p, constraints),
+        warnings=topo.warnings + _warnings(p, constraints),
         sets=packed,
         available=tuple(available),
+        top=constraints.top,
     )
+
+
+def _equivalent_sets(p: _Problem, shape: _Shape) -> int:
+    """How many sets ``shape`` stands for: per class, the ways to choose its count of members."""
+    from math import comb
+
+    total = 1
+    for cls, count in zip(p.classes, shape.counts, strict=True):
+        total *= comb(len(cls), count)
+    return total
 
 
 def _fewer_hint(excluded: tuple[Exclusion, ...]) -> str:
@@ -891,6 +928,7 @@ def candidate_dict(c: Candidate, id_format: str = "index") -> dict[str, Any]:
         "locality": list(c.numa_nodes),
         "reasons": list(c.reasons),
         "env": c.env(id_format),
+        "equivalent_sets": c.equivalent_sets,
     }
 
 
@@ -907,6 +945,7 @@ def to_dict(rec: Recommendation, id_format: str = "index") -> dict[str, Any]:
         "env": rec.best.env(id_format),
         "assumptions": [str(note) for note in rec.notes],
         "warnings": list(rec.warnings),
+        "merged_note": rec.merged_note,
     }
     if rec.sets is not None:
         doc["sets"] = [candidate_dict(c, id_format) for c in rec.sets]

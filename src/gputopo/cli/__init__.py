@@ -21,6 +21,8 @@ app = typer.Typer(
     add_completion=False,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="Start with `gputopo doctor`; `gputopo COMMAND -h` shows each command's options and examples.",
 )
 
 
@@ -48,6 +50,7 @@ COMMAND_MODULES = {
     "report": "doctor",
     "probe": "probe",
     "recommend": "recommend",
+    "run": "run",
     "kill-stale": "stale",
     "topo": "topo",
 }
@@ -76,5 +79,23 @@ load_commands([_command] if _command else None)
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point: option errors become one line and a hint, like every other error."""
+    sys.exit(run_main())
+
+
+def run_main(args: list[str] | None = None) -> int:
+    """Run the app on ``args`` (default: ``sys.argv[1:]``) and return the exit code.
+
+    typer's own usage error takes four lines (usage, "Try ... for help", a blank, the error); here it is
+    the same one line and hint as any other bad input (``common.guarded``).
+    """
+    from gputopo.cli.common import report_usage_error
+
+    try:
+        code = app(args=args, prog_name="gputopo", standalone_mode=False)
+    except typer.Abort:
+        sys.stderr.write("aborted\n")
+        return 1
+    except typer.TyperException as exc:  # typer's usage errors (unknown option, bad value, missing)
+        return report_usage_error(exc)
+    return code if isinstance(code, int) else 0

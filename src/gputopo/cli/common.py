@@ -4,22 +4,59 @@ from __future__ import annotations
 
 import functools
 import os
+import re
+import sys
 import traceback
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
 from gputopo.errors import GputopoError
 from gputopo.ui.output import Output
 
+if TYPE_CHECKING:
+    from gputopo.model import Topology
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 JSON_OPTION = typer.Option(False, "--json", help="Print one JSON document on stdout and nothing else.")
 INPUT_HELP = (
     "Read a machine instead of this one: a saved `nvidia-smi topo -m` text file, a JSON snapshot from "
-    "`gputopo topo --json`, or sample:NAME (see `gputopo topo --list-samples`)."
+    "`gputopo topo --json`, NCCL's topology dump (NCCL_TOPO_DUMP_FILE XML), - for any of them on stdin, "
+    "or sample:NAME (see `gputopo topo --list-samples`)."
 )
+INPUT_METAVAR = "PATH|-|sample:NAME"
+
+
+def examples(*lines: str) -> str:
+    """An "Examples:" block for a command's help; ``\\b`` keeps the help formatter from refolding it."""
+    return "\n\n\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def report_usage_error(exc: Exception) -> int:
+    """One line and a hint for an option error typer found; returns its exit code (2)."""
+    message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+    code = getattr(exc, "exit_code", 2)
+    ctx = getattr(exc, "ctx", None)
+    if "\n" in message:  # `gputopo` alone: the message is the help text itself
+        sys.stderr.write(message.rstrip("\n") + "\n")
+        return code
+    where = ctx.command_path if ctx is not None else "gputopo"
+    # typer names the value's Python type; a person wants the kind of value.
+    message = re.sub(r"is not a valid (?:int|integer)\b", "is not a whole number", message)
+    message = re.sub(r"is not a valid float\b", "is not a number", message)
+    Output().error(f"{where}: {message.rstrip('.')}", f"`{where} --help` lists the options, with examples")
+    return code
+
+
+def read_topology(out: Output, spec: str | None) -> Topology:
+    """The topology ``--input`` names (or this machine's), its warnings said on stderr."""
+    from gputopo.topology import load_topology
+
+    topo = load_topology(spec)
+    out.warnings(topo.warnings)
+    return topo
 
 
 def debug_enabled() -> bool:

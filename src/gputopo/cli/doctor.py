@@ -8,16 +8,36 @@ from typing import Optional
 import typer
 
 from gputopo.cli import app
-from gputopo.cli.common import INPUT_HELP, JSON_OPTION, guarded
-from gputopo.errors import EXIT_PROBLEM, InputError
+from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, examples, guarded
+from gputopo.errors import EXIT_PROBLEM, InputError, UnavailableError, UsageError
 from gputopo.ui.output import Output
 
+REPORT_HINT = "give a reports/doctor-*.json file that `gputopo doctor` wrote"
 
-@app.command("doctor")
+
+@app.command(
+    "doctor",
+    epilog=examples(
+        "gputopo doctor                      # this machine: exit 0 healthy, 1 problems, 3 no driver",
+        "gputopo doctor --skip-probe         # topology, links and processes only (about a second)",
+        "gputopo doctor --simulate           # the simulated run on a sample machine, exit by its verdict",
+        "gputopo doctor --input sample:dgx1-v100 --skip-probe",
+    ),
+)
 @guarded
 def doctor_command(
     input: Optional[str] = typer.Option(  # noqa: UP045 (typer)
-        None, "--input", "-i", help=INPUT_HELP + " Probes then run simulated on CPU ranks."
+        None,
+        "--input",
+        "-i",
+        metavar=INPUT_METAVAR,
+        help=INPUT_HELP + " Probes then run simulated on CPU ranks.",
+    ),
+    simulate: bool = typer.Option(
+        False,
+        "--simulate",
+        help="Run on the sample machine with CPU ranks and exit by its verdict (without it, a machine "
+        "with no NVIDIA driver still shows the simulation but exits 3).",
     ),
     steps: int = typer.Option(5, help="Training steps of each probe's dp and ddp checks."),
     timeout: float = typer.Option(120.0, help="Seconds each probed set may take before it counts as hung."),
@@ -28,17 +48,24 @@ def doctor_command(
     model: Optional[str] = typer.Option(  # noqa: UP045 (typer)
         None, help="ResNet for the probes (resnet18, resnet50, tiny). Default: resnet18 on GPU, tiny on CPU."
     ),
-    report_dir: Path = typer.Option(Path("reports"), help="Where the JSON, Markdown and HTML reports go."),
+    report_dir: Path = typer.Option(
+        Path("reports"), metavar="PATH", help="Where the JSON, Markdown and HTML reports go."
+    ),
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Check this machine end to end (topology, links, stale processes, probes) and write a report."""
     from gputopo.doctor import DoctorOptions, run_doctor, to_markdown
+    from gputopo.probe.config import MODELS
     from gputopo.report import ensure_report_dir, write_report
     from gputopo.ui.html_report import render_html
 
+    if model is not None and model not in MODELS:
+        raise UsageError(f"--model {model}: unknown model", f"choose one of {', '.join(MODELS)}")
     out = Output(json_mode=json_out)
     ensure_report_dir(report_dir)
-    options = DoctorOptions(input, steps, timeout, skip_probe, model, report_dir, skip_speed=skip_speed)
+    options = DoctorOptions(
+        input, steps, timeout, skip_probe, model, report_dir, simulate=simulate, skip_speed=skip_speed
+    )
 
     def progress(plan):
         from gputopo.ui.probe_view import ProbeProgress
@@ -46,6 +73,7 @@ def doctor_command(
         return ProbeProgress(out.err, plan)
 
     doc = run_doctor(options, probe_hook=None if json_out else progress)
+    out.warnings(doc.get("warnings") or ())
     if doc["why_simulated"] and json_out:  # the human view prints it at the top itself
         out.warn(doc["why_simulated"])
     try:
@@ -63,51 +91,101 @@ def doctor_command(
         from gputopo.ui.doctor_view import render_doctor
 
         out.show(render_doctor(doc))
+    if doc["simulated"] and input is None and not simulate:
+        # No driver: the simulation above is the best first look, but this machine's GPUs were not checked,
+        # and `gputopo doctor || alert` must not read that as healthy.
+        raise UnavailableError(
+            f"{doc['why_simulated'].split(';')[0]}: this machine's GPUs were not checked "
+            "(the run above is a simulation)",
+            "load the NVIDIA driver (see `nvidia-smi`), or pass --simulate to ask for the simulation",
+        )
     if doc["verdict"] != "healthy":
         raise typer.Exit(EXIT_PROBLEM)
 
 
-@app.command("report")
+@app.command(
+    "report",
+    epilog=examples(
+        "gputopo report reports/doctor-20261121T161650Z.json",
+        "gputopo report doctor-20261121T161650Z.json --html copy.html   # redraw on another machine",
+    ),
+)
 @guarded
 def report_command(
-    path: Path = typer.Argument(..., help="A doctor report (reports/doctor-*.json)."),
-    html: Optional[Path] = typer.Option(None, "--html", help="Also write the HTML report to this file."),  # noqa: UP045
+    path: Path = typer.Argument(..., metavar="PATH", help="A doctor report (reports/doctor-*.json)."),
+    html: Optional[Path] = typer.Option(  # noqa: UP045
+        None, "--html", metavar="PATH", help="Also write the HTML report to this file."
+    ),
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Show a saved doctor report in the terminal (and re-render its HTML)."""
-    import json
-
     from gputopo.report import atomic_write
 
     out = Output(json_mode=json_out)
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file", "give a reports/doctor-*.json file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(
-            f"{path}: not a readable JSON report ({exc})", "give a reports/doctor-*.json file"
-        ) from None
-    if not isinstance(doc, dict) or doc.get("schema") != "gputopo/doctor/v1":
-        schema = doc.get("schema") if isinstance(doc, dict) else None
-        raise InputError(
-            f"{path}: schema {schema!r} is not a doctor report",
-            "probe reports are Markdown beside their JSON (reports/probe-*.md); this shows doctor-*.json",
-        )
+    doc = read_doctor_report(path)
+    if html is not None:
+        _check_html_target(html)
     try:
         if html is not None:
             from gputopo.ui.html_report import render_html
 
-            atomic_write(html, render_html(doc))
-            out.err.print(f"wrote {html}")
+            rendered = render_html(doc)
+        out.warnings(doc.get("warnings") or ())
         if json_out:
             out.document(doc)
-            return
-        from gputopo.ui.doctor_view import render_doctor
+        else:
+            from gputopo.ui.doctor_view import render_doctor
 
-        out.show(render_doctor(doc))
-    except (KeyError, TypeError, AttributeError) as exc:
+            out.show(render_doctor(doc))
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError):
         raise InputError(
-            f"{path}: incomplete doctor report ({type(exc).__name__}: {exc})",
+            f"{path}: an incomplete or damaged doctor report (a section is missing or malformed)",
             "was it edited by hand? rerun gputopo doctor",
         ) from None
+    if html is not None:
+        try:
+            atomic_write(html, rendered)
+        except OSError as exc:
+            raise UsageError(
+                f"--html {html}: cannot write ({exc.strerror or exc})", "choose a writable file"
+            ) from None
+        out.err.print(f"wrote {html}")
+
+
+def read_doctor_report(path: Path) -> dict:
+    """The ``gputopo/doctor/v1`` document at ``path``; ``InputError`` in plain words otherwise."""
+    import json
+
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file", REPORT_HINT) from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a folder, not a report", REPORT_HINT) from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror or exc})", "check the path") from None
+    try:
+        doc = json.loads(raw.decode("utf-8-sig"))
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: binary data, not a JSON report", REPORT_HINT) from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: not JSON (line {exc.lineno}: {exc.msg})", REPORT_HINT) from None
+    if not isinstance(doc, dict) or doc.get("schema") != "gputopo/doctor/v1":
+        schema = doc.get("schema") if isinstance(doc, dict) else None
+        found = f"its schema is {schema!r}" if schema else "it has no schema field"
+        raise InputError(
+            f"{path}: not a doctor report ({found})",
+            "probe reports are Markdown beside their JSON (reports/probe-*.md); this shows doctor-*.json",
+        )
+    return doc
+
+
+def _check_html_target(html: Path) -> None:
+    """Refuse an ``--html`` path that can't be written before any work: a folder, or a missing folder."""
+    if html.is_dir():
+        raise UsageError(f"--html {html}: is a folder", "name the file to write, e.g. --html report.html")
+    parent = html.parent if str(html.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(
+            f"--html {html}: the folder {parent} does not exist", "create it, or pick another path"
+        )

@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from gputopo.cli import app
-from gputopo.cli.common import INPUT_HELP, JSON_OPTION, guarded
+from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, examples, guarded
 from gputopo.errors import EXIT_PROBLEM
 from gputopo.probe.options import Fault, Mode, Precision
 from gputopo.ui.output import Output
@@ -33,7 +33,14 @@ class ModelName(str, Enum):
     TINY = "tiny"
 
 
-@app.command("probe")
+@app.command(
+    "probe",
+    epilog=examples(
+        "gputopo probe --gpus 5,6 --gpus 6,7            # two sets, every check",
+        "gputopo probe --each-pair --mode p2p           # the P2P health matrix of the whole box",
+        "gputopo probe --device cpu --gpus 0,1 --model tiny --steps 5 --inject corrupt",
+    ),
+)
 @guarded
 def probe_command(
     gpus: Annotated[
@@ -74,12 +81,14 @@ def probe_command(
         Optional[int],  # noqa: UP045 (typer)
         typer.Option(help="Rank (within a set) that gets the fault. Default: the last."),
     ] = None,
-    report_dir: Annotated[Path, typer.Option(help="Where the JSON and Markdown reports go.")] = Path(
-        "reports"
-    ),
+    report_dir: Annotated[
+        Path, typer.Option(metavar="PATH", help="Where the JSON and Markdown reports go.")
+    ] = Path("reports"),
     input: Annotated[
         Optional[str],  # noqa: UP045 (typer)
-        typer.Option("--input", "-i", help=INPUT_HELP + " Used for the bandwidth estimate."),
+        typer.Option(
+            "--input", "-i", metavar=INPUT_METAVAR, help=INPUT_HELP + " Used for the bandwidth estimate."
+        ),
     ] = None,
     json_out: bool = JSON_OPTION,
 ) -> None:
@@ -91,6 +100,9 @@ def probe_command(
     from gputopo.report import ensure_report_dir, write_report
 
     out = Output(json_mode=json_out)
+    from gputopo.cli.run import warn_nccl_env
+
+    warn_nccl_env(out)  # the ranks inherit these settings, and so do the measurements
     require_torch()
     inventory = detect_devices(device.value if device else None)
     config = build_config(
@@ -119,6 +131,7 @@ def probe_command(
 
         with ProbeProgress(out.err, plan) as bars:
             run = run_probe(config, bars.update, plan=plan)
+    out.warnings(run.warnings)
     paths = write_report("probe", to_document(run), to_markdown(run), config.report_dir)
     if json_out:
         out.document(to_document(run, paths))

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import re
 from enum import Enum
 from pathlib import Path
 
 import typer
 
 from gputopo.cli import app
-from gputopo.cli.common import INPUT_HELP, JSON_OPTION, guarded
+from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, examples, guarded
 from gputopo.errors import InputError, UsageError
+from gputopo.gpulist import parse_gpu_list
 from gputopo.ui.output import Output
 
 DEFAULT_MAX_USED_MIB = 1024  # mirrors gputopo.recommend.DEFAULT_MAX_USED_MIB (kept here for a fast --help)
@@ -32,14 +32,23 @@ FORMAT_OPTION = typer.Option(
 )
 
 
-@app.command("recommend")
+@app.command(
+    "recommend",
+    epilog=examples(
+        "gputopo recommend --n 2                        # the best pair on this machine",
+        "gputopo recommend --n 4 --exclude 3 --top 3",
+        "gputopo recommend --n 2 --sets 4 --input sample:seed-8gpu-nv4",
+        "gputopo recommend --n 2 --from-report reports/probe-20261121T153000Z.json",
+        'eval "$(gputopo recommend --n 4 | tail -1)"    # the last line is the export line',
+    ),
+)
 @guarded
 def recommend_command(
     n: int = typer.Option(..., "--n", "-n", help="GPUs per set."),
     sets: int | None = typer.Option(None, "--sets", metavar="M", help="Pack M disjoint sets of --n GPUs."),
-    input: str | None = typer.Option(None, "--input", "-i", help=INPUT_HELP),
+    input: str | None = typer.Option(None, "--input", "-i", metavar=INPUT_METAVAR, help=INPUT_HELP),
     exclude: str | None = typer.Option(
-        None, "--exclude", metavar="LIST", help="GPUs to leave out, e.g. 3,4."
+        None, "--exclude", metavar="LIST", help="GPUs to leave out, e.g. 3,4 (see README: GPU lists)."
     ),
     allow_busy: bool = typer.Option(False, "--allow-busy", help="Count GPUs in use by other processes."),
     max_used_mib: int = typer.Option(
@@ -55,8 +64,24 @@ def recommend_command(
     socket_gbps: float | None = typer.Option(
         None, "--socket-gbps", help="CPU socket interconnect GB/s for SYS paths (default 10)."
     ),
-    top: int = typer.Option(DEFAULT_TOP, "--top", help="How many ranked candidates to show."),
+    top: int = typer.Option(
+        DEFAULT_TOP,
+        "--top",
+        help="How many ranked candidates to show; equivalent sets share one row, so there may be fewer.",
+    ),
     id_format: IdFormat = FORMAT_OPTION,
+    launch: str | None = typer.Option(
+        None,
+        "--launch",
+        metavar="CMD",
+        help='Also print the torchrun line that runs "CMD ..." on the best set.',
+    ),
+    nnodes: int | None = typer.Option(
+        None,
+        "--nnodes",
+        metavar="N",
+        help="With --launch: machines in the job (sets NCCL_IB_HCA when above 1).",
+    ),
     json_out: bool = JSON_OPTION,
 ) -> None:
     """The best GPU sets for CUDA_VISIBLE_DEVICES: ranked by estimated all-reduce bandwidth, with reasons."""
@@ -65,11 +90,13 @@ def recommend_command(
     from gputopo.topology.bandwidth import Assumptions
 
     out = Output(json_mode=json_out)
+    if max_used_mib < 0:
+        raise UsageError(f"--max-used-mib {max_used_mib}: must be 0 or more", "e.g. --max-used-mib 1024")
     assumptions = Assumptions(nvlink_gbps_per_link=nvlink_gbps, pcie_gen=pcie_gen, socket_gbps=socket_gbps)
     evidence = None
     if from_report is not None:
         evidence = evidence_from_report(_read_json(from_report), str(from_report))
-    topo = load_topology(input)
+    topo = load_topology(input)  # its warnings come back in rec.warnings, said once below
     constraints = Constraints(
         n=n,
         sets=sets,
@@ -82,8 +109,15 @@ def recommend_command(
     )
     rec = recommend(topo, constraints)
     doc = to_dict(rec, id_format.value)  # builds every env first: a --format uuid error comes before output
-    for warning in rec.warnings:
-        out.warn(warning)
+    plan = None
+    if nnodes is not None and launch is None:
+        raise UsageError("--nnodes goes with --launch", 'add --launch "CMD ...", e.g. --launch "train.py"')
+    if launch is not None:
+        from gputopo.cli.run import launch_plan_for
+
+        plan = launch_plan_for(topo, rec.best.gpus, launch, nnodes or 1, id_format.value == "uuid", out)
+        doc["launch"] = plan.to_dict()
+    out.warnings(rec.warnings)
     if json_out:
         out.document(doc)
         return
@@ -94,33 +128,28 @@ def recommend_command(
     for line in export_lines(rec, id_format.value):
         # Output.show wraps and crops at the terminal width; a line meant for pasting must stay whole.
         out.line(line)
-
-
-def parse_gpu_list(text: str, option: str) -> tuple[int, ...]:
-    """``3,4`` / ``3 4`` / ``GPU3,GPU4`` -> (3, 4); ``UsageError`` naming the bad item otherwise."""
-    items = [item for item in re.split(r"[,\s]+", text.strip()) if item]
-    out = []
-    for item in items:
-        digits = item[3:] if item.upper().startswith("GPU") else item
-        if not digits.isdigit():
-            raise UsageError(
-                f"{option} {text}: {item!r} is not a GPU index", "give nvidia-smi indices, e.g. 3,4"
-            )
-        out.append(int(digits))
-    return tuple(dict.fromkeys(out))
+    if plan is not None:
+        for note in plan.notes:
+            out.hint(note)
+        out.line(plan.command)
 
 
 def _read_json(path: Path) -> object:
+    hint = "give the .json report `gputopo probe` wrote under reports/"
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError:
-        raise InputError(
-            f"--from-report {path}: no such file", "give the JSON report `gputopo probe` wrote"
-        ) from None
+        raise InputError(f"--from-report {path}: no such file", hint) from None
+    except IsADirectoryError:
+        raise InputError(f"--from-report {path}: is a folder, not a file", hint) from None
     except OSError as exc:
         raise InputError(f"--from-report {path}: cannot read ({exc.strerror})", "check the path") from None
     import json  # only --from-report needs it; kept out of start-up
 
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise InputError(f"--from-report {path}: binary data, not a JSON report", hint) from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:

@@ -8,8 +8,9 @@ import sys
 import typer
 
 from gputopo.cli import app
-from gputopo.cli.common import JSON_OPTION, guarded
+from gputopo.cli.common import JSON_OPTION, examples, guarded
 from gputopo.errors import CheckFailed, UsageError
+from gputopo.gpulist import parse_gpu_list
 from gputopo.ui.output import Output
 
 # Kept in step with procs.survey.DEFAULT_GRACE_S (a test checks); not imported, so that --help and the
@@ -17,7 +18,14 @@ from gputopo.ui.output import Output
 DEFAULT_GRACE_S = 10.0
 
 
-@app.command("kill-stale")
+@app.command(
+    "kill-stale",
+    epilog=examples(
+        "gputopo kill-stale                      # dry run: who holds the GPUs, which are stale and why",
+        "gputopo kill-stale --yes                # stop the stale ones (SIGTERM, grace, SIGKILL)",
+        "gputopo kill-stale --gpus 5,6 --older-than 10m --yes",
+    ),
+)
 @guarded
 def kill_stale_command(
     yes: bool = typer.Option(False, "--yes", "-y", help="Stop the targeted processes (default: dry run)."),
@@ -61,7 +69,9 @@ def kill_stale_command(
             ) from None
     if all_users and _euid() != 0:
         raise UsageError("--all-users needs root", "run as root (sudo) to stop other users' processes")
-    wanted_gpus = _parse_gpus(gpus) if gpus is not None else None
+    wanted_gpus = frozenset(parse_gpu_list(gpus, "--gpus")) if gpus is not None else None
+    if device_files is not None:
+        _check_device_glob(device_files)
     policy = Policy(all=all_holders, all_users=all_users, older_than_s=older_than_s)
 
     found = Survey.take(device_files, policy, wanted_gpus, grace_s=grace)
@@ -106,11 +116,14 @@ def _euid() -> int:
     return os.geteuid()
 
 
-def _parse_gpus(text: str) -> frozenset[int]:
-    try:
-        found = frozenset(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise UsageError(f"--gpus {text}: not a list of GPU indices", "e.g. --gpus 5,6") from None
-    if not found or any(g < 0 for g in found):
-        raise UsageError(f"--gpus {text}: not a list of GPU indices", "e.g. --gpus 5,6")
-    return found
+def _check_device_glob(pattern: str) -> None:
+    """NVIDIA's device files are all named ``nvidia*`` (nvidia0, nvidiactl, nvidia-uvm, nvidia-caps/...);
+    a glob whose file names can't be one (``/etc/passwd``) is a mistake, not a narrower search."""
+    from fnmatch import fnmatchcase
+
+    name = os.path.basename(pattern.rstrip("/"))
+    if not name.startswith("nvidia") and not any(fnmatchcase(f, name) for f in ("nvidia0", "nvidiactl")):
+        raise UsageError(
+            f"--device-files {pattern}: {name or pattern} is not an NVIDIA device file name",
+            "their names start with nvidia, e.g. --device-files '/dev/nvidia[0-3]' (default /dev/nvidia*)",
+        )

@@ -7,20 +7,26 @@ from typing import Optional
 import typer
 
 from gputopo.cli import app
-from gputopo.cli.common import INPUT_HELP, JSON_OPTION, guarded
+from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, examples, guarded, read_topology
 from gputopo.ui.output import Output
 
 
-@app.command("topo")
+@app.command(
+    "topo",
+    epilog=examples(
+        "gputopo topo                          # this machine",
+        "gputopo topo --input saved-topo.txt   # a saved `nvidia-smi topo -m`",
+        "nvidia-smi topo -m | gputopo topo --input -",
+        "gputopo topo --json > box.json        # a snapshot; --input box.json reads it back",
+    ),
+)
 @guarded
 def topo_command(
-    input: Optional[str] = typer.Option(None, "--input", "-i", help=INPUT_HELP),  # noqa: UP045 (typer)
+    input: Optional[str] = typer.Option(None, "--input", "-i", metavar=INPUT_METAVAR, help=INPUT_HELP),  # noqa: UP045 (typer)
     json_out: bool = JSON_OPTION,
     list_samples: bool = typer.Option(False, "--list-samples", help="Name the built-in sample machines."),
 ) -> None:
     """Show how the GPUs and NICs are wired: link matrix, legend, CPU/NUMA affinity, live NVML details."""
-    from gputopo.topology import load_topology
-
     out = Output(json_mode=json_out)
     if list_samples:
         from gputopo.topology import samples
@@ -33,9 +39,7 @@ def topo_command(
             for s in samples.SAMPLES.values():
                 out.show(f"sample:{s.name:<26} {s.summary}")
         return
-    topo = load_topology(input)
-    for w in topo.warnings:
-        out.warn(w)
+    topo = read_topology(out, input)
     if json_out:
         from gputopo.topology import snapshot
 

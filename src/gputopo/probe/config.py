@@ -137,14 +137,10 @@ def _visible_ids(count: int, preset: str | None) -> tuple[str, ...]:
 
 
 def parse_gpu_list(text: str) -> tuple[int, ...]:
-    """``"5,6"`` -> ``(5, 6)``; ``UsageError`` for anything else, duplicates included."""
-    parts = [p.strip() for p in text.split(",")]
-    if not parts or any(not p.isdigit() for p in parts):
-        raise UsageError(f"--gpus {text!r}: expected comma-separated GPU indices", "e.g. --gpus 5,6")
-    gpus = tuple(int(p) for p in parts)
-    if len(set(gpus)) != len(gpus):
-        raise UsageError(f"--gpus {text!r}: a GPU is listed twice", "list each GPU of a set once")
-    return gpus
+    """``"5,6"`` -> ``(5, 6)`` by the one GPU-list rule (``gputopo.gpulist``); ``UsageError`` otherwise."""
+    from gputopo.gpulist import parse_gpu_list as parse
+
+    return parse(text, "--gpus")
 
 
 def describe_indices(gpus: tuple[int, ...]) -> str:

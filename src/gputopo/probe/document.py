@@ -58,6 +58,7 @@ def to_document(run: ProbeRun, report: dict[str, str] | None = None) -> dict[str
         "environment": run.environment,
         "launches": list(run.launches),
         "notes": list(run.notes),
+        "warnings": list(run.warnings),
     }
 
 
@@ -182,6 +183,7 @@ def to_markdown(run: ProbeRun) -> str:
         f"lr {c.lr:g}, seed {c.seed}, timeout {c.timeout_s:g} s",
     ]
     out += [f"- note: {n}" for n in run.notes]
+    out += [f"- warning about the topology: {w}" for w in run.warnings]
     out += ["", "## Verdicts", "", "| set | check | verdict | kind | detail |", "|---|---|---|---|---|"]
     for s in run.sets:
         for chk in s.checks:

@@ -69,6 +69,7 @@ class ProbeRun:
     started_utc: datetime
     wall_s: float
     launches: tuple[dict[str, Any], ...] = field(default=())
+    warnings: tuple[str, ...] = ()  # what reading the topology (--input or live) warned about
 
     @property
     def verdict(self) -> str:
@@ -211,6 +212,7 @@ def run_probe(
         started_utc=started_utc,
         wall_s=time.monotonic() - started,
         launches=tuple(launches),
+        warnings=view.topology.warnings if view.topology is not None else (),
     )
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from gputopo.errors import ParseError
-from gputopo.model import P2P_STATUS_CODES, Gpu, Matrix, Nic, Topology, is_link_code
+from gputopo.model import P2P_STATUS_CODES, UNKNOWN_CELL, Gpu, Matrix, Nic, Topology, is_link_code
 
 __all__ = ["parse_p2p_text", "parse_topo_text"]
 
@@ -129,7 +129,7 @@ class _Row:
 
     line_no: int
     label: str
-    cells: list[str]
+    cells: list[str | None]
     tail: list[_Tok]
     after_cells_rel: int
     after_cells_abs: int
@@ -260,8 +260,8 @@ def _is_self_like(token: str) -> bool:
 
 
 def _is_cell(token: str) -> bool:
-    """Anything that can stand in a matrix cell of ``topo -m``."""
-    return _is_code(token) or _is_self_like(token)
+    """Anything that can stand in a matrix cell of ``topo -m`` (or of ``gputopo topo``'s own output)."""
+    return _is_code(token) or _is_self_like(token) or token == UNKNOWN_CELL
 
 
 def _gpu_index(label: str) -> int | None:
@@ -427,9 +427,12 @@ def _parse_row(
             )
             raise ParseError(f"{label}: '{tok.text}' is not {what}", line.no, hint)
 
-    cells: list[str] = []
+    cells: list[str | None] = []
     for col, tok in enumerate(cell_toks):
-        if _is_self_like(tok.text):
+        if tok.text == UNKNOWN_CELL:
+            warnings.add("cells shown as '?' (unknown in a saved `gputopo topo` output) stay unknown", "")
+            cells.append(None)
+        elif _is_self_like(tok.text):
             if col != self_col:
                 where = "a column of its own" if self_col is None else f"column {self_col + 1}"
                 raise ParseError(
@@ -820,7 +823,30 @@ def _fill_matrix(
         if label not in by_label:
             warnings.add("no row for {who}: the paste looks cut; their links are unknown", label)
     _check_symmetry(labels, matrix, warnings)
+    _fill_from_mirror(labels, matrix, warnings)
     return matrix
+
+
+def _fill_from_mirror(labels: Sequence[str], matrix: list[list[str | None]], warnings: _Warnings) -> None:
+    """Fill cells a cut paste lost where the text still shows them: the matrix is symmetric (nvidia-smi
+    prints the same path both ways), and a device's cell to itself is always ``X``. Says what was filled."""
+    mirrored, diagonal = [], []
+    for i, label in enumerate(labels):
+        if matrix[i][i] is None:
+            matrix[i][i] = "X"
+            diagonal.append(label)
+        for j in range(len(labels)):
+            if i != j and matrix[i][j] is None and matrix[j][i] is not None:
+                matrix[i][j] = matrix[j][i]
+                mirrored.append(f"{label}/{labels[j]}")
+    if mirrored:
+        shown = ", ".join(mirrored[:4]) + (f" (and {len(mirrored) - 4} more)" if len(mirrored) > 4 else "")
+        warnings.add(
+            f"{len(mirrored)} cell(s) the text does not show were filled from their mirror, which it does "
+            f"show (the matrix is symmetric): {shown}"
+        )
+    if diagonal:
+        warnings.add(f"the self cell (X) of {_names(diagonal)} was not shown and was filled in")
 
 
 def _devices(

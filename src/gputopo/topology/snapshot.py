@@ -65,7 +65,8 @@ def from_dict(data: Any, source: str = "snapshot") -> Topology:
     if not isinstance(data, dict):
         raise InputError(f"{source}: a topology snapshot is a JSON object", hint)
     if data.get("schema") != SCHEMA:
-        raise InputError(f"{source}: schema is {data.get('schema')!r}, expected {SCHEMA!r}", hint)
+        found = f"its schema is {data['schema']!r}" if data.get("schema") else "it has no schema field"
+        raise InputError(f"{source}: {found}; a topology snapshot has schema {SCHEMA!r}", hint)
     try:
         gpus = tuple(_gpu(g) for g in data["gpus"])
         nics = tuple(Nic(label=str(n["label"]), name=n.get("name")) for n in data.get("nics") or [])
@@ -90,11 +91,18 @@ def from_dict(data: Any, source: str = "snapshot") -> Topology:
     except InputError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise InputError(
-            f"{source}: malformed topology snapshot ({type(exc).__name__}: {exc})", hint
-        ) from None
+        raise InputError(f"{source}: malformed topology snapshot ({_plain(exc)})", hint) from None
     _check(topo, source, hint)
     return topo
+
+
+def _plain(exc: Exception) -> str:
+    """What is wrong with a snapshot, in words rather than Python's."""
+    if isinstance(exc, KeyError):
+        return f"the field {exc.args[0]!r} is missing"
+    if isinstance(exc, ValueError) and str(exc).startswith("matrix cell"):
+        return str(exc)
+    return "a field holds the wrong kind of value, e.g. text where a number or a list belongs"
 
 
 def _gpu(d: dict[str, Any]) -> Gpu:

@@ -9,8 +9,10 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from gputopo.doctor import fmt_gbps
+from gputopo.doctor import estimate_words, fmt_gbps
 from gputopo.findings import NOTE, PROBLEM
+from gputopo.topology import snapshot
+from gputopo.ui.topo_view import topology_blocks
 
 
 def render_doctor(doc: dict[str, Any]) -> RenderableType:
@@ -18,6 +20,11 @@ def render_doctor(doc: dict[str, Any]) -> RenderableType:
     parts: list[RenderableType] = []
     if doc.get("simulated"):
         parts.append(Text(f"SIMULATED: {doc.get('why_simulated')}", style="bold yellow"))
+    topo = doc["topology"]
+    parts.append(Text(f"Topology of {topo.get('source', 'the report')}", style="bold"))
+    parts.extend(topology_blocks(snapshot.from_dict(topo, source=topo.get("source", "report"))))
+    for w in doc.get("warnings") or []:
+        parts.append(Text(f"warning about the input: {w}", style="yellow"))
     problems = [f for f in doc["findings"] if f["severity"] == PROBLEM]
     notes = [f for f in doc["findings"] if f["severity"] == NOTE]
     if problems:
@@ -85,14 +92,13 @@ def render_doctor(doc: dict[str, Any]) -> RenderableType:
     lines = Text()
     for r in doc["recommendations"]:
         if r["best"]:
-            lines.append(
-                f"# {r['n']} GPUs: est. {fmt_gbps(r['best']['est_busbw_gbps'])} GB/s busbw\n", style="dim"
-            )
+            lines.append(f"# {r['n']} GPUs: {estimate_words(r['best'].get('est_busbw_gbps'))}\n", style="dim")
             lines.append(f"{r['export']}\n")
         else:
             lines.append(f"# {r['n']} GPUs: none ({r['why']})\n", style="dim")
     for e in doc.get("left_out") or []:
         lines.append(f"# GPU{e['gpu']} left out: {e['why']}\n", style="dim")
+    lines.rstrip()
     parts.append(Panel(lines, title="Which GPUs to use", title_align="left"))
     verdict_style = "bold green" if doc["verdict"] == "healthy" else "bold red"
     parts.append(Text(doc["headline"], style=verdict_style))

@@ -226,7 +226,9 @@ def pair_heatmaps(
     plt = _pyplot()
     n = len(gpus)
     size = max(3.2, 0.55 * n + 1.6)
-    fig, axes = plt.subplots(1, 2, figsize=(2 * size + 1, size))
+    # Constrained layout gives each colour bar its own room: with fixed spacing the left bar's tick
+    # labels ran into the right heatmap's GPU labels.
+    fig, axes = plt.subplots(1, 2, figsize=(2 * size + 1.6, size), layout="constrained")
     shared_top = max([v for v in (*measured_gbps.values(), *estimated_gbps.values()) if v] + [1.0])
     for ax, data, title in (
         (axes[0], measured_gbps, measured_title),
@@ -255,7 +257,8 @@ def pair_heatmaps(
                 elif not math.isnan(grid[i][j]):
                     color = "black" if grid[i][j] > 0.6 * top else "white"  # readable on viridis
                     ax.text(j, i, f"{grid[i][j]:.3g}", ha="center", va="center", fontsize=6, color=color)
-        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+        bar = fig.colorbar(image, ax=ax, fraction=0.046, pad=0.02)
+        bar.ax.tick_params(labelsize=7)
     return _png(fig)
 
 
@@ -263,19 +266,24 @@ def busbw_curves(curves: Sequence[tuple[str, Sequence[tuple[int, float]], float 
     """All-reduce busbw against message size, one line per GPU set; the model's estimate dashed."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.8))
+    dashed = False
     for i, (label, points, expected) in enumerate(curves):
         color = f"C{i % 10}"
         xs = [p[0] for p in points]
         ax.plot(xs, [p[1] for p in points], marker="o", markersize=3, color=color, label=label)
         if expected:
-            ax.axhline(expected, color=color, linestyle="--", linewidth=0.8)
+            dashed = True
+            ax.axhline(expected, color=color, linestyle="--", linewidth=0.8, label=f"{label}: model")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("busbw (GB/s)")
-    ax.set_title("all-reduce bus bandwidth (dashed: model estimate)", fontsize=10)
+    # Promise the dashed lines only when some are drawn (CPU stand-ins get no model estimate).
+    title = "all-reduce bus bandwidth" + (" (dashed: model estimate)" if dashed else "")
+    ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     if curves:
-        ax.legend(fontsize=7)
+        # Outside the plot, so it never hides a curve however many sets there are.
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     return _png(fig)
 
 

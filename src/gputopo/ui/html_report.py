@@ -13,6 +13,7 @@ from typing import Any
 from gputopo.doctor import holder_state
 from gputopo.topology import snapshot
 from gputopo.ui import figures
+from gputopo.ui.topo_view import topology_export
 
 _CSS = """
 body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 2rem auto; max-width: 1100px;
@@ -66,12 +67,14 @@ def render_html(doc: dict[str, Any]) -> str:
     )
     if simulated:
         parts.append(
-            '<div class="banner simulated">SIMULATED: no NVIDIA GPU was found, so this report runs on a '
-            "sample machine with CPU ranks standing in for the GPUs. Bandwidths and timings are not a "
-            "real GPU's.</div>"
+            f'<div class="banner simulated">SIMULATED: {_e(doc.get("why_simulated") or "not this machine")}. '
+            "CPU ranks stand in for the GPUs: bandwidths and timings are not a real GPU's.</div>"
         )
     verdict = doc.get("verdict", "problems")
     parts.append(f'<div class="banner {_e(verdict)}">{_e(doc.get("headline"))}</div>')
+    if doc.get("warnings"):
+        parts.append("<h2>Warnings about the input</h2>")
+        parts.append("<ul>" + "".join(f"<li>{_e(w)}</li>" for w in doc["warnings"]) + "</ul>")
 
     findings = doc.get("findings") or []
     if findings:
@@ -102,6 +105,8 @@ def render_html(doc: dict[str, Any]) -> str:
         "PCIe switches (PIX/PXB); dotted: through the CPU (PHB/NODE) and across sockets (SYS)."
         "</figcaption></figure>"
     )
+    # The matrix, legends and GPU table in the terminal's colours: what an operator compares first.
+    parts.append(topology_export(topo, html=True))
 
     pairs = doc.get("pairs") or []
     if pairs:

@@ -3,6 +3,10 @@
 With ``--json`` the command's result goes to stdout as one JSON document and nothing else is written
 there; warnings still go to stderr. Colour follows rich's rules (``NO_COLOR``, ``FORCE_COLOR``,
 ``TERM=dumb``); width follows ``COLUMNS`` when set.
+
+Output that does not go to a terminal is never wrapped (nvidia-smi never wraps either): each block is
+laid out at its own natural width, so a saved ``gputopo topo`` matrix reads back with ``--input`` and a
+``# ...`` comment line keeps its ``#``.
 """
 
 from __future__ import annotations
@@ -11,9 +15,16 @@ import os
 import sys
 from typing import Any
 
-from rich.console import Console, RenderableType
+from rich.console import Console, Group, RenderableType
 
-PIPE_WIDTH = 160
+# A bound on the natural width of piped output; only a pathological line would reach it.
+PIPE_MAX_WIDTH = 100_000
+
+
+def stdout_is_terminal() -> bool:
+    """Whether stdout is a terminal; ``isatty`` is missing on some replaced streams."""
+    isatty = getattr(sys.stdout, "isatty", None)
+    return bool(isatty and isatty())
 
 
 class Output:
@@ -21,16 +32,28 @@ class Output:
 
     def __init__(self, json_mode: bool = False) -> None:
         self.json_mode = json_mode
-        # Piped output is read by people too (in logs, pasted in issues): don't fold it at rich's
-        # default of 80 columns; COLUMNS still wins when set.
-        width = None if sys.stdout.isatty() or "COLUMNS" in os.environ else PIPE_WIDTH
-        self.out = Console(file=sys.stdout, highlight=False, soft_wrap=False, width=width)
-        self.err = Console(file=sys.stderr, highlight=False, soft_wrap=True)
+        # Not a terminal and no COLUMNS: lay out at the natural width (see ``show``), never fold.
+        self.unwrapped = not stdout_is_terminal() and "COLUMNS" not in os.environ
+        width = PIPE_MAX_WIDTH if self.unwrapped else None
+        self.out = Console(file=sys.stdout, highlight=False, emoji=False, soft_wrap=False, width=width)
+        self.err = Console(file=sys.stderr, highlight=False, emoji=False, soft_wrap=True)
 
     def show(self, *renderables: RenderableType) -> None:
         """Print human output to stdout (ignored in JSON mode, where only the document goes out)."""
-        if not self.json_mode:
+        if self.json_mode:
+            return
+        if not self.unwrapped:
             self.out.print(*renderables)
+            return
+        for block in _blocks(renderables):
+            self.out.print(block, width=self.natural_width(block))
+
+    def natural_width(self, renderable: RenderableType) -> int:
+        """The width ``renderable`` takes when nothing folds it: its longest line, table or panel."""
+        from rich.measure import Measurement
+
+        measured = Measurement.get(self.out, self.out.options, renderable)
+        return max(1, min(measured.maximum, PIPE_MAX_WIDTH))
 
     def line(self, text: str) -> None:
         """One line of plain text on stdout, never wrapped or cropped (a line meant to be pasted)."""
@@ -47,7 +70,12 @@ class Output:
 
     def warn(self, message: str) -> None:
         """A warning line on stderr."""
-        self.err.print(f"[yellow]warning:[/] {message}", markup=True, highlight=False)
+        self.err.print(f"[yellow]warning:[/] {_escape(message)}", markup=True, highlight=False)
+
+    def warnings(self, messages: Any) -> None:
+        """Each warning about the input on stderr, once, in order."""
+        for message in dict.fromkeys(messages):
+            self.warn(message)
 
     def hint(self, message: str) -> None:
         """A hint line on stderr."""
@@ -58,6 +86,17 @@ class Output:
         self.err.print(f"[bold red]error:[/] {_escape(message)}", markup=True, highlight=False)
         if hint:
             self.hint(_escape(hint))
+
+
+def _blocks(renderables: Any) -> list[RenderableType]:
+    """Top-level renderables with groups opened, so each block gets its own natural width."""
+    out: list[RenderableType] = []
+    for r in renderables:
+        if isinstance(r, Group):
+            out.extend(_blocks(r.renderables))
+        else:
+            out.append(r)
+    return out
 
 
 def _escape(text: str) -> str:

@@ -37,6 +37,10 @@ class ProbeProgress:
     """
 
     def __init__(self, console: Console, plan: Plan) -> None:
+        # Not a terminal (a log, CI): no bar can be drawn, so one plain line per finished stage instead.
+        self.plain = not console.is_terminal
+        self.console = console
+        self.started: dict[Job, float] = {}
         self.progress = Progress(
             TextColumn("{task.fields[label]:<12}"),
             TextColumn("{task.description:<28}"),
@@ -47,23 +51,30 @@ class ProbeProgress:
             transient=True,
         )
         self.tasks: dict[Job, TaskID] = {}
+        self.labels: dict[Job, str] = {}
         for job in plan.jobs:
             label = f"set {set_label(job.gpus)}"
+            self.labels[job] = label
             self.tasks[job] = self.progress.add_task("waiting", total=None, label=label, start=False)
 
     def __enter__(self) -> ProbeProgress:
-        self.progress.start()
+        if not self.plain:
+            self.progress.start()
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.progress.stop()
+        if not self.plain:
+            self.progress.stop()
 
     def update(self, job: Job, row: dict[str, Any]) -> None:
         """Show a rank's progress row on its launch's bar."""
         task = self.tasks.get(job)
         if task is None or (row.get("rank") != 0 and row.get("stage") not in ("join",)):
+            return
+        if self.plain:
+            self._line(job, row)
             return
         self.progress.start_task(task)
         check, stage = row.get("check", ""), row.get("stage", "")
@@ -73,6 +84,27 @@ class ProbeProgress:
         self.progress.update(task, description=description, total=total, completed=row.get("done", 0))
         if check == job.checks[-1] and stage == "done":
             self.progress.update(task, description="done", total=1, completed=1)
+
+    def _line(self, job: Job, row: dict[str, Any]) -> None:
+        """The plain form: a line when a set's ranks start and when each of its checks finishes."""
+        import time
+
+        check, stage = row.get("check", ""), row.get("stage", "")
+        now = time.monotonic()
+        if check == "setup" and stage == "join":
+            if job in self.started:
+                return
+            self.started[job] = now
+            text = f"{self.labels[job]}: starting ranks"
+        elif stage == "done" and check != "setup":
+            elapsed = now - self.started.get(job, now)
+            last = " (set done)" if check == job.checks[-1] else ""
+            text = f"{self.labels[job]}: {check} done{last} [{elapsed:.1f} s]"
+        elif stage.startswith("injected-"):
+            text = f"{self.labels[job]}: {check}: {_STAGE_WORDS.get(stage, stage)}"
+        else:
+            return
+        self.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 def verdict_text(verdict: str) -> Text:

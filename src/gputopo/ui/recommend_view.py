@@ -92,6 +92,8 @@ def context_lines(rec: Recommendation) -> list[str]:
     lines = [f"excluded: GPU{e.gpu}: {e.why}" for e in rec.excluded]
     lines += [f"kept apart: {' + '.join(f'GPU{g}' for g in f.gpus)}: {f.why}" for f in rec.kept_apart]
     lines += [str(note) for note in rec.notes]
+    if rec.merged_note:
+        lines.append(rec.merged_note)
     return lines
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from gputopo.model import P2P_CAPABILITIES, Gpu, Link, LinkKind, Topology
+from gputopo.model import P2P_CAPABILITIES, UNKNOWN_CELL, Gpu, Link, LinkKind, Topology
 
 NA = "n/a"
 
@@ -29,10 +29,7 @@ def link_style(code: str | None) -> str:
 
 def render_topology(topo: Topology) -> RenderableType:
     """Everything ``gputopo topo`` shows for ``topo``, top to bottom."""
-    parts: list[RenderableType] = [Text(f"Topology of {_title(topo)}", style="bold"), matrix_table(topo)]
-    parts.append(Text("Legend:", style="bold"))
-    parts.append(legend(topo))
-    parts.append(gpu_table(topo))
+    parts: list[RenderableType] = [Text(f"Topology of {_title(topo)}", style="bold"), *topology_blocks(topo)]
     if topo.live:
         parts.append(live_table(topo))
     if topo.nvlinks:
@@ -40,6 +37,34 @@ def render_topology(topo: Topology) -> RenderableType:
     if topo.p2p:
         parts.append(p2p_table(topo))
     return Group(*parts)
+
+
+def topology_blocks(topo: Topology) -> list[RenderableType]:
+    """What a report carries of a topology: the coloured link matrix, its legend, the NIC legend and the
+    GPU table (name, PCI bus id, CPU and NUMA affinity)."""
+    parts: list[RenderableType] = [matrix_table(topo), Text("Legend:", style="bold"), legend(topo)]
+    nics = nic_legend(topo)
+    if nics is not None:
+        parts.append(nics)
+    parts.append(gpu_table(topo))
+    return parts
+
+
+def topology_export(topo: Topology, html: bool = False) -> str:
+    """``topology_blocks`` as plain text (for Markdown: it reads back with ``--input``) or as an HTML
+    ``<pre>`` with the terminal's colours inlined."""
+    import io
+
+    from rich.console import Console
+
+    console = Console(
+        file=io.StringIO(), record=True, width=100_000, color_system="truecolor", highlight=False
+    )
+    for block in topology_blocks(topo):
+        console.print(block)
+    if not html:
+        return "\n".join(line.rstrip() for line in console.export_text().splitlines()).strip("\n") + "\n"
+    return console.export_html(inline_styles=True, code_format='<pre class="topo">{code}</pre>')
 
 
 def grid(header: list[str], rows: list[list[str | Text]], center: bool = False) -> Text:
@@ -81,7 +106,7 @@ def matrix_table(topo: Topology) -> Text:
     """The link matrix, GPUs and NICs, with the codes as nvidia-smi prints them."""
     rows: list[list[str | Text]] = []
     for label, row in zip(topo.matrix.labels, topo.matrix.cells, strict=True):
-        cells = [Text(c if c is not None else "?", style=link_style(c)) for c in row]
+        cells = [Text(c if c is not None else UNKNOWN_CELL, style=link_style(c)) for c in row]
         rows.append([Text(label, style="bold"), *cells])
     return grid(["", *topo.matrix.labels], rows, center=True)
 
@@ -106,10 +131,16 @@ def legend(topo: Topology) -> RenderableType:
     if any(c is None for row in topo.matrix.cells for c in row):
         lines.append("  ?       ", style="dim")
         lines.append("not shown in the source (cropped or truncated)\n")
-    named = [n for n in topo.nics if n.name and n.name != n.label]
-    if named:
-        lines.append("  NICs: " + ", ".join(f"{n.label}={n.name}" for n in named) + "\n")
     return lines
+
+
+def nic_legend(topo: Topology) -> Text | None:
+    """``NIC Legend:`` and one ``  NIC0: mlx5_0`` line per named NIC, as nvidia-smi prints it (so a saved
+    ``gputopo topo`` reads back with its NIC names); ``None`` when no NIC has a name of its own."""
+    named = [n for n in topo.nics if n.name and n.name != n.label]
+    if not named:
+        return None
+    return Text("NIC Legend:\n\n" + "".join(f"  {n.label}: {n.name}\n" for n in named))
 
 
 def _na(value: object) -> str:

@@ -1,0 +1,162 @@
+"""CLI: ``gputopo run --n K [--torchrun] -- CMD ...``: choose the best free set and run CMD on it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import typer
+
+from gputopo.cli import app
+from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, examples, guarded
+from gputopo.cli.recommend import DEFAULT_MAX_USED_MIB, REPORT_OPTION, _read_json
+from gputopo.errors import UnavailableError, UsageError
+from gputopo.findings import Finding
+from gputopo.gpulist import parse_gpu_list
+from gputopo.launch_line import LaunchPlan, LaunchTools
+from gputopo.model import Topology
+from gputopo.ui.output import Output
+
+
+@app.command(
+    "run",
+    context_settings={"allow_extra_args": False, "ignore_unknown_options": False},
+    epilog=examples(
+        "gputopo run --n 2 -- python train.py",
+        "gputopo run --n 4 --torchrun -- train.py --epochs 10",
+        "gputopo run --n 2 --exclude 0,1 --dry-run -- python train.py",
+    ),
+)
+@guarded
+def run_command(
+    command: list[str] = typer.Argument(None, metavar="-- CMD ...", help="The command to run, after --."),
+    n: int = typer.Option(..., "--n", "-n", help="GPUs to give the command."),
+    torchrun: bool = typer.Option(
+        False,
+        "--torchrun",
+        help="Run CMD under torchrun --nproc-per-node K (with --numa-binding node where possible).",
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the line instead of running it."),
+    input: str | None = typer.Option(None, "--input", "-i", metavar=INPUT_METAVAR, help=INPUT_HELP),
+    exclude: str | None = typer.Option(
+        None, "--exclude", metavar="LIST", help="GPUs to leave out, e.g. 3,4."
+    ),
+    allow_busy: bool = typer.Option(False, "--allow-busy", help="Count GPUs in use by other processes."),
+    max_used_mib: int = typer.Option(
+        DEFAULT_MAX_USED_MIB, "--max-used-mib", help="A GPU with more memory in use than this is busy."
+    ),
+    from_report: Path | None = REPORT_OPTION,
+    json_out: bool = typer.Option(
+        False, "--json", help="With --dry-run: print the launch as one JSON document."
+    ),
+) -> None:
+    """Choose the best free GPU set (as recommend does) and run CMD on it, passing its exit code through."""
+    from gputopo.launch_line import SCHEMA, build_launch
+    from gputopo.recommend import Constraints, evidence_from_report, recommend
+    from gputopo.topology import load_topology
+
+    out = Output(json_mode=json_out)
+    if json_out and not dry_run:
+        raise UsageError("--json goes with --dry-run", "the command's own output goes to stdout when it runs")
+    if not command:
+        raise UsageError("no command given", "put it after --, e.g. gputopo run --n 2 -- python train.py")
+    evidence = evidence_from_report(_read_json(from_report), str(from_report)) if from_report else None
+    topo = load_topology(input)
+    constraints = Constraints(
+        n=n,
+        exclude=parse_gpu_list(exclude, "--exclude") if exclude else (),
+        allow_busy=allow_busy,
+        max_used_mib=max_used_mib,
+        top=1,
+        evidence=evidence,
+    )
+    rec = recommend(topo, constraints)
+    out.warnings(rec.warnings)  # the topology's warnings too
+    tools = LaunchTools(torchrun=None)
+    if torchrun:
+        from gputopo.system.launcher import detect_tools
+
+        tools = detect_tools()
+        if tools.torchrun is None and not dry_run:
+            raise UnavailableError(
+                "--torchrun: torch is not installed here", "pip install torch, or drop --torchrun"
+            )
+    findings = warn_nccl_env(out, [nic.name or nic.label for nic in topo.nics])
+    plan = build_launch(topo, rec.best.gpus, command, torchrun=torchrun, tools=tools, prefer_uuid=True)
+    if dry_run:
+        if json_out:
+            doc = {"schema": SCHEMA, "source": topo.source, "launch": plan.to_dict()}
+            doc["findings"] = [asdict(f) for f in findings]
+            doc["warnings"] = list(rec.warnings)
+            out.document(doc)
+            return
+        for note in plan.notes:
+            out.hint(note)
+        out.line(plan.command)
+        return
+    for note in plan.notes:
+        out.hint(note)
+    inherited = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if inherited is not None and inherited != plan.env["CUDA_VISIBLE_DEVICES"]:
+        out.warn(
+            f"CUDA_VISIBLE_DEVICES={inherited} was set (a scheduler's allocation?); it is replaced by the "
+            "chosen set, so use --exclude to stay inside an allocation"
+        )
+    if input is not None:
+        out.warn(f"the set was chosen from {topo.source}, not read from this machine")
+    gpus = ",".join(str(g) for g in plan.gpus)
+    out.err.print(f"gputopo run: GPUs {gpus}: {plan.command}", markup=False, highlight=False, soft_wrap=True)
+    from gputopo.launch_line import merged_env
+    from gputopo.system.launcher import exec_command
+
+    exec_command(plan.argv, merged_env(os.environ, plan))
+
+
+def launch_plan_for(
+    topo: Topology, gpus: Sequence[int], text: str, nnodes: int, prefer_uuid: bool, out: Output
+) -> LaunchPlan:
+    """``recommend --launch "CMD ..." [--nnodes N]``: the torchrun line for ``gpus``, NCCL settings checked.
+
+    CMD is wrapped in torchrun unless it already starts torchrun; NCCL settings from this environment
+    that are for debugging only come back as notes (and warnings on stderr).
+    """
+    from gputopo.launch_line import build_launch, is_torchrun, split_command
+    from gputopo.system.launcher import detect_tools
+
+    if nnodes < 1:
+        raise UsageError(
+            f"--nnodes {nnodes}: must be at least 1", "give the number of machines, e.g. --nnodes 2"
+        )
+    try:
+        argv = split_command(text)
+    except ValueError as exc:
+        raise UsageError(f"--launch {text!r}: {exc}", "quote the command as a shell would") from None
+    if not argv:
+        raise UsageError(
+            "--launch: empty command", 'give the training command, e.g. --launch "train.py --lr 0.1"'
+        )
+    wrap = not is_torchrun(argv)
+    findings = warn_nccl_env(out, [nic.name or nic.label for nic in topo.nics])
+    tools = detect_tools() if wrap else LaunchTools()
+    return build_launch(
+        topo,
+        gpus,
+        argv,
+        torchrun=wrap,
+        nnodes=nnodes,
+        tools=tools,
+        prefer_uuid=prefer_uuid,
+        env_findings=findings,
+    )
+
+
+def warn_nccl_env(out: Output, nic_names: list[str] | None = None) -> list[Finding]:
+    """NCCL settings of this environment that are for debugging only, as warnings on stderr (never fatal)."""
+    from gputopo.findings import nccl_env_findings
+
+    findings = nccl_env_findings(os.environ, nic_names or [])
+    for f in findings:
+        out.warn(f"{f.what}; {f.remedy}")
+    return findings
