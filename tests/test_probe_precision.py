@@ -267,3 +267,15 @@ def test_fp16_with_overflow_injected_ends_overflow_exit_1(tmp_path):
     assert c["metrics"]["scaler"]["skipped_steps"] == [1, 2]  # from the middle step on
     assert c["metrics"]["ref_scaler"]["skipped_steps"] == []
     assert "overflow" in done.stdout
+
+
+@pytest.mark.gpu
+def test_the_bf16_rule_matches_torch_without_emulation_on_a_real_gpu():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    capability = torch.cuda.get_device_capability(0)
+    with torch.cuda.device(0):
+        native = torch.cuda.is_bf16_supported(including_emulation=False)
+    assert P.bf16_native(capability) is native
+    assert (P.unsupported_reason("bf16", "cuda", [capability]) is None) is native

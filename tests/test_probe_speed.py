@@ -114,11 +114,19 @@ def test_doctor_merges_the_speed_check_into_its_set_and_draws_the_bars():
     assert len(re.findall(r'src="data:image/png;base64,', page)) == 2  # topology graph and speed bars
 
 
-@pytest.mark.parametrize("skip_speed", [False, True])
-def test_doctor_times_the_recommended_sets_unless_skip_speed(monkeypatch, skip_speed):
+@pytest.mark.parametrize(
+    ("skip_speed", "device", "timed"),
+    [
+        (False, "cuda", ((0, 1), (0, 1, 2, 3))),  # GPUs: every recommended set
+        (False, "cpu", ((0, 1, 2, 3),)),  # stand-ins are not judged: the largest set only
+        (True, "cuda", None),
+    ],
+)
+def test_doctor_times_the_recommended_sets_unless_skip_speed(monkeypatch, skip_speed, device, timed):
     from datetime import datetime, timezone
 
     from gputopo import doctor
+    from gputopo.probe import config as probe_config
     from gputopo.probe import runner
 
     launched = []
@@ -127,13 +135,17 @@ def test_doctor_times_the_recommended_sets_unless_skip_speed(monkeypatch, skip_s
         launched.append(config)
         return runner.ProbeRun(config, (), {}, (), datetime.now(timezone.utc), 0.0)
 
+    inventory = probe_config.DeviceInventory(
+        device, (0, 1, 2, 3), ("0", "1", "2", "3") if device == "cuda" else ()
+    )
     monkeypatch.setattr(runner, "run_probe", fake_run_probe)
+    monkeypatch.setattr(probe_config, "detect_devices", lambda requested: inventory)
     machine = doctor.choose_machine("sample:quad-nv4-pairs-2socket")
     options = doctor.DoctorOptions(steps=2, skip_speed=skip_speed)
     doctor.probe_section(machine, [0, 1, 2, 3], [[0, 1], [0, 1, 2, 3]], options, None)
     speed = [c for c in launched if c.checks == ("speed",)]
-    if skip_speed:
+    if timed is None:
         assert speed == []
     else:
         (config,) = speed
-        assert config.sets == ((0, 1), (0, 1, 2, 3)) and config.steps == 2
+        assert config.sets == timed and config.steps == 2

@@ -194,7 +194,8 @@ def device_capabilities(ctx: Any) -> list[tuple[int, int]]:
     """Compute capability of every device the set's ranks see (empty on CPU)."""
     if not ctx.is_cuda:
         return []
-    return [tuple(torch.cuda.get_device_capability(i)) for i in range(torch.cuda.device_count())]
+    devices = getattr(ctx, "devices", None) or range(torch.cuda.device_count())
+    return [tuple(torch.cuda.get_device_capability(i)) for i in devices]
 
 
 def training_check(ctx: Any, base: str, precision: str, refs: dict[str, Any]) -> dict[str, Any]:
@@ -280,5 +281,5 @@ def calibrate_scale(ctx: Any) -> float:
     # Two halvings of headroom: the other chunks, and gradients that grow over the first steps.
     scale = max(2.0 ** (best - 2), SCALE_FLOOR)
     found = torch.tensor([scale], dtype=torch.float64, device=ctx.device)
-    dist.all_reduce(found, op=dist.ReduceOp.MIN)
+    dist.all_reduce(found, op=dist.ReduceOp.MIN, group=getattr(ctx, "group", None))
     return float(found)

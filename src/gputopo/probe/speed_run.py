@@ -22,6 +22,11 @@ WARMUP_STEPS_CUDA = 3  # cuDNN picks kernels and the caching allocator fills on 
 WARMUP_STEPS_CPU = 1
 
 
+def _group(ctx: Any) -> Any:
+    """The set's process group (``None``: the default group, when the launch is the set)."""
+    return getattr(ctx, "group", None)
+
+
 class _NoInspection:
     """CpuDataParallel's inspector with nothing to check: the speed table times training, not checks."""
 
@@ -95,7 +100,10 @@ def speed_check(ctx: Any) -> dict[str, Any]:
         ctx.progress("speed", CONFIGS[0], 1, len(CONFIGS))
         model = _fresh_model(ctx, ctx.device)
         if ctx.is_cuda:
-            wrapped: torch.nn.Module = torch.nn.DataParallel(model, device_ids=list(range(ctx.world)))
+            devices = list(getattr(ctx, "devices", range(ctx.world)))  # the set's CUDA indices
+            wrapped: torch.nn.Module = torch.nn.DataParallel(
+                model, device_ids=devices, output_device=devices[0]
+            )
         else:
             wrapped = CpuDataParallel(model, ctx.world, _NoInspection())  # type: ignore[arg-type]
         times[CONFIGS[1]] = _train(ctx, wrapped, model.parameters(), x, y, steps, warmup, amp=False)
@@ -108,13 +116,15 @@ def speed_check(ctx: Any) -> dict[str, Any]:
     y = labels.chunk(ctx.world)[ctx.rank].to(ctx.device)
     for k, (config, amp) in enumerate(((CONFIGS[2], False), (CONFIGS[3], True))):
         model = _fresh_model(ctx, ctx.device)
-        ddp = DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.is_cuda else None)
+        ddp = DistributedDataParallel(
+            model, device_ids=[ctx.device.index] if ctx.is_cuda else None, process_group=_group(ctx)
+        )
         barrier(ctx)
         elapsed = torch.tensor(
             [_train(ctx, ddp, ddp.parameters(), x, y, steps, warmup, amp)], dtype=torch.float64
         )
         elapsed = elapsed.to(ctx.device)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank sets the step time
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=_group(ctx))  # the slowest rank sets the time
         times[config] = float(elapsed)
         ctx.progress("speed", config, 3 + k, len(CONFIGS))
     if ctx.rank != 0:
