@@ -65,3 +65,29 @@ def test_kill_stale_dry_run_on_real_device_files():
     for h in doc["holders"]:
         if h["pid"] == os.getpid():  # this test is the tool's parent: protected, never a target
             assert h["protected"] and h["action"] == "spared"
+
+
+def test_kill_stale_reads_a_cuda_process_from_nvml_lists():
+    """A live CUDA process: NVML lists it, its pid matches here, its GPU and memory come from NVML."""
+    code = (
+        "import sys, torch; x = torch.ones(1 << 20, device='cuda'); print('ok', flush=True); sys.stdin.read()"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ok"
+        out = gputopo("kill-stale", "--json")
+        assert out.returncode == 0, out.stderr
+        doc = json.loads(out.stdout)
+        held = {h["pid"]: h for h in doc["holders"]}[child.pid]
+        if doc["nvml"]["pids_usable"]:
+            assert held["gpu_basis"] == "nvml" and held["gpus"] and held["nvml_listed"] is True
+            assert held["gpu_memory_mib"] and held["gpu_memory_mib"] > 0
+        else:  # a container whose driver reports host pids: said so, and GPUs from the device files
+            assert doc["nvml"]["pid_note"] and any("cannot be matched" in n for n in doc["notes"])
+            assert held["gpu_basis"] == "device files"
+        assert held["stale"] is False and held["action"] == "spared" and held["kind"] == "process"
+    finally:
+        child.kill()
+        child.wait()

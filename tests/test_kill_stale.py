@@ -29,7 +29,7 @@ from gputopo.procs.holders import ProcessRef
 from gputopo.procs.stale import StopResult
 from gputopo.procs.terminate import stop_processes
 from gputopo.system import inventory
-from gputopo.system.inventory import GpuProcess
+from gputopo.system.inventory import ProcessListing
 
 HELPER = Path(__file__).resolve().parent / "helpers" / "gpu_holder.py"
 REPO = Path(__file__).resolve().parents[1]
@@ -129,13 +129,49 @@ def devices(tmp_path: Path) -> dict[str, str]:
 @pytest.fixture(autouse=True)
 def no_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
     """NVML unavailable unless a test says otherwise (as on a machine without the driver)."""
-    set_nvml(monkeypatch, processes=None, minors=None, sees=None)
+    set_nvml(monkeypatch, processes=None, minors=None)
 
 
-def set_nvml(monkeypatch: pytest.MonkeyPatch, processes, minors, sees) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(inventory, "gpu_processes", processes if callable(processes) else lambda: processes)
+def comm(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def set_nvml(monkeypatch: pytest.MonkeyPatch, processes, minors, refused=None, names=None) -> None:  # type: ignore[no-untyped-def]
+    """Fake NVML at the ``system.inventory`` seam: ``processes`` is a list of (pid, gpu, MiB), or a
+    callable giving one, or ``None`` (NVML unavailable). NVML's names are the processes' own unless
+    ``names`` says otherwise (NVML reads them from /proc: see ``system.nvml.process_name``)."""
+
+    def listing() -> ProcessListing | None:
+        found = processes() if callable(processes) else processes
+        if found is None:
+            return None
+        entries = tuple((pid, gpu, mib, "compute") for pid, gpu, mib in found)
+        given = names or {}
+        return ProcessListing(
+            entries, dict(refused or {}), {pid: given.get(pid, comm(pid)) for pid, *_ in found}
+        )
+
+    monkeypatch.setattr(inventory, "process_listing", listing)
     monkeypatch.setattr(inventory, "minor_numbers", lambda: minors)
-    monkeypatch.setattr(inventory, "pid_namespace_verdict", lambda procs: sees)
+
+
+def orphaned(procs: Procs, role: str, *files: str) -> tuple[int, int]:
+    """Start a worker under a launcher (``launch-rank`` or ``launch-spawn``), kill the launcher and wait
+    until the worker is adopted; returns (worker, dead launcher). A rank leads its own session, as
+    torchrun's do, so its subreaper is named like one (tini)."""
+    extra = ("--comm", "tini") if role == "launch-rank" else ()
+    fields = procs.start(role, *files, *extra)
+    worker, launcher = fields["pid"], fields["launcher"]
+    os.kill(launcher, signal.SIGKILL)
+    deadline = time.monotonic() + 15
+    while psutil.Process(worker).ppid() == launcher:
+        assert time.monotonic() < deadline, "the worker was never adopted"
+        time.sleep(0.01)
+    return worker, launcher
 
 
 def kill_stale(*args: str, input: str | None = None):  # type: ignore[no-untyped-def]
@@ -151,33 +187,205 @@ def by_pid(doc: dict) -> dict[int, dict]:
     return {h["pid"]: h for h in doc["holders"]}
 
 
-def test_orphan_is_stale_survives_the_dry_run_and_goes_with_yes(
+def test_rank_whose_launcher_was_killed_is_stale_and_goes_with_yes(
     procs: Procs, devices: dict[str, str]
 ) -> None:
-    orphan = procs.start("orphan", devices["nvidia0"], devices["nvidiactl"])["pid"]
+    rank, launcher = orphaned(procs, "launch-rank", devices["nvidia0"], devices["nvidiactl"])
     worker = procs.start("hold", devices["nvidia1"])["pid"]
 
     result = kill_stale("--device-files", devices["glob"])
     assert result.exit_code == 0, result.output
-    assert "orphaned" in result.stdout and "would stop" in result.stdout
+    assert "launcher gone" in result.stdout and "would stop" in result.stdout
     assert "Dry run: --yes would stop 1 process" in result.stdout
-    assert running(orphan)
+    assert running(rank)
 
     code, doc = as_json("--device-files", devices["glob"])
     assert code == 0 and doc["schema"] == "gputopo/stale/v1" and doc["dry_run"] is True
     held = by_pid(doc)
-    assert held[orphan]["stale"] is True and held[orphan]["action"] == "listed"
-    assert any("adopted by" in r for r in held[orphan]["reasons"])
-    assert held[orphan]["devices"] == [devices["nvidia0"], devices["nvidiactl"]]
+    assert held[rank]["kind"] == "rank" and "torchrun rank 0 of run test-run" in held[rank]["marks"]
+    assert held[rank]["stale"] is True and held[rank]["action"] == "listed"
+    assert any(
+        "adopted by" in r and "(tini), a subreaper outside its job" in r for r in held[rank]["reasons"]
+    )
+    assert held[rank]["parent"] != str(launcher) and held[rank]["ppid"] != launcher
+    assert held[rank]["devices"] == [devices["nvidia0"], devices["nvidiactl"]]
     assert held[worker]["stale"] is False and held[worker]["action"] == "spared"
-    assert running(orphan)
+    assert held[worker]["kind"] == "process"
+    assert running(rank)
 
     code, doc = as_json("--device-files", devices["glob"], "--yes", "--grace", "1")
     assert code == 0
-    assert by_pid(doc)[orphan]["action"] == "terminated" and by_pid(doc)[orphan]["gone"] is True
+    assert by_pid(doc)[rank]["action"] == "terminated" and by_pid(doc)[rank]["gone"] is True
     assert by_pid(doc)[worker]["action"] == "spared"
-    assert not running(orphan)
+    assert not running(rank)
     assert running(worker)
+
+
+def test_spawn_child_whose_parent_was_killed_is_stale(procs: Procs, devices: dict[str, str]) -> None:
+    child, _ = orphaned(procs, "launch-spawn", devices["nvidia0"])
+
+    code, doc = as_json("--device-files", devices["glob"], "--yes", "--grace", "1")
+    assert code == 0
+    held = by_pid(doc)[child]
+    assert held["kind"] == "spawn worker" and "multiprocessing" in held["marks"]
+    assert held["stale"] is True and any(r.startswith("launcher gone") for r in held["reasons"])
+    assert held["action"] == "terminated"
+    assert not running(child)
+
+
+@pytest.mark.parametrize("role", ["launch-rank", "launch-spawn"])
+def test_workers_whose_launcher_runs_are_not_stale(procs: Procs, devices: dict[str, str], role: str) -> None:
+    fields = procs.start(role, devices["nvidia0"])
+    worker, launcher = fields["pid"], fields["launcher"]
+
+    code, doc = as_json("--device-files", devices["glob"], "--yes", "--grace", "1")
+    assert code == 0
+    held = by_pid(doc)[worker]
+    assert held["kind"] in ("rank", "spawn worker") and held["stale"] is False
+    assert held["parent"].startswith(f"{launcher} (") and "is running" in held["why"]
+    assert held["action"] == "spared" and held["spared_reasons"][0].startswith("not stale")
+    assert running(worker) and running(launcher)
+
+
+def test_dataloader_worker_whose_rank_died_is_stale_while_the_launcher_lives(
+    procs: Procs, devices: dict[str, str]
+) -> None:
+    fields = procs.start("launch-rank", devices["nvidia0"], "--fork-worker", "--comm", "tini")
+    rank, launcher, worker = fields["pid"], fields["launcher"], fields["worker"]
+
+    code, doc = as_json("--device-files", devices["glob"])
+    held = by_pid(doc)
+    assert held[worker]["kind"] == "fork worker" and f"forked from {rank}" in held[worker]["marks"]
+    assert held[worker]["stale"] is False and held[rank]["stale"] is False
+    assert held[rank]["ppid"] == launcher
+
+    os.kill(rank, signal.SIGKILL)
+    deadline = time.monotonic() + 15
+    while psutil.Process(worker).ppid() == rank:
+        assert time.monotonic() < deadline, "the worker was never adopted"
+        time.sleep(0.01)
+    code, doc = as_json("--device-files", devices["glob"], "--yes", "--grace", "1")
+    assert code == 0
+    held = by_pid(doc)
+    assert held[worker]["kind"] == "rank"  # its parent is gone; it still carries the rank's environment
+    assert held[worker]["reasons"][0].startswith("launcher gone: adopted by")
+    assert held[worker]["action"] == "terminated"
+    assert not running(worker) and running(launcher)
+
+
+def test_detached_sleeper_is_not_stale_and_goes_only_with_all_or_pid(
+    procs: Procs, devices: dict[str, str]
+) -> None:
+    sleeper = procs.start("orphan", devices["nvidia0"])["pid"]  # adopted, no launcher marks
+    other = procs.start("hold", devices["nvidia1"])["pid"]
+
+    code, doc = as_json("--device-files", devices["glob"], "--yes", "--grace", "1")
+    assert code == 0
+    held = by_pid(doc)[sleeper]
+    assert held["kind"] == "detached" and held["stale"] is False and held["action"] == "spared"
+    assert "detached" in held["why"] and "--all or --pid would stop it" in held["spared_reasons"][0]
+    assert running(sleeper)
+
+    code, doc = as_json("--device-files", devices["glob"], "--pid", str(sleeper), "--yes", "--grace", "1")
+    assert code == 0
+    assert by_pid(doc)[sleeper]["action"] == "terminated"
+    assert by_pid(doc)[other]["action"] == "spared"
+    assert by_pid(doc)[other]["spared_reasons"] == ["not named by --pid"]
+    assert not running(sleeper) and running(other)
+
+    again = procs.start("orphan", devices["nvidia0"])["pid"]
+    code, doc = as_json("--device-files", devices["glob"], "--all", "--yes", "--grace", "1")
+    assert code == 0
+    assert by_pid(doc)[again]["action"] == "terminated" and by_pid(doc)[other]["action"] == "terminated"
+    assert not running(again) and not running(other)
+
+
+def _pid1_may_launch() -> bool:
+    """True when this machine's PID 1 could be a launcher (Python or torchrun): then its children are
+    not orphans, by design, and the PID 1 tests below do not apply."""
+    from gputopo.procs.jobs import is_init, launches
+    from gputopo.system.lsof import read_process
+
+    pid1 = read_process(1)
+    assert pid1 is not None
+    worker = read_process(os.getpid())
+    assert worker is not None
+    return not is_init(pid1) and launches(pid1, worker)
+
+
+def _pid1_reaps() -> bool:
+    """True when PID 1 here reaps an orphan that exits (a process that is not an init may not)."""
+    out = subprocess.run(
+        ["sh", "-c", "sleep 60 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True, check=True
+    )
+    orphan = int(out.stdout)
+    os.kill(orphan, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while _stat(orphan) is not None:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+@pytest.mark.skipif(_pid1_may_launch(), reason="PID 1 here is a Python process or a launcher")
+def test_pid_1_of_this_machine_adopts_a_detached_job_and_an_orphaned_rank(
+    procs: Procs, devices: dict[str, str]
+) -> None:
+    if not _pid1_reaps():
+        pytest.skip("PID 1 here does not reap orphans, so the test could not clean up after itself")
+    detached = procs.start("pid1-hold", devices["nvidia1"])["pid"]
+    fields = procs.start("pid1-rank", devices["nvidia0"])
+    rank, launcher = fields["pid"], fields["launcher"]
+    os.kill(launcher, signal.SIGKILL)
+    deadline = time.monotonic() + 15
+    while psutil.Process(rank).ppid() != 1:
+        assert time.monotonic() < deadline, "PID 1 never adopted the rank"
+        time.sleep(0.01)
+
+    code, doc = as_json("--device-files", devices["glob"], "--yes", "--grace", "1")
+    assert code == 0
+    held = by_pid(doc)
+    assert held[detached]["ppid"] == 1 and held[detached]["kind"] == "detached"
+    assert held[detached]["stale"] is False and held[detached]["action"] == "spared"
+    assert held[rank]["ppid"] == 1 and held[rank]["kind"] == "rank"
+    assert held[rank]["reasons"][0].startswith("launcher gone: reparented to PID 1 (")
+    assert held[rank]["action"] == "terminated"
+    assert running(detached) and not running(rank)
+
+    code, doc = as_json("--device-files", devices["glob"], "--pid", str(detached), "--yes", "--grace", "1")
+    assert code == 0 and by_pid(doc)[detached]["action"] == "terminated"
+    assert not running(detached)
+
+
+def test_pid_keeps_every_protection_and_names_unknown_pids(procs: Procs, devices: dict[str, str]) -> None:
+    daemon = procs.start(
+        "hold", devices["nvidiactl"], "--comm", "nvidia-persistenced", argv0="nvidia-persistenced"
+    )["pid"]
+    me = os.getpid()
+    with open(devices["nvidia0"]):
+        result = kill_stale(
+            "--device-files",
+            devices["glob"],
+            "--pid",
+            str(daemon),
+            "--pid",
+            str(me),
+            "--pid",
+            "4194305",
+            "--yes",
+            "--json",
+        )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["policy"]["pids"] == sorted([daemon, me, 4194305])
+    assert by_pid(doc)[daemon]["action"] == "spared" and by_pid(doc)[daemon]["protected"] is True
+    assert by_pid(doc)[me]["protected_reasons"] == ["this gputopo process"]
+    assert any("--pid 4194305" in n for n in doc["notes"])
+    assert running(daemon)
+
+    result = kill_stale("--device-files", devices["glob"], "--pid", "0")
+    assert result.exit_code == 2 and "positive" in result.stderr
 
 
 def test_holder_with_live_parent_is_stopped_only_with_all(procs: Procs, devices: dict[str, str]) -> None:
@@ -186,7 +394,7 @@ def test_holder_with_live_parent_is_stopped_only_with_all(procs: Procs, devices:
     code, doc = as_json("--device-files", devices["glob"], "--yes", "--grace", "1")
     assert code == 0
     assert by_pid(doc)[worker]["stale"] is False
-    assert by_pid(doc)[worker]["spared_reasons"] == ["not stale (--all would stop it)"]
+    assert by_pid(doc)[worker]["spared_reasons"][0].startswith("not stale: no launcher marks")
     assert running(worker)
 
     code, doc = as_json("--device-files", devices["glob"], "--all", "--yes", "--grace", "1")
@@ -368,7 +576,7 @@ def test_zombie_holder_is_released_by_stopping_its_parent(
 
 
 def test_older_than_spares_young_stale_holders(procs: Procs, devices: dict[str, str]) -> None:
-    orphan = procs.start("orphan", devices["nvidia0"])["pid"]
+    orphan, _ = orphaned(procs, "launch-rank", devices["nvidia0"])
 
     code, doc = as_json("--device-files", devices["glob"], "--older-than", "1h", "--yes")
     assert code == 0
@@ -384,7 +592,7 @@ def test_older_than_spares_young_stale_holders(procs: Procs, devices: dict[str, 
 def test_interactive_terminal_asks_before_stopping(
     procs: Procs, devices: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    orphan = procs.start("orphan", devices["nvidia0"])["pid"]
+    orphan, _ = orphaned(procs, "launch-rank", devices["nvidia0"])
     monkeypatch.setattr("gputopo.cli.stale._stdin_is_tty", lambda: True)
 
     result = kill_stale("--device-files", devices["glob"], input="n\n")
@@ -415,38 +623,56 @@ def test_other_users_processes_need_all_users(procs: Procs, devices: dict[str, s
     assert not running(theirs)
 
 
-def test_gpu_mapping_memory_and_invisible_to_nvml(
+def test_gpus_come_from_nvml_lists_and_invisible_is_only_a_note(
     procs: Procs, devices: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seen = procs.start("hold", devices["nvidia0"], devices["nvidiactl"])["pid"]
-    hidden = procs.start("hold", devices["nvidia1"], devices["nvidiactl"])["pid"]
+    # ``seen`` opened every GPU's device file (CUDA without CUDA_VISIBLE_DEVICES) but works on GPU 0 only;
+    # ``client`` holds GPU 1's file without a context, as an NVML client or a forked worker does.
+    seen = procs.start("hold", devices["nvidia0"], devices["nvidia1"], devices["nvidiactl"])["pid"]
+    client = procs.start("hold", devices["nvidia1"], devices["nvidiactl"])["pid"]
 
-    def gpu_processes() -> list[GpuProcess]:
-        return [GpuProcess(seen, 0, 1234)] if running(seen) else []
-
-    set_nvml(monkeypatch, gpu_processes, {0: 0, 1: 1}, True)
+    set_nvml(monkeypatch, lambda: [(seen, 0, 1234)] if running(seen) else [], {0: 0, 1: 1})
     code, doc = as_json("--device-files", devices["glob"])
     held = by_pid(doc)
-    assert held[seen]["gpus"] == [0] and held[seen]["gpu_memory_mib"] == 1234 and held[seen]["stale"] is False
-    assert held[hidden]["gpus"] == [1] and held[hidden]["gpu_memory_mib"] is None
-    assert any(r.startswith("invisible to NVML") for r in held[hidden]["reasons"])
+    assert doc["nvml"]["pids_usable"] is True
+    assert held[seen]["gpus"] == [0] and held[seen]["gpu_basis"] == "nvml"
+    assert held[seen]["gpu_memory_mib"] == 1234 and held[seen]["stale"] is False
+    assert held[client]["gpus"] == [] and held[client]["nvml_listed"] is False
+    assert held[client]["stale"] is False and held[client]["reasons"] == []
+    assert any("NVML lists no context" in n for n in held[client]["notes"])
 
     code, doc = as_json("--device-files", devices["glob"], "--gpus", "1")
-    assert [h["pid"] for h in doc["holders"]] == [hidden]
+    assert doc["holders"] == []  # neither has a context on GPU 1, whatever files they hold
 
     code, doc = as_json("--device-files", devices["glob"], "--gpus", "0", "--all", "--yes", "--grace", "1")
-    assert code == 0
+    assert code == 0 and [h["pid"] for h in doc["holders"]] == [seen]
     assert by_pid(doc)[seen]["memory_freed_mib"] == 1234 and doc["summary"]["memory_freed_mib"] == 1234
-    assert running(hidden)
-
-    # When NVML reports another namespace's pids, nobody is called invisible.
-    set_nvml(monkeypatch, lambda: [GpuProcess(999999, 1, 10)], {0: 0, 1: 1}, False)
-    code, doc = as_json("--device-files", devices["glob"])
-    assert by_pid(doc)[hidden]["stale"] is False and by_pid(doc)[hidden]["gpu_memory_mib"] is None
-    assert any("another PID namespace" in n for n in doc["notes"])
+    assert running(client)
 
     result = kill_stale("--device-files", devices["glob"], "--gpus", "7")
     assert result.exit_code == 2 and "no GPU 7" in result.stderr
+
+
+def test_gpus_from_device_files_when_nvml_pids_are_foreign(
+    procs: Procs, devices: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    one = procs.start("hold", devices["nvidia1"], devices["nvidiactl"])["pid"]
+    # Host pids from a container: none is a process here (pid_max is at most 2**22).
+    set_nvml(monkeypatch, [(2**22 + 1, 1, 10), (2**22 + 2, 0, 10)], {0: 0, 1: 1})
+    code, doc = as_json("--device-files", devices["glob"], "--gpus", "1")
+    held = by_pid(doc)
+    assert doc["nvml"]["pids_usable"] is False and held[one]["gpu_memory_mib"] is None
+    assert held[one]["gpus"] == [1] and held[one]["gpu_basis"] == "device files"
+    assert held[one]["nvml_listed"] is None and held[one]["stale"] is False
+    assert any("GPUs from the device files" in n for n in held[one]["notes"])
+    assert any("cannot be matched" in n for n in doc["notes"])
+
+    # A device file whose minor NVML does not know: the holder's GPUs are unknown, never selected.
+    set_nvml(monkeypatch, [(2**22 + 1, 0, 10)], {0: 0})
+    result = kill_stale("--device-files", devices["glob"], "--gpus", "0", "--json")
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["holders"] == []
+    assert f"pid {one}" in result.stderr and "--gpus does not select it" in result.stderr
 
 
 def test_gpus_without_nvml_is_refused_with_a_hint(devices: dict[str, str]) -> None:
@@ -459,7 +685,7 @@ def test_proc_fallback_finds_the_same_holders(
     procs: Procs, devices: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     assert shutil.which("lsof"), "lsof is needed for these tests (.ci/run installs it)"
-    orphan = procs.start("orphan", devices["nvidia0"])["pid"]
+    orphan, _ = orphaned(procs, "launch-spawn", devices["nvidia0"])
     worker = procs.start("hold", devices["nvidia1"], devices["nvidiactl"])["pid"]
     code, with_lsof = as_json("--device-files", devices["glob"])
     assert with_lsof["source"] == "lsof"
@@ -527,22 +753,21 @@ def test_cli_default_grace_matches_the_service():
     assert cli_grace == service_grace
 
 
-def test_one_survey_reads_nvml_process_list_once(monkeypatch):
-    """Memory figures and the PID-namespace verdict come from the same NVML process list."""
-    from gputopo.procs.survey import nvml_view
-    from gputopo.system.inventory import GpuProcess
+def test_one_survey_reads_nvml_process_lists_once(monkeypatch, procs: Procs, devices: dict[str, str]):
+    """Memory figures, GPUs and the PID-namespace verdict come from the same NVML reading."""
+    from gputopo.procs.survey import Survey
 
+    holder = procs.start("hold", devices["nvidia0"])["pid"]
     calls = []
 
-    def processes():
+    def listing():
         calls.append(1)
-        return [GpuProcess(os.getpid(), 0, 512)]
+        return ProcessListing(((holder, 0, 512, "compute"),), {}, {holder: comm(holder)})
 
-    monkeypatch.setattr(inventory, "gpu_processes", processes)
+    monkeypatch.setattr(inventory, "process_listing", listing)
     monkeypatch.setattr(inventory, "minor_numbers", lambda: {0: 0})
-    seen = []
-    monkeypatch.setattr(inventory, "pid_namespace_verdict", lambda procs: seen.append(procs) or True)
-    view = nvml_view()
+    survey = Survey.take(devices["glob"])
     assert len(calls) == 1
-    assert seen == [[GpuProcess(os.getpid(), 0, 512)]]
-    assert view.sees_pid_namespace is True and view.processes is not None
+    assert survey.nvml.sees_pid_namespace is True and survey.nvml.pid_map == {holder: holder}
+    [h] = survey.report.assessments
+    assert h.holder.gpus == (0,) and h.holder.gpu_memory_mib == 512

@@ -23,6 +23,7 @@ from gputopo.procs.holders import (
     device_minor,
     parse_lsof_fields,
 )
+from gputopo.procs.pidmap import match_pids, names_agree
 from gputopo.procs.stale import (
     PROTECTED_NAMES,
     Policy,
@@ -32,7 +33,6 @@ from gputopo.procs.stale import (
     assess,
     format_duration,
     memory_freed_mib,
-    orphan_reason,
     parse_duration_s,
     protected_name,
     settle,
@@ -55,8 +55,11 @@ def proc(
     status: str = "sleeping",
     sid: int | None = None,
     error: str | None = None,
+    env: dict[str, str] | None = None,
+    nspid: tuple[int, ...] | None = None,
 ) -> ProcessInfo:
-    """A process; by default alice's python, an hour old, in the session of the login shell."""
+    """A process; by default alice's python, an hour old, in the session of the login shell, with no
+    launcher variables in its (readable) environment."""
     return ProcessInfo(
         pid=pid,
         create_time_s=None if error else NOW - age_s,
@@ -68,7 +71,37 @@ def proc(
         status=status,
         sid=sid if sid is not None else SHELL,
         error=error,
+        launch_env=tuple(env.items()) if env is not None else (),
+        nspid=nspid,
     )
+
+
+def rank_env(rank: int, run: str = "run-1") -> dict[str, str]:
+    """What torchrun puts in a rank's environment."""
+    return {
+        "TORCHELASTIC_RUN_ID": run,
+        "GROUP_RANK": "0",
+        "LOCAL_RANK": str(rank),
+        "RANK": str(rank),
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+    }
+
+
+TRAIN = ("/usr/bin/python3", "-u", "train.py")
+SPAWN = (
+    "/usr/bin/python3",
+    "-c",
+    "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, pipe_handle=7)",
+    "--multiprocessing-fork",
+)
+TORCHRUN_CMD = ("/usr/bin/python3", "/usr/local/bin/torchrun", "--nproc-per-node=2", "train.py")
+
+
+def rank(pid: int, ppid: int, r: int = 0, **kw) -> ProcessInfo:  # type: ignore[no-untyped-def]
+    """A torchrun rank running train.py."""
+    return proc(pid, ppid, cmdline=TRAIN, env=rank_env(r), **kw)
 
 
 # The tool runs as alice from her login shell: init -> sshd -> bash (session leader) -> gputopo.
@@ -195,51 +228,175 @@ def test_format_duration() -> None:
     ]
 
 
-# --- orphans -----------------------------------------------------------------------------------------
+# --- workers whose launcher is gone -----------------------------------------------------------------
 
 
-def test_orphan_reparented_to_pid_1() -> None:
-    worker = proc(6000, INIT, sid=6000)  # a torchrun worker (own session) whose launcher died
-    assert (
-        orphan_reason(worker, LINEAGE_PROCS[0])
-        == "orphaned: its parent exited and it was reparented to PID 1"
+def test_rank_reparented_to_an_init_has_lost_its_launcher() -> None:
+    _, by_pid = judge(machine({6000: GPU0}, [rank(6000, INIT, sid=6000)]))
+    a = by_pid[6000]
+    assert a.job is not None and a.job.kind == "rank" and a.job.marks == "torchrun rank 0 of run run-1"
+    assert a.reasons == ("launcher gone: reparented to PID 1 (systemd)",) and a.targeted
+
+
+def test_worker_whose_parent_pid_names_a_younger_process() -> None:
+    newer = proc(5900, SHELL, age_s=10, name="vim")
+    _, by_pid = judge(machine({6000: GPU0}, [rank(6000, 5900, age_s=600), newer]))
+    assert by_pid[6000].reasons == ("launcher gone: pid 5900 now names a younger process 5900 (vim)",)
+
+
+def test_worker_adopted_by_a_subreaper_outside_its_job() -> None:
+    # systemd --user, or any subreaper: seen by the session the worker kept from its dead launcher.
+    user_manager = proc(3000, INIT, name="systemd", sid=3000)
+    reaper = proc(3100, SHELL, name="python", cmdline=("python", "supervise.py"))
+    spawned = proc(6001, 3100, cmdline=SPAWN, sid=4444)
+    scan = machine({6000: GPU0, 6001: GPU1}, [user_manager, reaper, rank(6000, 3000, sid=4444), spawned])
+    _, by_pid = judge(scan)
+    assert by_pid[6000].reasons == ("launcher gone: adopted by 3000 (systemd), a subreaper outside its job",)
+    assert by_pid[6001].job is not None and by_pid[6001].job.kind == "spawn worker"
+    assert by_pid[6001].reasons[0].startswith("launcher gone: adopted by 3100 (python)")
+
+
+def test_workers_of_a_live_launcher_are_not_stale() -> None:
+    torchrun = proc(5900, SHELL, name="python3", cmdline=TORCHRUN_CMD)
+    r0 = rank(6000, 5900)
+    loader = rank(6010, 6000, age_s=3000)  # a DataLoader worker: forked from the rank, same command line
+    trainer = proc(5800, SHELL, cmdline=("python", "mp_train.py"))
+    spawned = proc(6100, 5800, cmdline=SPAWN)
+    scan = machine({6000: GPU0, 6010: GPU0, 6100: GPU1}, [torchrun, r0, loader, trainer, spawned])
+    report, by_pid = judge(scan)
+    assert not report.targets
+    assert by_pid[6000].job.kind == "rank" and by_pid[6000].job.parent == "5900 (python3)"  # type: ignore[union-attr]
+    assert by_pid[6010].job.kind == "fork worker" and "forked from 6000" in by_pid[6010].job.marks  # type: ignore[union-attr]
+    assert by_pid[6100].job.kind == "spawn worker"  # type: ignore[union-attr]
+    for pid in (6000, 6010, 6100):
+        assert not by_pid[pid].stale
+        assert by_pid[pid].spared_reasons[0].startswith("not stale: its launcher or parent")
+
+
+def test_a_launcher_that_adopted_a_worker_of_its_own_job_keeps_it() -> None:
+    torchrun = proc(5900, SHELL, name="python3", cmdline=TORCHRUN_CMD, sid=5900)
+    orphan_of_rank = rank(6020, 5900, sid=6000)  # its rank (session 6000) died; torchrun is a subreaper
+    _, by_pid = judge(machine({6020: GPU0}, [torchrun, orphan_of_rank]))
+    assert not by_pid[6020].stale and "a process of the same job" in (by_pid[6020].job.why or "")  # type: ignore[union-attr]
+
+
+def test_a_plain_detached_process_is_not_stale() -> None:
+    nohup = proc(6000, INIT, sid=6000, cmdline=("python", "train.py"))  # nohup'd, its shell gone
+    service = proc(6001, INIT, sid=6001, name="tritonserver", cmdline=("tritonserver",))
+    secret = proc(6002, INIT, sid=6002)
+    secret = ProcessInfo(**{**secret.__dict__, "launch_env": None})  # environment unreadable
+    report, by_pid = judge(machine({6000: GPU0, 6001: GPU1, 6002: GPU0}, [nohup, service, secret]))
+    assert not report.targets
+    for pid in (6000, 6001, 6002):
+        assert by_pid[pid].job.kind == "detached" and not by_pid[pid].stale  # type: ignore[union-attr]
+        assert by_pid[pid].spared_reasons[0].startswith("not stale: detached")
+    assert "environment could not be read" in (by_pid[6002].job.why or "")  # type: ignore[union-attr]
+    _, by_pid = judge(machine({6000: GPU0}, [nohup]), policy=Policy(all=True))
+    assert by_pid[6000].targeted
+
+
+def test_no_rule_stops_a_process_for_its_parent_being_pid_1_alone() -> None:
+    """Whatever PID 1 is, a holder without worker marks is never stale because its parent is PID 1."""
+    for init_name in ("systemd", "tini", "torchrun", "python3", "process_api"):
+        pid1 = proc(INIT, 0, name=init_name, uid=ROOT, sid=INIT)
+        scan = machine({6000: GPU0}, [pid1, proc(6000, INIT, sid=6000)])
+        _, by_pid = judge(scan)
+        assert not by_pid[6000].stale, init_name
+
+
+def test_limits_an_unreadable_pid_1_and_a_session_leading_rank_under_an_unknown_subreaper() -> None:
+    hidden_init = proc(INIT, 0, uid=ROOT, error="access denied")
+    _, by_pid = judge(machine({6000: GPU0}, [hidden_init, rank(6000, INIT, sid=6000)]))
+    assert not by_pid[6000].stale and "PID 1 cannot be read" in (by_pid[6000].job.why or "")  # type: ignore[union-attr]
+    # torchrun's ranks lead their own sessions: adopted by a subreaper that is no known init, nothing shows.
+    reaper = proc(3100, SHELL, name="python", cmdline=("python", "supervise.py"))
+    _, by_pid = judge(machine({6001: GPU0}, [reaper, rank(6001, 3100, sid=6001)]))
+    assert not by_pid[6001].stale
+
+
+def launch_env(rank: int) -> dict[str, str]:
+    """What torch.distributed.launch (before torchrun), a batch script or an orchestrator sets."""
+    return {"LOCAL_RANK": str(rank), "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1"}
+
+
+def test_ranks_known_only_by_rank_variables_need_the_session_evidence() -> None:
+    batch = proc(5900, SHELL, name="bash", cmdline=("/bin/bash", "job.sh"))
+    under_batch = proc(6000, 5900, cmdline=TRAIN, env=launch_env(0))
+    supervisor = proc(3000, INIT, name="supervisord", sid=3000)
+    supervised = proc(6001, 3000, cmdline=TRAIN, env=launch_env(1), sid=3000)
+    adopted_one = proc(6002, 3000, cmdline=TRAIN, env=launch_env(0), sid=4444)
+    scan = machine(
+        {6000: GPU0, 6001: GPU1, 6002: GPU0}, [batch, under_batch, supervisor, supervised, adopted_one]
+    )
+    _, by_pid = judge(scan)
+    assert by_pid[6000].job.kind == "rank" and not by_pid[6000].stale  # type: ignore[union-attr]
+    assert "is running" in (by_pid[6000].job.why or "")  # type: ignore[union-attr]
+    assert not by_pid[6001].stale and "may have started it itself" in (by_pid[6001].job.why or "")  # type: ignore[union-attr]
+    assert by_pid[6002].reasons == (
+        "launcher gone: adopted by 3000 (supervisord), a subreaper outside its job",
+    )
+
+    tini = proc(1, 0, name="tini", cmdline=("/usr/bin/tini", "--", "python", "train.py"), uid=ROOT, sid=1)
+    own_child = proc(10, 1, cmdline=TRAIN, env=launch_env(0), uid=ROOT, sid=1)
+    from_exec = proc(11, 1, cmdline=TRAIN, env=launch_env(1), uid=ROOT, sid=90)  # started from docker exec
+    _, by_pid = judge(container(tini, {10: GPU0, 11: GPU1}, [own_child, from_exec]))
+    assert not by_pid[10].stale and "may have started it itself" in (by_pid[10].job.why or "")  # type: ignore[union-attr]
+    assert by_pid[11].reasons == ("launcher gone: reparented to PID 1 (tini)",)
+
+
+# --- containers: what PID 1 is decides --------------------------------------------------------------
+
+
+def container(pid1: ProcessInfo, holders: dict[int, tuple[str, ...]], extra: list[ProcessInfo]) -> HolderScan:
+    """A container as root: PID 1 is ``pid1``; the tool runs from ``docker exec bash`` (parent pid 0)."""
+    shell = proc(90, 0, name="bash", uid=ROOT, sid=90)
+    tool = proc(95, 90, name="gputopo", uid=ROOT, sid=90, age_s=1)
+    processes = {p.pid: p for p in [pid1, shell, tool, *extra]}
+    return HolderScan(
+        source="lsof",
+        device_files=("/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl"),
+        open_devices=tuple(OpenDevices(pid, paths) for pid, paths in holders.items()),
+        processes=processes,
+        lineage=(95, 90),
+        my_uid=ROOT,
+        scan_time_s=NOW,
     )
 
 
-def test_orphan_when_the_parent_pid_names_a_younger_process() -> None:
-    worker = proc(6000, 5900, age_s=600)
-    newer = proc(5900, SHELL, age_s=10)
-    assert "pid 5900 now belongs to a younger process" in (orphan_reason(worker, newer) or "")
-
-
-def test_orphan_adopted_by_a_subreaper_from_another_session() -> None:
-    subreaper = proc(3000, INIT, name="systemd", sid=3000)
-    worker = proc(6000, 3000, sid=4444)  # its shell's session; that shell is gone
-    assert "adopted by 3000 (systemd)" in (orphan_reason(worker, subreaper) or "")
-
-
-def test_not_orphans_children_of_live_parents() -> None:
-    launcher = proc(5900, SHELL)
-    assert orphan_reason(proc(6000, 5900), launcher) is None
-    # A session leader (torchrun starts each worker in its own session) under its live launcher.
-    assert orphan_reason(proc(6001, 5900, sid=6001), launcher) is None
-    # Documented limit: adopted by a subreaper of its own session leaves no evidence.
-    assert orphan_reason(proc(6002, 3000, sid=SHELL), proc(3000, SHELL, sid=SHELL)) is None
-
-
-# --- classification ----------------------------------------------------------------------------------
-
-
-def test_a_crashed_ddp_run_leaves_orphans_that_are_targeted() -> None:
-    workers = [proc(6000 + r, INIT, sid=6000 + r) for r in range(2)]
-    training = proc(7000, SHELL)  # another job, parent alive
-    scan = machine({6000: GPU0, 6001: GPU1, 7000: GPU0}, [*workers, training])
+def test_container_whose_pid_1_is_torchrun_keeps_its_ranks_and_their_workers() -> None:
+    pid1 = proc(1, 0, name="torchrun", cmdline=TORCHRUN_CMD, uid=ROOT, sid=1)
+    ranks = [rank(10 + r, 1, r, uid=ROOT, sid=1) for r in range(2)]
+    loader = rank(20, 10, uid=ROOT, sid=1, age_s=3000)
+    scan = container(pid1, {10: GPU0, 11: GPU1, 20: GPU0}, [*ranks, loader])
     report, by_pid = judge(scan)
-    assert by_pid[6000].stale and by_pid[6000].target == ProcessRef(6000, NOW - 3600)
-    assert by_pid[6001].targeted
-    assert not by_pid[7000].stale and not by_pid[7000].targeted
-    assert by_pid[7000].spared_reasons == ("not stale (--all would stop it)",)
-    assert report.targets == (ProcessRef(6000, NOW - 3600), ProcessRef(6001, NOW - 3600))
+    assert not report.targets
+    assert by_pid[10].job.why == "PID 1 (torchrun) is its launcher"  # type: ignore[union-attr]
+    assert by_pid[20].job.kind == "fork worker" and not by_pid[20].stale  # type: ignore[union-attr]
+
+
+def test_container_whose_pid_1_is_the_training_script_keeps_its_spawn_workers() -> None:
+    pid1 = proc(1, 0, name="python", cmdline=("python", "train.py"), uid=ROOT, sid=1)
+    workers = [proc(10 + i, 1, cmdline=SPAWN, uid=ROOT, sid=1) for i in range(2)]
+    report, _ = judge(container(pid1, {10: GPU0, 11: GPU1}, workers))
+    assert not report.targets
+
+
+def test_container_whose_pid_1_is_tini_lets_orphaned_ranks_go_but_not_a_detached_job() -> None:
+    pid1 = proc(1, 0, name="tini", cmdline=("/usr/bin/tini", "--", "bash"), uid=ROOT, sid=1)
+    ranks = [rank(10 + r, 1, r, uid=ROOT, sid=1) for r in range(2)]
+    spawned = proc(12, 1, cmdline=SPAWN, uid=ROOT, sid=1)
+    nohup = proc(13, 1, cmdline=("python", "serve.py"), uid=ROOT, sid=13)
+    scan = container(pid1, {10: GPU0, 11: GPU1, 12: GPU0, 13: GPU1}, [*ranks, spawned, nohup])
+    report, by_pid = judge(scan)
+    assert [t.pid for t in report.targets] == [10, 11, 12]
+    assert by_pid[10].reasons == ("launcher gone: reparented to PID 1 (tini)",)
+    assert by_pid[13].job.kind == "detached" and not by_pid[13].targeted  # type: ignore[union-attr]
+
+
+def test_container_whose_pid_1_is_an_entrypoint_shell_lets_orphaned_ranks_go() -> None:
+    pid1 = proc(1, 0, name="bash", cmdline=("/bin/bash", "entry.sh"), uid=ROOT, sid=1)
+    report, _ = judge(container(pid1, {10: GPU0}, [rank(10, 1, uid=ROOT, sid=1)]))
+    assert [t.pid for t in report.targets] == [10]
 
 
 def test_all_targets_every_unprotected_holder_but_never_the_tool_or_its_ancestors() -> None:
@@ -268,11 +425,13 @@ def test_pid_1_is_never_a_target() -> None:
     ],
 )
 def test_daemons_and_the_display_stack_are_protected(name: str, argv0: str) -> None:
-    daemon = proc(800, INIT, name=name, cmdline=(argv0,), uid=ALICE, sid=800)
+    daemon = proc(800, INIT, name=name, cmdline=(argv0,), uid=ALICE, sid=800, env=rank_env(0))
     assert protected_name(daemon) is not None
     _, by_pid = judge(machine({800: GPU0}, [daemon]), policy=Policy(all=True))
-    assert by_pid[800].stale  # orphan-looking, as daemons are, yet protected
+    assert by_pid[800].stale  # even with a rank's marks and no launcher, it is protected
     assert by_pid[800].protected and not by_pid[800].targeted
+    _, by_pid = judge(machine({800: GPU0}, [daemon]), policy=Policy(pids=frozenset({800})))
+    assert not by_pid[800].targeted
 
 
 def test_protected_names_are_one_list() -> None:
@@ -281,7 +440,7 @@ def test_protected_names_are_one_list() -> None:
 
 
 def test_other_users_are_protected_unless_root_asks_for_all_users() -> None:
-    bobs = proc(6100, INIT, uid=BOB, sid=6100)
+    bobs = rank(6100, INIT, uid=BOB, sid=6100)
     as_alice = machine({6100: GPU0}, [bobs])
     _, by_pid = judge(as_alice, policy=Policy(all=True, all_users=True))
     assert "only root with --all-users" in by_pid[6100].protected_reasons[0] and not by_pid[6100].targeted
@@ -316,8 +475,8 @@ def test_zombie_of_a_protected_parent_is_spared() -> None:
 
 
 def test_older_than_spares_young_stale_holders() -> None:
-    young = proc(6000, INIT, age_s=120, sid=6000)
-    old = proc(6001, INIT, age_s=7200, sid=6001)
+    young = rank(6000, INIT, age_s=120, sid=6000)
+    old = rank(6001, INIT, 1, age_s=7200, sid=6001)
     _, by_pid = judge(machine({6000: GPU0, 6001: GPU1}, [young, old]), policy=Policy(older_than_s=600))
     assert not by_pid[6000].targeted
     assert by_pid[6000].spared_reasons == ("running for 2m00s, younger than --older-than 10m",)
@@ -338,11 +497,71 @@ def test_devices_map_to_gpus_through_minor_numbers_and_memory_is_attached() -> N
     assert holders[0].gpus == (1,) and holders[0].gpu_memory_mib == 2048 and holders[0].nvml_listed
 
 
-def test_gpus_filter_keeps_holders_of_those_gpus() -> None:
+def test_gpus_come_from_nvml_lists_when_its_pids_are_usable() -> None:
+    # 7000 opened both GPUs' files but has a context on GPU 1 only; 7010 is its forked worker (no context);
+    # 7001 holds /dev/nvidia1 = GPU 0 but NVML lists it nowhere (an NVML client).
+    a, b, ctl = proc(7000, SHELL), proc(7001, SHELL), proc(7002, SHELL)
+    worker = proc(7010, 7000)
+    scan = machine(
+        {
+            7000: ("/dev/nvidia0", "/dev/nvidia1"),
+            7001: ("/dev/nvidia1",),
+            7002: ("/dev/nvidiactl",),
+            7010: GPU0,
+        },
+        [a, b, ctl, worker],
+    )
+    nvml = NvmlView((GpuMemoryUse(7000, 1, 100),), MINORS, True)
+    holders, _ = build_holders(scan, nvml)
+    got = {h.pid: (h.gpus, h.gpu_basis, h.nvml_listed) for h in holders}
+    assert got[7000] == ((1,), "nvml", True)
+    assert got[7010] == ((1,), "nvml", False)  # its parent's GPU
+    assert got[7001] == ((), "nvml", False)
+    holders, _ = build_holders(scan, nvml, gpus=frozenset({0}))
+    assert holders == []
+    holders, _ = build_holders(scan, nvml, gpus=frozenset({1}))
+    assert [h.pid for h in holders] == [7000, 7010]
+
+
+def test_gpus_from_device_files_when_nvml_pids_are_unusable() -> None:
     a, b, ctl = proc(7000, SHELL), proc(7001, SHELL), proc(7002, SHELL)
     scan = machine({7000: ("/dev/nvidia0",), 7001: ("/dev/nvidia1",), 7002: ("/dev/nvidiactl",)}, [a, b, ctl])
-    holders, _ = build_holders(scan, NvmlView((), MINORS, True), gpus=frozenset({0}))
+    nvml = NvmlView((GpuMemoryUse(40001, 0, 100),), MINORS, False)
+    holders, _ = build_holders(scan, nvml, gpus=frozenset({0}))
+    assert [(h.pid, h.gpus, h.gpu_basis) for h in holders] == [(7001, (0,), "device files")]
+    _, by_pid = judge(scan, nvml)
+    assert any("GPUs from the device files" in n for n in by_pid[7000].notes)
+
+
+def test_gpus_never_selects_a_holder_whose_minor_is_unmapped() -> None:
+    odd = proc(7000, SHELL)
+    known = proc(7001, SHELL)
+    scan = machine({7000: ("/dev/nvidia7",), 7001: ("/dev/nvidia0",)}, [odd, known])
+    nvml = NvmlView((GpuMemoryUse(40001, 0, 100),), MINORS, False)
+    holders, notes = build_holders(scan, nvml, gpus=frozenset({0, 1}))
     assert [h.pid for h in holders] == [7001]
+    assert notes == [
+        "pid 7000 (python): its GPUs are unknown (no GPU has minor number 7), so --gpus does not select it"
+    ]
+    holders, _ = build_holders(scan, nvml)
+    assert holders[0].gpus is None
+    _, by_pid = judge(scan, nvml)
+    assert any("its GPUs are unknown" in n for n in by_pid[7000].notes)
+
+
+def test_a_refused_process_list_is_unknown_not_empty() -> None:
+    # On a MIG GPU without the privilege to list processes, NVML refuses GPU 0's list.
+    mig = proc(7000, SHELL)
+    other = proc(7001, SHELL)
+    scan = machine({7000: ("/dev/nvidia1",), 7001: ("/dev/nvidia0",)}, [mig, other])
+    nvml = NvmlView((GpuMemoryUse(7001, 1, 10),), MINORS, True, refused={0: "compute list: No permission"})
+    holders, _ = build_holders(scan, nvml, gpus=frozenset({0}))
+    assert [(h.pid, h.gpus, h.nvml_listed, h.gpu_basis) for h in holders] == [
+        (7000, (0,), None, "nvml and device files")
+    ]
+    report, by_pid = judge(scan, nvml)
+    assert any("GPU0: NVML refused a process list" in n for n in report.notes)
+    assert not any("NVML lists no context" in n for n in by_pid[7000].notes)
 
 
 def test_without_nvml_gpus_and_memory_are_unknown() -> None:
@@ -353,20 +572,84 @@ def test_without_nvml_gpus_and_memory_are_unknown() -> None:
     assert any("NVML unavailable" in n for n in report.notes)
 
 
-def test_invisible_to_nvml_only_when_nvml_sees_this_namespace() -> None:
+def test_invisible_to_nvml_is_a_note_never_a_reason() -> None:
     hidden = proc(7000, SHELL)
-    ctl_only = proc(7001, SHELL)
-    scan = machine({7000: GPU0, 7001: ("/dev/nvidiactl",)}, [hidden, ctl_only])
-    _, by_pid = judge(scan, NvmlView((GpuMemoryUse(42, 0, 100),), MINORS, True))
-    assert by_pid[7000].reasons == ("invisible to NVML: holds /dev/nvidia0 but NVML lists no such pid",)
-    assert not by_pid[7001].stale  # nvidiactl alone is no GPU
+    detached = proc(7001, INIT, sid=7001)
+    scan = machine({7000: GPU0, 7001: GPU1}, [hidden, detached])
+    report, by_pid = judge(scan, NvmlView((GpuMemoryUse(42, 0, 100),), MINORS, True))
+    for pid in (7000, 7001):
+        assert not by_pid[pid].stale and not by_pid[pid].targeted
+        assert any(n.startswith("NVML lists no context of it") for n in by_pid[pid].notes)
 
-    report, by_pid = judge(scan, NvmlView((GpuMemoryUse(42, 0, 100),), MINORS, False))
-    assert not by_pid[7000].stale
-    assert any("another PID namespace" in n for n in report.notes)
-    report, by_pid = judge(scan, NvmlView((), MINORS, None))
-    assert not by_pid[7000].stale
-    assert any("cannot tell" in n for n in report.notes)
+    report, by_pid = judge(scan, NvmlView((GpuMemoryUse(42, 0, 100),), MINORS, False, pid_note="foreign"))
+    assert not by_pid[7000].notes or not any("NVML lists no" in n for n in by_pid[7000].notes)
+    assert any("cannot be matched" in n and "foreign" in n for n in report.notes)
+
+
+# --- matching NVML's pids to this PID namespace -----------------------------------------------------
+
+
+def holder_procs(*infos: ProcessInfo) -> dict[int, ProcessInfo]:
+    return {p.pid: p for p in infos}
+
+
+def test_nvml_pids_are_ours_when_most_match_holders_with_their_names() -> None:
+    local = holder_procs(proc(7000, SHELL), proc(7001, SHELL), proc(7002, SHELL, name="bash"))
+    names = {7000: "python", 7001: "/usr/bin/python", 7002: "python", 7003: None}
+    got = match_pids([7000, 7001, 7002, 7003, 7000], names, local, frozenset({7000, 7001}))
+    # 7002 is a bash here (names disagree) and holds no GPU; 7003 is not here: 2 of 4 is not most.
+    assert got.mapping is None and got.sees_pid_namespace is False
+    got = match_pids([7000, 7001, 7002], names, local, frozenset({7000, 7001}))
+    assert got.mapping == {7000: 7000, 7001: 7001} and got.sees_pid_namespace is True and got.level == 0
+
+
+def test_host_namespace_pids_with_one_accidental_match_are_not_ours() -> None:
+    # NVML (an older driver, in a container) lists host pids; one equals a local rank's pid by chance.
+    local = holder_procs(rank(45, INIT, sid=45), rank(46, INIT, 1, sid=46))
+    names = {45: "python", 812345: None, 812346: None, 812347: None}
+    got = match_pids([812345, 812346, 812347, 45], names, local, frozenset({45, 46}))
+    assert got.mapping is None and got.sees_pid_namespace is False
+    assert "only 1 of the 4 pids" in got.note
+    nvml = NvmlView(
+        tuple(GpuMemoryUse(p, 0, 100) for p in (812345, 812346, 812347, 45)),
+        MINORS,
+        got.sees_pid_namespace,
+        got.mapping,
+        pid_note=got.note,
+    )
+    scan = machine({45: GPU0, 46: GPU1}, list(local.values()))
+    holders, _ = build_holders(scan, nvml)
+    assert all(h.gpu_memory_mib is None and h.nvml_listed is None for h in holders)
+    assert [h.gpus for h in holders] == [(1,), (0,)]  # from the device files (minor 0 is GPU 1)
+
+
+def test_nvml_pids_of_another_namespace_map_through_nspid() -> None:
+    # This /proc shows host pids (level 0); NVML reports the container's (level 1).
+    a = proc(70000, SHELL, nspid=(70000, 12))
+    b = proc(70001, SHELL, nspid=(70001, 13))
+    c = proc(70002, SHELL, nspid=(70002, 12, 5))  # another container's 12 at level 1: ambiguous there
+    names = {12: "python", 13: "python", 14: None}
+    got = match_pids([12, 13, 14], names, holder_procs(a, b, c), frozenset({70000, 70001, 70002}))
+    assert got.mapping is None  # 12 is ambiguous at level 1, so only 13 matches: 1 of 3
+    got = match_pids([12, 13], names, holder_procs(a, b), frozenset({70000, 70001}))
+    assert got.mapping == {12: 70000, 13: 70001} and got.level == 1 and got.sees_pid_namespace is False
+    nvml = NvmlView((GpuMemoryUse(12, 1, 500), GpuMemoryUse(13, 0, 300)), MINORS, False, got.mapping)
+    scan = machine({70000: GPU0, 70001: GPU1}, [a, b])
+    holders, _ = build_holders(scan, nvml)
+    assert [(h.pid, h.gpus, h.gpu_memory_mib) for h in holders] == [(70000, (1,), 500), (70001, (0,), 300)]
+
+
+def test_nvml_pids_cannot_be_judged_without_processes_or_names() -> None:
+    assert match_pids([], {}, {}, frozenset()).sees_pid_namespace is None
+    got = match_pids([812345], {812345: None}, {}, frozenset())
+    assert got.mapping is None and got.sees_pid_namespace is None
+
+
+def test_names_agree_by_file_name_and_the_kernels_15_characters() -> None:
+    info = proc(7000, SHELL, name="pt_main_thread", cmdline=("/opt/conda/bin/python", "train.py"))
+    assert names_agree("/opt/conda/bin/python", info) and names_agree("pt_main_thread", info)
+    assert names_agree("nvidia-persistenced", proc(1, 0, name="nvidia-persiste", cmdline=("x",)))
+    assert not names_agree("bash", info) and not names_agree(None, info)
 
 
 def test_holder_that_exited_during_the_scan_is_dropped_with_a_note() -> None:
@@ -391,8 +674,8 @@ def test_memory_freed_needs_nvml_before_and_after() -> None:
 
 def scene_after_stop():  # type: ignore[no-untyped-def]
     """Two orphans, a zombie whose parent is a target, a daemon; one orphan refused the signal."""
-    a = proc(6000, INIT, sid=6000)
-    b = proc(6001, INIT, sid=6001)
+    a = rank(6000, INIT, sid=6000)
+    b = rank(6001, INIT, 1, sid=6001)
     parent = proc(5900, SHELL, name="train")
     zombie = proc(6002, 5900, status="zombie")
     daemon = proc(800, INIT, name="nvidia-persistenced", uid=ALICE, sid=800)
@@ -466,7 +749,7 @@ def test_json_document_has_the_design_keys() -> None:
     assert by_pid[6002]["target_pid"] == 5900
     assert doc["summary"] == {
         "holders": 4,
-        "stale": 4,
+        "stale": 3,
         "protected": 1,
         "targeted": 3,
         "not_stopped": 1,
@@ -488,3 +771,26 @@ def test_human_output_says_what_yes_would_do_then_what_was_done() -> None:
 
     done = render_text(make_run(dry_run=False))
     assert "Stopped 2 of 3: 1 killed, 1 access denied, 1 terminated. GPU memory freed: 30000 MiB." in done
+
+
+def test_doctor_reports_say_why_a_holder_is_not_stale() -> None:
+    from gputopo.doctor import holder_why
+
+    doc = stale_document(make_run(dry_run=True))
+    by_pid = {h["pid"]: h for h in doc["holders"]}
+    assert by_pid[800]["kind"] == "detached" and holder_why(by_pid[800]).startswith("detached: parent 1")
+    assert holder_why(by_pid[6000]) == "launcher gone: reparented to PID 1 (systemd)"
+    assert by_pid[6000]["kind"] == "rank" and by_pid[6000]["parent"] == "1 (systemd)"
+    assert by_pid[6002]["why"].startswith("zombie: it exited")
+
+
+def test_a_narrow_terminal_never_cuts_a_pid_a_verdict_or_an_action() -> None:
+    run = make_run(dry_run=True)
+    for width in (80, 100, 140):
+        console = Console(width=width, record=True, color_system=None, file=open("/dev/null", "w"))  # noqa: SIM115
+        console.print(render_run(run))
+        table = console.export_text().split("Why:")[0]
+        rows = {line.split()[0]: line for line in table.splitlines() if line[:1].isdigit()}
+        assert {"800", "6000", "6001", "6002"} <= set(rows)
+        assert "would stop" in rows["6000"] and "protected" in rows["800"] and "spared" in rows["800"]
+        assert ("alice" in rows["6000"]) == (width >= 100)  # USER and AGE only where they fit

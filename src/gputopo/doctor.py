@@ -388,8 +388,8 @@ def to_markdown(doc: dict[str, Any]) -> str:
     lines += ["## Processes holding GPUs", ""]
     holders = doc["stale"].get("holders") or []
     for h in holders:
-        state = holder_state(h)
-        lines.append(f"- pid {h['pid']} ({h.get('user')}): {state}; {'; '.join(h.get('reasons') or [])}")
+        state = holder_state(h) + (f" {h['kind']}" if h.get("kind") else "")
+        lines.append(f"- pid {h['pid']} ({h.get('user')}): {state}; {holder_why(h)}")
     if not holders:
         lines.append(doc["stale"].get("note") or "No process holds a GPU device file.")
     return "\n".join(lines) + "\n"
@@ -410,6 +410,12 @@ def speed_markdown(probe: dict[str, Any]) -> list[str]:
                     "",
                 ]
     return ["## Speed: one GPU vs DataParallel vs DDP", "", *out] if out else []
+
+
+def holder_why(holder: dict[str, Any]) -> str:
+    """Why a kill-stale holder is stale (its reasons), or else why it is not (its launcher runs, it is
+    detached, ...)."""
+    return "; ".join(holder.get("reasons") or []) or (holder.get("why") or "")
 
 
 def topology_text(topology: dict[str, Any]) -> str:

@@ -10,9 +10,24 @@ Roles (first argument):
   holds the files and prints ``ready pid=<P> zombie=<Z>``.
 - ``run FILE... -- ARGV``: open the files, then run ARGV with those descriptors inherited, and exit with
   its status (the tool's parent holds the files, and so does the tool).
+- ``launch-rank FILE...`` / ``launch-spawn FILE...``: as a subreaper S, fork a launcher L that starts a new
+  session (as a terminal or ``setsid torchrun`` does) and starts one worker W holding the files: a process
+  with the environment torchrun gives a rank, or a multiprocessing ``spawn`` child. L prints
+  ``ready pid=<W> launcher=<L>`` and sleeps; the test kills L to leave W without its launcher (W is then
+  adopted by S). The rank, like torchrun's (``start_new_session=True`` in torch.distributed.elastic's
+  SubprocessHandler), leads its own session, so only S's name shows the adoption: ``--comm tini`` makes
+  S a ``tini -s`` style subreaper. The spawn child stays in L's session, which S is not in.
+- ``pid1-hold FILE...`` / ``pid1-rank FILE...``: no subreaper: fork L, which starts a new session, and
+  exit, so L's parent is PID 1. ``pid1-hold``: L holds the files itself (a nohup'd job whose shell is
+  gone) and prints ``ready pid=<L>``. ``pid1-rank``: L starts a rank (as in ``launch-rank``) and prints
+  ``ready pid=<W> launcher=<L>``; once the test kills L, PID 1 adopts the rank. Whatever PID 1 is must
+  reap them.
 
-Options: ``--ignore-term`` ignores SIGTERM; ``--comm NAME`` sets the kernel's process name (with argv[0]
-set by the caller, this is how a daemon's name is worn); ``--uid UID`` drops to that user after opening.
+Options: ``--fork-worker`` makes a holder (and a ``launch-rank`` rank) fork a DataLoader-style worker
+that keeps its descriptors, named in the ready line as ``worker=<pid>``; ``--ignore-term`` ignores
+SIGTERM; ``--comm NAME`` sets the kernel's process name (with argv[0] set by the caller, this is how a
+daemon's name is worn; for ``launch-*``, the subreaper's name); ``--uid UID`` drops to that user after
+opening.
 """
 
 from __future__ import annotations
@@ -70,9 +85,22 @@ def _apply(opts: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("role", choices=["hold", "orphan", "zombie-parent", "run"])
+    parser.add_argument(
+        "role",
+        choices=[
+            "hold",
+            "orphan",
+            "zombie-parent",
+            "run",
+            "launch-rank",
+            "launch-spawn",
+            "pid1-hold",
+            "pid1-rank",
+        ],
+    )
     parser.add_argument("files", nargs="*")
     parser.add_argument("--ignore-term", action="store_true")
+    parser.add_argument("--fork-worker", action="store_true")
     parser.add_argument("--comm")
     parser.add_argument("--uid", type=int)
     argv = sys.argv[1:]
@@ -88,13 +116,36 @@ def main() -> None:
             os.setgid(opts.uid)
             os.setuid(opts.uid)
         _apply(opts)
-        _ready()
+        if opts.fork_worker:  # a DataLoader-style worker: forked, not exec'd, so it keeps the descriptors
+            child = os.fork()
+            if child == 0:
+                _sleep_forever()
+            _ready(worker=child)
+        else:
+            _ready()
         _sleep_forever()
 
     if opts.role == "run":
         fds = _open_all(opts.files)
         _apply(opts)
         sys.exit(subprocess.call(tail, pass_fds=fds))
+
+    if opts.role in ("pid1-hold", "pid1-rank"):
+        if os.fork() == 0:
+            os.setsid()
+            if opts.role == "pid1-hold":
+                _open_all(opts.files)
+                _apply(opts)
+                while os.getppid() != 1:
+                    time.sleep(0.01)
+                _ready()
+            else:
+                worker, _ = _start_worker("launch-rank", opts.files)
+                while not _holds_all(worker, opts.files):
+                    time.sleep(0.01)
+                _ready(pid=worker, launcher=os.getpid())
+            _sleep_forever()
+        os._exit(0)
 
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
     if opts.role == "orphan":
@@ -111,6 +162,21 @@ def main() -> None:
             os._exit(0)
         _reap_until_alone()
 
+    if opts.role in ("launch-rank", "launch-spawn"):
+        if opts.comm:  # the subreaper's own name; the worker keeps its interpreter's
+            _prctl(PR_SET_NAME, opts.comm.encode()[:15])
+        if os.fork() == 0:
+            os.setsid()
+            # L goes by the name a launcher has (torchrun's script is its command name), not S's.
+            _prctl(PR_SET_NAME, b"torchrun" if opts.role == "launch-rank" else b"python")
+            worker, forked = _start_worker(opts.role, opts.files, opts.fork_worker)
+            while not _holds_all(worker, opts.files):
+                time.sleep(0.01)
+            extra = {"worker": forked} if forked is not None else {}
+            _ready(pid=worker, launcher=os.getpid(), **extra)
+            _sleep_forever()
+        _reap_until_alone()
+
     if opts.role == "zombie-parent":
         if os.fork() == 0:
             _open_all(opts.files)
@@ -123,6 +189,57 @@ def main() -> None:
             _ready(zombie=zombie)
             _sleep_forever()
         _reap_until_alone()
+
+
+# What torchrun (torch.distributed.elastic's local agent) puts in a rank's environment.
+RANK_ENV = {
+    "TORCHELASTIC_RUN_ID": "test-run",
+    "TORCHELASTIC_RESTART_COUNT": "0",
+    "GROUP_RANK": "0",
+    "LOCAL_RANK": "0",
+    "RANK": "0",
+    "WORLD_SIZE": "1",
+    "LOCAL_WORLD_SIZE": "1",
+    "MASTER_ADDR": "127.0.0.1",
+    "MASTER_PORT": "29500",
+}
+
+
+def _start_worker(role: str, files: list[str], fork_worker: bool = False) -> tuple[int, int | None]:
+    """Start the worker; returns its pid and, with ``fork_worker``, the pid of the child it forked."""
+    if role == "launch-rank":
+        env = {**os.environ, **RANK_ENV}
+        extra = ["--fork-worker"] if fork_worker else []
+        rank = subprocess.Popen(
+            [sys.executable, __file__, "hold", *files, *extra],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # as torch.distributed.elastic's SubprocessHandler does
+        )
+        assert rank.stdout is not None
+        fields = dict(f.split("=") for f in rank.stdout.readline().split()[1:])
+        return rank.pid, int(fields["worker"]) if "worker" in fields else None
+    import multiprocessing
+
+    child = multiprocessing.get_context("spawn").Process(target=_hold_in_worker, args=(files,))
+    child.start()
+    assert child.pid is not None
+    return child.pid, None
+
+
+def _hold_in_worker(files: list[str]) -> None:
+    _open_all(files)
+    _sleep_forever()
+
+
+def _holds_all(pid: int, files: list[str]) -> bool:
+    fd_dir = f"/proc/{pid}/fd"
+    try:
+        targets = {os.readlink(os.path.join(fd_dir, fd)) for fd in os.listdir(fd_dir)}
+    except OSError:
+        return False
+    return all(os.path.realpath(f) in targets for f in files)
 
 
 def _state(pid: int) -> str:

@@ -48,9 +48,16 @@ def kill_stale_command(
     device_files: str | None = typer.Option(
         None, "--device-files", metavar="GLOB", help="Device files to look at (default: /dev/nvidia*)."
     ),
+    pids: list[int] | None = typer.Option(
+        None,
+        "--pid",
+        metavar="PID",
+        help="Target exactly this process (repeatable); protections still apply.",
+    ),
     json_out: bool = JSON_OPTION,
 ) -> None:
-    """Find processes holding GPU device files, show which are stale and why, and stop them with --yes."""
+    """Find processes holding GPU device files, show what each is and why it is stale or not, and stop
+    the leftovers of a crashed launch (ranks and workers whose launcher is gone) with --yes."""
     from gputopo.procs.stale import Policy, parse_duration_s
     from gputopo.procs.survey import Survey, nvml_after
     from gputopo.ui.stale_view import render_run, stale_document
@@ -72,7 +79,14 @@ def kill_stale_command(
     wanted_gpus = frozenset(parse_gpu_list(gpus, "--gpus")) if gpus is not None else None
     if device_files is not None:
         _check_device_glob(device_files)
-    policy = Policy(all=all_holders, all_users=all_users, older_than_s=older_than_s)
+    if pids and any(p <= 0 for p in pids):
+        raise UsageError("--pid: a process id is a positive number", "e.g. --pid 4242 --pid 4243")
+    policy = Policy(
+        all=all_holders,
+        all_users=all_users,
+        older_than_s=older_than_s,
+        pids=frozenset(pids) if pids else None,
+    )
 
     found = Survey.take(device_files, policy, wanted_gpus, grace_s=grace)
     for note in found.notes:

@@ -1,28 +1,22 @@
 """Which GPU holders are stale, which are protected, and which ``--yes`` would stop (pure).
 
-Stale, with the reason shown:
+Stale, with the reason shown, is only what a crashed or interrupted launch leaves behind:
 
-- **orphaned**: its parent exited. Linux then reparents the process to PID 1 or to the nearest
-  ancestor that made itself a child subreaper (``systemd --user``, container inits). The kernel does not
-  say whether a process was adopted, so the rule reads the evidence that is left:
-
-  1. its parent is PID 1;
-  2. its parent started after it did (the parent pid now names a younger process);
-  3. it is not a session leader, yet its session differs from its parent's. A child inherits its
-     parent's session at fork, and only ``setsid()`` changes it, which makes the caller a session
-     leader; so a non-leader in another session than its parent was adopted from that session.
-
-  A process adopted by a subreaper of its own session, or a session leader adopted by a subreaper,
-  leaves no such evidence and is not called orphaned (``--older-than`` or ``--all`` reach it). A job
-  detached on purpose (``nohup``, ``setsid``) whose shell has exited is an orphan too: the dry run
-  shows the reason before anything is stopped.
+- **launcher gone**: a worker (a torchrun or torch.distributed.launch rank, a multiprocessing spawn or
+  forkserver child, a fork worker) whose launcher or parent is gone (``procs.jobs`` says how that is told,
+  and why PID 1 is not an orphan-maker when PID 1 is the launcher itself);
 - **zombie**: it has exited but its parent has not reaped it. A zombie cannot be signalled; stopping its
   parent lets init reap it, so the parent is the target.
-- **invisible to NVML**: it holds a per-GPU device file but NVML lists no process with its pid. Judged
-  only when NVML sees this PID namespace (in most containers it reports host pids).
 
-Protected, never targeted: this process and its ancestors, PID 1, other users' processes (unless root
-with ``--all-users``), and the daemons and display stack in ``PROTECTED_NAMES``.
+Never stale by itself: a plain detached process (parent PID 1, no worker marks: a nohup'd training, a
+service, a notebook), a worker whose launcher runs, and a process NVML does not list. Many healthy
+processes hold ``/dev/nvidia*`` without a context NVML lists (NVML clients such as exporters, forked
+DataLoader workers that inherited the descriptors, MPS clients, anything on a MIG GPU whose list the caller
+may not read), so "invisible to NVML" is a note, never a reason.
+
+``--all`` targets every holder that is not protected; ``--pid`` exactly the ones named. Protected, never
+targeted: this process and its ancestors, PID 1, other users' processes (unless root with
+``--all-users``), and the daemons and display stack in ``PROTECTED_NAMES``.
 """
 
 from __future__ import annotations
@@ -33,6 +27,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from gputopo.procs.holders import Holder, HolderScan, NvmlView, ProcessInfo, ProcessRef
+from gputopo.procs.jobs import JobRole, describe, role
 
 # The one list of processes that hold GPUs on purpose and must never be stopped by this tool.
 # Names are matched against the process name and argv[0]; a kernel name is cut to 15 characters.
@@ -82,11 +77,12 @@ _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 @dataclass(frozen=True)
 class Policy:
-    """What the user asked for: ``--all``, ``--all-users``, ``--older-than`` (seconds)."""
+    """What the user asked for: ``--all``, ``--all-users``, ``--older-than`` (seconds), ``--pid``."""
 
     all: bool = False
     all_users: bool = False
     older_than_s: float | None = None
+    pids: frozenset[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -95,7 +91,9 @@ class Assessment:
 
     ``reasons`` say why it is stale; ``protected_reasons`` why it must not be touched; ``spared_reasons``
     why ``--yes`` would leave it (protected, not stale, too young). ``target`` is the process ``--yes``
-    signals (the holder itself, or a zombie's parent), ``None`` when it is spared.
+    signals (the holder itself, or a zombie's parent), ``None`` when it is spared. ``job`` is its kind,
+    launcher or parent, and why it is or is not stale; ``notes`` are facts that decide nothing (NVML does
+    not list it, where its GPUs come from).
     """
 
     holder: Holder
@@ -103,6 +101,8 @@ class Assessment:
     protected_reasons: tuple[str, ...]
     spared_reasons: tuple[str, ...]
     target: ProcessRef | None
+    job: JobRole | None = None
+    notes: tuple[str, ...] = ()
 
     @property
     def stale(self) -> bool:
@@ -172,28 +172,6 @@ def protected_name(info: ProcessInfo) -> str | None:
     return None
 
 
-def orphan_reason(info: ProcessInfo, parent: ProcessInfo | None) -> str | None:
-    """Why ``info`` is an orphan by the rules in this module's docstring, or ``None``."""
-    if info.ppid is None or info.ppid == 0:
-        return None
-    if info.ppid == 1:
-        return "orphaned: its parent exited and it was reparented to PID 1"
-    if parent is None:
-        return None
-    if (
-        parent.create_time_s is not None
-        and info.create_time_s is not None
-        and parent.create_time_s > info.create_time_s
-    ):
-        return f"orphaned: its parent exited (pid {info.ppid} now belongs to a younger process)"
-    if info.sid is not None and parent.sid is not None and info.sid != info.pid and info.sid != parent.sid:
-        return (
-            f"orphaned: its parent exited and it was adopted by {_describe(parent)}, a subreaper "
-            f"outside its session {info.sid}"
-        )
-    return None
-
-
 def assess(
     holders: Sequence[Holder],
     scan: HolderScan,
@@ -203,41 +181,47 @@ def assess(
     """Judge every holder: stale reasons, protections, and what ``--yes`` would signal."""
     notes: list[str] = []
     if not nvml.available:
-        notes.append("NVML unavailable: GPU numbers, GPU memory and NVML visibility are unknown")
-    elif nvml.sees_pid_namespace is False:
-        notes.append(
-            "NVML reports the pids of another PID namespace (a container?): 'invisible to NVML' is not "
-            "judged and per-process GPU memory is unknown"
-        )
+        notes.append("NVML unavailable: GPU numbers and memory are unknown; HOLDS shows the device files")
     elif not nvml.process_pids_usable:
         notes.append(
-            "cannot tell whether NVML's pids are this PID namespace's (NVML lists no process, or their "
-            "files are unreadable): 'invisible to NVML' is not judged"
+            "NVML's pids cannot be matched to this PID namespace"
+            + (f" ({nvml.pid_note})" if nvml.pid_note else "")
+            + ": GPUs shown are from the device files held, per-process GPU memory is unknown"
         )
-    assessments = tuple(_assess_one(h, scan, nvml, policy) for h in holders)
+    for gpu, why in sorted(nvml.refused.items()):
+        notes.append(f"GPU{gpu}: NVML refused a process list ({why}); who uses it is unknown, not nobody")
+    if policy.pids is not None:
+        held = {h.pid for h in holders}
+        for pid in sorted(policy.pids - held):
+            notes.append(
+                f"--pid {pid}: not among the holders shown (it holds none of the device files, or "
+                "--gpus leaves it out); nothing is done to it"
+            )
+    pid1 = scan.processes.get(1)
+    assessments = tuple(_assess_one(h, scan, nvml, policy, pid1) for h in holders)
     return StaleReport(assessments=assessments, notes=tuple(notes))
 
 
-def _assess_one(holder: Holder, scan: HolderScan, nvml: NvmlView, policy: Policy) -> Assessment:
+def _assess_one(
+    holder: Holder, scan: HolderScan, nvml: NvmlView, policy: Policy, pid1: ProcessInfo | None
+) -> Assessment:
     info = holder.info
     processes = scan.processes
     parent = processes.get(info.ppid) if info.ppid is not None else None
 
     reasons: list[str] = []
     target_info: ProcessInfo | None = info
+    job = role(info, parent, pid1)
     if info.status == "zombie":
         reasons.append(
-            f"zombie: it exited but its parent {_describe(parent, info.ppid)} has not reaped it; "
+            f"zombie: it exited but its parent {describe(parent, info.ppid)} has not reaped it; "
             "stopping the parent releases it"
         )
         target_info = parent
-    else:
-        orphan = orphan_reason(info, parent)
-        if orphan:
-            reasons.append(orphan)
-    if nvml.process_pids_usable and holder.gpu_devices and holder.nvml_listed is False:
-        reasons.append(f"invisible to NVML: holds {', '.join(holder.gpu_devices)} but NVML lists no such pid")
+    elif job.gone:
+        reasons.append(job.gone)
 
+    notes = _notes(holder, nvml)
     protected = _protections(info, scan, policy)
     if target_info is not info:
         if target_info is None:
@@ -249,8 +233,11 @@ def _assess_one(holder: Holder, scan: HolderScan, nvml: NvmlView, policy: Policy
 
     spared = list(protected)
     if not protected:
-        if not reasons and not policy.all:
-            spared.append("not stale (--all would stop it)")
+        if policy.pids is not None:
+            if info.pid not in policy.pids:
+                spared.append("not named by --pid")
+        elif not reasons and not policy.all:
+            spared.append(f"not stale: {job.why or 'no stale rule holds'} (--all or --pid would stop it)")
         if policy.older_than_s is not None and (holder.age_s is None or holder.age_s < policy.older_than_s):
             spared.append(
                 f"running for {format_duration(holder.age_s)}, younger than --older-than "
@@ -267,7 +254,29 @@ def _assess_one(holder: Holder, scan: HolderScan, nvml: NvmlView, policy: Policy
         protected_reasons=tuple(protected),
         spared_reasons=tuple(spared),
         target=target,
+        job=job,
+        notes=tuple(notes),
     )
+
+
+def _notes(holder: Holder, nvml: NvmlView) -> list[str]:
+    """Facts shown with a holder that decide nothing."""
+    notes: list[str] = []
+    if holder.nvml_listed is False and holder.gpu_devices:
+        notes.append(
+            "NVML lists no context of it (an NVML client, a forked worker, an MPS client...): a note, "
+            "not a reason to stop it"
+        )
+    if holder.gpu_basis == "device files" and holder.gpu_devices and holder.gpus:
+        notes.append(
+            "GPUs from the device files it holds: a process that opened every GPU (an NVML client, CUDA "
+            "without CUDA_VISIBLE_DEVICES) shows them all"
+        )
+    elif holder.gpu_basis == "nvml and device files":
+        notes.append("some GPUs from its device files, where NVML refused the process list")
+    elif holder.gpus is None and holder.gpu_devices and nvml.available:
+        notes.append("its GPUs are unknown: a device file's minor number is not one NVML knows")
+    return notes
 
 
 def _protections(info: ProcessInfo, scan: HolderScan, policy: Policy) -> list[str]:
@@ -291,12 +300,6 @@ def _protections(info: ProcessInfo, scan: HolderScan, policy: Policy) -> list[st
     if daemon:
         why.append(daemon)
     return why
-
-
-def _describe(info: ProcessInfo | None, pid: int | None = None) -> str:
-    if info is None:
-        return f"{pid}" if pid is not None else "?"
-    return f"{info.pid} ({info.name or '?'})"
 
 
 def memory_freed_mib(before: NvmlView, after: NvmlView | None, pid: int) -> int | None:

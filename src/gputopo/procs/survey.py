@@ -1,7 +1,8 @@
 """One look at the machine for kill-stale (and doctor): who holds the GPU device files, and the verdict.
 
 This is the service behind ``gputopo kill-stale``: it reads the machine through ``system/`` (lsof or
-/proc, and NVML for GPU numbers and memory) and judges the holders with the pure ``procs.stale`` rules.
+/proc, and NVML's process lists, names and minor numbers), matches NVML's pids to this PID namespace
+(``procs.pidmap``) and judges the holders with the pure ``procs.stale`` rules.
 It signals nothing; ``procs.terminate`` does that.
 """
 
@@ -13,12 +14,15 @@ from typing import TYPE_CHECKING
 
 from gputopo.errors import UnavailableError, UsageError
 from gputopo.procs.holders import GpuMemoryUse, HolderScan, NvmlView, build_holders
+from gputopo.procs.pidmap import match_pids
 from gputopo.procs.stale import Policy, StaleReport, StaleRun, StopOutcome, assess, settle
 
 if TYPE_CHECKING:
-    from gputopo.system.inventory import GpuProcess
+    from gputopo.system.inventory import ProcessListing
 
 DEFAULT_GRACE_S = 10.0
+# NVML's pids are read here to be matched; a machine with more GPU processes than this is judged on these.
+_MAX_NVML_PIDS_READ = 512
 
 
 @dataclass(frozen=True)
@@ -49,18 +53,22 @@ class Survey:
         Raises ``UsageError`` for a ``--device-files`` glob that matches nothing or an unknown GPU,
         ``UnavailableError`` when ``gpus`` is given without NVML or neither lsof nor /proc can be read.
         """
+        from gputopo.system import inventory
         from gputopo.system.lsof import DEFAULT_DEVICE_GLOB, scan_holders
 
         policy = policy or Policy()
-        nvml = nvml_view()
+        listing = inventory.process_listing()
+        minors = inventory.minor_numbers()
         if gpus is not None:
-            _check_gpus(gpus, nvml)
+            _check_gpus(gpus, minors)
         pattern = device_files or DEFAULT_DEVICE_GLOB
-        scan = scan_holders(pattern)
+        nvml_pids = sorted({e[0] for e in listing.entries}) if listing is not None else []
+        scan = scan_holders(pattern, extra_pids=nvml_pids[:_MAX_NVML_PIDS_READ])
         if not scan.device_files and device_files is not None:
             raise UsageError(
                 f"--device-files {pattern}: no file matches", "give a glob such as '/dev/nvidia[56]'"
             )
+        nvml = view_of(listing, minors, scan)
         holders, scan_notes = build_holders(scan, nvml, gpus)
         report = assess(holders, scan, nvml, policy)
         notes = [*scan.warnings, *report.notes, *scan_notes]
@@ -87,47 +95,57 @@ class Survey:
         )
 
 
-def _check_gpus(wanted: frozenset[int], nvml: NvmlView) -> None:
-    """``--gpus`` needs NVML's minor numbers: /dev/nvidiaN is the GPU whose minor number is N, which is
-    often but not always its index, so the mapping is never guessed."""
-    if nvml.minors is None:
+def _check_gpus(wanted: frozenset[int], minors: dict[int, int] | None) -> None:
+    """``--gpus`` needs NVML: its process lists say who uses a GPU, and its minor numbers which
+    /dev/nvidiaN is which GPU (often but not always N = index), so the mapping is never guessed."""
+    if minors is None:
         raise UnavailableError(
-            "--gpus needs NVML to map GPU indices to /dev/nvidiaN, and NVML is unavailable",
+            "--gpus needs NVML to tell which processes use which GPU, and NVML is unavailable",
             "select device files by minor number instead, e.g. --device-files '/dev/nvidia[56]'",
         )
-    unknown = sorted(wanted - set(nvml.minors))
+    unknown = sorted(wanted - set(minors))
     if unknown:
-        have = ",".join(str(i) for i in sorted(nvml.minors)) or "none"
+        have = ",".join(str(i) for i in sorted(minors)) or "none"
         raise UsageError(
             f"--gpus: no GPU {','.join(map(str, unknown))} on this machine", f"GPU indices here: {have}"
         )
 
 
-def nvml_view() -> NvmlView:
-    """What NVML says, through the system seam; all ``None`` when NVML is unavailable.
+def view_of(listing: ProcessListing | None, minors: dict[int, int] | None, scan: HolderScan) -> NvmlView:
+    """What NVML says, with its pids matched to this namespace's (``procs.pidmap``)."""
+    if listing is None:
+        return NvmlView(minors=dict(minors) if minors is not None else None)
+    from gputopo.system.lsof import holds_device
 
-    NVML's process list is read once and serves both the memory figures and the PID-namespace verdict.
-    """
-    from gputopo.system import inventory
-
-    minors = inventory.minor_numbers()
-    processes = inventory.gpu_processes()
+    gpu_holders = {o.pid for o in scan.open_devices}
+    for pid in {e[0] for e in listing.entries}:
+        if pid in scan.processes and pid not in gpu_holders and holds_device(pid):
+            gpu_holders.add(pid)
+    matched = match_pids(
+        (e[0] for e in listing.entries), listing.names, scan.processes, frozenset(gpu_holders)
+    )
     return NvmlView(
-        processes=_memory_use(processes),
+        processes=_memory_use(listing),
         minors=dict(minors) if minors is not None else None,
-        sees_pid_namespace=inventory.pid_namespace_verdict(processes),
+        sees_pid_namespace=matched.sees_pid_namespace,
+        pid_map=matched.mapping,
+        refused=dict(listing.refused),
+        pid_note=matched.note,
     )
 
 
 def nvml_after(before: NvmlView) -> NvmlView:
-    """NVML's process list again after stopping; the namespace verdict is the one from before (with the
+    """NVML's process lists again after stopping, read with the pid matching from before (with the
     stopped processes gone, NVML may list nothing to judge it by)."""
     from gputopo.system import inventory
 
-    return NvmlView(_memory_use(inventory.gpu_processes()), before.minors, before.sees_pid_namespace)
+    listing = inventory.process_listing()
+    if listing is None:
+        return NvmlView(None, before.minors, before.sees_pid_namespace, before.pid_map, before.refused)
+    return NvmlView(
+        _memory_use(listing), before.minors, before.sees_pid_namespace, before.pid_map, dict(listing.refused)
+    )
 
 
-def _memory_use(processes: Sequence[GpuProcess] | None) -> tuple[GpuMemoryUse, ...] | None:
-    if processes is None:
-        return None
-    return tuple(GpuMemoryUse(p.pid, p.gpu_index, p.used_memory_mib) for p in processes)
+def _memory_use(listing: ProcessListing) -> tuple[GpuMemoryUse, ...]:
+    return tuple(GpuMemoryUse(pid, gpu, used, kind) for pid, gpu, used, kind in listing.entries)

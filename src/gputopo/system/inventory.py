@@ -345,3 +345,45 @@ def _holds_device(proc_dir: Path, device_pattern: str) -> bool | None:
         if fnmatch.fnmatchcase(target, device_pattern):
             return True
     return False
+
+
+# --- NVML's process lists for kill-stale (kept together; the reads above serve the topology) ----------
+
+
+@dataclass(frozen=True)
+class ProcessListing:
+    """Every GPU's compute, graphics and MPS process lists, as NVML answered them, for kill-stale.
+
+    ``entries`` are ``(pid, gpu_index, used_memory_mib, kind)`` with pids in NVML's PID namespace (the host's
+    on older drivers even inside a container). ``refused`` maps a GPU index to why one of its lists is
+    unknown (NVML refused it, or the GPU stopped answering): for that GPU, "not listed" proves nothing.
+    ``names`` is NVML's process name per listed pid (``None`` where it gave none).
+    """
+
+    entries: tuple[tuple[int, int, int | None, str], ...]
+    refused: dict[int, str]
+    names: dict[int, str | None]
+
+
+def process_listing() -> ProcessListing | None:
+    """NVML's process lists on every GPU, with refused lists kept apart; ``None`` when NVML is unavailable."""
+    try:
+        with nvml.session() as s:
+            entries: list[tuple[int, int, int | None, str]] = []
+            refused: dict[int, str] = {}
+            for i in range(s.device_count()):
+                try:
+                    dev = s.device(i)
+                    lists = [nvml.process_list(dev, kind) for kind in ("compute", "graphics", "mps")]
+                except nvml.DeviceFailed as exc:
+                    refused[i] = exc.reason
+                    continue
+                for listed in lists:
+                    if listed.entries is None:
+                        refused.setdefault(i, f"{listed.kind} list: {listed.refused}")
+                        continue
+                    entries.extend((pid, i, used, listed.kind) for pid, used in listed.entries)
+            names = {pid: nvml.process_name(s, pid) for pid in sorted({e[0] for e in entries})}
+    except nvml.NvmlUnavailable:
+        return None
+    return ProcessListing(tuple(entries), refused, names)

@@ -3,8 +3,9 @@
 Holders come from ``lsof -F`` on the device files; when lsof is missing or fails, from ``/proc/PID/fd``.
 The fallback reads the fd links itself rather than psutil's ``Process.open_files()``, which on Linux
 lists regular files only and so never shows a character device such as ``/dev/nvidia0``. Process
-facts (start time, parent, session, owner, state) come from psutil and ``getsid``. Everything returned
-is plain data (``gputopo.procs.holders``) for the pure code to judge.
+facts (start time, parent, session, owner, state) come from psutil and ``getsid``; the pid in every PID
+namespace and the launcher variables of the environment from ``system.procfs``. Everything returned is
+plain data (``gputopo.procs.holders``) for the pure code to judge.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import psutil
 
 from gputopo.errors import UnavailableError
 from gputopo.procs.holders import HolderScan, OpenDevices, ProcessInfo, parse_lsof_fields
+from gputopo.system.procfs import read_launch_env, read_nspid
 
 T = TypeVar("T")
 
@@ -142,6 +144,23 @@ def _scan_proc(device_files: Sequence[str]) -> tuple[list[OpenDevices], int]:
     return records, unreadable
 
 
+def holds_device(pid: int, pattern: str = DEFAULT_DEVICE_GLOB) -> bool:
+    """True when ``pid`` has one of the files ``pattern`` matches open (``False`` if unreadable or gone)."""
+    wanted = {os.path.realpath(f) for f in expand_device_glob(pattern)}
+    fd_dir = PROC_ROOT / str(pid) / "fd"
+    try:
+        fds = os.listdir(fd_dir)
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(fd_dir / fd) in wanted:
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def read_process(pid: int) -> ProcessInfo | None:
     """The facts about ``pid`` now; ``None`` when it no longer exists.
 
@@ -167,6 +186,8 @@ def read_process(pid: int) -> ProcessInfo | None:
                 user=_field(proc.username),
                 status=status,
                 sid=_sid(pid),
+                nspid=read_nspid(pid),
+                launch_env=read_launch_env(proc),
             )
     except psutil.ZombieProcess:
         return ProcessInfo(pid=pid, create_time_s=None, status=psutil.STATUS_ZOMBIE, error="zombie")
@@ -204,19 +225,22 @@ def lineage() -> tuple[int, ...]:
     return (me.pid, *(p.pid for p in me.parents()))
 
 
-def scan_holders(pattern: str = DEFAULT_DEVICE_GLOB) -> HolderScan:
-    """One scan: the device files ``pattern`` matches, who holds them, and the facts about holders and
-    their parents. Raises ``UnavailableError`` when neither lsof nor ``/proc`` can be read."""
+def scan_holders(pattern: str = DEFAULT_DEVICE_GLOB, extra_pids: Iterable[int] = ()) -> HolderScan:
+    """One scan: the device files ``pattern`` matches, who holds them, and the facts about holders, their
+    parents, PID 1, and ``extra_pids`` (the pids NVML lists, to match them here). Raises
+    ``UnavailableError`` when neither lsof nor ``/proc`` can be read."""
     device_files = expand_device_glob(pattern)
     open_devices, source, warnings = find_open_devices(device_files)
     processes: dict[int, ProcessInfo] = {}
     wanted = [o.pid for o in open_devices]
-    for pid in wanted:
+    for pid in [*wanted, 1, *extra_pids]:
+        if pid in processes:
+            continue
         info = read_process(pid)
         if info is None:
             continue
         processes[pid] = info
-        if info.ppid and info.ppid not in processes:
+        if pid in wanted and info.ppid and info.ppid not in processes:
             parent = read_process(info.ppid)
             if parent is not None:
                 processes[info.ppid] = parent

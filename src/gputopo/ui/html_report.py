@@ -10,7 +10,7 @@ import base64
 import html
 from typing import Any
 
-from gputopo.doctor import holder_state
+from gputopo.doctor import holder_state, holder_why
 from gputopo.topology import snapshot
 from gputopo.ui import figures
 from gputopo.ui.topo_view import topology_export
@@ -200,7 +200,7 @@ def render_html(doc: dict[str, Any]) -> str:
                     else h.get("command")
                 ),
                 holder_state(h),
-                _e("; ".join(h.get("reasons") or [])),
+                _e(holder_why(h)),
             ]
             for h in stale["holders"]
         ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from rich.console import Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.table import Table
 from rich.text import Text
 
@@ -40,12 +40,25 @@ def shown_action(h: HolderOutcome) -> str:
 
 
 def holds(h: HolderOutcome) -> str:
-    """GPUs when NVML mapped them, else the device file names."""
+    """Its GPUs (``*`` when they come from the device files held, not NVML's lists), else the files."""
     holder = h.assessment.holder
     if holder.gpus:
-        return "GPU " + ",".join(str(g) for g in holder.gpus)
+        mark = "" if holder.gpu_basis == "nvml" else "*"
+        return "GPU " + ",".join(str(g) for g in holder.gpus) + mark
     files = holder.gpu_devices or holder.devices
     return " ".join(os.path.basename(d) for d in files)
+
+
+def kind(h: HolderOutcome) -> str:
+    """The holder's kind in its job: rank, spawn worker, fork worker, detached or process."""
+    job = h.assessment.job
+    return job.kind if job is not None else "?"
+
+
+def parent(h: HolderOutcome) -> str:
+    """Its launcher or parent, as ``pid (name)``."""
+    job = h.assessment.job
+    return job.parent if job is not None else str(h.assessment.holder.info.ppid or "?")
 
 
 def _mib(value: int | None) -> str:
@@ -55,39 +68,74 @@ def _mib(value: int | None) -> str:
 def why(h: HolderOutcome) -> list[str]:
     """The reasons shown for a holder: stale reasons, why it is spared, then what happened to it."""
     a = h.assessment
-    lines = list(a.reasons)
+    lines = [f"{a.job.kind}: {a.job.marks}"] if a.job is not None and a.job.marks else []
+    lines += list(a.reasons)
     lines += [f"protected: {r}" for r in a.protected_reasons]
     lines += [r for r in a.spared_reasons if r not in a.protected_reasons]
+    if a.job is not None and a.job.why and not a.stale and not any(a.job.why in r for r in lines):
+        lines.append(a.job.why)
+    lines += [f"note: {n}" for n in a.notes]
     if h.detail:
         lines.append(h.detail)
     return lines
 
 
-def holders_table(run: StaleRun) -> Table:
-    """One row per holder: pid, user, age, what it holds, GPU memory, verdict, action, command.
+_COLUMNS = ("PID", "USER", "AGE", "KIND", "PARENT", "HOLDS", "GPU MEM", "VERDICT", "ACTION", "COMMAND")
+# Below this width USER and AGE are left out (the JSON document has them), so that the pid, the verdict
+# and the action are never cut: rich shrinks every column alike once the minimum widths do not fit.
+_NARROW = 100
+
+
+def holders_table(run: StaleRun, width: int | None = None) -> Table:
+    """One row per holder: pid, user, age, kind, launcher or parent, what it holds, GPU memory, verdict,
+    action, command (USER and AGE only from ``_NARROW`` columns on, when ``width`` is given).
 
     The command comes last and is cut to the width left (the JSON document has it whole); the reasons
     follow in ``reasons_list``, so that a narrow terminal still shows them in full.
     """
+    shown = [c for c in _COLUMNS if width is None or width >= _NARROW or c not in ("USER", "AGE")]
     # expand + ratio: the command takes the width the other columns leave, and no more.
     table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold", expand=True)
-    for name in ("PID", "USER", "AGE", "HOLDS", "GPU MEM", "VERDICT", "ACTION", "COMMAND"):
-        table.add_column(name, no_wrap=True, overflow="ellipsis", ratio=1 if name == "COMMAND" else None)
+    pid_width = max([3, *(len(str(h.assessment.holder.pid)) for h in run.holders)])
+    fixed = {"PID": pid_width, "VERDICT": 9, "ACTION": 10, "GPU MEM": 7}
+    widest = {"USER": 10, "AGE": 6, "KIND": 12, "PARENT": 18, "HOLDS": 14}
+    for name in shown:
+        table.add_column(
+            name,
+            no_wrap=True,
+            overflow="ellipsis",
+            ratio=1 if name == "COMMAND" else None,
+            min_width=fixed.get(name),
+            max_width=widest.get(name),
+        )
     for h in run.holders:
         info = h.assessment.holder.info
         word = verdict(h)
         action = shown_action(h)
-        table.add_row(
-            str(info.pid),
-            info.user or (f"uid {info.uid}" if info.uid is not None else "?"),
-            format_duration(h.assessment.holder.age_s),
-            holds(h),
-            _mib(h.assessment.holder.gpu_memory_mib),
-            Text(word, style=_VERDICT_STYLE[word]),
-            Text(action, style=_RESULT_STYLE.get(action, "")),
-            info.command or "?",
-        )
+        cells = {
+            "PID": str(info.pid),
+            "USER": info.user or (f"uid {info.uid}" if info.uid is not None else "?"),
+            "AGE": format_duration(h.assessment.holder.age_s),
+            "KIND": kind(h),
+            "PARENT": parent(h),
+            "HOLDS": holds(h),
+            "GPU MEM": _mib(h.assessment.holder.gpu_memory_mib),
+            "VERDICT": Text(word, style=_VERDICT_STYLE[word]),
+            "ACTION": Text(action, style=_RESULT_STYLE.get(action, "")),
+            "COMMAND": info.command or "?",
+        }
+        table.add_row(*(cells[c] for c in shown))
     return table
+
+
+class _HoldersTable:
+    """The holders table laid out for the width it is printed at."""
+
+    def __init__(self, run: StaleRun) -> None:
+        self.run = run
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield holders_table(self.run, options.max_width)
 
 
 def reasons_list(run: StaleRun) -> Table:
@@ -135,7 +183,10 @@ def render_run(run: StaleRun) -> RenderableType:
     header = Text(f"GPU holders of {_files_phrase(run)} (from {run.source})", style="bold")
     if not run.holders:
         return Group(header, summary(run))
-    return Group(header, holders_table(run), Text("Why:", style="bold"), reasons_list(run), summary(run))
+    parts: list[RenderableType] = [header, _HoldersTable(run)]
+    if any(h.assessment.holder.gpus and h.assessment.holder.gpu_basis != "nvml" for h in run.holders):
+        parts.append(Text("* GPUs from the device files held, not from NVML's process lists", style="dim"))
+    return Group(*parts, Text("Why:", style="bold"), reasons_list(run), summary(run))
 
 
 def _files_phrase(run: StaleRun) -> str:
@@ -158,10 +209,17 @@ def stale_document(run: StaleRun) -> dict[str, Any]:
         "policy": {
             "all": run.policy.all,
             "all_users": run.policy.all_users,
+            "pids": sorted(run.policy.pids) if run.policy.pids is not None else None,
             "older_than_s": run.policy.older_than_s,
             "grace_s": run.grace_s,
         },
-        "nvml": {"available": run.nvml.available, "sees_pid_namespace": run.nvml.sees_pid_namespace},
+        "nvml": {
+            "available": run.nvml.available,
+            "sees_pid_namespace": run.nvml.sees_pid_namespace,
+            "pids_usable": run.nvml.process_pids_usable,
+            "pid_note": run.nvml.pid_note,
+            "refused": {str(g): why for g, why in sorted(run.nvml.refused.items())},
+        },
         "holders": [_holder_doc(h) for h in run.holders],
         "summary": {
             "holders": len(run.holders),
@@ -191,6 +249,13 @@ def _holder_doc(h: HolderOutcome) -> dict[str, Any]:
         "age_s": holder.age_s,
         "devices": list(holder.devices),
         "gpus": list(holder.gpus) if holder.gpus is not None else None,
+        "gpu_basis": holder.gpu_basis,
+        "kind": a.job.kind if a.job is not None else None,
+        "marks": a.job.marks if a.job is not None else None,
+        "parent": a.job.parent if a.job is not None else None,
+        # Why it is stale (its reasons), else why it is not.
+        "why": "; ".join(a.reasons) if a.reasons else (a.job.why if a.job is not None else None),
+        "notes": list(a.notes),
         "gpu_memory_mib": holder.gpu_memory_mib,
         "nvml_listed": holder.nvml_listed,
         "stale": a.stale,
