@@ -163,13 +163,17 @@ def test_markdown_and_html_say_simulated_and_show_problems():
         assert lo_hi[0] < lo_hi[1]  # not a blank image
 
 
-def test_report_command_rejects_what_is_not_a_doctor_report(tmp_path):
+def test_report_command_rejects_what_is_not_a_gputopo_report(tmp_path):
     missing = run("report", str(tmp_path / "nope.json"))
     assert missing.exit_code == 2 and "no such file" in missing.stderr
-    other = tmp_path / "probe.json"
-    other.write_text(json.dumps({"schema": "gputopo/probe/v1"}))
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"schema": "gputopo/topology/v1"}))
     wrong = run("report", str(other))
-    assert wrong.exit_code == 2 and "not a doctor report" in wrong.stderr
+    assert wrong.exit_code == 2 and "not a gputopo doctor or probe report" in wrong.stderr
+    empty_probe = tmp_path / "probe.json"
+    empty_probe.write_text(json.dumps({"schema": "gputopo/probe/v1"}))
+    incomplete = run("report", str(empty_probe))
+    assert incomplete.exit_code == 2 and "incomplete or damaged probe report" in incomplete.stderr
     broken = tmp_path / "broken.json"
     broken.write_text("{")
     assert run("report", str(broken)).exit_code == 2

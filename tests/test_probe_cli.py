@@ -273,3 +273,90 @@ def test_cli_and_probe_help_do_not_import_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "False"]
+
+
+# --- issue 11: a PASS must mean something -----------------------------------------------------------------
+
+
+def test_a_run_in_which_every_check_was_skipped_is_exit_2_with_the_reason(tmp_path):
+    done, _ = probe(tmp_path, *BASE, "--mode", "p2p")
+    assert done.returncode == 2, done.stdout
+    assert "nothing was tested" in done.stderr
+    assert "no peer-to-peer copies between CPU stand-ins" in done.stderr
+    assert "PASS" not in done.stdout
+    (saved,) = (tmp_path / "reports").glob("probe-*.json")
+    assert json.loads(saved.read_text())["verdict"] == "skipped"
+
+
+def test_gpu_indices_outside_the_input_topology_are_exit_2(tmp_path):
+    done, _ = probe(tmp_path, "--device", "cpu", "--gpus", "0,5", "--input", "sample:quad-nv4-pairs-2socket")
+    assert done.returncode == 2
+    assert "no GPU5 on sample:quad-nv4-pairs-2socket" in done.stderr and "0-3" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "reports").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "text"),
+    [
+        (["-b", "lots"], "expected a size such as 8, 1K, 256M"),
+        (["-b", "1M", "-e", "1K"], "is below --min-bytes"),
+        (["-b", "2"], "below one float32 element"),
+        (["-f", "1"], "--step-factor 1: must be at least 2"),
+        (["-n", "0"], "--iters 0: must be at least 1"),
+    ],
+)
+def test_bad_sweep_options_are_exit_2(tmp_path, args, text):
+    from gputopo.cli import app
+
+    result = CliRunner().invoke(
+        app, ["probe", *BASE, "--mode", "allreduce", *args, "--report-dir", str(tmp_path)]
+    )
+    assert result.exit_code == 2 and text in result.output, result.output
+
+
+@pytest.mark.slow
+def test_nccl_tests_options_and_summary_lines_environment_and_numerics_on_record(tmp_path):
+    env_extra = {"NCCL_P2P_DISABLE": "1", "CUDA_LAUNCH_BLOCKING": "0"}
+    marker = uuid.uuid4().hex
+    env = dict(os.environ, **{TEST_MARKER: marker}, COLUMNS="200", NO_COLOR="1", **env_extra)
+    cmd = [sys.executable, "-m", "gputopo", "probe", *BASE, "--mode", "allreduce", "-b", "8", "-e", "1K"]
+    cmd += ["-f", "4", "-n", "3", "--report-dir", str(tmp_path / "reports")]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert_nothing_left(marker)
+    assert done.returncode == 0, done.stderr
+    data = [line.split() for line in done.stdout.splitlines() if line.startswith("  ") and "float" in line]
+    assert [int(row[0]) for row in data] == [8, 32, 128, 512]
+    assert "2 warm-up + 3 timed iterations" in done.stdout
+    assert "# Out of bounds values : 0 OK" in done.stdout
+    avg = next(line for line in done.stdout.splitlines() if line.startswith("# Avg bus bandwidth    : "))
+    float(avg.split(":")[1])  # a number, as nccl-tests prints it
+    (saved,) = (tmp_path / "reports").glob("probe-*.json")
+    doc = json.loads(saved.read_text())
+    env_doc = doc["environment"]
+    # Every rank's NCCL_*/CUDA_* variables are on record; on gloo they take nothing out of the test.
+    assert set(env_doc["rank_variables"]) == {"0", "1"}
+    for rank in ("0", "1"):
+        assert env_doc["rank_variables"][rank]["NCCL_P2P_DISABLE"] == "1"
+        assert env_doc["rank_variables"][rank]["CUDA_VISIBLE_DEVICES"] == ""
+    assert doc["caveats"] == []
+    numerics = env_doc["numerics"]
+    assert env_doc["numerics_same_in_every_rank"] is True
+    assert numerics["deterministic_algorithms"] and numerics["cudnn_deterministic"]
+    assert numerics["cudnn_benchmark"] is False
+    assert numerics["tf32"]["api"] in ("fp32_precision", "allow_tf32")
+    md = Path(doc["report"]["markdown"]).read_text()
+    assert "numerics: deterministic algorithms True" in md and "| NCCL_P2P_DISABLE | 1 | 1 |" in md
+    html = Path(doc["report"]["html"]).read_text()
+    assert "All-reduce bandwidth" in html and html.count("<img ") == 1
+    assert "NCCL_P2P_DISABLE" in html
+
+    # `gputopo report` re-renders the probe's own report, in the terminal and as HTML.
+    again = CliRunner().invoke(
+        __import__("gputopo.cli", fromlist=["app"]).app,
+        ["report", str(saved), "--html", str(tmp_path / "again.html")],
+        env={"COLUMNS": "200", "NO_COLOR": "1"},
+    )
+    assert again.exit_code == 0, again.output
+    assert "# Avg bus bandwidth" in again.output and "gputopo probe: PASS" in again.output
+    assert (tmp_path / "again.html").read_text() == html

@@ -123,3 +123,53 @@ def test_missing_torch_is_exit_3_with_the_install_hint(monkeypatch):
 def test_cpu_inventory_needs_no_gpu():
     inv = cfg.detect_devices("cpu")
     assert inv.device == "cpu" and inv.gpus == tuple(range(cfg.CPU_STAND_INS))
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        ("8", 8),
+        ("1K", 1024),
+        ("1k", 1024),
+        ("256M", 256 << 20),
+        ("1G", 1 << 30),
+        ("1.5K", 1536),
+        (" 64 ", 64),
+    ],
+)
+def test_sizes_read_as_nccl_tests_reads_them(text, size):
+    from gputopo.probe.config import parse_size
+
+    assert parse_size("-b", text) == size
+
+
+@pytest.mark.parametrize("text", ["", "lots", "1T", "-8", "1KB", "K"])
+def test_sizes_nccl_tests_would_refuse_are_usage_errors(text):
+    from gputopo.probe.config import parse_size
+
+    with pytest.raises(UsageError, match="expected a size"):
+        parse_size("--min-bytes", text)
+
+
+def test_the_sweep_follows_min_max_and_factor_like_nccl_tests():
+    from gputopo.probe.config import sweep_sizes
+
+    assert sweep_sizes(8, 1024, 2) == (8, 16, 32, 64, 128, 256, 512, 1024)
+    assert sweep_sizes(8, 1000, 4) == (8, 32, 128, 512)
+    assert sweep_sizes(10, 10, 2) == (8,)  # whole float32 elements
+    inv = DeviceInventory("cpu", (0, 1))
+    config = build_config(inv, ["0,1"], min_bytes=1 << 10, max_bytes=1 << 12, step_factor=2, iters=7)
+    assert config.sweep_bytes == (1024, 2048, 4096) and config.iters == 7
+    assert build_config(inv, ["0,1"]).sweep_bytes == (64 << 10, 256 << 10, 1 << 20, 4 << 20)
+    # A bound alone keeps the sweep non-empty.
+    assert build_config(inv, ["0,1"], min_bytes=64 << 20).sweep_bytes == (64 << 20,)
+    assert build_config(inv, ["0,1"], max_bytes=1 << 10).sweep_bytes == (1 << 10,)
+
+
+def test_sets_must_exist_in_the_input_topology():
+    from gputopo.probe.config import check_sets_in_topology
+
+    check_sets_in_topology(((0, 1), (2, 3)), (0, 1, 2, 3), "sample:x")
+    with pytest.raises(UsageError, match="no GPU5,7 on sample:x") as err:
+        check_sets_in_topology(((0, 5), (7,)), (0, 1, 2, 3), "sample:x")
+    assert err.value.hint == "GPUs there: 0-3"

@@ -138,8 +138,8 @@ def test_document_follows_schema_v1():
 
 
 def test_allreduce_table_reads_like_nccl_tests():
-    run = _run()
-    lines = allreduce_table(run, (0, 1), run.sets[0].checks[2])
+    doc = to_document(_run())
+    lines = allreduce_table(doc, [0, 1], doc["sets"][0]["checks"][2])
     assert lines[0].startswith("# all-reduce, set 0,1: 2 ranks, gloo, float32 sum")
     assert lines[1].startswith("#  rank  0: cpu 0 CPU rank 0 (stand-in)")
     header = next(line for line in lines if "#wrong" in line)
@@ -147,10 +147,13 @@ def test_allreduce_table_reads_like_nccl_tests():
     data = [line.split() for line in lines if not line.startswith("#")]
     assert data[1] == ["262144", "65536", "float", "2000.0", "0.13", "0.13", "2"]
     assert lines[-1].startswith("# FAIL: all-reduce of known integers returned wrong elements")
+    # nccl-tests' closing lines, which scripts grep for: wrong elements, then the mean busbw over sizes.
+    assert "# Out of bounds values : 2 FAILED" in lines
+    assert "# Avg bus bandwidth    : 0.08" in lines  # (0.03 + 0.13) / 2, printed as %g
 
 
 def test_markdown_has_verdicts_remedies_environment_and_measurements():
-    md = to_markdown(_run())
+    md = to_markdown(to_document(_run()))
     assert md.startswith("# gputopo probe: FAIL")
     assert "| 0,1 | allreduce | fail | corrupt |" in md
     assert "## What to do" in md and "IOMMU" in md

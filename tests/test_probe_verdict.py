@@ -140,46 +140,47 @@ def test_allreduce_speed_is_not_judged_without_an_estimate_or_on_cpu():
     assert cpu.verdict == "pass" and "CPU stand-ins" in cpu.detail
 
 
+def _pair(src, dst, wrong_there=0, wrong_back=0, peer=True, one_way=9.1, both=17.0):
+    return {
+        "src": src,
+        "dst": dst,
+        "can_access_peer": peer,
+        "path": "p2p" if peer else "staged",
+        "wrong_bytes_there": wrong_there,
+        "wrong_bytes_roundtrip": wrong_back,
+        "unidir_gbps": one_way,
+        "bidir_gbps": both,
+        "latency_us": 2.5,
+    }
+
+
 def test_p2p_wrong_bytes_fail_even_when_nvml_says_ok():
-    pairs = [
-        {
-            "src": 5,
-            "dst": 6,
-            "can_access_peer": True,
-            "wrong_bytes_there": 4096,
-            "wrong_bytes_roundtrip": 8192,
-            "gbps": 9.1,
-        },
-        {
-            "src": 6,
-            "dst": 5,
-            "can_access_peer": True,
-            "wrong_bytes_there": 0,
-            "wrong_bytes_roundtrip": 0,
-            "gbps": 9.0,
-        },
-    ]
-    result = verdict.judge_p2p({"bytes": 64 << 20, "pairs": pairs}, {(5, 6): "OK", (6, 5): "OK"})
+    pairs = [_pair(5, 6, 4096, 8192), _pair(6, 5)]
+    result = verdict.judge_p2p(
+        {"bytes": 64 << 20, "gpus": [5, 6], "pairs": pairs}, {(5, 6): "OK", (6, 5): "OK"}
+    )
     assert result.kind == "corrupt"
-    assert "5->6: 4096 wrong bytes there" in result.detail and "NVML P2P read OK" in result.detail
+    assert "5->6 (peer to peer): 4096 wrong bytes there" in result.detail
+    assert "NVML P2P read OK" in result.detail
     assert "6->5" not in result.detail
     assert result.metrics["pairs"][0]["nvml_p2p_read"] == "OK"
+    # The matrix view: row = source, column = destination.
+    assert result.metrics["matrix"]["wrong_bytes"] == [[None, 4096 + 8192], [0, None]]
 
 
 def test_p2p_exact_copies_pass_and_name_the_slowest():
-    pairs = [
-        {
-            "src": 6,
-            "dst": 7,
-            "can_access_peer": True,
-            "wrong_bytes_there": 0,
-            "wrong_bytes_roundtrip": 0,
-            "gbps": 48.2,
-        }
-    ]
-    result = verdict.judge_p2p({"bytes": 64 << 20, "pairs": pairs}, None)
-    assert result.verdict == "pass" and "48.2 GB/s" in result.detail
+    pairs = [_pair(6, 7, one_way=48.2, both=90.0), _pair(7, 6, one_way=49.0, both=90.0)]
+    result = verdict.judge_p2p(
+        {"bytes": 64 << 20, "gpus": [6, 7], "pairs": pairs}, None, expected_gbps=lambda a, b: 48.0
+    )
+    assert (
+        result.verdict == "pass"
+        and "48.2 GB/s one way" in result.detail
+        and "90 GB/s both ways" in result.detail
+    )
     assert result.metrics["pairs"][0]["nvml_p2p_read"] is None
+    assert result.metrics["matrix"]["unidir_gbps"] == [[None, 48.2], [49.0, None]]
+    assert result.metrics["matrix"]["expected_gbps"] == [[None, 48.0], [48.0, None]]
 
 
 def test_hung_names_where_each_rank_stopped():

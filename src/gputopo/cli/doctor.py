@@ -12,7 +12,9 @@ from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, examples,
 from gputopo.errors import EXIT_PROBLEM, InputError, UnavailableError, UsageError
 from gputopo.ui.output import Output
 
-REPORT_HINT = "give a reports/doctor-*.json file that `gputopo doctor` wrote"
+REPORT_HINT = "give a reports/doctor-*.json or probe-*.json file that gputopo wrote"
+# Every report gputopo writes, by its schema, and the command that wrote it.
+REPORT_SCHEMAS = {"gputopo/doctor/v1": "doctor", "gputopo/probe/v1": "probe"}
 
 
 @app.command(
@@ -108,39 +110,48 @@ def doctor_command(
     epilog=examples(
         "gputopo report reports/doctor-20261121T161650Z.json",
         "gputopo report doctor-20261121T161650Z.json --html copy.html   # redraw on another machine",
+        "gputopo report reports/probe-20261121T153000Z.json            # a probe's tables and verdict",
     ),
 )
 @guarded
 def report_command(
-    path: Path = typer.Argument(..., metavar="PATH", help="A doctor report (reports/doctor-*.json)."),
+    path: Path = typer.Argument(
+        ..., metavar="PATH", help="A doctor or probe report (reports/doctor-*.json, probe-*.json)."
+    ),
     html: Optional[Path] = typer.Option(  # noqa: UP045
         None, "--html", metavar="PATH", help="Also write the HTML report to this file."
     ),
     json_out: bool = JSON_OPTION,
 ) -> None:
-    """Show a saved doctor report in the terminal (and re-render its HTML)."""
+    """Show a saved doctor or probe report in the terminal (and re-render its HTML)."""
     from gputopo.report import atomic_write
 
     out = Output(json_mode=json_out)
-    doc = read_doctor_report(path)
+    doc, kind = read_report(path)
     if html is not None:
         _check_html_target(html)
     try:
+        if kind == "probe" and not isinstance(doc.get("sets"), list):
+            raise KeyError("sets")
         if html is not None:
-            from gputopo.ui.html_report import render_html
+            from gputopo.ui.html_report import render_html, render_probe_html
 
-            rendered = render_html(doc)
+            rendered = render_probe_html(doc) if kind == "probe" else render_html(doc)
         out.warnings(doc.get("warnings") or ())
         if json_out:
             out.document(doc)
+        elif kind == "probe":
+            from gputopo.ui.probe_view import render_probe
+
+            out.show(render_probe(doc))
         else:
             from gputopo.ui.doctor_view import render_doctor
 
             out.show(render_doctor(doc))
     except (KeyError, TypeError, AttributeError, ValueError, IndexError):
         raise InputError(
-            f"{path}: an incomplete or damaged doctor report (a section is missing or malformed)",
-            "was it edited by hand? rerun gputopo doctor",
+            f"{path}: an incomplete or damaged {kind} report (a section is missing or malformed)",
+            f"was it edited by hand? rerun gputopo {kind}",
         ) from None
     if html is not None:
         try:
@@ -152,8 +163,9 @@ def report_command(
         out.err.print(f"wrote {html}")
 
 
-def read_doctor_report(path: Path) -> dict:
-    """The ``gputopo/doctor/v1`` document at ``path``; ``InputError`` in plain words otherwise."""
+def read_report(path: Path) -> tuple[dict, str]:
+    """The report at ``path`` (any schema in ``REPORT_SCHEMAS``) and the command that wrote it;
+    ``InputError`` in plain words otherwise."""
     import json
 
     try:
@@ -170,14 +182,11 @@ def read_doctor_report(path: Path) -> dict:
         raise InputError(f"{path}: binary data, not a JSON report", REPORT_HINT) from None
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: not JSON (line {exc.lineno}: {exc.msg})", REPORT_HINT) from None
-    if not isinstance(doc, dict) or doc.get("schema") != "gputopo/doctor/v1":
-        schema = doc.get("schema") if isinstance(doc, dict) else None
+    schema = doc.get("schema") if isinstance(doc, dict) else None
+    if schema not in REPORT_SCHEMAS:
         found = f"its schema is {schema!r}" if schema else "it has no schema field"
-        raise InputError(
-            f"{path}: not a doctor report ({found})",
-            "probe reports are Markdown beside their JSON (reports/probe-*.md); this shows doctor-*.json",
-        )
-    return doc
+        raise InputError(f"{path}: not a gputopo doctor or probe report ({found})", REPORT_HINT)
+    return doc, REPORT_SCHEMAS[schema]
 
 
 def _check_html_target(html: Path) -> None:

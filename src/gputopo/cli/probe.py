@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
 from gputopo.cli import app
 from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, examples, guarded
-from gputopo.errors import EXIT_PROBLEM
+from gputopo.errors import EXIT_PROBLEM, UsageError
 from gputopo.probe.options import Fault, Mode, Precision
 from gputopo.ui.output import Output
 
@@ -90,19 +90,46 @@ def probe_command(
             "--input", "-i", metavar=INPUT_METAVAR, help=INPUT_HELP + " Used for the bandwidth estimate."
         ),
     ] = None,
+    min_bytes: Annotated[
+        Optional[str],  # noqa: UP045 (typer)
+        typer.Option("--min-bytes", "-b", help="Smallest all-reduce size, as nccl-tests: 8, 1K, 256M."),
+    ] = None,
+    max_bytes: Annotated[
+        Optional[str],  # noqa: UP045 (typer)
+        typer.Option("--max-bytes", "-e", help="Largest all-reduce size (nccl-tests' -e)."),
+    ] = None,
+    step_factor: Annotated[
+        int,
+        typer.Option("--step-factor", "-f", help="Multiply the size by this between steps (nccl-tests' -f)."),
+    ] = 2,
+    iters: Annotated[
+        Optional[int],  # noqa: UP045 (typer)
+        typer.Option(
+            "--iters", "-n", help="Timed all-reduce iterations per size. Default: 20 on GPU, 5 on CPU."
+        ),
+    ] = None,
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Check GPU sets for real: P2P copies, DataParallel and DDP against one GPU, all-reduce bandwidth."""
-    from gputopo.probe.config import build_config, detect_devices, require_torch
+    from gputopo.probe.config import (
+        build_config,
+        check_sets_in_topology,
+        detect_devices,
+        parse_size,
+        require_torch,
+    )
     from gputopo.probe.document import to_document, to_markdown
     from gputopo.probe.plan import make_plan
     from gputopo.probe.runner import run_probe
+    from gputopo.probe.verdict import nothing_tested
     from gputopo.report import ensure_report_dir, write_report
 
     out = Output(json_mode=json_out)
     from gputopo.cli.run import warn_nccl_env
 
     warn_nccl_env(out)  # the ranks inherit these settings, and so do the measurements
+    low = parse_size("--min-bytes", min_bytes) if min_bytes is not None else None
+    high = parse_size("--max-bytes", max_bytes) if max_bytes is not None else None
     require_torch()
     inventory = detect_devices(device.value if device else None)
     config = build_config(
@@ -120,8 +147,17 @@ def probe_command(
         inject_rank=inject_rank,
         report_dir=report_dir,
         topology_input=input,
+        min_bytes=low,
+        max_bytes=high,
+        step_factor=step_factor,
+        iters=iters,
         precisions=[p.value for p in precision or ()],
     )
+    if input is not None:
+        from gputopo.topology import load_topology
+
+        topo = load_topology(input)
+        check_sets_in_topology(config.sets, topo.gpu_indices, topo.source)
     ensure_report_dir(config.report_dir)
     plan = make_plan(config)
     if json_out:
@@ -132,12 +168,37 @@ def probe_command(
         with ProbeProgress(out.err, plan) as bars:
             run = run_probe(config, bars.update, plan=plan)
     out.warnings(run.warnings)
-    paths = write_report("probe", to_document(run), to_markdown(run), config.report_dir)
+    doc = to_document(run)
+    why = nothing_tested(run.sets)
+    if why is not None:
+        doc["verdict"] = "skipped"
+    paths = write_report("probe", doc, to_markdown(doc), config.report_dir, html=probe_html(doc, out))
+    doc["report"] = paths
+    if why is not None:
+        # A run that tested nothing must not read as a PASS, to a person or to `gputopo probe && ...`.
+        raise UsageError(
+            f"nothing was tested: {why}",
+            "choose checks that run here (e.g. --mode ddp on CPU stand-ins), or GPUs with a peer-to-peer "
+            f"path; what was measured is in {paths['json']}",
+        )
     if json_out:
-        out.document(to_document(run, paths))
+        out.document(doc)
     else:
         from gputopo.ui.probe_view import render_probe
 
-        out.show(render_probe(run, paths))
+        out.show(render_probe(doc))
     if run.verdict == "fail":
         raise typer.Exit(EXIT_PROBLEM)
+
+
+def probe_html(doc: dict[str, Any], out: Output) -> str | None:
+    """The HTML report, or ``None`` with a warning when matplotlib is missing (the rest is still written)."""
+    from gputopo.ui.html_report import render_probe_html
+
+    try:
+        return render_probe_html(doc)
+    except ModuleNotFoundError as exc:
+        if exc.name != "matplotlib":
+            raise
+        out.warn("no HTML report: matplotlib is not installed (pip install 'gputopo[probe]')")
+        return None

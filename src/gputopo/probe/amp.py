@@ -208,6 +208,8 @@ def training_check(ctx: Any, base: str, precision: str, refs: dict[str, Any]) ->
     """
     from gputopo.probe import checks
 
+    group = getattr(ctx, "group", None)  # the set's process group where the launch holds several sets
+
     why = unsupported_reason(precision, ctx.device.type, device_capabilities(ctx))
     if why is not None:
         return {"precision": precision, "device": ctx.device.type, "unsupported": why}
@@ -218,22 +220,22 @@ def training_check(ctx: Any, base: str, precision: str, refs: dict[str, Any]) ->
         if p not in refs:
             scale = calibrate_scale(with_precision(ctx, p)) if p == "fp16" else None
             refs[f"{p}:init_scale"] = scale
-            refs[p] = checks.reference_runs(with_precision(ctx, p, scale))
+            refs[p] = checks.reference_runs(with_precision(ctx, p, scale), group)
     if precision != DEFAULT_PRECISION and not fp32_checked and FP32_CURVE not in refs:
         # No fp32 check in this launch: one fp32 reference run (rank 0) is enough for the gap.
         fp32 = with_precision(ctx, DEFAULT_PRECISION)
         refs[FP32_CURVE] = (
             checks.reference_run(fp32, "fp32", per_chunk_backward=False)["losses"] if ctx.rank == 0 else None
         )
-        checks.barrier(ctx)
+        checks.barrier(ctx, group)
     sub = with_precision(ctx, precision, refs[f"{precision}:init_scale"])
     metrics: dict[str, Any] = {}
     if base == "dp":
         if ctx.rank == 0:
             metrics = checks.dp_check(sub, refs[precision])
-        checks.barrier(ctx)
+        checks.barrier(ctx, group)
     else:
-        metrics = checks.ddp_check(sub, refs[precision])
+        metrics = checks.ddp_check(sub, refs[precision], group)
     if ctx.rank == 0 and precision != DEFAULT_PRECISION:
         fp32_ref = refs.get(DEFAULT_PRECISION)
         metrics["fp32_ref_losses"] = fp32_ref.first["losses"] if fp32_ref is not None else refs[FP32_CURVE]

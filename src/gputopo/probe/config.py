@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,6 +69,11 @@ class ProbeConfig:
     report_dir: Path = Path("reports")
     topology_input: str | None = None
     inventory: DeviceInventory = field(default_factory=lambda: DeviceInventory("cpu", ()))
+    # nccl-tests' -b / -e / -f / -n; None keeps the device's default sweep and iteration count.
+    min_bytes: int | None = None
+    max_bytes: int | None = None
+    step_factor: int = 2
+    iters: int | None = None
     # --precision: the dp and ddp checks run once per precision (``checks`` holds ``dp@fp16`` and so on).
     precisions: tuple[str, ...] = (DEFAULT_PRECISION,)
 
@@ -79,7 +85,13 @@ class ProbeConfig:
     @property
     def sweep_bytes(self) -> tuple[int, ...]:
         """All-reduce sizes for this device."""
-        return GPU_SWEEP_BYTES if self.device == "cuda" else CPU_SWEEP_BYTES
+        default = GPU_SWEEP_BYTES if self.device == "cuda" else CPU_SWEEP_BYTES
+        if self.min_bytes is None and self.max_bytes is None:
+            return default
+        # A bound given alone moves the other only as far as needed to keep the sweep non-empty.
+        low = self.min_bytes if self.min_bytes is not None else min(default[0], self.max_bytes or default[0])
+        high = self.max_bytes if self.max_bytes is not None else max(default[-1], low)
+        return sweep_sizes(low, high, self.step_factor)
 
     def visible_devices(self, gpus: tuple[int, ...]) -> str | None:
         """``CUDA_VISIBLE_DEVICES`` for the ranks probing ``gpus`` (``None`` on CPU)."""
@@ -143,6 +155,62 @@ def parse_gpu_list(text: str) -> tuple[int, ...]:
     return parse(text, "--gpus")
 
 
+_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d*)?)\s*([kKmMgG]?)\s*")
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_size(option: str, text: str) -> int:
+    """A size as nccl-tests reads ``-b``/``-e``: bytes, or K, M, G (binary, either case), e.g. ``8``,
+    ``1K``, ``256M``; ``UsageError`` otherwise."""
+    m = _SIZE_RE.fullmatch(text)
+    if m is None:
+        raise UsageError(
+            f"{option} {text!r}: expected a size such as 8, 1K, 256M or 1G",
+            "sizes are bytes; K, M, G are 1024-based",
+        )
+    return int(float(m[1]) * _SIZE_UNITS[m[2].lower()])
+
+
+def sweep_sizes(min_bytes: int, max_bytes: int, step_factor: int) -> tuple[int, ...]:
+    """nccl-tests' sweep: from ``min_bytes``, times ``step_factor``, while not above ``max_bytes``;
+    each size rounded down to whole float32 elements (nccl-tests aligns to the data type too)."""
+    sizes = []
+    size = min_bytes
+    while size <= max_bytes:
+        aligned = size - size % 4
+        if aligned not in sizes:
+            sizes.append(aligned)
+        if step_factor < 2:
+            break
+        size *= step_factor
+    return tuple(sizes)
+
+
+def check_sweep(min_bytes: int | None, max_bytes: int | None, step_factor: int, iters: int | None) -> None:
+    """``UsageError`` for a sweep nccl-tests would refuse or that measures nothing."""
+    if min_bytes is not None and min_bytes < 4:
+        raise UsageError(f"--min-bytes {min_bytes}: below one float32 element (4 bytes)", "e.g. -b 8")
+    if min_bytes is not None and max_bytes is not None and max_bytes < min_bytes:
+        raise UsageError(f"--max-bytes {max_bytes} is below --min-bytes {min_bytes}", "e.g. -b 8 -e 256M")
+    if step_factor < 2:
+        raise UsageError(f"--step-factor {step_factor}: must be at least 2", "e.g. -f 2")
+    if iters is not None and iters < 1:
+        raise UsageError(f"--iters {iters}: must be at least 1", "e.g. -n 20")
+
+
+def check_sets_in_topology(
+    sets: tuple[tuple[int, ...], ...], topology_gpus: tuple[int, ...], source: str
+) -> None:
+    """Every GPU of every set must exist in the ``--input`` topology (exit 2 otherwise, as in recommend)."""
+    known = set(topology_gpus)
+    unknown = sorted({g for s in sets for g in s if g not in known})
+    if unknown:
+        raise UsageError(
+            f"--gpus: no GPU{','.join(map(str, unknown))} on {source}",
+            f"GPUs there: {describe_indices(tuple(sorted(known)))}",
+        )
+
+
 def describe_indices(gpus: tuple[int, ...]) -> str:
     """``(0, 1, 2, 3)`` -> ``"0-3"``; ``(0, 2)`` -> ``"0,2"``; for messages."""
     if not gpus:
@@ -168,6 +236,10 @@ def build_config(
     inject_rank: int | None = None,
     report_dir: Path = Path("reports"),
     topology_input: str | None = None,
+    min_bytes: int | None = None,
+    max_bytes: int | None = None,
+    step_factor: int = 2,
+    iters: int | None = None,
     precisions: tuple[str, ...] | list[str] | None = None,
 ) -> ProbeConfig:
     """Check the options against what exists and freeze them.
@@ -225,6 +297,7 @@ def build_config(
         raise UsageError(f"--lr {lr}: must be positive", "e.g. --lr 0.05")
     if not timeout_s > 0:
         raise UsageError(f"--timeout {timeout_s}: must be positive", "e.g. --timeout 120")
+    check_sweep(min_bytes, max_bytes, step_factor, iters)
     smallest = 2 if each_pair else min(len(s) for s in sets)
     if inject_rank is not None:
         if inject is None:
@@ -253,5 +326,9 @@ def build_config(
         report_dir=report_dir,
         topology_input=topology_input,
         inventory=inventory,
+        min_bytes=min_bytes,
+        max_bytes=max_bytes,
+        step_factor=step_factor,
+        iters=iters,
         precisions=precisions,
     )

@@ -1,7 +1,8 @@
 """A finished probe as data: the gputopo/probe/v1 JSON document, nccl-tests-style text tables, Markdown.
 
-Pure: ``ProbeRun`` in, dicts and strings out. The terminal view (``gputopo.ui.probe_view``) and the
-report writer (``gputopo.report``) both use these, so the report says what the screen said.
+Pure. ``to_document`` turns a ``ProbeRun`` into the document; everything else reads only the document,
+so the terminal view (``gputopo.ui.probe_view``), the Markdown and HTML reports, and ``gputopo report``
+on a saved JSON file all say the same thing.
 """
 
 from __future__ import annotations
@@ -9,10 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 from gputopo import __version__
+from gputopo.probe.environment import describe_transports
 from gputopo.probe.runner import ProbeRun
-from gputopo.probe.verdict import FAIL, CheckResult, SetResult
+from gputopo.probe.verdict import FAIL, SKIPPED, SetResult, p2p_matrices
 
 SCHEMA = "gputopo/probe/v1"
+SRC_DST = "src\\dst"
 
 
 def set_label(gpus: tuple[int, ...] | list[int]) -> str:
@@ -44,12 +47,17 @@ def config_dict(run: ProbeRun) -> dict[str, Any]:
 
 
 def to_document(run: ProbeRun, report: dict[str, str] | None = None) -> dict[str, Any]:
-    """The gputopo/probe/v1 document (``report`` holds the written files' paths, when there are any)."""
+    """The gputopo/probe/v1 document (``report`` holds the written files' paths, when there are any).
+
+    ``caveats`` name what the ranks' environment took out of the test (``P2P path not tested:
+    NCCL_P2P_DISABLE=1``); they belong to the verdict and are shown beside it everywhere.
+    """
     return {
         "schema": SCHEMA,
         "gputopo_version": __version__,
         "device": run.config.device,
         "verdict": run.verdict,
+        "caveats": list(run.environment.get("caveats") or []),
         "sets": [s.to_dict() for s in run.sets],
         "report": report,
         "started_utc": run.started_utc.strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -62,106 +70,191 @@ def to_document(run: ProbeRun, report: dict[str, str] | None = None) -> dict[str
     }
 
 
+def verdict_line(doc: dict[str, Any]) -> str:
+    """``PASS``, or ``PASS (P2P path not tested: NCCL_P2P_DISABLE=1)``: the verdict with its caveats."""
+    text = str(doc.get("verdict", "")).upper()
+    caveats = doc.get("caveats") or []
+    return f"{text} ({'; '.join(caveats)})" if caveats else text
+
+
 # --- nccl-tests-style text tables -----------------------------------------------------------------------
 
 
-def _device_lines(run: ProbeRun, gpus: tuple[int, ...]) -> list[str]:
-    devices = {d.get("index"): d for d in run.environment.get("devices", [])}
+def _device_lines(doc: dict[str, Any], gpus: list[int]) -> list[str]:
+    env = doc.get("environment") or {}
+    devices = {d.get("index"): d for d in env.get("devices", [])}
+    kind = doc.get("device", "")
     lines = []
     for rank, index in enumerate(gpus):
         d = devices.get(index, {})
-        name = d.get("name") or ("CPU stand-in" if run.config.device == "cpu" else "GPU")
+        name = d.get("name") or ("CPU stand-in" if kind == "cpu" else "GPU")
         bus = d.get("pci_bus_id")
-        lines.append(f"#  rank {rank:2d}: {run.config.device} {index} {name}" + (f" [{bus}]" if bus else ""))
+        lines.append(f"#  rank {rank:2d}: {kind} {index} {name}" + (f" [{bus}]" if bus else ""))
     return lines
 
 
-def allreduce_table(run: ProbeRun, gpus: tuple[int, ...], check: CheckResult) -> list[str]:
-    """The all-reduce sweep as nccl-tests prints it: ``#`` header lines, a units row, a row per size."""
-    m = check.metrics
-    env = run.environment
+def _backend(doc: dict[str, Any]) -> str:
+    return str((doc.get("config") or {}).get("backend") or (doc.get("environment") or {}).get("backend"))
+
+
+def _transport_line(m: dict[str, Any]) -> list[str]:
+    rows = m.get("transports")
+    return [f"# NCCL transports: {describe_transports(rows)}"] if rows is not None else []
+
+
+def allreduce_table(doc: dict[str, Any], gpus: list[int], check: dict[str, Any]) -> list[str]:
+    """The all-reduce sweep as nccl-tests prints it: ``#`` header lines, a units row, a row per size, and
+    its closing ``# Out of bounds values`` and ``# Avg bus bandwidth`` lines."""
+    m = check.get("metrics") or {}
+    env = doc.get("environment") or {}
     versions = f"torch {env.get('torch')}" + (f", NCCL {env['nccl']}" if env.get("nccl") else "")
     lines = [
-        f"# all-reduce, set {set_label(gpus)}: {m.get('ranks')} ranks, {run.config.backend}, "
+        f"# all-reduce, set {set_label(gpus)}: {m.get('ranks')} ranks, {_backend(doc)}, "
         f"{m.get('dtype')} sum, "
         f"{m.get('warmup_iters')} warm-up + {m.get('timed_iters')} timed iterations ({versions})",
-        *_device_lines(run, gpus),
+        *_device_lines(doc, gpus),
+        *_transport_line(m),
         "#",
         f"# {'size':>12} {'count':>12} {'type':>6} {'time':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>7}",
         f"# {'(B)':>12} {'(elements)':>12} {'':>6} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}",
     ]
-    for r in m.get("rows", []):
+    rows = m.get("rows", [])
+    for r in rows:
         lines.append(
             f"  {r['bytes']:>12} {r['count']:>12} {'float':>6} {r['time_us']:>10.1f} "
             f"{r['algbw_gbps']:>8.2f} {r['busbw_gbps']:>8.2f} {r['wrong']:>7}"
         )
+    wrong = sum(int(r.get("wrong") or 0) for r in rows)
+    lines.append(f"# Out of bounds values : {wrong} {'FAILED' if wrong else 'OK'}")
+    avg = m.get("avg_busbw_gbps")
+    if avg is None and rows:
+        avg = sum(r["busbw_gbps"] for r in rows) / len(rows)
+    if avg is not None:
+        lines.append(f"# Avg bus bandwidth    : {avg:g}")  # nccl-tests' own format: %g, in GB/s
     peak, expected = m.get("peak_busbw_gbps"), m.get("expected_busbw_gbps")
     model = f"{expected:.2f} GB/s" if expected is not None else "n/a"
     lines.append(
-        f"# Peak bus bandwidth: {peak:.2f} GB/s; model estimate: {model}"
+        f"# Peak bus bandwidth   : {peak:.2f} GB/s; model estimate: {model}"
         if peak is not None
         else "# no sizes"
     )
-    lines.append(f"# {check.verdict.upper()}: {check.detail}")
+    lines.append(f"# {str(check.get('verdict')).upper()}: {check.get('detail')}")
     return lines
 
 
-def p2p_table(gpus: tuple[int, ...], check: CheckResult) -> list[str]:
-    """Each ordered pair: what CUDA and NVML claim beside what the copies did."""
-    m = check.metrics
+def _matrix_lines(
+    title: str, gpus: list[int], grid: list[list[Any]], fmt: str, mark: list[list[str]]
+) -> list[str]:
+    lines = [f"# {title}", "# " + f"{SRC_DST:>8}" + "".join(f"{g:>10}" for g in gpus)]
+    for i, g in enumerate(gpus):
+        cells = []
+        for j in range(len(gpus)):
+            v = grid[i][j]
+            cells.append(f"{'-':>10}" if i == j or v is None else f"{format(v, fmt) + mark[i][j]:>10}")
+        lines.append(f"  {g:>8}" + "".join(cells))
+    return lines
+
+
+def p2p_table(doc: dict[str, Any], gpus: list[int], check: dict[str, Any]) -> list[str]:
+    """The pair matrix as p2pBandwidthLatencyTest prints it: one way, both ways, latency, wrong bytes;
+    ``*`` marks a pair without peer access (copies staged through host memory)."""
+    m = check.get("metrics") or {}
+    if "unidir_gbps" not in (m.get("pairs") or [{}])[0]:
+        return [f"# {str(check.get('verdict')).upper()}: {check.get('detail')}"]  # a report from before 0.2
+    mat = m.get("matrix") or p2p_matrices(m)
+    order = mat["gpus"]
+    mark = [["*" if p == "staged" else "" for p in row] for row in mat["path"]]
+    size = m.get("bytes", 0)
     lines = [
-        f"# p2p, set {set_label(gpus)}: random pattern of {m.get('bytes', 0) >> 20} MiB copied i->j->i, "
-        "compared "
-        "exactly through host memory",
-        f"# {'src':>4} {'dst':>4} {'can_access':>10} {'nvml_read':>9} {'wrong_there':>11} {'wrong_back':>10} "
-        f"{'copy':>8}",
-        f"# {'':>4} {'':>4} {'':>10} {'':>9} {'(B)':>11} {'(B)':>10} {'(GB/s)':>8}",
+        f"# p2p, set {set_label(gpus)}: {size >> 20} MiB per copy, {m.get('warmup_copies')} warm-up + "
+        f"{m.get('timed_copies')} timed copies per direction, timed with {m.get('timing')}; "
+        f"{m.get('check')}",
+        *_matrix_lines("unidirectional bandwidth (GB/s)", order, mat["unidir_gbps"], ".2f", mark),
+        *_matrix_lines(
+            "bidirectional bandwidth (GB/s, both directions together)", order, mat["bidir_gbps"], ".2f", mark
+        ),
+        *_matrix_lines(
+            f"latency of a {m.get('latency_bytes')} B copy (us)", order, mat["latency_us"], ".2f", mark
+        ),
+        *_matrix_lines("wrong bytes (there + round trip)", order, mat["wrong_bytes"], "d", mark),
     ]
-    for p in m.get("pairs", []):
-        nvml = p.get("nvml_p2p_read") or "n/a"
+    if any(any(row) for row in mat.get("expected_gbps") or []):
+        lines += _matrix_lines("model estimate, one way (GB/s)", order, mat["expected_gbps"], ".2f", mark)
+    staged = [p for p in m.get("pairs", []) if p.get("path") == "staged"]
+    if staged:
         lines.append(
-            f"  {p['src']:>4} {p['dst']:>4} {str(p['can_access_peer']):>10} {nvml:>9} "
-            f"{p['wrong_bytes_there']:>11} "
-            f"{p['wrong_bytes_roundtrip']:>10} {p['gbps']:>8.2f}"
+            "# * no peer-to-peer path: copies staged through host memory: "
+            + ", ".join(
+                f"{p['src']}->{p['dst']} (NVML P2P read {p.get('nvml_p2p_read') or 'n/a'})" for p in staged
+            )
         )
-    lines.append(f"# {check.verdict.upper()}: {check.detail}")
+    nvml = {p.get("nvml_p2p_read") for p in m.get("pairs", [])} - {None}
+    if nvml and not staged:
+        lines.append(f"# NVML P2P read status of these pairs: {', '.join(sorted(nvml))}")
+    lines.append(f"# {str(check.get('verdict')).upper()}: {check.get('detail')}")
     return lines
 
 
-def loss_table(gpus: tuple[int, ...], check: CheckResult) -> list[str]:
+def loss_table(gpus: list[int], check: dict[str, Any]) -> list[str]:
     """Step by step: both reference runs, the probe's loss and its gap to reference run 1."""
-    m = check.metrics
-    what = "DataParallel" if check.name.partition("@")[0] == "dp" else "DDP"
+    m = check.get("metrics") or {}
+    name = check.get("name")
+    what = "DataParallel" if str(name).partition("@")[0] == "dp" else "DDP"
     precision = f" at {m['precision']}" if m.get("precision", "fp32") != "fp32" else ""
     lines = [
-        f"# {check.name}, set {set_label(gpus)}: {what}{precision} loss vs the single-device reference "
+        f"# {name}, set {set_label(gpus)}: {what}{precision} loss vs the single-device reference "
         f"(noise floor {m.get('noise_floor', 0):.3g})",
-        f"# {'step':>5} {'reference':>12} {'reference2':>12} {check.name:>12} {'gap':>10}",
+        *_transport_line(m),
+        f"# {'step':>5} {'reference':>12} {'reference2':>12} {name:>12} {'gap':>10}",
     ]
     for step, (ref, ref2, loss) in enumerate(
         zip(m.get("ref_losses", []), m.get("ref2_losses", []), m.get("losses", []), strict=False)
     ):
         lines.append(f"  {step:>5} {ref:>12.6g} {ref2:>12.6g} {loss:>12.6g} {abs(loss - ref):>10.3g}")
-    lines.append(f"# {check.verdict.upper()}: {check.detail}")
+    lines.append(f"# {str(check.get('verdict')).upper()}: {check.get('detail')}")
     return lines
 
 
-def check_table(run: ProbeRun, gpus: tuple[int, ...], check: CheckResult) -> list[str]:
+def check_table(doc: dict[str, Any], gpus: list[int], check: dict[str, Any]) -> list[str]:
     """The detailed table of a check that ran, or nothing."""
-    if check.verdict == "skipped" or check.kind in ("hung", "crashed"):
+    if check.get("kind") in ("hung", "crashed"):
         return []
-    if check.name == "allreduce":
-        return allreduce_table(run, gpus, check)
-    if check.name == "p2p":
-        return p2p_table(gpus, check)
-    if check.name == "speed":
+    name = check.get("name")
+    if check.get("verdict") == SKIPPED and not (name == "p2p" and (check.get("metrics") or {}).get("pairs")):
+        return []
+    if name == "allreduce":
+        return allreduce_table(doc, gpus, check)
+    if name == "p2p":
+        return p2p_table(doc, gpus, check)
+    if name == "speed":
         from gputopo.probe.speed import speed_table
 
         return [
-            *speed_table(gpus, check.metrics, run.config.device),
-            f"# {check.verdict.upper()}: {check.detail}",
+            *speed_table(tuple(gpus), check.get("metrics") or {}, doc.get("device", "cpu")),
+            f"# {str(check.get('verdict')).upper()}: {check.get('detail')}",
         ]
     return loss_table(gpus, check)
+
+
+def set_tables(doc: dict[str, Any]) -> list[tuple[list[int], list[str]]]:
+    """Every table of the document, with its set, in report order."""
+    out = []
+    for s in doc.get("sets") or []:
+        for chk in s.get("checks") or []:
+            lines = check_table(doc, s["gpus"], chk)
+            if lines:
+                out.append((s["gpus"], lines))
+    return out
+
+
+def set_transports(s: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The NCCL connections logged for a set (from its last NCCL check), or ``None`` when none were."""
+    found = None
+    for chk in s.get("checks") or []:
+        rows = (chk.get("metrics") or {}).get("transports")
+        if rows is not None:
+            found = rows
+    return found
 
 
 # --- Markdown ---------------------------------------------------------------------------------------
@@ -171,50 +264,120 @@ def _md_cell(text: Any) -> str:
     return str(text if text is not None else "").replace("|", "\\|").replace("\n", " ")
 
 
-def to_markdown(run: ProbeRun) -> str:
+def env_value(key: str, value: Any) -> str:
+    """An environment entry as the reports show it: ``NAME=value`` lists for variable maps."""
+    if key == "set_by_probe" and isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items()) or "nothing"
+    return str(value if value is not None else "")
+
+
+def variable_value(value: str | None) -> str:
+    """A variable's value in the per-rank table: unset and empty are told apart."""
+    if value is None:
+        return "(unset)"
+    return value if value != "" else "(empty)"
+
+
+def numerics_text(numerics: dict[str, Any] | None) -> str:
+    """How the ranks' numerics were pinned, in one line."""
+    if not numerics:
+        return "not recorded"
+    tf32 = numerics.get("tf32") or {}
+    if tf32.get("api") == "fp32_precision":
+        tf32_text = (
+            f"TF32 off (fp32_precision matmul={tf32.get('matmul')}, cuDNN conv={tf32.get('cudnn_conv')})"
+        )
+    else:
+        tf32_text = (
+            f"TF32 off (allow_tf32 matmul={tf32.get('matmul_allow_tf32')}, "
+            f"cuDNN={tf32.get('cudnn_allow_tf32')})"
+        )
+    return (
+        f"deterministic algorithms {numerics.get('deterministic_algorithms')}"
+        f"{' (warn only)' if numerics.get('deterministic_warn_only') else ''}, "
+        f"cudnn.deterministic {numerics.get('cudnn_deterministic')}, "
+        f"cudnn.benchmark {numerics.get('cudnn_benchmark')}, {tf32_text}"
+    )
+
+
+def to_markdown(doc: dict[str, Any]) -> str:
     """The human report: verdicts and remedies first, then environment, options and every measurement."""
-    c = run.config
+    c = doc.get("config") or {}
+    env = doc.get("environment") or {}
     out = [
-        f"# gputopo probe: {run.verdict.upper()}",
+        f"# gputopo probe: {verdict_line(doc)}",
         "",
-        f"- started (UTC): {run.started_utc.strftime('%Y-%m-%d %H:%M:%S')}, wall time {run.wall_s:.1f} s",
-        f"- device: {c.device} ({c.backend}), model {c.model}, {c.steps} steps, "
-        f"batch {c.batch_size} per GPU, "
-        f"lr {c.lr:g}, seed {c.seed}, timeout {c.timeout_s:g} s",
+        f"- started (UTC): {doc.get('started_utc')}, wall time {float(doc.get('wall_s') or 0):.1f} s",
+        f"- device: {c.get('device')} ({c.get('backend')}), model {c.get('model')}, {c.get('steps')} steps, "
+        f"batch {c.get('batch_size_per_gpu')} per GPU, "
+        f"lr {c.get('lr')}, seed {c.get('seed')}, timeout {c.get('timeout_s')} s",
+        f"- numerics: {numerics_text(env.get('numerics'))}",
     ]
-    out += [f"- note: {n}" for n in run.notes]
-    out += [f"- warning about the topology: {w}" for w in run.warnings]
+    out += [f"- not tested: {n}" for n in doc.get("caveats") or []]
+    out += [f"- note: {n}" for n in doc.get("notes") or []]
+    out += [f"- warning about the topology: {w}" for w in doc.get("warnings") or []]
     out += ["", "## Verdicts", "", "| set | check | verdict | kind | detail |", "|---|---|---|---|---|"]
-    for s in run.sets:
-        for chk in s.checks:
+    for s in doc.get("sets") or []:
+        for chk in s.get("checks") or []:
             out.append(
-                f"| {set_label(s.gpus)} | {chk.name} | {chk.verdict} | {_md_cell(chk.kind)} "
-                f"| {_md_cell(chk.detail)} |"
+                f"| {set_label(s['gpus'])} | {chk.get('name')} | {chk.get('verdict')} "
+                f"| {_md_cell(chk.get('kind'))} "
+                f"| {_md_cell(chk.get('detail'))} |"
             )
-    failures = [(s, chk) for s in run.sets for chk in s.checks if chk.verdict == FAIL]
+    failures = [
+        (s, chk) for s in doc.get("sets") or [] for chk in s.get("checks") or [] if chk.get("verdict") == FAIL
+    ]
     if failures:
         out += ["", "## What to do", ""]
         for s, chk in failures:
-            out.append(f"- **set {set_label(s.gpus)}, {chk.name} ({chk.kind})**: {chk.remedy}")
-            tail = chk.metrics.get("stderr_tail")
+            out.append(
+                f"- **set {set_label(s['gpus'])}, {chk.get('name')} ({chk.get('kind')})**: "
+                f"{chk.get('remedy')}"
+            )
+            tail = (chk.get("metrics") or {}).get("stderr_tail")
             if tail:
                 out += ["", "  ```", *[f"  {line}" for line in tail.splitlines()], "  ```"]
+    transports = [(s, set_transports(s)) for s in doc.get("sets") or []]
+    if any(rows is not None for _, rows in transports):
+        out += ["", "## NCCL transports (from NCCL's INIT log)", ""]
+        out += [
+            f"- set {set_label(s['gpus'])}: {describe_transports(rows)}"
+            for s, rows in transports
+            if rows is not None
+        ]
     out += ["", "## Environment", "", "| key | value |", "|---|---|"]
-    for key, value in run.environment.items():
-        if key not in ("devices", "gpus"):
-            out.append(f"| {key} | {_md_cell(value)} |")
-    devices = run.environment.get("devices") or []
+    skip = ("devices", "gpus", "rank_variables", "numerics", "caveats")
+    for key, value in env.items():
+        if key not in skip:
+            out.append(f"| {key} | {_md_cell(env_value(key, value))} |")
+    devices = env.get("devices") or []
     if devices:
         out += ["", "| index | name | PCI bus id |", "|---|---|---|"]
         out += [
             f"| {d.get('index')} | {_md_cell(d.get('name'))} | {_md_cell(d.get('pci_bus_id'))} |"
             for d in devices
         ]
+    rank_vars = env.get("rank_variables")
+    if rank_vars is not None:
+        out += ["", "### NCCL_* and CUDA_* variables the ranks got", ""]
+        names = sorted({k for v in rank_vars.values() for k in v})
+        if names:
+            ranks = sorted(rank_vars, key=int)
+            out += [
+                "| variable | " + " | ".join(f"rank {r}" for r in ranks) + " |",
+                "|---|" + "---|" * len(ranks),
+            ]
+            out += [
+                f"| {n} | " + " | ".join(_md_cell(variable_value(rank_vars[r].get(n))) for r in ranks) + " |"
+                for n in names
+            ]
+        else:
+            out.append("None.")
     out += ["", "## Measurements", ""]
-    for s in run.sets:
-        out += [f"### Set {set_label(s.gpus)}: {s.verdict}", ""]
-        for chk in s.checks:
-            table = check_table(run, s.gpus, chk)
+    for s in doc.get("sets") or []:
+        out += [f"### Set {set_label(s['gpus'])}: {s.get('verdict')}", ""]
+        for chk in s.get("checks") or []:
+            table = check_table(doc, s["gpus"], chk)
             if table:
                 out += ["```", *table, "```", ""]
     return "\n".join(out).rstrip() + "\n"

@@ -107,6 +107,7 @@ def job_spec(config: ProbeConfig, job: Job, checks: tuple[str, ...], out_dir: Pa
         "seed": config.seed,
         "timeout_s": config.timeout_s,
         "sweep_bytes": list(config.sweep_bytes),
+        "iters": config.iters,
         "inject": fault,
         "inject_rank": config.inject_rank,
         "inject_checks": list(inject_checks(fault, checks)),

@@ -140,7 +140,8 @@ def _judge(
 
         return judge_speed(metrics, config.device)
     if check == "p2p":
-        return verdict.judge_p2p(metrics, view.nvml_p2p())
+        # The model's one-way estimate per pair sits beside the measured matrix in the reports.
+        return verdict.judge_p2p(metrics, view.nvml_p2p(), lambda a, b: view.expected_busbw_gbps((a, b))[0])
     expected, why = view.expected_busbw_gbps(gpus)
     if config.device == "cpu":
         return verdict.judge_allreduce(metrics, expected, judge_speed=False, speed_note=why or CPU_SPEED_NOTE)

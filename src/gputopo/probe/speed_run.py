@@ -111,7 +111,7 @@ def speed_check(ctx: Any) -> dict[str, Any]:
 
     if ctx.rank == 0:  # one process drives one GPU, then all of them through DataParallel
         single_and_dp()
-    barrier(ctx)
+    barrier(ctx, _group(ctx))
     x = images.chunk(ctx.world)[ctx.rank].to(ctx.device)
     y = labels.chunk(ctx.world)[ctx.rank].to(ctx.device)
     for k, (config, amp) in enumerate(((CONFIGS[2], False), (CONFIGS[3], True))):
@@ -119,7 +119,7 @@ def speed_check(ctx: Any) -> dict[str, Any]:
         ddp = DistributedDataParallel(
             model, device_ids=[ctx.device.index] if ctx.is_cuda else None, process_group=_group(ctx)
         )
-        barrier(ctx)
+        barrier(ctx, _group(ctx))
         elapsed = torch.tensor(
             [_train(ctx, ddp, ddp.parameters(), x, y, steps, warmup, amp)], dtype=torch.float64
         )

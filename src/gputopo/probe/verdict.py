@@ -13,6 +13,7 @@ rest in its detail.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -311,7 +312,14 @@ def judge_allreduce(
     of the model's estimate. Adds ``peak_busbw_gbps`` and ``expected_busbw_gbps`` to the metrics."""
     rows = metrics["rows"]
     peak = max((r["busbw_gbps"] for r in rows), default=None)
-    out = {**metrics, "peak_busbw_gbps": peak, "expected_busbw_gbps": expected_busbw_gbps}
+    # nccl-tests' "# Avg bus bandwidth" is the mean busbw over the sizes of the sweep.
+    avg = sum(r["busbw_gbps"] for r in rows) / len(rows) if rows else None
+    out = {
+        **metrics,
+        "peak_busbw_gbps": peak,
+        "avg_busbw_gbps": avg,
+        "expected_busbw_gbps": expected_busbw_gbps,
+    }
     wrong = [r for r in rows if r["wrong"]]
     if wrong:
         sizes = ", ".join(f"{r['wrong']} at {r['bytes']} B" for r in wrong)
@@ -360,14 +368,60 @@ def judge_allreduce(
     return CheckResult("allreduce", PASS, None, f"#wrong 0 at every size; {ratio_text}", None, out)
 
 
-def judge_p2p(metrics: dict[str, Any], nvml_p2p: dict[tuple[int, int], str] | None) -> CheckResult:
-    """Every ordered pair's i->j and i->j->i copies must be exact, whatever NVML or CUDA claim.
+NO_P2P_PATH = "no peer-to-peer path: copies staged through host memory"
+
+
+def _pair_list(pairs: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{p['src']}->{p['dst']}" for p in pairs)
+
+
+def _nvml_text(pairs: list[dict[str, Any]]) -> str:
+    statuses = sorted({str(p.get("nvml_p2p_read")) for p in pairs if p.get("nvml_p2p_read") is not None})
+    return f"NVML P2P read status: {', '.join(statuses)}" if statuses else "NVML P2P status: not known"
+
+
+def p2p_matrices(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The pair results as matrices over ``metrics['gpus']`` (row: source, column: destination; ``None``
+    on the diagonal and where unmeasured), for the terminal, the JSON and the heat maps."""
+    gpus = list(metrics.get("gpus") or sorted({p["src"] for p in metrics.get("pairs", [])}))
+    at = {g: k for k, g in enumerate(gpus)}
+    keys = ("unidir_gbps", "bidir_gbps", "latency_us", "expected_gbps", "path", "nvml_p2p_read")
+    out: dict[str, Any] = {"gpus": gpus}
+    for key in (*keys, "wrong_bytes"):
+        out[key] = [[None] * len(gpus) for _ in gpus]
+    for p in metrics.get("pairs", []):
+        if p["src"] not in at or p["dst"] not in at:
+            continue
+        i, j = at[p["src"]], at[p["dst"]]
+        for key in keys:
+            out[key][i][j] = p.get(key)
+        out["wrong_bytes"][i][j] = p.get("wrong_bytes_there", 0) + p.get("wrong_bytes_roundtrip", 0)
+    return out
+
+
+def judge_p2p(
+    metrics: dict[str, Any],
+    nvml_p2p: dict[tuple[int, int], str] | None,
+    expected_gbps: Callable[[int, int], float | None] | None = None,
+) -> CheckResult:
+    """Every ordered pair's copies there and back must be exact, whatever NVML or CUDA claim; a PASS
+    needs pairs that really went peer to peer.
 
     ``nvml_p2p`` maps (src, dst) GPU indices to NVML's read status (``OK``, ``CNS``...), shown beside the
     result, since the failure this catches is NVML saying OK while the data comes back wrong.
+    ``expected_gbps(src, dst)`` is the bandwidth model's one-way estimate for the heat map. Pairs without
+    peer access are copied through host memory by torch: exact or not, they test no P2P path, so a set
+    where every pair is staged is ``skipped`` with that reason, never a PASS.
     """
-    pairs = [{**p, "nvml_p2p_read": (nvml_p2p or {}).get((p["src"], p["dst"]))} for p in metrics["pairs"]]
+    pairs = []
+    for p in metrics["pairs"]:
+        row = {**p, "nvml_p2p_read": (nvml_p2p or {}).get((p["src"], p["dst"]))}
+        row.setdefault("path", "p2p" if p.get("can_access_peer", True) else "staged")
+        if expected_gbps is not None:
+            row["expected_gbps"] = expected_gbps(p["src"], p["dst"])
+        pairs.append(row)
     out = {**metrics, "pairs": pairs}
+    out["matrix"] = p2p_matrices(out)
     bad = [p for p in pairs if p["wrong_bytes_there"] or p["wrong_bytes_roundtrip"]]
     if bad:
         texts = []
@@ -375,16 +429,43 @@ def judge_p2p(metrics: dict[str, Any], nvml_p2p: dict[tuple[int, int], str] | No
             claims = f"can_device_access_peer={p['can_access_peer']}"
             if p["nvml_p2p_read"] is not None:
                 claims += f", NVML P2P read {p['nvml_p2p_read']}"
+            how = "peer to peer" if p["path"] == "p2p" else "staged through host memory"
             texts.append(
-                f"{p['src']}->{p['dst']}: {p['wrong_bytes_there']} wrong bytes there, "
+                f"{p['src']}->{p['dst']} ({how}): {p['wrong_bytes_there']} wrong bytes there, "
                 f"{p['wrong_bytes_roundtrip']} after the round trip ({claims})"
             )
         return fail("p2p", "corrupt", "; ".join(texts), _CORRUPT_REMEDY, out)
-    slowest = min((p["gbps"] for p in pairs), default=None)
-    detail = f"{len(pairs)} ordered pairs copied exactly ({metrics['bytes'] >> 20} MiB each way)"
-    if slowest is not None:
-        detail += f"; slowest copy {slowest:.3g} GB/s"
+    direct = [p for p in pairs if p["path"] == "p2p"]
+    staged = [p for p in pairs if p["path"] != "p2p"]
+    size = (
+        f"{metrics['bytes'] >> 20} MiB" if metrics.get("bytes", 0) >= 1 << 20 else f"{metrics.get('bytes')} B"
+    )
+    if not direct:
+        detail = f"{NO_P2P_PATH} ({_nvml_text(staged)}); the staged copies were exact"
+        return skipped("p2p", detail, out)
+    one_way = [p["unidir_gbps"] for p in direct if p.get("unidir_gbps") is not None]
+    both = [p["bidir_gbps"] for p in direct if p.get("bidir_gbps") is not None]
+    detail = (
+        f"{len(direct)} ordered pairs copied exactly peer to peer ({size} each, sentinel-checked there "
+        f"and back)"
+    )
+    if one_way:
+        detail += f"; slowest {min(one_way):.3g} GB/s one way"
+    if both:
+        detail += f", {min(both):.3g} GB/s both ways"
+    if staged:
+        detail += f"; {NO_P2P_PATH} for {_pair_list(staged)} ({_nvml_text(staged)})"
     return CheckResult("p2p", PASS, None, detail, None, out)
+
+
+def nothing_tested(sets: list[SetResult] | tuple[SetResult, ...]) -> str | None:
+    """Why nothing was tested, when every check of every set was skipped (a run that must not PASS)."""
+    checks = [(s, c) for s in sets for c in s.checks]
+    if checks and all(c.verdict == SKIPPED for _, c in checks):
+        return "; ".join(f"set {','.join(map(str, s.gpus))} {c.name}: {c.detail}" for s, c in checks)
+    if not checks:
+        return "no check ran"
+    return None
 
 
 # --- launches that did not finish ---------------------------------------------------------------------

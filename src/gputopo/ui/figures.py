@@ -319,3 +319,48 @@ def link_code(topo: Topology, a: int, b: int) -> str | None:
     """The printed link code between two GPUs (for captions)."""
     link: Link | None = topo.gpu_link(a, b)
     return link.code if link else None
+
+
+def matrix_heatmaps(
+    gpus: Sequence[int],
+    panels: Sequence[tuple[str, Sequence[Sequence[float | None]], Sequence[Sequence[str]] | None]],
+    same_scale: bool = True,
+) -> bytes:
+    """Ordered-pair matrices side by side (row: source GPU, column: destination), one panel each.
+
+    Each panel is (title, values, marks): a cell's mark (``FAIL``, ``*``) is written beside or instead of
+    its value. The p2p check draws measured bandwidth beside the model's estimate with one colour scale,
+    so a pair that falls short stands out.
+    """
+    plt = _pyplot()
+    n = len(gpus)
+    size = max(3.2, 0.55 * n + 1.6)
+    fig, axes = plt.subplots(1, len(panels), figsize=(len(panels) * size + 1, size), squeeze=False)
+    values = [v for _, grid, _ in panels for row in grid for v in row if v]
+    shared_top = max(values + [1.0])
+    for ax, (title, grid, marks) in zip(axes[0], panels, strict=True):
+        top = shared_top if same_scale else max([v for row in grid for v in row if v] + [1.0])
+        data = [
+            [math.nan if (i == j or grid[i][j] is None) else grid[i][j] for j in range(n)] for i in range(n)
+        ]
+        image = ax.imshow(data, cmap="viridis", vmin=0, vmax=top)
+        ax.set_xticks(range(n), [f"GPU{g}" for g in gpus], rotation=45, fontsize=7)
+        ax.set_yticks(range(n), [f"GPU{g}" for g in gpus], fontsize=7)
+        ax.set_xlabel("destination", fontsize=7)
+        ax.set_ylabel("source", fontsize=7)
+        ax.set_title(title, fontsize=9)
+        for i in range(n):
+            for j in range(n):
+                if i == j:
+                    continue
+                mark = marks[i][j] if marks else ""
+                if mark == "FAIL":
+                    ax.text(j, i, "FAIL", ha="center", va="center", fontsize=6, color="red", weight="bold")
+                elif not math.isnan(data[i][j]):
+                    color = "black" if data[i][j] > 0.6 * top else "white"  # readable on viridis
+                    ax.text(
+                        j, i, f"{data[i][j]:.3g}{mark}", ha="center", va="center", fontsize=6, color=color
+                    )
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    fig.tight_layout()
+    return _png(fig)

@@ -1,4 +1,4 @@
-"""The doctor report as one self-contained HTML file: verdict, pictures (embedded PNGs), tables.
+"""The doctor and probe reports as self-contained HTML files: verdict, pictures (embedded PNGs), tables.
 
 Built only from the report's JSON document, so ``gputopo report PATH --html`` can redraw a saved
 report on another machine.
@@ -145,29 +145,7 @@ def render_html(doc: dict[str, Any]) -> str:
         parts.append("<h2>All-reduce bandwidth</h2>")
         parts.append("<figure>" + _img(figures.busbw_curves(curves), "all-reduce busbw curves") + "</figure>")
 
-    speed = [
-        ("GPUs " + ",".join(str(g) for g in s["gpus"]), (check.get("metrics") or {})["rows"])
-        for s in (doc.get("probe") or {}).get("sets") or []
-        for check in s.get("checks") or []
-        if check.get("name") == "speed" and (check.get("metrics") or {}).get("rows")
-    ]
-    if speed:
-        flags = [
-            flag
-            for s in doc["probe"]["sets"]
-            for check in s.get("checks") or []
-            if check.get("name") == "speed"
-            for flag in (check.get("metrics") or {}).get("flags") or []
-        ]
-        parts.append("<h2>Is DataParallel or DDP worth it?</h2>")
-        parts.append(
-            "<figure>"
-            + _img(figures.speed_bars(speed, simulated), "speed: one GPU, DataParallel, DDP, DDP+AMP")
-            + "<figcaption>Samples per second of one GPU, DataParallel, DDP and DDP with AMP at the same "
-            "global batch, with the speedup over one GPU."
-            + "".join(f" <b>{_e(f)}</b>" for f in flags)
-            + "</figcaption></figure>"
-        )
+    parts += speed_section((doc.get("probe") or {}).get("sets") or [], simulated)
 
     probe = doc.get("probe") or {}
     if probe.get("sets"):
@@ -221,3 +199,197 @@ def render_html(doc: dict[str, Any]) -> str:
         f"<title>{_e(title)}</title><style>{_CSS}</style>{script}</head>\n"
         f'<body data-images-total="{body.count("<img ")}">\n{body}\n</body></html>\n'
     )
+
+
+def _page(title: str, parts: list[str]) -> str:
+    """One self-contained page around ``parts`` (the probe's; the doctor page builds the same frame)."""
+    body = "\n".join(parts)
+    # The onload marker lets a headless browser test confirm every picture decoded to a real image.
+    script = (
+        "<script>window.addEventListener('load', function () {"
+        "var ok = Array.prototype.filter.call(document.images, function (i) {"
+        "return i.complete && i.naturalWidth > 0; }).length;"
+        "document.body.setAttribute('data-images-loaded', String(ok)); });</script>"
+    )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{_e(title)}</title><style>{_CSS}</style>{script}</head>\n"
+        f'<body data-images-total="{body.count("<img ")}">\n{body}\n</body></html>\n'
+    )
+
+
+_PROBE_BANNER = {"pass": "healthy", "fail": "problems"}
+
+
+def speed_section(sets: list[dict[str, Any]], stand_ins: bool) -> list[str]:
+    """The speed checks' rows as a bar chart (one panel per set), with their flags; nothing without one."""
+    speed = [
+        (
+            "GPUs " + ",".join(str(g) for g in s["gpus"]),
+            check["metrics"]["rows"],
+            check["metrics"].get("flags"),
+        )
+        for s in sets
+        for check in s.get("checks") or []
+        if check.get("name") == "speed" and (check.get("metrics") or {}).get("rows")
+    ]
+    if not speed:
+        return []
+    flags = [flag for _, _, set_flags in speed for flag in set_flags or []]
+    return [
+        "<h2>Is DataParallel or DDP worth it?</h2>",
+        "<figure>"
+        + _img(
+            figures.speed_bars([(label, rows) for label, rows, _ in speed], stand_ins),
+            "speed: one GPU, DataParallel, DDP, DDP+AMP",
+        )
+        + "<figcaption>Samples per second of one GPU, DataParallel, DDP and DDP with AMP at the same "
+        "global batch, with the speedup over one GPU."
+        + "".join(f" <b>{_e(f)}</b>" for f in flags)
+        + "</figcaption></figure>",
+    ]
+
+
+def render_probe_html(doc: dict[str, Any]) -> str:
+    """The whole report page for a ``gputopo/probe/v1`` document: verdict and caveats, the checks, the
+    p2p matrix beside the model's estimate, the all-reduce curves, NCCL transports, environment."""
+    from gputopo.probe.document import (
+        env_value,
+        numerics_text,
+        set_label,
+        set_tables,
+        set_transports,
+        variable_value,
+        verdict_line,
+    )
+    from gputopo.probe.environment import describe_transports
+    from gputopo.probe.verdict import p2p_matrices
+
+    cpu = doc.get("device") == "cpu"
+    env = doc.get("environment") or {}
+    title = "gputopo probe"
+    parts = [f"<h1>{_e(title)}</h1>"]
+    parts.append(
+        f'<p class="sub">{_e(doc.get("started_utc"))} &middot; device: {_e(doc.get("device"))} &middot; '
+        f"host: {_e(env.get('hostname'))} &middot; gputopo {_e(doc.get('gputopo_version'))}</p>"
+    )
+    if cpu:
+        parts.append(
+            '<div class="banner simulated">CPU ranks stood in for the GPUs (gloo): the checks ran, but '
+            "bandwidths and timings are not a GPU's.</div>"
+        )
+    verdict = str(doc.get("verdict", ""))
+    parts.append(
+        f'<div class="banner {_PROBE_BANNER.get(verdict, "problems")}">{_e(verdict_line(doc))}</div>'
+    )
+    warnings = doc.get("warnings") or []
+    if warnings:
+        parts.append(
+            "<h2>Warnings about the topology</h2><ul>"
+            + "".join(f"<li>{_e(w)}</li>" for w in warnings)
+            + "</ul>"
+        )
+    caveats = doc.get("caveats") or []
+    if caveats:
+        parts.append(
+            "<h2>Not tested in this run</h2><ul>" + "".join(f"<li>{_e(c)}</li>" for c in caveats) + "</ul>"
+        )
+
+    rows, classes = [], []
+    for s in doc.get("sets") or []:
+        for c in s.get("checks") or []:
+            rows.append(
+                [
+                    _e(set_label(s["gpus"])),
+                    _e(c.get("name")),
+                    _e(c.get("verdict")) + (f" ({_e(c.get('kind'))})" if c.get("kind") else ""),
+                    _e(c.get("detail")),
+                    _e(c.get("remedy") or ""),
+                ]
+            )
+            classes.append(["", "", str(c.get("verdict") or ""), "", ""])
+    parts.append("<h2>Checks</h2>")
+    parts.append(_table(["GPUs", "check", "verdict", "detail", "remedy"], rows, classes))
+
+    for s in doc.get("sets") or []:
+        for c in s.get("checks") or []:
+            m = c.get("metrics") or {}
+            if c.get("name") != "p2p" or not m.get("pairs") or "unidir_gbps" not in m["pairs"][0]:
+                continue
+            mat = m.get("matrix") or p2p_matrices(m)
+            fails = [
+                [
+                    "FAIL" if (w or 0) > 0 else ("*" if p == "staged" else "")
+                    for w, p in zip(wr, pr, strict=True)
+                ]
+                for wr, pr in zip(mat["wrong_bytes"], mat["path"], strict=True)
+            ]
+            panels = [("measured one way (GB/s)", mat["unidir_gbps"], fails)]
+            if any(v for row in mat.get("expected_gbps") or [] for v in row):
+                panels.append(("model estimate (GB/s)", mat["expected_gbps"], None))
+            panels.append(("measured both ways (GB/s)", mat["bidir_gbps"], fails))
+            parts.append(f"<h2>Peer-to-peer copies, set {_e(set_label(s['gpus']))}</h2>")
+            parts.append(
+                "<figure>"
+                + _img(
+                    figures.matrix_heatmaps(mat["gpus"], panels, same_scale=not cpu), "p2p bandwidth matrix"
+                )
+                + "<figcaption>Rows: source GPU; columns: destination. FAIL: a copy came back wrong; "
+                "*: no peer-to-peer path, copies staged through host memory (its number is not a P2P one). "
+                f"{_e(m.get('timed_copies'))} timed copies of {_e((m.get('bytes') or 0) >> 20)} MiB per "
+                f"direction, timed with {_e(m.get('timing'))}.</figcaption></figure>"
+            )
+
+    curves = []
+    for s in doc.get("sets") or []:
+        for c in s.get("checks") or []:
+            m = c.get("metrics") or {}
+            if c.get("name") == "allreduce" and m.get("rows"):
+                points = [(row["bytes"], row["busbw_gbps"]) for row in m["rows"]]
+                curves.append(
+                    ("GPUs " + set_label(s["gpus"]), points, None if cpu else m.get("expected_busbw_gbps"))
+                )
+    if curves:
+        parts.append("<h2>All-reduce bandwidth</h2>")
+        parts.append("<figure>" + _img(figures.busbw_curves(curves), "all-reduce busbw curves") + "</figure>")
+
+    parts += speed_section(doc.get("sets") or [], cpu)
+
+    transports = [(s, set_transports(s)) for s in doc.get("sets") or []]
+    if any(rows is not None for _, rows in transports):
+        parts.append("<h2>NCCL transports</h2>")
+        parts.append(
+            _table(
+                ["GPUs", "connections (from NCCL's INIT log)"],
+                [
+                    [_e(set_label(s["gpus"])), _e(describe_transports(rows))]
+                    for s, rows in transports
+                    if rows is not None
+                ],
+            )
+        )
+
+    parts.append("<h2>Measurements</h2>")
+    for _, lines in set_tables(doc):
+        parts.append(f"<pre>{_e(chr(10).join(lines))}</pre>")
+
+    parts.append("<h2>Environment</h2>")
+    parts.append(f"<p>Numerics: {_e(numerics_text(env.get('numerics')))}</p>")
+    skip = ("devices", "gpus", "rank_variables", "numerics", "caveats")
+    parts.append(
+        _table(["key", "value"], [[_e(k), _e(env_value(k, v))] for k, v in env.items() if k not in skip])
+    )
+    rank_vars = env.get("rank_variables")
+    if rank_vars:
+        ranks = sorted(rank_vars, key=int)
+        names = sorted({k for v in rank_vars.values() for k in v})
+        parts.append("<h3>NCCL_* and CUDA_* variables the ranks got</h3>")
+        parts.append(
+            _table(
+                ["variable", *[f"rank {r}" for r in ranks]],
+                [[_e(n), *[_e(variable_value(rank_vars[r].get(n))) for r in ranks]] for n in names],
+            )
+            if names
+            else "<p>None.</p>"
+        )
+    return _page(title + ": " + verdict_line(doc), parts)

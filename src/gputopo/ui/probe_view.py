@@ -10,9 +10,9 @@ from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from gputopo.probe.document import check_table, set_label
+from gputopo.probe.document import set_label, set_tables, set_transports
+from gputopo.probe.environment import describe_transports
 from gputopo.probe.plan import Job, Plan
-from gputopo.probe.runner import ProbeRun
 
 _VERDICT_STYLE = {"pass": "bold green", "fail": "bold red", "skipped": "yellow"}
 
@@ -112,46 +112,58 @@ def verdict_text(verdict: str) -> Text:
     return Text(verdict.upper(), style=_VERDICT_STYLE.get(verdict, ""))
 
 
-def verdict_panel(run: ProbeRun, report: dict[str, str] | None) -> Panel:
-    """Every set's checks with their verdicts, what failed and what to do, and where the report is."""
+def verdict_panel(doc: dict[str, Any]) -> Panel:
+    """Every set's checks with their verdicts, what failed and what to do, and where the report is.
+
+    What the environment took out of the test (``P2P path not tested: NCCL_P2P_DISABLE=1``) is on the
+    title line, beside the verdict, and the NCCL transports each set used follow its checks.
+    """
     body = Text()
     shown: set[str] = set()
-    for s in run.sets:
-        body.append(f"set {set_label(s.gpus):<10} ", style="bold")
-        body.append_text(verdict_text(s.verdict))
+    for s in doc.get("sets") or []:
+        body.append(f"set {set_label(s['gpus']):<10} ", style="bold")
+        body.append_text(verdict_text(s.get("verdict", "")))
         body.append("\n")
-        for chk in s.checks:
-            body.append(f"  {chk.name:<10} ")
-            body.append_text(verdict_text(chk.verdict))
-            if chk.kind:
-                body.append(f" ({chk.kind})", style="bold red")
-            body.append(f"  {chk.detail}\n")
-            if chk.remedy:
+        for chk in s.get("checks") or []:
+            body.append(f"  {chk.get('name'):<10} ")
+            body.append_text(verdict_text(chk.get("verdict", "")))
+            if chk.get("kind"):
+                body.append(f" ({chk['kind']})", style="bold red")
+            body.append(f"  {chk.get('detail')}\n")
+            remedy = chk.get("remedy")
+            if remedy:
                 # The same cause often fails several checks: say what to do once.
-                remedy = "as above" if chk.remedy in shown else chk.remedy
-                shown.add(chk.remedy)
-                body.append(f"    what to do: {remedy}\n", style="yellow")
-            tail = chk.metrics.get("stderr_tail") if chk.kind == "crashed" else None
+                text = "as above" if remedy in shown else remedy
+                shown.add(remedy)
+                body.append(f"    what to do: {text}\n", style="yellow")
+            tail = (chk.get("metrics") or {}).get("stderr_tail") if chk.get("kind") == "crashed" else None
             if tail:
                 body.append("    stderr tail:\n", style="dim")
                 for line in tail.splitlines()[-8:]:
                     body.append(f"      {line}\n", style="dim")
-    for note in run.notes:
+        rows = set_transports(s)
+        if rows is not None:
+            body.append(f"  NCCL transports: {describe_transports(rows)}\n", style="dim")
+    for caveat in doc.get("caveats") or []:
+        body.append(f"not tested: {caveat}\n", style="bold yellow")
+    for note in doc.get("notes") or []:
         body.append(f"note: {note}\n", style="dim")
+    report = doc.get("report")
     if report:
-        body.append(f"report: {report['json']}\n        {report['markdown']}", style="dim")
-    title = Text.assemble("gputopo probe: ", verdict_text(run.verdict), f" ({run.wall_s:.1f} s)")
+        paths = [report[k] for k in ("json", "markdown", "html") if report.get(k)]
+        body.append("report: " + "\n        ".join(paths), style="dim")
+    verdict = str(doc.get("verdict", ""))
+    title = Text.assemble("gputopo probe: ", verdict_text(verdict))
+    caveats = doc.get("caveats") or []
+    if caveats:
+        title.append(f" ({'; '.join(caveats)})", style="yellow")
+    title.append(f" ({float(doc.get('wall_s') or 0):.1f} s)")
     body.rstrip()
     return Panel(body if body.plain else Text("nothing ran"), title=title, title_align="left", expand=False)
 
 
-def render_probe(run: ProbeRun, report: dict[str, str] | None) -> RenderableType:
+def render_probe(doc: dict[str, Any]) -> RenderableType:
     """The measurement tables of every set (nccl-tests style, ``#`` header lines), then the verdict panel."""
-    parts: list[RenderableType] = []
-    for s in run.sets:
-        for chk in s.checks:
-            lines = check_table(run, s.gpus, chk)
-            if lines:
-                parts.append(Text("\n".join(lines) + "\n"))
-    parts.append(verdict_panel(run, report))
+    parts: list[RenderableType] = [Text("\n".join(lines) + "\n") for _, lines in set_tables(doc)]
+    parts.append(verdict_panel(doc))
     return Group(*parts)
