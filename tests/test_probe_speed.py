@@ -92,9 +92,7 @@ def test_speed_mode_on_cpu_ranks_gives_the_four_rows_with_speedups(tmp_path):
     markdown = report.with_suffix(".md").read_text()
     assert "DDP+AMP" in markdown and "speedup" in markdown
     page = report.with_suffix(".html").read_text()
-    assert (
-        "Is DataParallel or DDP worth it?" in page and "CPU stand-ins, not judged" not in page
-    )  # in the PNG
+    assert "Is DataParallel or DDP worth it?" in page  # the probe's HTML report draws the bars
 
 
 def test_doctor_merges_the_speed_check_into_its_set_and_draws_the_bars():
