@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -270,7 +271,7 @@ def test_doctor_without_matplotlib_still_writes_json_and_markdown(tmp_path, monk
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
-    result = run("doctor", "--simulate", "--skip-probe", "--report-dir", str(tmp_path))
+    result = run("doctor", "--simulate", "--skip-probe", "--html", "--report-dir", str(tmp_path))
     assert result.exit_code == 0, result.output
     assert "no HTML report: matplotlib is not installed" in result.stderr
     assert sorted(p.suffix for p in tmp_path.iterdir()) == [".json", ".md"]
@@ -302,3 +303,70 @@ def test_unwritable_report_dir_fails_before_any_work(tmp_path):
     assert "cannot write the report" in result.stderr
     probe = run("probe", "--device", "cpu", "--gpus", "0,1", "--report-dir", str(blocker / "r"))
     assert probe.exit_code == 2 and "cannot write the report" in probe.stderr
+
+
+def _doctor(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict]:
+    """``gputopo doctor ... --json`` in a child process; asserts that no process it started is left."""
+    from test_probe_cli import TEST_MARKER, assert_nothing_left
+
+    marker = uuid.uuid4().hex
+    env = {**os.environ, **PLAIN_ENV, TEST_MARKER: marker}
+    cmd = [sys.executable, "-m", "gputopo", "doctor", *args, "--json", "--report-dir", str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert_nothing_left(marker)
+    return done, json.loads(done.stdout) if done.stdout else {}
+
+
+@pytest.mark.slow
+def test_seed_drill_corrupt_path_between_5_and_6_in_one_launch(tmp_path):
+    """The seed story: DataParallel on 5,6 goes wrong while 6,7 and 4,5 train fine."""
+    done, doc = _doctor(
+        tmp_path, "--input", "sample:seed-8gpu-nv4", "--inject", "corrupt", "--inject-gpus", "5,6",
+        "--steps", "2", "--model", "tiny",
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-2000:]
+    sets = {tuple(s["gpus"]): s for s in doc["probe"]["sets"]}
+    assert len(sets) == 28 + 2  # every pair, the 4-GPU set and all 8
+    broken = {c["name"]: c for c in sets[(5, 6)]["checks"]}
+    assert sets[(5, 6)]["verdict"] == "fail" and broken["dp"]["kind"] == "corrupt"
+    assert broken["allreduce"]["kind"] == "corrupt"
+    for pair in ((6, 7), (4, 5)):
+        assert sets[pair]["verdict"] == "pass", sets[pair]
+    healthy = [s for gpus, s in sets.items() if not {5, 6} <= set(gpus)]
+    assert all(s["verdict"] == "pass" for s in healthy)
+    for rec in doc["recommendations"]:
+        if rec["n"] in (2, 4):
+            assert not {5, 6} <= set(rec["best"]["gpus"]), rec
+    assert len(doc["probe"]["launches"]) == 1
+    assert doc["verdict"] == "problems"
+
+
+@pytest.mark.slow
+def test_a_planted_hang_costs_its_sets_and_at_most_two_more_launches(tmp_path):
+    done, doc = _doctor(
+        tmp_path, "--input", "sample:quad-nv4-pairs-2socket", "--inject", "hang", "--inject-gpus", "2,3",
+        "--steps", "2", "--model", "tiny", "--timeout", "20",
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-2000:]
+    probe = doc["probe"]
+    hung = {tuple(s["gpus"]) for s in probe["sets"] if any(c["kind"] == "hung" for c in s["checks"])}
+    assert hung == {(2, 3), (0, 1, 2, 3)}  # the sets holding both GPUs; nothing else
+    for s in probe["sets"]:
+        if tuple(s["gpus"]) not in hung:
+            assert s["verdict"] == "pass", s
+            assert all(
+                c["verdict"] in ("pass", "skipped") and "not reached" not in c["detail"] for c in s["checks"]
+            )
+    launches = probe["launches"]
+    assert len(launches) <= 3
+    assert [e["kind"] for launch in launches for e in launch["ended_by"]] == ["hung", "hung"]
+
+
+def test_drill_options_go_together_and_need_the_probes():
+    from gputopo.errors import UsageError
+    from gputopo.probe.options import Fault
+
+    with pytest.raises(UsageError, match="go together"):
+        run_doctor(DoctorOptions(inject=Fault.CORRUPT))
+    with pytest.raises(UsageError, match="--skip-probe skips them"):
+        run_doctor(DoctorOptions(skip_probe=True, inject=Fault.CORRUPT, inject_gpus="0,1"))

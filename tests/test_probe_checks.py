@@ -25,8 +25,21 @@ def make_ctx(tmp_path, world=2, steps=3, **spec):
 def one_thread():
     before = torch.get_num_threads()
     torch.set_num_threads(1)
+    checks._REFERENCE_CACHE.clear()  # each test computes its own references
     yield
     torch.set_num_threads(before)
+
+
+def test_a_pool_rank_runs_each_reference_once_per_set_size(tmp_path):
+    """Sets of one size in one pool rank share their reference: same model, seed, data, device."""
+    ctx = make_ctx(tmp_path)
+    first = checks.reference_run(ctx, "run 1", per_chunk_backward=False)
+    again = checks.reference_run(ctx, "run 1", per_chunk_backward=False)
+    assert again is first
+    rows = (tmp_path / "progress-rank0.jsonl").read_text().splitlines()
+    assert len(rows) == ctx.spec["steps"] + 1 and '"cached": true' in rows[-1]
+    bigger = checks.reference_run(make_ctx(tmp_path, world=4), "run 1", per_chunk_backward=False)
+    assert bigger is not first
 
 
 def test_checksum_sees_one_flipped_bit_and_nothing_else():

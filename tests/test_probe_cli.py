@@ -22,6 +22,8 @@ from typer.testing import CliRunner
 pytest.importorskip("torch")
 pytest.importorskip("torchvision")
 
+from gputopo.probe.worker import COLLECTIVE_TIMEOUT_GRACE_S  # noqa: E402
+
 TEST_MARKER = "GPUTOPO_TEST_PROBE"
 BASE = ["--device", "cpu", "--gpus", "0,1", "--model", "tiny"]
 
@@ -150,7 +152,8 @@ def test_planted_hang_is_called_hung_soon_after_the_timeout(tmp_path):
     assert ddp["kind"] == "hung"
     assert "rank 1 last at ddp injected-hang" in ddp["detail"]
     assert "NCCL_P2P_DISABLE=1" in ddp["remedy"]
-    assert elapsed < timeout + 8  # start-up of the CLI, plus the SIGTERM grace
+    # The parent called it, not the collectives' own timeout (--timeout plus a grace) turned crash.
+    assert elapsed < timeout + COLLECTIVE_TIMEOUT_GRACE_S
 
 
 @pytest.mark.slow
@@ -189,33 +192,44 @@ def test_ctrl_c_stops_every_rank(tmp_path):
     assert_nothing_left(marker)
 
 
+EACH_PAIR = ["--device", "cpu", "--gpus", "0,1,2,3", "--each-pair", "--model", "tiny", "--mode", "ddp"]
+EACH_PAIR += ["--steps", "2", "--batch-size", "4", "--json"]
+
+
 @pytest.mark.slow
-def test_each_pair_runs_disjoint_pairs_together(tmp_path):
-    done, _ = probe(
-        tmp_path,
-        "--device",
-        "cpu",
-        "--gpus",
-        "0,1,2,3",
-        "--each-pair",
-        "--model",
-        "tiny",
-        "--mode",
-        "ddp",
-        "--steps",
-        "2",
-        "--batch-size",
-        "4",
-        "--json",
-        timeout=180,
-    )
+def test_each_pair_is_one_launch_with_disjoint_pairs_together(tmp_path):
+    done, _ = probe(tmp_path, *EACH_PAIR, timeout=180)
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert [s["gpus"] for s in doc["sets"]] == [[0, 1], [0, 2], [0, 3], [1, 2], [1, 3], [2, 3]]
     assert all(s["verdict"] == "pass" for s in doc["sets"])
-    for launch in doc["launches"]:
-        (partner,) = launch["concurrent_with"]
-        assert not set(partner) & set(launch["gpus"])
+    (launch,) = doc["launches"]  # one pool of four ranks ran all six pairs
+    assert launch["gpus"] == [0, 1, 2, 3] and launch["status"] == "ok" and launch["judged"] == 6
+    assert len(launch["steps"]) == 3
+    for step in launch["steps"]:
+        assert len(step) == 2
+        a, b = (set(j["gpus"]) for j in step)
+        assert not a & b
+
+
+@pytest.mark.slow
+def test_a_crash_costs_one_pair_and_a_fresh_pool_judges_the_rest(tmp_path):
+    """The crash kills one pair's rank; the agent stops the pool, pairs of other steps run in a new one.
+
+    (A hang costs one set the same way: tests/test_doctor.py plants one in the doctor's run.)
+    """
+    done, _ = probe(tmp_path, *EACH_PAIR, "--inject", "crash", "--inject-gpus", "1,2", timeout=400)
+    assert done.returncode == 1, done.stderr
+    doc = json.loads(done.stdout)
+    by_set = {tuple(s["gpus"]): s["checks"][0] for s in doc["sets"]}
+    crashed = by_set.pop((1, 2))
+    assert crashed["kind"] == "crashed" and crashed["detail"].startswith("rank 1 exited with exit code 86")
+    assert all(c["verdict"] == "pass" for c in by_set.values()), by_set
+    first, second = doc["launches"]
+    assert first["status"] == "failed" and first["ended_by"] == [{"gpus": [1, 2], "kind": "crashed"}]
+    assert second["status"] == "ok"
+    # The fresh pool ran only what the first one had not judged.
+    assert first["judged"] + second["judged"] == 6
 
 
 def test_unknown_gpu_is_exit_2_listing_what_exists(tmp_path):
@@ -273,6 +287,14 @@ def test_cli_and_probe_help_do_not_import_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "False"]
+
+
+def test_a_set_listed_out_of_order_keeps_its_order_as_rank_order(tmp_path):
+    """--gpus 1,0: GPU 1 is the set's rank 0; the subgroup must not sort it (the worker checks)."""
+    done, _ = probe(tmp_path, "--device", "cpu", "--gpus", "1,0", "--mode", "allreduce", "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["sets"][0]["gpus"] == [1, 0] and doc["verdict"] == "pass"
 
 
 # --- issue 11: a PASS must mean something -----------------------------------------------------------------

@@ -125,6 +125,29 @@ def test_cpu_inventory_needs_no_gpu():
     assert inv.device == "cpu" and inv.gpus == tuple(range(cfg.CPU_STAND_INS))
 
 
+def test_inject_gpus_names_the_sets_that_get_the_fault():
+    config = build_config(EIGHT_GPU_BOX, ["4,5,6,7", "6,7"], inject=Fault.CORRUPT, inject_gpus="5,6")
+    assert config.inject_gpus == (5, 6) and config.inject_rank is None
+    pairs = build_config(EIGHT_GPU_BOX, each_pair=True, inject=Fault.HANG, inject_gpus="5,6")
+    assert pairs.inject_gpus == (5, 6)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"inject_gpus": "5,6"}, "needs --inject"),
+        ({"inject": Fault.NAN, "inject_gpus": "5,6", "inject_rank": 0}, "both say where"),
+        ({"inject": Fault.NAN, "inject_gpus": "0,5"}, "no probed set holds"),
+        ({"inject": Fault.NAN, "inject_gpus": "5,x"}, "comma-separated"),
+    ],
+)
+def test_inject_gpus_mistakes_are_usage_errors(kwargs, words):
+    with pytest.raises(UsageError, match=words):
+        build_config(EIGHT_GPU_BOX, ["4,5,6,7"], **kwargs)
+    with pytest.raises(UsageError, match="no probed set holds"):
+        build_config(EIGHT_GPU_BOX, each_pair=True, inject=Fault.NAN, inject_gpus="1,2,3")
+
+
 @pytest.mark.parametrize(
     ("text", "size"),
     [

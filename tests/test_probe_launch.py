@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -39,6 +40,27 @@ def test_spec_carries_options_and_the_fault():
     assert spec["model"] == "tiny" and spec["steps"] == 4 and spec["device"] == "cpu"
 
 
+def test_inject_gpus_reach_every_set_holding_them_in_the_named_gpus_rank():
+    config = build_config(GPU_BOX, ["4,5,6,7", "6,7", "5,6"], inject=Fault.CORRUPT, inject_gpus="5,6")
+    all_checks = ("p2p", "dp", "ddp", "allreduce")
+    big = launch.job_spec(config, Job((4, 5, 6, 7), ("p2p",)), ("p2p",), launch.Path("/x"), all_checks)
+    assert (big["inject"], big["inject_rank"], big["inject_ranks"]) == ("corrupt", 2, [1, 2])
+    assert big["inject_checks"] == ["p2p"]
+    spared = launch.job_spec(config, Job((6, 7), all_checks), all_checks, launch.Path("/x"))
+    assert spared["inject"] is None and spared["inject_checks"] == []
+
+
+def test_a_hang_goes_into_the_sets_first_distributed_check_even_across_jobs():
+    config = build_config(CPU, ["0,1"], inject=Fault.HANG)
+    set_checks = ("dp", "ddp", "allreduce")
+    later = launch.job_spec(
+        config, Job((0, 1), ("allreduce",)), ("allreduce",), launch.Path("/x"), set_checks
+    )
+    assert later["inject_checks"] == []
+    first = launch.job_spec(config, Job((0, 1), ("dp", "ddp")), ("dp", "ddp"), launch.Path("/x"), set_checks)
+    assert first["inject_checks"] == ["dp"]
+
+
 def test_cpu_ranks_get_one_thread_and_no_gpu():
     config = build_config(CPU, ["0,1"])
     env = launch.rank_environment(config, Job((0, 1), ("ddp",)), "m1")
@@ -51,6 +73,21 @@ def test_gpu_ranks_see_their_set_in_nvidia_smi_order(monkeypatch):
     config = build_config(GPU_BOX, ["5,6"])
     env = launch.rank_environment(config, Job((5, 6), ("ddp",)), "m2")
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" and env["CUDA_VISIBLE_DEVICES"] == "5,6"
+
+
+def test_every_pool_rank_sees_every_gpu_of_the_pool():
+    """Pool rank r drives the r-th GPU of the union; the rank running DataParallel reaches all of them."""
+    config = build_config(GPU_BOX, ["5,6", "2,6"])
+    pool = launch.Pool(config, [((Job((5, 6), ("ddp",)), ("ddp",)),), ((Job((2, 6), ("ddp",)), ("ddp",)),)])
+    try:
+        assert pool.gpus == (2, 5, 6)
+        assert [j.ranks for j in pool.jobs] == [(1, 2), (0, 2)]
+        env = launch.rank_environment(config, Job(pool.gpus, ()), "m3")
+        assert env["CUDA_VISIBLE_DEVICES"] == "2,5,6"
+        spec = pool.spec()
+        assert [[j["ranks"] for j in step] for step in spec["schedule"]] == [[[1, 2]], [[0, 2]]]
+    finally:
+        pool.cleanup()
 
 
 STUBBORN = (
@@ -134,3 +171,94 @@ def test_root_cause_is_the_rank_that_crashed_not_the_peer_that_lost_it():
     later = {"rank": 2, "message": "boom", "timestamp": 101, "stderr_tail": ""}
     assert sorted([lost, later, crashed], key=root_cause_order) == [crashed, later, lost]
     assert sorted([later, crashed], key=root_cause_order)[0] is crashed
+
+
+def test_a_rank_the_agent_stopped_is_never_the_root_cause():
+    """In a pool, a crash in one set makes the agent SIGTERM the ranks of every other set."""
+    from gputopo.probe.launch import root_cause_order
+
+    stopped = {"rank": 0, "signal": "SIGTERM", "message": None, "timestamp": 100, "stderr_tail": ""}
+    crashed = {"rank": 2, "signal": None, "message": None, "timestamp": 100, "stderr_tail": "injected"}
+    assert sorted([stopped, crashed], key=root_cause_order)[0] is crashed
+
+
+def _pool_with_rows(rows, steps):
+    """A pool that never started, fed the progress rows its ranks would have written."""
+    config = build_config(CPU, ["0,1,2,3"], each_pair=True, model="tiny")
+    pool = launch.Pool(config, steps)
+    for row in rows:
+        with (pool.dir / f"progress-rank{row['pool_rank']}.jsonl").open("a") as fh:
+            fh.write(json.dumps({"t": 0.0, "done": 0, "total": 0, **row}) + "\n")
+    pool._read_progress()  # noqa: SLF001
+    pool.ended = time.monotonic()
+    return pool
+
+
+DDP = ("ddp",)
+TWO_STEPS = [
+    ((Job((0, 1), DDP), DDP), (Job((2, 3), DDP), DDP)),
+    ((Job((0, 2), DDP), DDP), (Job((1, 3), DDP), DDP)),
+]
+
+
+def _entered_step_0(ranks=range(4)):
+    rows = [{"pool_rank": r, "rank": r, "task": None, "check": "pool", "stage": "ready"} for r in ranks]
+    rows += [
+        {"pool_rank": r, "rank": r, "task": None, "check": "pool", "stage": "step", "done": 0} for r in ranks
+    ]
+    return rows
+
+
+def test_a_step_past_the_timeout_judges_its_unfinished_job_hung_and_keeps_the_finished_one():
+    rows = _entered_step_0()
+    rows += [{"pool_rank": r, "rank": r, "task": "j0", "check": "task", "stage": "done"} for r in (0, 1)]
+    rows += [{"pool_rank": 3, "rank": 1, "task": "j1", "check": "ddp", "stage": "injected-hang"}]
+    pool = _pool_with_rows(rows, TWO_STEPS)
+    try:
+        pool.timed_out = True
+        out = pool.outcome()
+    finally:
+        pool.cleanup()
+    assert [(o.job.gpus, o.status) for o in out.judged] == [((0, 1), "ok"), ((2, 3), "timeout")]
+    hung = out.judged[1]
+    assert hung.last_progress[1]["stage"] == "injected-hang"  # rank within the set, not in the pool
+    assert hung.last_progress[0]["check"] == "pool"  # silent in the job: where the pool last saw it
+    assert out.record["ended_by"] == [{"gpus": [2, 3], "kind": "hung"}] and out.record["judged"] == 2
+
+
+def test_a_crash_is_charged_to_the_job_of_the_rank_that_died():
+    rows = _entered_step_0()
+    pool = _pool_with_rows(rows, TWO_STEPS)
+    died = {"rank": 2, "exitcode": 86, "signal": None, "pid": 1, "message": None, "stderr_tail": "boom"}
+    stopped = {"rank": 0, "exitcode": -15, "signal": "SIGTERM", "pid": 2, "message": None, "stderr_tail": ""}
+    (pool.dir / launch.LAUNCH_RESULT).write_text(
+        json.dumps({"status": "failed", "failures": [died, stopped]})
+    )
+    try:
+        out = pool.outcome()
+    finally:
+        pool.cleanup()
+    (only,) = out.judged
+    assert only.job.gpus == (2, 3) and only.status == "failed"
+    assert only.failures[0].rank == 0 and only.failures[0].exitcode == 86  # pool rank 2 is rank 0 of 2,3
+    assert out.record["ended_by"] == [{"gpus": [2, 3], "kind": "crashed"}]
+
+
+def test_a_pool_that_never_started_charges_every_job_at_once():
+    """An import error or a rendezvous hang blames no set, and a fresh pool would fail alike."""
+    pool = _pool_with_rows([], TWO_STEPS)
+    failure = {
+        "rank": 0,
+        "exitcode": 1,
+        "signal": None,
+        "pid": 1,
+        "message": "ImportError: x",
+        "stderr_tail": "",
+    }
+    (pool.dir / launch.LAUNCH_RESULT).write_text(json.dumps({"status": "failed", "failures": [failure]}))
+    try:
+        out = pool.outcome()
+    finally:
+        pool.cleanup()
+    assert len(out.judged) == 4 and all(o.status == "failed" for o in out.judged)
+    assert [e["kind"] for e in out.record["ended_by"]] == ["crashed"] * 4

@@ -44,6 +44,8 @@ class DoctorOptions:
     report_dir: Path = Path("reports")
     env: Mapping[str, str] | None = None  # the environment whose NCCL settings are checked (os.environ)
     simulate: bool = False  # asked for: run on the sample machine even where there are GPUs
+    inject: Any = None  # a ``gputopo.probe.options.Fault`` for a drill, planted where ``inject_gpus`` says
+    inject_gpus: str | None = None
     skip_speed: bool = False
 
 
@@ -139,7 +141,8 @@ def probe_section(
     options: DoctorOptions,
     hook: ProbeHook | None,
 ) -> dict[str, Any] | None:
-    """Every pair (short), then the recommended larger sets; one merged ``gputopo/probe/v1`` document."""
+    """Every pair (short) and the recommended larger sets in one probe run (one pool of ranks, a fresh
+    one only after a hang or crash); its ``gputopo/probe/v1`` document."""
     from gputopo.probe.config import build_config, detect_devices, require_torch
     from gputopo.probe.document import to_document
     from gputopo.probe.options import Mode
@@ -158,39 +161,42 @@ def probe_section(
         "report_dir": options.report_dir,
         "topology_input": topology_input,
     }
-    configs = []
+    if not usable:
+        return None
+    drill = {"inject": options.inject, "inject_gpus": options.inject_gpus}
+    bigger = tuple(tuple(s) for s in sizes_sets if len(s) > 2)
     if len(usable) >= 2:
-        configs.append(build_config(inventory, [",".join(map(str, usable))], each_pair=True, **common))
-    elif usable:
-        configs.append(build_config(inventory, [str(usable[0])], **common))
-    bigger = [s for s in sizes_sets if len(s) > 2]
-    if bigger:
-        configs.append(build_config(inventory, [",".join(map(str, s)) for s in bigger], **common))
+        config = build_config(inventory, [",".join(map(str, usable))], each_pair=True, **common, **drill)
+    else:
+        config = build_config(inventory, [str(usable[0])], **common, **drill)
+    plan = make_plan(config, more_sets=bigger)
+    if hook is None:
+        run = run_probe(config, plan=plan)
+    else:
+        with hook(plan) as bars:
+            run = run_probe(config, bars.update, plan=plan)
+    doc = to_document(run)
     if not options.skip_speed and sizes_sets:
-        # The speed table (one GPU, DataParallel, DDP, DDP+AMP) on each recommended set. CPU stand-ins'
-        # timings are shown but never judged, so a simulation times only its largest set: one launch.
+        # The speed table (one GPU, DataParallel, DDP, DDP+AMP) on each recommended set, in a run of its
+        # own after the checks. CPU stand-ins' timings are shown but never judged, so a simulation times
+        # only its largest set.
         timed = sizes_sets if inventory.device == "cuda" else [max(sizes_sets, key=len)]
         speed = {**common, "mode": Mode.SPEED}
-        configs.append(build_config(inventory, [",".join(map(str, s)) for s in timed], **speed))
-    merged: dict[str, Any] | None = None
-    for config in configs:
-        plan = make_plan(config)
+        speed_config = build_config(inventory, [",".join(map(str, s)) for s in timed], **speed)
+        speed_plan = make_plan(speed_config)
         if hook is None:
-            run = run_probe(config, plan=plan)
+            speed_run = run_probe(speed_config, plan=speed_plan)
         else:
-            with hook(plan) as bars:
-                run = run_probe(config, bars.update, plan=plan)
-        doc = to_document(run)
-        if merged is None:
-            merged = doc
-        else:
-            merge_sets(merged["sets"], doc["sets"])
-            merged["launches"].extend(doc["launches"])
-            merged["notes"] = sorted(set(merged["notes"]) | set(doc["notes"]))
-            merged["wall_s"] = round(merged["wall_s"] + doc["wall_s"], 3)
-            if doc["verdict"] == "fail":
-                merged["verdict"] = "fail"
-    return merged
+            with hook(speed_plan) as bars:
+                speed_run = run_probe(speed_config, bars.update, plan=speed_plan)
+        speed_doc = to_document(speed_run)
+        merge_sets(doc["sets"], speed_doc["sets"])
+        doc["launches"].extend(speed_doc["launches"])
+        doc["notes"] = sorted(set(doc["notes"]) | set(speed_doc["notes"]))
+        doc["wall_s"] = round(doc["wall_s"] + speed_doc["wall_s"], 3)
+        if speed_doc["verdict"] == "fail":
+            doc["verdict"] = "fail"
+    return doc
 
 
 def merge_sets(into: list[dict[str, Any]], sets: list[dict[str, Any]]) -> None:
@@ -257,6 +263,12 @@ def run_doctor(options: DoctorOptions, probe_hook: ProbeHook | None = None) -> d
         raise UsageError(f"--steps {options.steps}: must be at least 1", "e.g. --steps 5")
     if not options.timeout_s > 0:
         raise UsageError(f"--timeout {options.timeout_s:g}: must be positive", "e.g. --timeout 120")
+    if (options.inject is None) != (options.inject_gpus is None):
+        raise UsageError(
+            "--inject and --inject-gpus go together in doctor", "e.g. --inject corrupt --inject-gpus 5,6"
+        )
+    if options.inject is not None and options.skip_probe:
+        raise UsageError("--inject plants a fault in the probes, and --skip-probe skips them", "drop one")
     from gputopo.topology import snapshot
 
     machine = choose_machine(options.input, options.simulate)

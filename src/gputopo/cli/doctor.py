@@ -10,6 +10,7 @@ import typer
 from gputopo.cli import app
 from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, examples, guarded
 from gputopo.errors import EXIT_PROBLEM, InputError, UnavailableError, UsageError
+from gputopo.probe.options import Fault
 from gputopo.ui.output import Output
 
 REPORT_HINT = "give a reports/doctor-*.json or probe-*.json file that gputopo wrote"
@@ -53,20 +54,40 @@ def doctor_command(
     report_dir: Path = typer.Option(
         Path("reports"), metavar="PATH", help="Where the JSON, Markdown and HTML reports go."
     ),
+    html_out: Optional[bool] = typer.Option(  # noqa: UP045 (typer)
+        None,
+        "--html/--no-html",
+        help="Draw the HTML report with pictures (matplotlib, a few seconds). Default: with the probes, "
+        "not with --skip-probe (gputopo report FILE --html draws it later).",
+    ),
+    inject: Optional[Fault] = typer.Option(  # noqa: UP045 (typer)
+        None, help="Drill: plant a fault in the probes (needs --inject-gpus) to see the doctor catch it."
+    ),
+    inject_gpus: Optional[str] = typer.Option(  # noqa: UP045 (typer)
+        None, "--inject-gpus", help="Drill: the GPUs whose sets get the fault, e.g. 5,6."
+    ),
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Check this machine end to end (topology, links, stale processes, probes) and write a report."""
     from gputopo.doctor import DoctorOptions, run_doctor, to_markdown
     from gputopo.probe.config import MODELS
     from gputopo.report import ensure_report_dir, write_report
-    from gputopo.ui.html_report import render_html
 
     if model is not None and model not in MODELS:
         raise UsageError(f"--model {model}: unknown model", f"choose one of {', '.join(MODELS)}")
     out = Output(json_mode=json_out)
     ensure_report_dir(report_dir)
     options = DoctorOptions(
-        input, steps, timeout, skip_probe, model, report_dir, simulate=simulate, skip_speed=skip_speed
+        input,
+        steps,
+        timeout,
+        skip_probe,
+        model,
+        report_dir,
+        simulate=simulate,
+        inject=inject,
+        inject_gpus=inject_gpus,
+        skip_speed=skip_speed,
     )
 
     def progress(plan):
@@ -78,13 +99,17 @@ def doctor_command(
     out.warnings(doc.get("warnings") or ())
     if doc["why_simulated"] and json_out:  # the human view prints it at the top itself
         out.warn(doc["why_simulated"])
-    try:
-        html = render_html(doc)
-    except ModuleNotFoundError as exc:
-        if exc.name != "matplotlib":
-            raise
-        html = None
-        out.warn("no HTML report: matplotlib is not installed (pip install 'gputopo[probe]')")
+    html = None
+    # Importing matplotlib costs seconds, most of a --skip-probe run; the quick look skips the pictures.
+    if html_out if html_out is not None else not skip_probe:
+        from gputopo.ui.html_report import render_html
+
+        try:
+            html = render_html(doc)
+        except ModuleNotFoundError as exc:
+            if exc.name != "matplotlib":
+                raise
+            out.warn("no HTML report: matplotlib is not installed (pip install 'gputopo[probe]')")
     paths = write_report("doctor", doc, to_markdown(doc), report_dir, html=html)
     doc["report"] = paths
     if json_out:

@@ -81,6 +81,13 @@ def probe_command(
         Optional[int],  # noqa: UP045 (typer)
         typer.Option(help="Rank (within a set) that gets the fault. Default: the last."),
     ] = None,
+    inject_gpus: Annotated[
+        Optional[str],  # noqa: UP045 (typer)
+        typer.Option(
+            "--inject-gpus",
+            help="Plant the fault in every set holding these GPUs, e.g. 5,6 (p2p: the copies between them).",
+        ),
+    ] = None,
     report_dir: Annotated[
         Path, typer.Option(metavar="PATH", help="Where the JSON and Markdown reports go.")
     ] = Path("reports"),
@@ -151,6 +158,7 @@ def probe_command(
         max_bytes=high,
         step_factor=step_factor,
         iters=iters,
+        inject_gpus=inject_gpus,
         precisions=[p.value for p in precision or ()],
     )
     if input is not None:

@@ -190,15 +190,21 @@ def with_precision(ctx: Any, precision: str, init_scale: float | None = None) ->
     return replace(ctx, spec=spec)
 
 
-def device_capabilities(ctx: Any) -> list[tuple[int, int]]:
-    """Compute capability of every device the set's ranks see (empty on CPU)."""
+def device_capabilities(ctx: Any, devices: list[int] | None = None) -> list[tuple[int, int]]:
+    """Compute capability of each of the set's CUDA devices (``None``: every visible one; empty on CPU)."""
     if not ctx.is_cuda:
         return []
-    devices = getattr(ctx, "devices", None) or range(torch.cuda.device_count())
-    return [tuple(torch.cuda.get_device_capability(i)) for i in devices]
+    return [tuple(torch.cuda.get_device_capability(i)) for i in devices or range(torch.cuda.device_count())]
 
 
-def training_check(ctx: Any, base: str, precision: str, refs: dict[str, Any]) -> dict[str, Any]:
+def training_check(
+    ctx: Any,
+    base: str,
+    precision: str,
+    refs: dict[str, Any],
+    group: Any = None,
+    devices: list[int] | None = None,
+) -> dict[str, Any]:
     """One dp or ddp check at ``precision`` against references at the same precision (collective).
 
     ``refs`` caches the reference runs per precision across the launch's checks. An fp32 reference is
@@ -208,9 +214,7 @@ def training_check(ctx: Any, base: str, precision: str, refs: dict[str, Any]) ->
     """
     from gputopo.probe import checks
 
-    group = getattr(ctx, "group", None)  # the set's process group where the launch holds several sets
-
-    why = unsupported_reason(precision, ctx.device.type, device_capabilities(ctx))
+    why = unsupported_reason(precision, ctx.device.type, device_capabilities(ctx, devices))
     if why is not None:
         return {"precision": precision, "device": ctx.device.type, "unsupported": why}
     fp32_checked = any(
@@ -218,7 +222,7 @@ def training_check(ctx: Any, base: str, precision: str, refs: dict[str, Any]) ->
     )
     for p in dict.fromkeys((DEFAULT_PRECISION if fp32_checked else precision, precision)):
         if p not in refs:
-            scale = calibrate_scale(with_precision(ctx, p)) if p == "fp16" else None
+            scale = calibrate_scale(with_precision(ctx, p), group) if p == "fp16" else None
             refs[f"{p}:init_scale"] = scale
             refs[p] = checks.reference_runs(with_precision(ctx, p, scale), group)
     if precision != DEFAULT_PRECISION and not fp32_checked and FP32_CURVE not in refs:
@@ -232,7 +236,7 @@ def training_check(ctx: Any, base: str, precision: str, refs: dict[str, Any]) ->
     metrics: dict[str, Any] = {}
     if base == "dp":
         if ctx.rank == 0:
-            metrics = checks.dp_check(sub, refs[precision])
+            metrics = checks.dp_check(sub, refs[precision], devices)
         checks.barrier(ctx, group)
     else:
         metrics = checks.ddp_check(sub, refs[precision], group)
@@ -242,7 +246,7 @@ def training_check(ctx: Any, base: str, precision: str, refs: dict[str, Any]) ->
     return metrics
 
 
-def calibrate_scale(ctx: Any) -> float:
+def calibrate_scale(ctx: Any, group: Any = None) -> float:
     """The GradScaler's starting scale for this launch: a quarter of the largest power of two up to 2**16
     at which the first step's gradients are finite, found on a throwaway copy of the model. Collective:
     each rank searches on its own chunk of the first batch (as DDP ranks and reference run 2
@@ -283,5 +287,5 @@ def calibrate_scale(ctx: Any) -> float:
     # Two halvings of headroom: the other chunks, and gradients that grow over the first steps.
     scale = max(2.0 ** (best - 2), SCALE_FLOOR)
     found = torch.tensor([scale], dtype=torch.float64, device=ctx.device)
-    dist.all_reduce(found, op=dist.ReduceOp.MIN, group=getattr(ctx, "group", None))
+    dist.all_reduce(found, op=dist.ReduceOp.MIN, group=group)
     return float(found)

@@ -47,6 +47,11 @@ class RankContext:
     spec: dict[str, Any]
     out_dir: Path
     _progress_file: Any = field(default=None, repr=False)
+    # In the rank pool: the job's id and this rank's rank in the pool (both added to progress rows), and
+    # the folder of the pool ranks' NCCL logs (default: ``out_dir``).
+    task: str | None = None
+    pool_rank: int | None = None
+    log_dir: Path | None = None
 
     @property
     def is_cuda(self) -> bool:
@@ -70,6 +75,8 @@ class RankContext:
             "done": done,
             "total": total,
         }
+        if self.task is not None:
+            row.update(task=self.task, pool_rank=self.pool_rank)
         row.update(extra)
         self._progress_file.write(json.dumps(row) + "\n")
         self._progress_file.flush()
@@ -151,6 +158,12 @@ def reference_run(ctx: RankContext, label: str, per_chunk_backward: bool) -> dic
     order). How far these two drift apart is the noise floor the probes are judged against: on small
     batches with BatchNorm, training amplifies last-bit differences within a few steps.
     """
+    key = (label, per_chunk_backward, ctx.world, str(ctx.device), *(ctx.spec[k] for k in _REFERENCE_KEYS))
+    # --precision: a reference at another precision (or GradScaler start) is another curve.
+    key += (ctx.spec.get("precision") or "fp32", ctx.spec.get("init_scale"))
+    if key in _REFERENCE_CACHE:
+        ctx.progress("reference", label, int(ctx.spec["steps"]), int(ctx.spec["steps"]), cached=True)
+        return _REFERENCE_CACHE[key]
     steps = int(ctx.spec["steps"])
     model = _fresh_model(ctx, ctx.device)
     opt = _optimizer(model.parameters(), float(ctx.spec["lr"]))
@@ -178,12 +191,20 @@ def reference_run(ctx: RankContext, label: str, per_chunk_backward: bool) -> dic
         losses.append(float(mean.detach()))
         ctx.progress("reference", label, step + 1, steps)
     ctx.sync()
-    return {
+    result = {
         "losses": losses,
         "wall_s": time.perf_counter() - started,
         "params": [p.detach().clone() for p in model.parameters()],
         "amp": amp.metrics(),
     }
+    _REFERENCE_CACHE[key] = result
+    return result
+
+
+# A pool rank probes many sets of the same size; their reference runs are the same computation on the
+# same device (model, seed, data, chunking), so a rank runs each one once. Nothing planted reaches them.
+_REFERENCE_KEYS = ("model", "seed", "steps", "batch_size", "lr")
+_REFERENCE_CACHE: dict[tuple[Any, ...], dict[str, Any]] = {}
 
 
 @dataclass
@@ -294,7 +315,9 @@ def _replica_tensors(master: nn.Module, replica: nn.Module, names: list[str]) ->
     return out
 
 
-def _cuda_data_parallel(ctx: RankContext, model: nn.Module, inspector: _ReplicaInspector) -> nn.Module:
+def _cuda_data_parallel(
+    ctx: RankContext, model: nn.Module, inspector: _ReplicaInspector, devices: Sequence[int]
+) -> nn.Module:
     """``nn.DataParallel`` itself, with the inspector in its replicate and parallel_apply steps."""
 
     class ProbeDataParallel(nn.DataParallel):
@@ -309,7 +332,7 @@ def _cuda_data_parallel(ctx: RankContext, model: nn.Module, inspector: _ReplicaI
             inspector.after_apply(outputs)
             return outputs
 
-    return ProbeDataParallel(model, device_ids=list(range(ctx.world)), output_device=0)
+    return ProbeDataParallel(model, device_ids=list(devices), output_device=devices[0])
 
 
 class CpuDataParallel(nn.Module):
@@ -343,15 +366,20 @@ class CpuDataParallel(nn.Module):
         return torch.cat(outputs)
 
 
-def dp_check(ctx: RankContext, refs: References) -> dict[str, Any]:
-    """DataParallel over the set's devices (run in rank 0, which sees them all) against the reference."""
+def dp_check(ctx: RankContext, refs: References, devices: Sequence[int] | None = None) -> dict[str, Any]:
+    """DataParallel over the set's devices (run in rank 0, which sees them all) against the reference.
+
+    ``devices`` are the set's local CUDA device indices (default: one per rank, from 0).
+    """
     steps = int(ctx.spec["steps"])
     model = _fresh_model(ctx, ctx.device)
     amp = AmpStep.for_spec(ctx.spec, ctx.device)
     model.register_forward_pre_hook(autocast_dtype_hook(amp))  # replicas share the hook
     inspector = _ReplicaInspector(ctx, model)
     if ctx.is_cuda:
-        wrapped = _cuda_data_parallel(ctx, model, inspector)
+        wrapped = _cuda_data_parallel(
+            ctx, model, inspector, list(devices) if devices is not None else list(range(ctx.world))
+        )
     else:
         wrapped = CpuDataParallel(model, ctx.world, inspector)
     opt = _optimizer(model.parameters(), float(ctx.spec["lr"]))
@@ -424,7 +452,9 @@ def ddp_check(ctx: RankContext, refs: References | None, group: Any = None) -> d
     )
     state = {"step": 0, "done": 0}
     if ctx.fault("corrupt", "ddp"):
-        ddp.register_comm_hook(None, _corrupting_hook(ctx, state))
+        # The hook's state is the group its all-reduce uses: None would mean the world group
+        # (default_hooks._allreduce_fut), which in the rank pool holds other sets' ranks, and hangs.
+        ddp.register_comm_hook(group, _corrupting_hook(ctx, state))
     opt = _optimizer(ddp.parameters(), float(ctx.spec["lr"]))
     losses = torch.zeros(steps, dtype=torch.float64, device=ctx.device)
     desync_steps: list[dict[str, Any]] = []
@@ -602,7 +632,11 @@ def nccl_transports(ctx: RankContext) -> list[dict[str, Any]]:
     from gputopo.probe.environment import parse_transport_lines, summarize_transports
 
     connections = []
-    for path in sorted(ctx.out_dir.glob("nccl-rank*.log")):
+    log_dir = ctx.log_dir or ctx.out_dir
+    ranks = ctx.spec.get("ranks")  # in the pool: only the set's ranks' logs (named by pool rank)
+    for path in sorted(log_dir.glob("nccl-rank*.log")):
+        if ranks is not None and int(path.stem.removeprefix("nccl-rank")) not in ranks:
+            continue
         connections += parse_transport_lines(path.read_text(errors="replace").splitlines())
     return summarize_transports(connections)
 

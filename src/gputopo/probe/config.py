@@ -66,6 +66,7 @@ class ProbeConfig:
     each_pair: bool = False
     inject: Fault | None = None
     inject_rank: int | None = None
+    inject_gpus: tuple[int, ...] = ()
     report_dir: Path = Path("reports")
     topology_input: str | None = None
     inventory: DeviceInventory = field(default_factory=lambda: DeviceInventory("cpu", ()))
@@ -240,6 +241,7 @@ def build_config(
     max_bytes: int | None = None,
     step_factor: int = 2,
     iters: int | None = None,
+    inject_gpus: str | None = None,
     precisions: tuple[str, ...] | list[str] | None = None,
 ) -> ProbeConfig:
     """Check the options against what exists and freeze them.
@@ -307,9 +309,10 @@ def build_config(
                 f"--inject-rank {inject_rank}: the smallest set has ranks 0-{smallest - 1}",
                 "ranks count within a set, from 0",
             )
-    elif inject is not None:
+    elif inject is not None and inject_gpus is None:
         # The last rank by default, so the fault is not in rank 0, which gathers and reports.
         inject_rank = smallest - 1
+    named = _inject_gpus(inject_gpus, inject, inject_rank, sets, each_pair) if inject_gpus else ()
     return ProbeConfig(
         device=inventory.device,
         sets=sets,
@@ -323,6 +326,7 @@ def build_config(
         each_pair=each_pair,
         inject=inject,
         inject_rank=inject_rank,
+        inject_gpus=named,
         report_dir=report_dir,
         topology_input=topology_input,
         inventory=inventory,
@@ -332,3 +336,30 @@ def build_config(
         iters=iters,
         precisions=precisions,
     )
+
+
+def _inject_gpus(
+    text: str,
+    inject: Fault | None,
+    inject_rank: int | None,
+    sets: tuple[tuple[int, ...], ...],
+    each_pair: bool,
+) -> tuple[int, ...]:
+    """Check ``--inject-gpus`` against the sets: the fault goes into every set holding all of them."""
+    if inject is None:
+        raise UsageError("--inject-gpus needs --inject", "e.g. --inject corrupt --inject-gpus 5,6")
+    if inject_rank is not None:
+        raise UsageError("--inject-gpus and --inject-rank both say where the fault goes", "give one of them")
+    try:
+        named = parse_gpu_list(text)
+    except UsageError:
+        raise UsageError(
+            f"--inject-gpus {text!r}: expected comma-separated GPU indices", "e.g. --inject-gpus 5,6"
+        ) from None
+    holders = [s for s in sets if set(named) <= set(s)]
+    if not holders or (each_pair and len(named) > 2):
+        raise UsageError(
+            f"--inject-gpus {text}: no probed set holds all of these GPUs",
+            "name GPUs of one set (with --each-pair, one or two GPUs)",
+        )
+    return named

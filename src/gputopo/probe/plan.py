@@ -1,10 +1,13 @@
-"""Which launches run, with which checks, and which of them may run at the same time (pure).
+"""Which checks run in which step of the rank pool, and which of them run at the same time (pure).
 
-One launch per set runs all of that set's distributed checks in one go, because starting ranks costs
-more than most checks. With ``--each-pair`` the correctness checks (dp, ddp) of disjoint pairs run
-concurrently, in the rounds of a round-robin tournament; the checks that measure bandwidth (p2p copies,
-the all-reduce sweep) run one pair at a time, since pairs sharing a PCIe switch or a CPU link would
-otherwise slow each other down and read as ``slow``.
+The whole run is one schedule of steps for one pool of ranks (one rank per GPU of the union of the
+sets, see ``gputopo.probe``). A step is a tuple of jobs on disjoint GPUs that run at the same time; the
+steps run one after another. Per set the checks keep their order: the exact P2P copy check first, so a
+broken path is named before the training checks fail in its wake; then the correctness checks (dp,
+ddp), which run concurrently with those of other sets on other GPUs (pairs of ``--each-pair`` in the
+rounds of a round-robin tournament, other sets first-fit into the rounds); then the all-reduce sweep.
+The checks that time bandwidth (p2p copies, the all-reduce sweep) run alone in their step, since sets
+sharing a PCIe switch or a CPU link would otherwise slow each other down and read as ``slow``.
 """
 
 from __future__ import annotations
@@ -15,13 +18,15 @@ from itertools import combinations
 from gputopo.probe.config import ProbeConfig
 from gputopo.probe.options import check_rank
 
-# Checks whose numbers are bandwidths: never measured while another launch runs.
+# Checks whose numbers are bandwidths: never measured while another set runs.
 TIMED_CHECKS = frozenset({"p2p", "allreduce", "speed"})
+# Timed checks that run before a set's correctness checks; the rest run after them.
+_TIMED_FIRST = ("p2p",)
 
 
 @dataclass(frozen=True)
 class Job:
-    """One launch: the GPUs it runs on (one rank each) and the checks it runs, in order."""
+    """Some checks of one set, run by the pool ranks of its GPUs (one rank each), in order."""
 
     gpus: tuple[int, ...]
     checks: tuple[str, ...]
@@ -29,9 +34,9 @@ class Job:
 
 @dataclass(frozen=True)
 class Plan:
-    """Rounds of jobs: the jobs of a round run concurrently, rounds run one after another.
+    """Steps of jobs: the jobs of a step run concurrently on disjoint GPUs, steps one after another.
 
-    ``sets`` is the order in which sets are reported; a set's checks may come from several jobs.
+    ``sets`` is the order in which sets are reported; a set's checks come from several jobs.
     """
 
     rounds: tuple[tuple[Job, ...], ...]
@@ -41,6 +46,11 @@ class Plan:
     def jobs(self) -> tuple[Job, ...]:
         """Every job, in run order."""
         return tuple(job for rnd in self.rounds for job in rnd)
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        """The union of the sets' GPUs, ascending: pool rank ``r`` drives ``gpus[r]``."""
+        return tuple(sorted({g for s in self.sets for g in s}))
 
 
 def round_robin(gpus: tuple[int, ...]) -> tuple[tuple[tuple[int, int], ...], ...]:
@@ -65,18 +75,50 @@ def round_robin(gpus: tuple[int, ...]) -> tuple[tuple[tuple[int, int], ...], ...
     return tuple(rounds)
 
 
-def make_plan(config: ProbeConfig) -> Plan:
-    """The launches for ``config``: one per set, or pair rounds for ``--each-pair``."""
-    checks = tuple(sorted(config.checks, key=check_rank))
-    if not config.each_pair:
-        return Plan(rounds=tuple((Job(s, checks),) for s in config.sets), sets=config.sets)
-    gpus = config.sets[0]
-    pairs = tuple(combinations(gpus, 2))
+def first_fit(
+    rounds: list[list[tuple[int, ...]]], sets: tuple[tuple[int, ...], ...]
+) -> list[list[tuple[int, ...]]]:
+    """Put each set into the first round whose sets share none of its GPUs, or into a new round."""
+    out = [list(r) for r in rounds]
+    for s in sets:
+        for rnd in out:
+            if not any(set(s) & set(other) for other in rnd):
+                rnd.append(s)
+                break
+        else:
+            out.append([s])
+    return out
+
+
+def make_plan(config: ProbeConfig, more_sets: tuple[tuple[int, ...], ...] = ()) -> Plan:
+    """The steps for ``config``: its sets (or every pair with ``--each-pair``), then ``more_sets``.
+
+    ``more_sets`` lets one run probe every pair and a few larger sets (``gputopo doctor``); a set
+    already planned is not planned twice.
+    """
+    checks = tuple(sorted(config.checks, key=check_rank))  # dp@fp16 sorts as dp
+    pairs: tuple[tuple[int, ...], ...] = ()
+    if config.each_pair:
+        pairs = tuple(combinations(config.sets[0], 2))
+        listed: tuple[tuple[int, ...], ...] = pairs
+    else:
+        listed = config.sets
+    sets: list[tuple[int, ...]] = []
+    for s in (*listed, *more_sets):
+        if s not in sets and tuple(sorted(s)) not in {tuple(sorted(x)) for x in sets}:
+            sets.append(s)
+    first = tuple(c for c in checks if c in _TIMED_FIRST)
     together = tuple(c for c in checks if c not in TIMED_CHECKS)
-    alone = tuple(c for c in checks if c in TIMED_CHECKS)
-    rounds: list[tuple[Job, ...]] = []
+    last = tuple(c for c in checks if c in TIMED_CHECKS and c not in _TIMED_FIRST)
+    steps: list[tuple[Job, ...]] = []
+    if first:
+        steps.extend((Job(s, first),) for s in sets)
     if together:
-        rounds.extend(tuple(Job(pair, together) for pair in rnd) for rnd in round_robin(gpus))
-    if alone:
-        rounds.extend((Job(pair, alone),) for pair in pairs)
-    return Plan(rounds=tuple(rounds), sets=pairs)
+        rounds: list[list[tuple[int, ...]]] = []
+        if config.each_pair:
+            rounds = [list(rnd) for rnd in round_robin(config.sets[0])]
+        others = tuple(s for s in sets if s not in pairs)
+        steps.extend(tuple(Job(s, together) for s in rnd) for rnd in first_fit(rounds, others))
+    if last:
+        steps.extend((Job(s, last),) for s in sets)
+    return Plan(rounds=tuple(steps), sets=tuple(sets))

@@ -1,8 +1,9 @@
 """The probe service: config in, judged results out. The CLI calls ``run_probe`` and renders what it returns.
 
-It plans the launches, runs them round by round, turns each launch's outcome into check verdicts (a
-hang or crash becomes the verdict of the check that was running, and the checks after it are reported
-as not reached), and adds what the bandwidth model expects for each set.
+It plans the steps, runs them in a pool of ranks (a fresh pool after a hang or crash, for the jobs not
+yet judged), turns each job's outcome into check verdicts (a hang or crash becomes the verdict of the
+check that was running, and the set's checks after it are reported as not reached), and adds what the
+bandwidth model expects for each set.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from gputopo.errors import GputopoError
 from gputopo.model import Topology
 from gputopo.probe import verdict
 from gputopo.probe.config import ProbeConfig
-from gputopo.probe.launch import LaunchOutcome, run_round
+from gputopo.probe.launch import LaunchOutcome, run_pool
 from gputopo.probe.options import check_rank
 from gputopo.probe.plan import Job, Plan, make_plan
 from gputopo.probe.verdict import CheckResult, SetResult
@@ -168,38 +169,70 @@ def _unfinished(check: str, outcome: LaunchOutcome) -> CheckResult:
 def run_probe(
     config: ProbeConfig, on_progress: ProgressFn | None = None, plan: Plan | None = None
 ) -> ProbeRun:
-    """Run every launch of the plan and judge it. Ctrl-C stops the ranks and propagates."""
+    """Run the plan in a pool of ranks and judge it. Ctrl-C stops the ranks and propagates.
+
+    One pool normally runs the whole plan. When a set hangs or a rank dies, that pool is stopped, the
+    set's remaining checks are reported as not reached, and a fresh pool runs the jobs not yet judged.
+    """
     started_utc = datetime.now(timezone.utc)
     started = time.monotonic()
     plan = plan or make_plan(config)
     view = read_topology(config)
     notes = [view.note] if view.note else []
     if config.inject is not None:
-        notes.append(f"fault injected: {config.inject.value} in rank {config.inject_rank} (--inject)")
+        where = (
+            f"every set holding GPUs {','.join(map(str, config.inject_gpus))}"
+            if config.inject_gpus
+            else f"rank {config.inject_rank} of every set"
+        )
+        notes.append(f"fault injected: {config.inject.value} in {where} (--inject)")
     by_set: dict[tuple[int, ...], dict[str, CheckResult]] = {s: {} for s in plan.sets}
-    environment: dict[str, Any] = {}
-    launches = []
+    pending: list[list[tuple[Job, tuple[str, ...]]]] = []
     for rnd in plan.rounds:
-        jobs = []
+        step = []
         for job in rnd:
             run, skip = runnable_checks(config, job)
             by_set[job.gpus].update(skip)
             if run:
-                jobs.append((job, run))
-        for (job, run), outcome in zip(jobs, run_round(config, jobs, on_progress), strict=True):
-            by_set[job.gpus].update(judge_outcome(outcome, run, view, config))
-            if outcome.env and not environment:
-                environment = dict(outcome.env)
-            launches.append(
-                {
-                    "gpus": list(job.gpus),
-                    "checks": list(run),
-                    "status": outcome.status,
-                    "wall_s": outcome.wall_s,
-                    "concurrent_with": [list(j.gpus) for j, _ in jobs if j is not job],
-                    "leftovers_stopped": outcome.leftovers_killed,
-                }
-            )
+                step.append((job, run))
+        if step:
+            pending.append(step)
+    environment: dict[str, Any] = {}
+    launches = []
+    runs = {job: run for step in pending for job, run in step}
+    while pending:
+        outcome = run_pool(config, [tuple(step) for step in pending], on_progress)
+        if outcome.env and not environment:
+            environment = dict(outcome.env)
+        launches.append(outcome.record)
+        ended: dict[tuple[int, ...], str] = {}
+        judged = set()
+        for job_outcome in outcome.judged:
+            job = job_outcome.job
+            checks = runs[job]
+            results = judge_outcome(job_outcome, checks, view, config)
+            by_set[job.gpus].update(results)
+            judged.add(job)
+            if job_outcome.status != "ok":
+                stopped = [c for c in checks if results[c].kind in ("hung", "crashed")]
+                ended[job.gpus] = stopped[0] if stopped else checks[-1]
+        if not judged:  # cannot happen (a pool always judges the job that stopped it); never loop forever
+            raise RuntimeError("a probe pool ended without judging any job")
+        remaining = []
+        for step in pending:
+            left = []
+            for job, run in step:
+                if job in judged:
+                    continue
+                if job.gpus in ended:
+                    for check in run:
+                        why = f"not reached: the set ended in {ended[job.gpus]}"
+                        by_set[job.gpus][check] = verdict.skipped(check, why)
+                    continue
+                left.append((job, run))
+            if left:
+                remaining.append(left)
+        pending = remaining
     sets = [
         SetResult(gpus, tuple(by_set[gpus][c] for c in sorted(by_set[gpus], key=check_rank)))
         for gpus in plan.sets

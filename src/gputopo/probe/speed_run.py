@@ -22,11 +22,6 @@ WARMUP_STEPS_CUDA = 3  # cuDNN picks kernels and the caching allocator fills on 
 WARMUP_STEPS_CPU = 1
 
 
-def _group(ctx: Any) -> Any:
-    """The set's process group (``None``: the default group, when the launch is the set)."""
-    return getattr(ctx, "group", None)
-
-
 class _NoInspection:
     """CpuDataParallel's inspector with nothing to check: the speed table times training, not checks."""
 
@@ -81,8 +76,9 @@ def _train(
     return time.perf_counter() - started
 
 
-def speed_check(ctx: Any) -> dict[str, Any]:
-    """Time the four configurations (collective; rank 0 returns the rows, the others ``{}``)."""
+def speed_check(ctx: Any, group: Any = None, devices: list[int] | None = None) -> dict[str, Any]:
+    """Time the four configurations (collective over ``group``, the set's ranks; ``devices``: the set's
+    CUDA devices, default 0..world-1). Rank 0 returns the rows, the others ``{}``."""
     from torch.nn.parallel import DistributedDataParallel
 
     from gputopo.probe.checks import CpuDataParallel, _fresh_model, barrier
@@ -100,10 +96,8 @@ def speed_check(ctx: Any) -> dict[str, Any]:
         ctx.progress("speed", CONFIGS[0], 1, len(CONFIGS))
         model = _fresh_model(ctx, ctx.device)
         if ctx.is_cuda:
-            devices = list(getattr(ctx, "devices", range(ctx.world)))  # the set's CUDA indices
-            wrapped: torch.nn.Module = torch.nn.DataParallel(
-                model, device_ids=devices, output_device=devices[0]
-            )
+            ids = list(devices) if devices is not None else list(range(ctx.world))
+            wrapped: torch.nn.Module = torch.nn.DataParallel(model, device_ids=ids, output_device=ids[0])
         else:
             wrapped = CpuDataParallel(model, ctx.world, _NoInspection())  # type: ignore[arg-type]
         times[CONFIGS[1]] = _train(ctx, wrapped, model.parameters(), x, y, steps, warmup, amp=False)
@@ -111,20 +105,20 @@ def speed_check(ctx: Any) -> dict[str, Any]:
 
     if ctx.rank == 0:  # one process drives one GPU, then all of them through DataParallel
         single_and_dp()
-    barrier(ctx, _group(ctx))
+    barrier(ctx, group)
     x = images.chunk(ctx.world)[ctx.rank].to(ctx.device)
     y = labels.chunk(ctx.world)[ctx.rank].to(ctx.device)
     for k, (config, amp) in enumerate(((CONFIGS[2], False), (CONFIGS[3], True))):
         model = _fresh_model(ctx, ctx.device)
         ddp = DistributedDataParallel(
-            model, device_ids=[ctx.device.index] if ctx.is_cuda else None, process_group=_group(ctx)
+            model, device_ids=[ctx.device.index] if ctx.is_cuda else None, process_group=group
         )
-        barrier(ctx, _group(ctx))
+        barrier(ctx, group)
         elapsed = torch.tensor(
             [_train(ctx, ddp, ddp.parameters(), x, y, steps, warmup, amp)], dtype=torch.float64
         )
         elapsed = elapsed.to(ctx.device)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=_group(ctx))  # the slowest rank sets the time
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)  # the slowest rank sets the time
         times[config] = float(elapsed)
         ctx.progress("speed", config, 3 + k, len(CONFIGS))
     if ctx.rank != 0:

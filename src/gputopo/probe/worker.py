@@ -1,14 +1,18 @@
-"""The program each rank runs: ``python -m gputopo.probe.worker SPEC.json`` (started by ``launch``).
+"""The program each pool rank runs: ``python -m gputopo.probe.worker SPEC.json`` (started by ``launch``).
 
-It joins the process group torch's elastic agent set up (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and
-the rendezvous in the environment), runs the launch's checks in order and writes what it measured, one
-``check-<name>.json`` per check, from rank 0. Checks that drive every device from one process (p2p, dp)
-run in rank 0 while the other ranks wait at a barrier; ddp and the all-reduce sweep run in every rank.
+It joins the world group torch's elastic agent set up (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and the
+rendezvous in the environment), one rank per GPU of the pool, then walks the schedule: in each step it
+runs the job whose set holds its GPU, inside that set's process subgroup, and meets every other rank at
+a barrier. A job's checks write what they measured, one ``check-<name>.json`` each, from the set's rank
+0. Checks that drive every device from one process (p2p, dp) run in the set's rank 0, which sees all the
+pool's devices, while the set's other ranks wait at the subgroup's barrier; ddp and the all-reduce sweep
+run in every rank of the set.
 
 Before any check, every rank records the ``NCCL_*`` and ``CUDA_*`` variables it got, pins its numerics
 (``checks.pin_numerics``) and, on GPUs, points NCCL's INIT log at a file of its own; rank 0 gathers the
-records into ``env.json`` and, after each NCCL check, reads which transport every connection used. The
-logs hold every communicator of the rank, DataParallel's single-process one included (it shows as
+records into ``env.json`` and, after each NCCL check, reads which transport every connection of the set's
+ranks used. The logs hold every communicator of the rank over the pool's life (the world group and
+earlier sets' groups too), DataParallel's single-process one included (it shows as
 ``P2P/direct pointer``).
 """
 
@@ -18,6 +22,7 @@ import json
 import os
 import platform
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -121,7 +126,7 @@ def _bus_id(domain: int, bus: int, device: int) -> str:
 
 
 def run(spec_path: str) -> None:
-    """Join the group, run the checks, write the results; any exception ends the rank non-zero."""
+    """Join the pool, run the schedule step by step, write the results; an exception ends the rank."""
     import torch
     import torch.distributed as dist
 
@@ -139,13 +144,14 @@ def run(spec_path: str) -> None:
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-    ctx = checks.RankContext(rank, world, local_rank, device, spec, out_dir)
-    ctx.progress("setup", "join")
+    log = open(out_dir / f"progress-rank{rank}.jsonl", "a")  # noqa: SIM115 - lives as long as the rank
+    pool_row(log, rank, "join")  # torch is imported: the rank joins the world group now
     dist.init_process_group(
         "nccl" if device.type == "cuda" else "gloo",
         timeout=timedelta(seconds=float(spec["timeout_s"]) + COLLECTIVE_TIMEOUT_GRACE_S),
         device_id=device if device.type == "cuda" else None,
     )
+    pool_row(log, rank, "ready")
     # Every rank's variables and numerics reach rank 0, which writes them with the versions.
     mine = {"rank": rank, "variables": variables, "set_by_probe": added, "numerics": numerics}
     everyone: list[Any] = [None] * world
@@ -155,14 +161,73 @@ def run(spec_path: str) -> None:
         env.update(rank_records(everyone, "nccl" if device.type == "cuda" else "gloo"))
         write_json(out_dir / "env.json", env)
     try:
-        run_checks(ctx)
+        run_schedule(spec, rank, device, log)
     finally:
         dist.destroy_process_group()
 
 
-def run_checks(ctx: Any) -> None:
-    """The launch's checks in order; the references run once per precision, before the first check
-    needing them (``amp.training_check``)."""
+def pool_row(log: Any, rank: int, stage: str, step: int = 0) -> None:
+    """A progress row about the pool rather than a job: joined, ready, entering a step."""
+    row = {"t": time.time(), "pool_rank": rank, "rank": rank, "task": None, "check": "pool", "stage": stage}
+    row.update({"done": step, "total": 0})
+    log.write(json.dumps(row) + "\n")
+    log.flush()
+
+
+def run_schedule(spec: dict[str, Any], rank: int, device: Any, log: Any) -> None:
+    """Every step in order: create the step's new groups, run this rank's job, meet the others.
+
+    ``new_group`` must be entered by every rank of the world, for every group, in the same order, even
+    by ranks outside the group (torch.distributed.new_group's docstring; ``split_group`` exists in this
+    torch but supports only NCCL), so the groups of a step are created by all ranks at the step's start.
+    The barrier at the end keeps timed checks alone in their step. Groups live as long as the pool.
+    """
+    import torch.distributed as dist
+
+    from gputopo.probe import checks
+
+    groups: dict[tuple[int, ...], Any] = {}
+    common = {k: v for k, v in spec.items() if k != "schedule"}
+    for k, step in enumerate(spec["schedule"]):
+        pool_row(log, rank, "step", k)
+        for job in step:
+            key = tuple(job["ranks"])
+            if key not in groups:
+                # A set's order is its ranks' order (--gpus 6,5: GPU 6 is rank 0), so the group must not
+                # sort them (new_group sorts by default; sort_ranks=False keeps the list's order).
+                groups[key] = dist.new_group(list(key), sort_ranks=False)
+                if rank in key and dist.get_group_rank(groups[key], rank) != key.index(rank):
+                    raise RuntimeError(f"group {key}: rank {rank} is not rank {key.index(rank)} in it")
+        for job in step:
+            if rank in job["ranks"]:
+                key = tuple(job["ranks"])
+                ctx = checks.RankContext(
+                    job["ranks"].index(rank),
+                    len(job["ranks"]),
+                    device.index or 0,
+                    device,
+                    {**common, **job},
+                    Path(job["out_dir"]),
+                    _progress_file=log,
+                    task=job["id"],
+                    pool_rank=rank,
+                    log_dir=Path(spec["out_dir"]),
+                )
+                run_checks(ctx, groups[key], list(key))
+                ctx.progress("task", "done")
+        if device.type == "cuda":
+            dist.barrier(device_ids=[device.index])
+        else:
+            dist.barrier()
+
+
+def run_checks(ctx: Any, group: Any = None, devices: list[int] | None = None) -> None:
+    """One job's checks in order; the references run once per precision, before the first check needing
+    them (``amp.training_check``).
+
+    ``ctx.rank`` and ``ctx.world`` count within the job's set; collectives go to ``group`` (the set's
+    subgroup); ``devices`` are the set's local CUDA devices (pool rank r drives device r).
+    """
     from gputopo.probe import amp, checks, speed_run
     from gputopo.probe.precision import split_check
 
@@ -173,17 +238,17 @@ def run_checks(ctx: Any) -> None:
         metrics: dict[str, Any] = {}
         if base in ("dp", "ddp"):
             # dp runs in rank 0 (one process drives every device, as DataParallel users' scripts do).
-            metrics = amp.training_check(ctx, base, precision, refs)
+            metrics = amp.training_check(ctx, base, precision, refs, group, devices)
         elif check == "p2p":
             if ctx.rank == 0:
-                metrics = checks.p2p_check(ctx)
-            checks.barrier(ctx)
+                metrics = checks.p2p_check(ctx, devices)
+            checks.barrier(ctx, group)
         elif check == "speed":
-            metrics = speed_run.speed_check(ctx)
+            metrics = speed_run.speed_check(ctx, group, devices)
         else:
-            metrics = checks.allreduce_check(ctx)
+            metrics = checks.allreduce_check(ctx, group)
         if base in ("ddp", "allreduce") and ctx.is_cuda:
-            checks.barrier(ctx)  # every rank has logged its connections before rank 0 reads the logs
+            checks.barrier(ctx, group)  # every rank has logged its connections before rank 0 reads the logs
             if ctx.rank == 0:
                 metrics["transports"] = checks.nccl_transports(ctx)
         if ctx.rank == 0:

@@ -1,0 +1,130 @@
+"""The doctor at machine scale: its whole probe run against one bare 8-rank torchrun, and its start-up.
+
+Part 1: ``gputopo doctor --input sample:seed-8gpu-nv4 --steps 3 --model tiny`` (8 CPU ranks stand in
+for the seed's 8 GPUs: every pair and the recommended larger sets, every check) against a bare
+``torch.distributed.run --nproc-per-node 8`` gloo script that initialises, all-reduces 4 MiB once and
+exits: the least any 8-rank launch costs here. Target: at most 6x (median wall time, runs alternating
+so drift on a busy machine hits both alike). Also printed: the doctor's launches (pools) and CPU time.
+
+Part 2: ``gputopo doctor --skip-probe`` against ``gputopo topo`` on the same input. Target: at most 3x
+(median CPU time of the child, which on a shared machine swings far less than wall time).
+
+    python benchmarks/bench_doctor.py [--runs 3] [--startup-runs 7] [--skip-full]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TARGET_FULL = 6.0
+TARGET_STARTUP = 3.0
+SAMPLE = "sample:seed-8gpu-nv4"
+
+BASELINE = """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+buf = torch.ones(1 << 20)  # 4 MiB of float32
+dist.all_reduce(buf)
+assert float(buf[0]) == dist.get_world_size()
+dist.destroy_process_group()
+"""
+
+# Measure as installed: bytecode caches allowed (some CI machines forbid them through this variable).
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
+def timed(cmd: list[str], env: dict[str, str], ok: tuple[int, ...] = (0,)) -> tuple[float, float, str]:
+    """(wall s, CPU s of the child and its descendants, stdout) of one run of ``cmd``."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode not in ok:
+        sys.exit(f"failed ({done.returncode}): {' '.join(cmd)}\n{done.stderr[-2000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, done.stdout
+
+
+def full(work: Path, runs: int) -> bool:
+    """Part 1; True when the ratio holds."""
+    script = work / "bare.py"
+    script.write_text(BASELINE)
+    env = dict(ENV, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    bare = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "8"]
+    bare += [str(script)]
+    doctor = [sys.executable, "-m", "gputopo", "doctor", "--input", SAMPLE, "--steps", "3", "--model", "tiny"]
+    doctor += ["--json", "--report-dir", str(work / "reports")]
+    timed(bare, env)  # warm the page cache: the first import of torch is slow
+    d_wall, d_cpu, b_wall, b_cpu = [], [], [], []
+    for i in range(runs):
+        wall, cpu, out = timed(doctor, env, ok=(0, 1))
+        d_wall.append(wall)
+        d_cpu.append(cpu)
+        probe = json.loads(out)["probe"]
+        launches = probe["launches"]
+        wall, cpu, _ = timed(bare, env)
+        b_wall.append(wall)
+        b_cpu.append(cpu)
+        print(
+            f"run {i + 1}: doctor {d_wall[-1]:.1f} s ({d_cpu[-1]:.1f} s CPU, {len(probe['sets'])} sets, "
+            f"{len(launches)} launch(es)), bare 8-rank torchrun {b_wall[-1]:.1f} s ({b_cpu[-1]:.1f} s CPU)",
+            flush=True,
+        )
+    d, b = statistics.median(d_wall), statistics.median(b_wall)
+    ratio = d / b
+    cpu_ratio = statistics.median(d_cpu) / statistics.median(b_cpu)
+    print(f"# doctor {SAMPLE} --steps 3 --model tiny vs bare 8-rank gloo torchrun, {runs} runs each")
+    print(f"median doctor {d:.1f} s, median bare {b:.1f} s, ratio {ratio:.2f} (target <= {TARGET_FULL})")
+    print(f"CPU-time ratio {cpu_ratio:.2f}")
+    return ratio <= TARGET_FULL
+
+
+def startup(work: Path, runs: int) -> bool:
+    """Part 2; True when the ratio holds."""
+    script = Path(sys.executable).with_name("gputopo")  # the console script, as users run it
+    topo = [str(script), "topo", "--input", SAMPLE]
+    doctor = [str(script), "doctor", "--input", SAMPLE, "--skip-probe", "--report-dir", str(work / "r2")]
+    for cmd in (topo, doctor):
+        timed(cmd, ENV)
+    t_cpu, d_cpu = [], []
+    for _ in range(runs):
+        t_cpu.append(timed(topo, ENV)[1])
+        d_cpu.append(timed(doctor, ENV)[1])
+    t, d = statistics.median(t_cpu), statistics.median(d_cpu)
+    ratio = d / t
+    print(f"# doctor --skip-probe vs topo on {SAMPLE}, {runs} runs each (CPU time of the child)")
+    print(f"median doctor {d:.3f} s, median topo {t:.3f} s, ratio {ratio:.2f} (target <= {TARGET_STARTUP})")
+    return ratio <= TARGET_STARTUP
+
+
+def main() -> int:
+    """Run both parts and print PASS or FAIL."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--startup-runs", type=int, default=7)
+    parser.add_argument("--skip-full", action="store_true", help="only part 2 (seconds, not minutes)")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="gputopo-bench-"))
+    try:
+        ok = startup(work, args.startup_runs)
+        if not args.skip_full:
+            ok = full(work, args.runs) and ok
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
