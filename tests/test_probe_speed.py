@@ -95,17 +95,15 @@ def test_speed_mode_on_cpu_ranks_gives_the_four_rows_with_speedups(tmp_path):
     assert "Is DataParallel or DDP worth it?" in page  # the probe's HTML report draws the bars
 
 
-def test_doctor_merges_the_speed_check_into_its_set_and_draws_the_bars():
+def test_doctor_report_shows_the_speed_table_and_draws_the_bars():
     import re
 
-    from gputopo.doctor import DoctorOptions, merge_sets, run_doctor, to_markdown
+    from gputopo.doctor import DoctorOptions, run_doctor, to_markdown
     from gputopo.ui.html_report import render_html
 
     speed = judge_speed({"ranks": 2, "rows": _rows(100.0, 80.0, 120.0, 200.0)}, "cuda").to_dict()
     ddp = {"name": "ddp", "verdict": "pass", "kind": None, "detail": "ok", "remedy": None, "metrics": {}}
-    sets = [{"gpus": [0, 1], "verdict": "pass", "checks": [ddp]}]
-    merge_sets(sets, [{"gpus": [0, 1], "verdict": "pass", "checks": [speed]}])
-    assert len(sets) == 1 and [c["name"] for c in sets[0]["checks"]] == ["ddp", "speed"]
+    sets = [{"gpus": [0, 1], "verdict": "pass", "checks": [ddp, speed]}]
 
     doc = run_doctor(DoctorOptions(skip_probe=True))
     doc["probe"] = {"device": "cuda", "verdict": "pass", "sets": sets}
@@ -131,10 +129,10 @@ def test_doctor_times_the_recommended_sets_unless_skip_speed(monkeypatch, skip_s
     from gputopo.probe import config as probe_config
     from gputopo.probe import runner
 
-    launched = []
+    plans = []
 
     def fake_run_probe(config, on_progress=None, plan=None):
-        launched.append(config)
+        plans.append(plan)
         return runner.ProbeRun(config, (), {}, (), datetime.now(timezone.utc), 0.0)
 
     inventory = probe_config.DeviceInventory(
@@ -145,9 +143,7 @@ def test_doctor_times_the_recommended_sets_unless_skip_speed(monkeypatch, skip_s
     machine = doctor.choose_machine("sample:quad-nv4-pairs-2socket")
     options = doctor.DoctorOptions(steps=2, skip_speed=skip_speed)
     doctor.probe_section(machine, [0, 1, 2, 3], [[0, 1], [0, 1, 2, 3]], options, None)
-    speed = [c for c in launched if c.checks == ("speed",)]
-    if timed is None:
-        assert speed == []
-    else:
-        (config,) = speed
-        assert config.sets == timed and config.steps == 2
+    (plan,) = plans  # one run, one pool: the speed steps come after the checks
+    speed = [job.gpus for job in plan.jobs if job.checks == ("speed",)]
+    assert speed == list(timed or ())
+    assert all("speed" not in job.checks for job in plan.jobs if job.checks != ("speed",))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -146,7 +146,7 @@ def probe_section(
     from gputopo.probe.config import build_config, detect_devices, require_torch
     from gputopo.probe.document import to_document
     from gputopo.probe.options import Mode
-    from gputopo.probe.plan import make_plan
+    from gputopo.probe.plan import Job, make_plan
     from gputopo.probe.runner import run_probe
 
     require_torch()
@@ -170,46 +170,19 @@ def probe_section(
     else:
         config = build_config(inventory, [str(usable[0])], **common, **drill)
     plan = make_plan(config, more_sets=bigger)
+    if not options.skip_speed and sizes_sets:
+        # The speed table (one GPU, DataParallel, DDP, DDP+AMP) on each recommended set, as steps of
+        # their own after the checks, in the same pool. CPU stand-ins' timings are shown but never
+        # judged, so a simulation times only its largest set.
+        timed = sizes_sets if inventory.device == "cuda" else [max(sizes_sets, key=len)]
+        speed = tuple((Job(tuple(s), ("speed",)),) for s in timed if tuple(s) in plan.sets)
+        plan = replace(plan, rounds=plan.rounds + speed)
     if hook is None:
         run = run_probe(config, plan=plan)
     else:
         with hook(plan) as bars:
             run = run_probe(config, bars.update, plan=plan)
-    doc = to_document(run)
-    if not options.skip_speed and sizes_sets:
-        # The speed table (one GPU, DataParallel, DDP, DDP+AMP) on each recommended set, in a run of its
-        # own after the checks. CPU stand-ins' timings are shown but never judged, so a simulation times
-        # only its largest set.
-        timed = sizes_sets if inventory.device == "cuda" else [max(sizes_sets, key=len)]
-        speed = {**common, "mode": Mode.SPEED}
-        speed_config = build_config(inventory, [",".join(map(str, s)) for s in timed], **speed)
-        speed_plan = make_plan(speed_config)
-        if hook is None:
-            speed_run = run_probe(speed_config, plan=speed_plan)
-        else:
-            with hook(speed_plan) as bars:
-                speed_run = run_probe(speed_config, bars.update, plan=speed_plan)
-        speed_doc = to_document(speed_run)
-        merge_sets(doc["sets"], speed_doc["sets"])
-        doc["launches"].extend(speed_doc["launches"])
-        doc["notes"] = sorted(set(doc["notes"]) | set(speed_doc["notes"]))
-        doc["wall_s"] = round(doc["wall_s"] + speed_doc["wall_s"], 3)
-        if speed_doc["verdict"] == "fail":
-            doc["verdict"] = "fail"
-    return doc
-
-
-def merge_sets(into: list[dict[str, Any]], sets: list[dict[str, Any]]) -> None:
-    """Add ``sets`` to ``into``; a set already there gets the new checks (and fails if one failed)."""
-    by_gpus = {tuple(s["gpus"]): s for s in into}
-    for s in sets:
-        same = by_gpus.get(tuple(s["gpus"]))
-        if same is None:
-            into.append(s)
-            continue
-        same["checks"].extend(s["checks"])
-        if s["verdict"] == "fail" or same["verdict"] == "skipped":
-            same["verdict"] = s["verdict"]
+    return to_document(run)
 
 
 def pair_rows(topo: Topology, probe: dict[str, Any] | None) -> list[dict[str, Any]]:
