@@ -193,7 +193,7 @@ def test_doctor_end_to_end_on_cpu_ranks_writes_reports_a_browser_renders(tmp_pat
         capture_output=True,
         text=True,
         env=env,
-        timeout=420,  # the speed table adds one launch; a loaded 2-core box needs the room
+        timeout=300,
     )
     # No driver: the simulation is shown and its reports written, but `doctor || alert` must fire.
     assert out.returncode == 3, out.stderr[-2000:]
