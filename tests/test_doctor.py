@@ -207,6 +207,11 @@ def test_doctor_end_to_end_on_cpu_ranks_writes_reports_a_browser_renders(tmp_pat
     assert doc["schema"] == "gputopo/doctor/v1" and doc["simulated"] is True
     assert len(doc["pairs"]) == 6 and all(p["verdict"] == "pass" for p in doc["pairs"])
     assert {tuple(s["gpus"]) for s in doc["probe"]["sets"]} >= {(0, 1), (2, 3), (0, 1, 2, 3)}
+    # The speed table ran on the recommended sets, inside their set entries (no duplicate sets).
+    speed = {tuple(s["gpus"]) for s in doc["probe"]["sets"] for c in s["checks"] if c["name"] == "speed"}
+    assert speed == {(0, 1, 2, 3)}  # simulated: only the largest recommended set is timed
+    assert len({tuple(s["gpus"]) for s in doc["probe"]["sets"]}) == len(doc["probe"]["sets"])
+    assert "## Speed: one GPU vs DataParallel vs DDP" in Path(doc["report"]["markdown"]).read_text()
     assert "(SIMULATED)" in Path(doc["report"]["markdown"]).read_text()
     html_path = Path(doc["report"]["html"])
     assert "SIMULATED" in html_path.read_text()
@@ -239,7 +244,7 @@ def test_doctor_end_to_end_on_cpu_ranks_writes_reports_a_browser_renders(tmp_pat
     total = re.search(r'data-images-total="(\d+)"', dom.stdout)
     loaded = re.search(r'data-images-loaded="(\d+)"', dom.stdout)
     assert total and loaded, dom.stderr[-2000:]
-    assert int(total.group(1)) == 3
+    assert int(total.group(1)) == 4  # topology, pair heatmaps, busbw curves, speed bars
     assert loaded.group(1) == total.group(1)
     shot = tmp_path / "shot.png"
     subprocess.run(

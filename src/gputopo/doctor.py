@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,7 @@ class DoctorOptions:
     inject: Any = None  # a ``gputopo.probe.options.Fault`` for a drill, planted where ``inject_gpus`` says
     inject_gpus: str | None = None
     nvml_timeout_s: float | None = None  # per live NVML read; None: the default
+    skip_speed: bool = False
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ def probe_section(
     from gputopo.probe.config import build_config, detect_devices, require_torch
     from gputopo.probe.document import to_document
     from gputopo.probe.options import Mode
-    from gputopo.probe.plan import make_plan
+    from gputopo.probe.plan import Job, make_plan
     from gputopo.probe.runner import run_probe
 
     require_torch()
@@ -175,6 +176,13 @@ def probe_section(
     else:
         config = build_config(inventory, [str(usable[0])], **common, **drill)
     plan = make_plan(config, more_sets=bigger)
+    if not options.skip_speed and sizes_sets:
+        # The speed table (one GPU, DataParallel, DDP, DDP+AMP) on each recommended set, as steps of
+        # their own after the checks, in the same pool. CPU stand-ins' timings are shown but never
+        # judged, so a simulation times only its largest set.
+        timed = sizes_sets if inventory.device == "cuda" else [max(sizes_sets, key=len)]
+        speed = tuple((Job(tuple(s), ("speed",)),) for s in timed if tuple(s) in plan.sets)
+        plan = replace(plan, rounds=plan.rounds + speed)
     if hook is None:
         run = run_probe(config, plan=plan)
     else:
@@ -364,6 +372,7 @@ def to_markdown(doc: dict[str, Any]) -> str:
                 gpus = ",".join(map(str, s["gpus"]))
                 lines.append(f"| {gpus} | {c['name']} | {c['verdict']}{kind} | {_md(c.get('detail'))} |")
         lines.append("")
+        lines += speed_markdown(doc["probe"])
     elif doc["probe_note"]:
         lines += [f"Probes {doc['probe_note']}.", ""]
     lines += ["## Topology", "", "```text", topology_text(doc["topology"]).rstrip("\n"), "```", ""]
@@ -375,6 +384,23 @@ def to_markdown(doc: dict[str, Any]) -> str:
     if not holders:
         lines.append(doc["stale"].get("note") or "No process holds a GPU device file.")
     return "\n".join(lines) + "\n"
+
+
+def speed_markdown(probe: dict[str, Any]) -> list[str]:
+    """The speed table of every set that has one (one GPU, DataParallel, DDP, DDP+AMP), as text bars."""
+    from gputopo.probe.speed import speed_table
+
+    out: list[str] = []
+    for s in probe.get("sets") or []:
+        for c in s["checks"]:
+            if c["name"] == "speed":
+                out += [
+                    "```",
+                    *speed_table(tuple(s["gpus"]), c.get("metrics") or {}, probe.get("device")),
+                    "```",
+                    "",
+                ]
+    return ["## Speed: one GPU vs DataParallel vs DDP", "", *out] if out else []
 
 
 def holder_why(holder: dict[str, Any]) -> str:

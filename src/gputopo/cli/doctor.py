@@ -46,6 +46,9 @@ def doctor_command(
     steps: int = typer.Option(5, help="Training steps of each probe's dp and ddp checks."),
     timeout: float = typer.Option(120.0, help="Seconds each probed set may take before it counts as hung."),
     skip_probe: bool = typer.Option(False, "--skip-probe", help="Only topology, links and processes."),
+    skip_speed: bool = typer.Option(
+        False, "--skip-speed", help="No speed table (one GPU vs DataParallel vs DDP) on the recommended sets."
+    ),
     model: Optional[str] = typer.Option(  # noqa: UP045 (typer)
         None, help="ResNet for the probes (resnet18, resnet50, tiny). Default: resnet18 on GPU, tiny on CPU."
     ),
@@ -87,6 +90,7 @@ def doctor_command(
         inject=inject,
         inject_gpus=inject_gpus,
         nvml_timeout_s=nvml_timeout,
+        skip_speed=skip_speed,
     )
 
     def progress(plan):

@@ -15,7 +15,7 @@ from gputopo.cli import app
 from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, examples, guarded
 from gputopo.cli.topo import NVML_TIMEOUT_OPTION
 from gputopo.errors import EXIT_PROBLEM, UsageError
-from gputopo.probe.options import Fault, Mode
+from gputopo.probe.options import Fault, Mode, Precision
 from gputopo.ui.output import Output
 
 
@@ -65,6 +65,15 @@ def probe_command(
     lr: Annotated[float, typer.Option(help="SGD learning rate (momentum 0.9).")] = 0.05,
     seed: Annotated[int, typer.Option(help="Seed of the weights and the synthetic data.")] = 0,
     timeout: Annotated[float, typer.Option(help="Seconds each set may take before it is hung.")] = 300.0,
+    precision: Annotated[
+        Optional[list[Precision]],  # noqa: UP045 (typer)
+        typer.Option(
+            "--precision",
+            "-p",
+            help="Precision of the dp and ddp checks: fp32, tf32, fp16 (autocast + GradScaler), bf16; "
+            "repeat for several. Default: fp32.",
+        ),
+    ] = None,
     inject: Annotated[
         Optional[Fault],  # noqa: UP045 (typer)
         typer.Option(help="Plant a fault in one rank to see its detector fire."),
@@ -163,6 +172,7 @@ def probe_command(
         step_factor=step_factor,
         iters=iters,
         inject_gpus=inject_gpus,
+        precisions=[p.value for p in precision or ()],
     )
     if input is not None:
         from gputopo.topology import load_topology

@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from gputopo.probe.amp import AmpStep, autocast_dtype_hook, plant_overflow
 from gputopo.probe.models import build_model, synthetic_batch
 
 CRASH_EXIT_CODE = 86  # an unusual code, so a test can tell the planted crash from any other failure
@@ -158,12 +159,15 @@ def reference_run(ctx: RankContext, label: str, per_chunk_backward: bool) -> dic
     batches with BatchNorm, training amplifies last-bit differences within a few steps.
     """
     key = (label, per_chunk_backward, ctx.world, str(ctx.device), *(ctx.spec[k] for k in _REFERENCE_KEYS))
+    # --precision: a reference at another precision (or GradScaler start) is another curve.
+    key += (ctx.spec.get("precision") or "fp32", ctx.spec.get("init_scale"))
     if key in _REFERENCE_CACHE:
         ctx.progress("reference", label, int(ctx.spec["steps"]), int(ctx.spec["steps"]), cached=True)
         return _REFERENCE_CACHE[key]
     steps = int(ctx.spec["steps"])
     model = _fresh_model(ctx, ctx.device)
     opt = _optimizer(model.parameters(), float(ctx.spec["lr"]))
+    amp = AmpStep.for_spec(ctx.spec, ctx.device)  # --precision: autocast, and a GradScaler for fp16
     losses: list[float] = []
     started = time.perf_counter()
     for step in range(steps):
@@ -171,9 +175,10 @@ def reference_run(ctx: RankContext, label: str, per_chunk_backward: bool) -> dic
         opt.zero_grad(set_to_none=True)
         chunk_losses = []
         for x, y in zip(images, labels, strict=True):
-            loss = F.cross_entropy(model(x.to(ctx.device)), y.to(ctx.device))
+            with amp.autocast():
+                loss = F.cross_entropy(model(x.to(ctx.device)), y.to(ctx.device))
             if per_chunk_backward:
-                loss.backward()
+                amp.backward(loss)
             chunk_losses.append(loss)
         mean = sum(chunk_losses) / len(chunk_losses)
         if per_chunk_backward:
@@ -181,8 +186,8 @@ def reference_run(ctx: RankContext, label: str, per_chunk_backward: bool) -> dic
                 if p.grad is not None:
                     p.grad.div_(len(chunk_losses))
         else:
-            mean.backward()
-        opt.step()
+            amp.backward(mean)
+        amp.step(opt, list(model.parameters()), step, mean)
         losses.append(float(mean.detach()))
         ctx.progress("reference", label, step + 1, steps)
     ctx.sync()
@@ -190,6 +195,7 @@ def reference_run(ctx: RankContext, label: str, per_chunk_backward: bool) -> dic
         "losses": losses,
         "wall_s": time.perf_counter() - started,
         "params": [p.detach().clone() for p in model.parameters()],
+        "amp": amp.metrics(),
     }
     _REFERENCE_CACHE[key] = result
     return result
@@ -217,6 +223,7 @@ class References:
             "ref2_losses": self.second_losses,
             "ref_wall_s": self.first["wall_s"],
             "ref2_device": self.second_device,
+            "ref_scaler": self.first.get("amp", {}).get("scaler"),
         }
 
 
@@ -295,6 +302,8 @@ class _ReplicaInspector:
             outputs[min(self.ctx.inject_rank, len(outputs) - 1)].register_hook(
                 lambda g: torch.full_like(g, float("nan"))
             )
+        target = min(self.ctx.inject_rank, len(outputs) - 1)
+        plant_overflow(self.ctx, "dp", outputs[target], self.step, self.ctx.inject_rank)
 
 
 def _replica_tensors(master: nn.Module, replica: nn.Module, names: list[str]) -> list[torch.Tensor]:
@@ -364,6 +373,8 @@ def dp_check(ctx: RankContext, refs: References, devices: Sequence[int] | None =
     """
     steps = int(ctx.spec["steps"])
     model = _fresh_model(ctx, ctx.device)
+    amp = AmpStep.for_spec(ctx.spec, ctx.device)
+    model.register_forward_pre_hook(autocast_dtype_hook(amp))  # replicas share the hook
     inspector = _ReplicaInspector(ctx, model)
     if ctx.is_cuda:
         wrapped = _cuda_data_parallel(
@@ -379,11 +390,12 @@ def dp_check(ctx: RankContext, refs: References, devices: Sequence[int] | None =
         inspector.step = step
         images, labels = synthetic_batch(int(ctx.spec["seed"]), step, int(ctx.spec["batch_size"]) * ctx.world)
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(wrapped(images.to(ctx.device)), labels.to(ctx.device))
-        loss.backward()
+        with amp.autocast():
+            loss = F.cross_entropy(wrapped(images.to(ctx.device)), labels.to(ctx.device))
+        amp.backward(loss)
         if not _all_finite([p.grad for p in model.parameters()]):
             nonfinite_grad_steps.append(step)
-        opt.step()
+        amp.step(opt, list(model.parameters()), step, loss)
         losses.append(float(loss.detach()))
         ctx.progress("dp", "step", step + 1, steps)
     ctx.sync()
@@ -397,6 +409,7 @@ def dp_check(ctx: RankContext, refs: References, devices: Sequence[int] | None =
         "param_max_abs_diff_vs_ref": _max_abs_diff(list(model.parameters()), refs.first["params"]),
         "wall_s": wall_s,
         **refs.metrics(),
+        **amp.metrics(),
     }
 
 
@@ -433,6 +446,7 @@ def ddp_check(ctx: RankContext, refs: References | None, group: Any = None) -> d
 
     steps = int(ctx.spec["steps"])
     model = _fresh_model(ctx, ctx.device)
+    amp = AmpStep.for_spec(ctx.spec, ctx.device)
     ddp = DistributedDataParallel(
         model, device_ids=[ctx.device.index] if ctx.is_cuda else None, process_group=group
     )
@@ -452,13 +466,15 @@ def ddp_check(ctx: RankContext, refs: References | None, group: Any = None) -> d
         if ctx.rank == ctx.inject_rank and step == ctx.inject_step:
             hang_or_crash(ctx, "ddp", f"step {step}")
         opt.zero_grad(set_to_none=True)
-        out = ddp(images[ctx.rank].to(ctx.device))
+        with amp.autocast():
+            out = ddp(images[ctx.rank].to(ctx.device))
+            loss = F.cross_entropy(out, labels[ctx.rank].to(ctx.device))
         if ctx.fault("nan", "ddp") and ctx.rank == ctx.inject_rank and step == ctx.inject_step:
             out.register_hook(lambda g: torch.full_like(g, float("nan")))
-        loss = F.cross_entropy(out, labels[ctx.rank].to(ctx.device))
-        loss.backward()
+        plant_overflow(ctx, "ddp", out, step, ctx.rank)
+        amp.backward(loss)
         finite = _all_finite([p.grad for p in model.parameters()])
-        opt.step()
+        amp.step(opt, list(model.parameters()), step, loss)
         losses[step] = loss.detach()
         # One small all-gather per step: both checksums and the finite flag of every rank.
         mine = torch.cat([checksum(list(model.parameters())), torch.tensor([int(finite)], device=ctx.device)])
@@ -488,6 +504,7 @@ def ddp_check(ctx: RankContext, refs: References | None, group: Any = None) -> d
         "param_max_abs_diff_vs_ref": _max_abs_diff(list(model.parameters()), refs.first["params"]),
         "wall_s": wall_s,
         **refs.metrics(),
+        **amp.metrics(),
     }
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from gputopo.errors import UnavailableError, UsageError
 from gputopo.probe.identity import GpuIdentity, allowed_gpus, check_requested
 from gputopo.probe.options import Fault, Mode
+from gputopo.probe.precision import DEFAULT_PRECISION, PRECISIONS, expand_checks
 
 INSTALL_HINT = "pip install 'gputopo[probe]'  (it brings torch and torchvision)"
 
@@ -83,6 +84,8 @@ class ProbeConfig:
     max_bytes: int | None = None
     step_factor: int = 2
     iters: int | None = None
+    # --precision: the dp and ddp checks run once per precision (``checks`` holds ``dp@fp16`` and so on).
+    precisions: tuple[str, ...] = (DEFAULT_PRECISION,)
 
     @property
     def backend(self) -> str:
@@ -285,6 +288,7 @@ def build_config(
     step_factor: int = 2,
     iters: int | None = None,
     inject_gpus: str | None = None,
+    precisions: tuple[str, ...] | list[str] | None = None,
 ) -> ProbeConfig:
     """Check the options against what exists and freeze them.
 
@@ -333,6 +337,17 @@ def build_config(
         raise UsageError(
             "--inject nan needs --steps 2 or more", "the NaN shows in the step after it is planted"
         )
+    precisions = tuple(dict.fromkeys(precisions or (DEFAULT_PRECISION,)))
+    unknown_precision = [p for p in precisions if p not in PRECISIONS]
+    if unknown_precision:
+        raise UsageError(
+            f"--precision {unknown_precision[0]!r}: unknown precision", f"choose from {', '.join(PRECISIONS)}"
+        )
+    if inject is Fault.OVERFLOW and steps < 3:
+        raise UsageError(
+            "--inject overflow needs --steps 3 or more",
+            "the scaler must skip two steps from the middle one on to show an overflow",
+        )
     if not lr > 0:
         raise UsageError(f"--lr {lr}: must be positive", "e.g. --lr 0.05")
     if not timeout_s > 0:
@@ -354,7 +369,7 @@ def build_config(
     return ProbeConfig(
         device=inventory.device,
         sets=sets,
-        checks=mode.checks,
+        checks=expand_checks(mode.checks, precisions),
         model=model,
         batch_size=batch_size,
         steps=steps,
@@ -372,6 +387,7 @@ def build_config(
         max_bytes=max_bytes,
         step_factor=step_factor,
         iters=iters,
+        precisions=precisions,
     )
 
 

@@ -42,6 +42,7 @@ def config_dict(run: ProbeRun) -> dict[str, Any]:
         "inject_rank": c.inject_rank,
         "sweep_bytes": list(c.sweep_bytes),
         "topology_input": c.topology_input,
+        "precisions": list(c.precisions),
     }
 
 
@@ -198,9 +199,10 @@ def loss_table(gpus: list[int], check: dict[str, Any]) -> list[str]:
     """Step by step: both reference runs, the probe's loss and its gap to reference run 1."""
     m = check.get("metrics") or {}
     name = check.get("name")
-    what = "DataParallel" if name == "dp" else "DDP"
+    what = "DataParallel" if str(name).partition("@")[0] == "dp" else "DDP"
+    precision = f" at {m['precision']}" if m.get("precision", "fp32") != "fp32" else ""
     lines = [
-        f"# {name}, set {set_label(gpus)}: {what} loss vs the single-device reference "
+        f"# {name}, set {set_label(gpus)}: {what}{precision} loss vs the single-device reference "
         f"(noise floor {m.get('noise_floor', 0):.3g})",
         *_transport_line(m),
         f"# {'step':>5} {'reference':>12} {'reference2':>12} {name:>12} {'gap':>10}",
@@ -224,6 +226,13 @@ def check_table(doc: dict[str, Any], gpus: list[int], check: dict[str, Any]) -> 
         return allreduce_table(doc, gpus, check)
     if name == "p2p":
         return p2p_table(doc, gpus, check)
+    if name == "speed":
+        from gputopo.probe.speed import speed_table
+
+        return [
+            *speed_table(tuple(gpus), check.get("metrics") or {}, doc.get("device", "cpu")),
+            f"# {str(check.get('verdict')).upper()}: {check.get('detail')}",
+        ]
     return loss_table(gpus, check)
 
 

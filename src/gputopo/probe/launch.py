@@ -49,7 +49,11 @@ STARTUP_FLOOR_S = 60.0
 
 # Which checks a planted fault reaches. A hang or crash ends the launch, so it goes into the first
 # distributed check only (see ``inject_checks``).
-_FAULT_CHECKS = {"nan": ("dp", "ddp"), "corrupt": ("p2p", "dp", "ddp", "allreduce")}
+_FAULT_CHECKS = {
+    "nan": ("dp", "ddp"),
+    "overflow": ("dp", "ddp"),
+    "corrupt": ("p2p", "dp", "ddp", "allreduce"),
+}
 _HALTING_SITES = ("dp", "ddp", "allreduce")
 
 
@@ -115,8 +119,9 @@ def inject_checks(fault: str | None, checks: tuple[str, ...]) -> tuple[str, ...]
     if fault is None:
         return ()
     if fault in _FAULT_CHECKS:
-        return tuple(c for c in checks if c in _FAULT_CHECKS[fault])
-    first = next((c for c in checks if c in _HALTING_SITES), None)
+        # By base name: ``dp@fp16`` is the dp check at another precision (gputopo.probe.precision).
+        return tuple(c for c in checks if c.partition("@")[0] in _FAULT_CHECKS[fault])
+    first = next((c for c in checks if c.partition("@")[0] in _HALTING_SITES), None)
     return (first,) if first else ()
 
 

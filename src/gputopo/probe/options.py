@@ -9,7 +9,7 @@ from enum import Enum
 
 # Checks in the order one launch runs them: the exact copy check first, so a broken path is named before
 # the training checks fail in its wake.
-CHECK_ORDER = ("p2p", "dp", "ddp", "allreduce")
+CHECK_ORDER = ("p2p", "dp", "ddp", "allreduce", "speed")
 
 
 class Mode(str, Enum):
@@ -19,12 +19,13 @@ class Mode(str, Enum):
     DDP = "ddp"
     ALLREDUCE = "allreduce"
     P2P = "p2p"
+    SPEED = "speed"
     ALL = "all"
 
     @property
     def checks(self) -> tuple[str, ...]:
-        """The checks this mode runs, in launch order."""
-        return CHECK_ORDER if self is Mode.ALL else (self.value,)
+        """The checks this mode runs, in launch order (``all`` is every check but the speed table)."""
+        return tuple(c for c in CHECK_ORDER if c != "speed") if self is Mode.ALL else (self.value,)
 
 
 class Fault(str, Enum):
@@ -34,3 +35,18 @@ class Fault(str, Enum):
     CORRUPT = "corrupt"
     HANG = "hang"
     CRASH = "crash"
+    OVERFLOW = "overflow"
+
+
+class Precision(str, Enum):
+    """The numeric precision of the dp and ddp checks (``gputopo.probe.precision``)."""
+
+    FP32 = "fp32"
+    TF32 = "tf32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+
+def check_rank(check: str) -> int:
+    """Where a check id (``dp``, ``dp@fp16``, ``speed``...) sorts in launch order: by its base name."""
+    return CHECK_ORDER.index(check.partition("@")[0])

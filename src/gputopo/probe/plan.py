@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from itertools import combinations
 
 from gputopo.probe.config import ProbeConfig
-from gputopo.probe.options import CHECK_ORDER
+from gputopo.probe.options import check_rank
 
 # Checks whose numbers are bandwidths: never measured while another set runs.
-TIMED_CHECKS = frozenset({"p2p", "allreduce"})
+TIMED_CHECKS = frozenset({"p2p", "allreduce", "speed"})
 # Timed checks that run before a set's correctness checks; the rest run after them.
 _TIMED_FIRST = ("p2p",)
 
@@ -96,7 +96,7 @@ def make_plan(config: ProbeConfig, more_sets: tuple[tuple[int, ...], ...] = ()) 
     ``more_sets`` lets one run probe every pair and a few larger sets (``gputopo doctor``); a set
     already planned is not planned twice.
     """
-    checks = tuple(c for c in CHECK_ORDER if c in config.checks)
+    checks = tuple(sorted(config.checks, key=check_rank))  # dp@fp16 sorts as dp
     pairs: tuple[tuple[int, ...], ...] = ()
     if config.each_pair:
         pairs = tuple(combinations(config.sets[0], 2))

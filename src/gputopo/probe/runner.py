@@ -19,7 +19,7 @@ from gputopo.model import Topology
 from gputopo.probe import verdict
 from gputopo.probe.config import ProbeConfig
 from gputopo.probe.launch import LaunchOutcome, run_pool
-from gputopo.probe.options import CHECK_ORDER
+from gputopo.probe.options import check_rank
 from gputopo.probe.plan import Job, Plan, make_plan
 from gputopo.probe.verdict import CheckResult, SetResult
 
@@ -132,10 +132,14 @@ def judge_outcome(
 def _judge(
     check: str, metrics: dict[str, Any], gpus: tuple[int, ...], view: TopologyView, config: ProbeConfig
 ) -> CheckResult:
-    if check == "dp":
-        return verdict.judge_dp(metrics)
-    if check == "ddp":
-        return verdict.judge_ddp(metrics)
+    if check.partition("@")[0] in ("dp", "ddp"):
+        from gputopo.probe.precision import judge_precision
+
+        return judge_precision(check, metrics)
+    if check == "speed":
+        from gputopo.probe.speed import judge_speed
+
+        return judge_speed(metrics, config.device)
     if check == "p2p":
         # The model's one-way estimate per pair sits beside the measured matrix in the reports.
         return verdict.judge_p2p(metrics, view.nvml_p2p(), lambda a, b: view.expected_busbw_gbps((a, b))[0])
@@ -230,7 +234,7 @@ def run_probe(
                 remaining.append(left)
         pending = remaining
     sets = [
-        SetResult(gpus, tuple(by_set[gpus][c] for c in CHECK_ORDER if c in by_set[gpus]))
+        SetResult(gpus, tuple(by_set[gpus][c] for c in sorted(by_set[gpus], key=check_rank)))
         for gpus in plan.sets
     ]
     environment.update(_parent_environment(config, view))

@@ -5,7 +5,8 @@ replica after broadcast, an all-reduce element), ``desync`` (DDP ranks' paramete
 bitwise equal), ``nan`` (a loss or gradient went non-finite while the reference stayed finite),
 ``diverged`` (the loss left the reference curve by more than the noise floor allows), ``hung`` (no end
 within ``--timeout``), ``crashed`` (a rank exited non-zero), ``slow`` (all-reduce bus bandwidth far below
-the bandwidth model's estimate). A check reports its most specific finding as its kind and mentions the
+the bandwidth model's estimate), ``overflow`` (an fp16 run's GradScaler kept skipping steps; judged in
+``gputopo.probe.precision``). A check reports its most specific finding as its kind and mentions the
 rest in its detail.
 """
 
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 PASS, FAIL, SKIPPED = "pass", "fail", "skipped"
-KINDS = ("nan", "diverged", "desync", "corrupt", "hung", "crashed", "slow")
+KINDS = ("nan", "diverged", "desync", "corrupt", "hung", "crashed", "slow", "overflow")
 
 # Loss-curve tolerance. The noise floor is the largest gap between the two reference runs (two valid
 # float orders of the same training); 10x leaves room for a third order (the probe's own) drifting a
@@ -160,24 +161,29 @@ class CurveJudgement:
         return self.first_bad_step is None
 
 
-def allowed_gap(ref_loss: float, noise_floor: float) -> float:
-    """The largest loss gap a healthy run may show at a step whose reference loss is ``ref_loss``."""
-    return max(NOISE_FACTOR * noise_floor, ABS_TOL + REL_TOL * abs(ref_loss))
+def allowed_gap(ref_loss: float, noise_floor: float, rel_tol: float = REL_TOL) -> float:
+    """The largest loss gap a healthy run may show at a step whose reference loss is ``ref_loss``.
+
+    ``rel_tol`` is the relative floor: ``REL_TOL`` for fp32, wider for narrower precisions
+    (``gputopo.probe.precision.rel_tol``)."""
+    return max(NOISE_FACTOR * noise_floor, ABS_TOL + rel_tol * abs(ref_loss))
 
 
-def judge_curve(losses: list[float], ref: list[float], ref2: list[float]) -> CurveJudgement:
+def judge_curve(
+    losses: list[float], ref: list[float], ref2: list[float], rel_tol: float = REL_TOL
+) -> CurveJudgement:
     """Compare a probe's losses with reference run 1, allowing for the gap between the two references.
 
     Only finite steps are compared here; non-finite values are ``nan``'s business.
     """
     pairs = [(a, b) for a, b in zip(ref, ref2, strict=False) if math.isfinite(a) and math.isfinite(b)]
     noise = max((abs(a - b) for a, b in pairs), default=0.0)
-    max_gap, first_bad, allowed_at_worst = 0.0, None, allowed_gap(ref[0] if ref else 0.0, noise)
+    max_gap, first_bad, allowed_at_worst = 0.0, None, allowed_gap(ref[0] if ref else 0.0, noise, rel_tol)
     for step, (loss, want) in enumerate(zip(losses, ref, strict=False)):
         if not (math.isfinite(loss) and math.isfinite(want)):
             continue
         gap = abs(loss - want)
-        allowed = allowed_gap(want, noise)
+        allowed = allowed_gap(want, noise, rel_tol)
         if gap > max_gap:
             max_gap, allowed_at_worst = gap, allowed
         if gap > allowed and first_bad is None:
@@ -243,7 +249,7 @@ def _training_findings(name: str, m: dict[str, Any]) -> list[tuple[str, str, str
                 _NAN_DP_REMEDY if name == "dp" else _NAN_DDP_REMEDY,
             )
         )
-    curve = judge_curve(losses, ref, ref2)
+    curve = judge_curve(losses, ref, ref2, m.get("rel_tol", REL_TOL))
     if not curve.ok and curve.first_bad_step is not None:
         found.append(
             (
@@ -259,7 +265,7 @@ def _training_findings(name: str, m: dict[str, Any]) -> list[tuple[str, str, str
 
 
 def _judge_training(name: str, m: dict[str, Any]) -> CheckResult:
-    curve = judge_curve(m["losses"], m["ref_losses"], m["ref2_losses"])
+    curve = judge_curve(m["losses"], m["ref_losses"], m["ref2_losses"], m.get("rel_tol", REL_TOL))
     metrics = {**m, "max_loss_gap": curve.max_gap, "noise_floor": curve.noise_floor}
     found = _training_findings(name, m)
     if found:

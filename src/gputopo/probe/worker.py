@@ -238,32 +238,32 @@ def run_schedule(spec: dict[str, Any], rank: int, device: Any, log: Any) -> None
 
 
 def run_checks(ctx: Any, group: Any = None, devices: list[int] | None = None) -> None:
-    """One job's checks in order; the reference runs once, just before the first check needing it.
+    """One job's checks in order; the references run once per precision, before the first check needing
+    them (``amp.training_check``).
 
     ``ctx.rank`` and ``ctx.world`` count within the job's set; collectives go to ``group`` (the set's
     subgroup); ``devices`` are the set's local CUDA devices (pool rank r drives device r).
     """
-    from gputopo.probe import checks
+    from gputopo.probe import amp, checks, speed_run
+    from gputopo.probe.precision import split_check
 
-    refs = None
-    first_training = next((c for c in ctx.spec["checks"] if c in ("dp", "ddp")), None)
+    refs: dict[str, Any] = {}
     for check in ctx.spec["checks"]:
         ctx.progress(check, "start")
-        if check == first_training:
-            refs = checks.reference_runs(ctx, group)
-        if check in ("p2p", "dp"):
-            # One process drives every device of the set, as DataParallel users' scripts do.
+        base, precision = split_check(check)
+        metrics: dict[str, Any] = {}
+        if base in ("dp", "ddp"):
+            # dp runs in rank 0 (one process drives every device, as DataParallel users' scripts do).
+            metrics = amp.training_check(ctx, base, precision, refs, group, devices)
+        elif check == "p2p":
             if ctx.rank == 0:
-                if check == "p2p":
-                    metrics = checks.p2p_check(ctx, devices)
-                else:
-                    metrics = checks.dp_check(ctx, refs, devices)
+                metrics = checks.p2p_check(ctx, devices)
             checks.barrier(ctx, group)
-        elif check == "ddp":
-            metrics = checks.ddp_check(ctx, refs, group)
+        elif check == "speed":
+            metrics = speed_run.speed_check(ctx, group, devices)
         else:
             metrics = checks.allreduce_check(ctx, group)
-        if check in ("ddp", "allreduce") and ctx.is_cuda:
+        if base in ("ddp", "allreduce") and ctx.is_cuda:
             checks.barrier(ctx, group)  # every rank has logged its connections before rank 0 reads the logs
             if ctx.rank == 0:
                 metrics["transports"] = checks.nccl_transports(ctx)

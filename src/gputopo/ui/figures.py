@@ -287,6 +287,34 @@ def busbw_curves(curves: Sequence[tuple[str, Sequence[tuple[int, float]], float 
     return _png(fig)
 
 
+def speed_bars(tables: Sequence[tuple[str, Sequence[dict[str, Any]]]], stand_ins: bool) -> bytes:
+    """The speed table as bars: samples/s of each configuration, one group per GPU set, speedup on top."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, max(1, len(tables)), figsize=(3.6 * max(1, len(tables)), 3.4), squeeze=False)
+    for ax, (label, rows) in zip(axes[0], tables, strict=False):
+        names = [r["config"] for r in rows]
+        values = [r["samples_per_s"] for r in rows]
+        bars = ax.bar(range(len(rows)), values, color=[f"C{i}" for i in range(len(rows))])
+        for bar, r in zip(bars, rows, strict=True):
+            if r.get("speedup") is not None:
+                ax.annotate(
+                    f"{r['speedup']:.2f}x",
+                    (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                )
+        ax.set_xticks(range(len(rows)), names, rotation=20, fontsize=7)
+        if ax is axes[0][0]:
+            ax.set_ylabel("samples/s")
+        ax.margins(y=0.12)  # room for the speedup labels
+        ax.set_title(label, fontsize=9)
+        ax.grid(True, axis="y", alpha=0.3)
+    title = "training speed at the same global batch (speedup over one GPU)"
+    fig.suptitle(title + (": CPU stand-ins, not judged" if stand_ins else ""), fontsize=9)
+    return _png(fig)
+
+
 def link_code(topo: Topology, a: int, b: int) -> str | None:
     """The printed link code between two GPUs (for captions)."""
     link: Link | None = topo.gpu_link(a, b)

@@ -145,6 +145,8 @@ def render_html(doc: dict[str, Any]) -> str:
         parts.append("<h2>All-reduce bandwidth</h2>")
         parts.append("<figure>" + _img(figures.busbw_curves(curves), "all-reduce busbw curves") + "</figure>")
 
+    parts += speed_section((doc.get("probe") or {}).get("sets") or [], simulated)
+
     probe = doc.get("probe") or {}
     if probe.get("sets"):
         parts.append("<h2>Checks</h2>")
@@ -217,6 +219,35 @@ def _page(title: str, parts: list[str]) -> str:
 
 
 _PROBE_BANNER = {"pass": "healthy", "fail": "problems"}
+
+
+def speed_section(sets: list[dict[str, Any]], stand_ins: bool) -> list[str]:
+    """The speed checks' rows as a bar chart (one panel per set), with their flags; nothing without one."""
+    speed = [
+        (
+            "GPUs " + ",".join(str(g) for g in s["gpus"]),
+            check["metrics"]["rows"],
+            check["metrics"].get("flags"),
+        )
+        for s in sets
+        for check in s.get("checks") or []
+        if check.get("name") == "speed" and (check.get("metrics") or {}).get("rows")
+    ]
+    if not speed:
+        return []
+    flags = [flag for _, _, set_flags in speed for flag in set_flags or []]
+    return [
+        "<h2>Is DataParallel or DDP worth it?</h2>",
+        "<figure>"
+        + _img(
+            figures.speed_bars([(label, rows) for label, rows, _ in speed], stand_ins),
+            "speed: one GPU, DataParallel, DDP, DDP+AMP",
+        )
+        + "<figcaption>Samples per second of one GPU, DataParallel, DDP and DDP with AMP at the same "
+        "global batch, with the speedup over one GPU."
+        + "".join(f" <b>{_e(f)}</b>" for f in flags)
+        + "</figcaption></figure>",
+    ]
 
 
 def render_probe_html(doc: dict[str, Any]) -> str:
@@ -321,6 +352,8 @@ def render_probe_html(doc: dict[str, Any]) -> str:
     if curves:
         parts.append("<h2>All-reduce bandwidth</h2>")
         parts.append("<figure>" + _img(figures.busbw_curves(curves), "all-reduce busbw curves") + "</figure>")
+
+    parts += speed_section(doc.get("sets") or [], cpu)
 
     transports = [(s, set_transports(s)) for s in doc.get("sets") or []]
     if any(rows is not None for _, rows in transports):
