@@ -186,23 +186,11 @@ def render_html(doc: dict[str, Any]) -> str:
     else:
         parts.append(f"<p>{_e(stale.get('note') or 'No process holds a GPU device file.')}</p>")
 
-    body = "\n".join(parts)
-    # The onload marker lets a headless browser test confirm every picture decoded to a real image.
-    script = (
-        "<script>window.addEventListener('load', function () {"
-        "var ok = Array.prototype.filter.call(document.images, function (i) {"
-        "return i.complete && i.naturalWidth > 0; }).length;"
-        "document.body.setAttribute('data-images-loaded', String(ok)); });</script>"
-    )
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{_e(title)}</title><style>{_CSS}</style>{script}</head>\n"
-        f'<body data-images-total="{body.count("<img ")}">\n{body}\n</body></html>\n'
-    )
+    return _page(title, parts)
 
 
 def _page(title: str, parts: list[str]) -> str:
-    """One self-contained page around ``parts`` (the probe's; the doctor page builds the same frame)."""
+    """One self-contained page around ``parts``: the frame of the doctor's and the probe's reports."""
     body = "\n".join(parts)
     # The onload marker lets a headless browser test confirm every picture decoded to a real image.
     script = (
