@@ -12,10 +12,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
-from gputopo.errors import GputopoError
+from gputopo.errors import GputopoError, InputError
 from gputopo.ui.output import Output
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from gputopo.model import Topology
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -95,3 +97,27 @@ def guarded(func: F) -> F:
             raise typer.Exit(1) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def read_json_file(path: Path, label: str, hint: str) -> object:
+    """The JSON document at ``path``; every way it can be unreadable is an ``InputError`` in plain words
+    that starts with ``label`` (the option and path as the user wrote them)."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"{label}: no such file", hint) from None
+    except IsADirectoryError:
+        raise InputError(f"{label}: is a folder, not a report", hint) from None
+    except OSError as exc:
+        raise InputError(f"{label}: cannot read ({exc.strerror or exc})", "check the path") from None
+    import json  # only reports need it; kept out of start-up
+
+    try:
+        return json.loads(raw.decode("utf-8-sig"))
+    except UnicodeDecodeError:
+        raise InputError(f"{label}: binary data, not a JSON report", hint) from None
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            f"{label}: not JSON (line {exc.lineno}: {exc.msg})",
+            "give the .json report, not the Markdown or HTML one",
+        ) from None

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from gputopo.cli import app
-from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, examples, guarded
+from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, examples, guarded, read_json_file
 from gputopo.cli.topo import NVML_TIMEOUT_OPTION
 from gputopo.errors import EXIT_PROBLEM, InputError, UnavailableError, UsageError
 from gputopo.probe.options import Fault
@@ -194,22 +194,7 @@ def report_command(
 def read_report(path: Path) -> tuple[dict, str]:
     """The report at ``path`` (any schema in ``REPORT_SCHEMAS``) and the command that wrote it;
     ``InputError`` in plain words otherwise."""
-    import json
-
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file", REPORT_HINT) from None
-    except IsADirectoryError:
-        raise InputError(f"{path}: is a folder, not a report", REPORT_HINT) from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror or exc})", "check the path") from None
-    try:
-        doc = json.loads(raw.decode("utf-8-sig"))
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: binary data, not a JSON report", REPORT_HINT) from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path}: not JSON (line {exc.lineno}: {exc.msg})", REPORT_HINT) from None
+    doc = read_json_file(path, str(path), REPORT_HINT)
     schema = doc.get("schema") if isinstance(doc, dict) else None
     if schema not in REPORT_SCHEMAS:
         found = f"its schema is {schema!r}" if schema else "it has no schema field"

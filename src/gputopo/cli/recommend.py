@@ -8,9 +8,9 @@ from pathlib import Path
 import typer
 
 from gputopo.cli import app
-from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, examples, guarded
+from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, examples, guarded, read_json_file
 from gputopo.cli.topo import NVML_TIMEOUT_OPTION
-from gputopo.errors import InputError, UsageError
+from gputopo.errors import UsageError
 from gputopo.gpulist import parse_gpu_list
 from gputopo.ui.output import Output
 
@@ -138,25 +138,6 @@ def recommend_command(
 
 
 def _read_json(path: Path) -> object:
-    hint = "give the .json report `gputopo probe` wrote under reports/"
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise InputError(f"--from-report {path}: no such file", hint) from None
-    except IsADirectoryError:
-        raise InputError(f"--from-report {path}: is a folder, not a file", hint) from None
-    except OSError as exc:
-        raise InputError(f"--from-report {path}: cannot read ({exc.strerror})", "check the path") from None
-    import json  # only --from-report needs it; kept out of start-up
-
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        raise InputError(f"--from-report {path}: binary data, not a JSON report", hint) from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(
-            f"--from-report {path}: not JSON (line {exc.lineno}: {exc.msg})",
-            "give the .json report, not the Markdown one",
-        ) from None
+    return read_json_file(
+        path, f"--from-report {path}", "give the .json report `gputopo probe` wrote under reports/"
+    )
