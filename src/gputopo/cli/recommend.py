@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -13,6 +14,9 @@ from gputopo.cli.topo import NVML_TIMEOUT_OPTION
 from gputopo.errors import UsageError
 from gputopo.gpulist import parse_gpu_list
 from gputopo.ui.output import Output
+
+if TYPE_CHECKING:
+    from gputopo.recommend import Constraints
 
 DEFAULT_MAX_USED_MIB = 1024  # mirrors gputopo.recommend.DEFAULT_MAX_USED_MIB (kept here for a fast --help)
 DEFAULT_TOP = 5
@@ -25,6 +29,13 @@ class IdFormat(str, Enum):
     uuid = "uuid"
 
 
+EXCLUDE_OPTION = typer.Option(
+    None, "--exclude", metavar="LIST", help="GPUs to leave out, e.g. 3,4 (see README: GPU lists)."
+)
+ALLOW_BUSY_OPTION = typer.Option(False, "--allow-busy", help="Count GPUs in use by other processes.")
+MAX_USED_OPTION = typer.Option(
+    DEFAULT_MAX_USED_MIB, "--max-used-mib", help="A GPU with more memory in use than this is busy."
+)
 REPORT_OPTION = typer.Option(
     None, "--from-report", metavar="PATH", help="A probe report: keep failing pairs apart, use measurements."
 )
@@ -48,13 +59,9 @@ def recommend_command(
     n: int = typer.Option(..., "--n", "-n", help="GPUs per set."),
     sets: int | None = typer.Option(None, "--sets", metavar="M", help="Pack M disjoint sets of --n GPUs."),
     input: str | None = typer.Option(None, "--input", "-i", metavar=INPUT_METAVAR, help=INPUT_HELP),
-    exclude: str | None = typer.Option(
-        None, "--exclude", metavar="LIST", help="GPUs to leave out, e.g. 3,4 (see README: GPU lists)."
-    ),
-    allow_busy: bool = typer.Option(False, "--allow-busy", help="Count GPUs in use by other processes."),
-    max_used_mib: int = typer.Option(
-        DEFAULT_MAX_USED_MIB, "--max-used-mib", help="A GPU with more memory in use than this is busy."
-    ),
+    exclude: str | None = EXCLUDE_OPTION,
+    allow_busy: bool = ALLOW_BUSY_OPTION,
+    max_used_mib: int = MAX_USED_OPTION,
     from_report: Path | None = REPORT_OPTION,
     nvlink_gbps: float | None = typer.Option(
         None, "--nvlink-gbps", help="NVLink GB/s per link per direction (default: by GPU model, else 20)."
@@ -87,29 +94,17 @@ def recommend_command(
     json_out: bool = JSON_OPTION,
 ) -> None:
     """The best GPU sets for CUDA_VISIBLE_DEVICES: ranked by estimated all-reduce bandwidth, with reasons."""
-    from gputopo.recommend import Constraints, evidence_from_report, recommend, to_dict
+    from gputopo.recommend import recommend, to_dict
     from gputopo.topology import load_topology
     from gputopo.topology.bandwidth import Assumptions
 
     out = Output(json_mode=json_out)
-    if max_used_mib < 0:
-        raise UsageError(f"--max-used-mib {max_used_mib}: must be 0 or more", "e.g. --max-used-mib 1024")
     assumptions = Assumptions(nvlink_gbps_per_link=nvlink_gbps, pcie_gen=pcie_gen, socket_gbps=socket_gbps)
-    evidence = None
-    if from_report is not None:
-        evidence = evidence_from_report(_read_json(from_report), str(from_report))
+    constraints = set_constraints(
+        n, exclude, allow_busy, max_used_mib, from_report, sets=sets, top=top, assumptions=assumptions
+    )
     # its warnings come back in rec.warnings, said once below
     topo = load_topology(input, nvml_timeout_s=nvml_timeout)
-    constraints = Constraints(
-        n=n,
-        sets=sets,
-        exclude=parse_gpu_list(exclude, "--exclude") if exclude else (),
-        allow_busy=allow_busy,
-        max_used_mib=max_used_mib,
-        top=top,
-        assumptions=assumptions,
-        evidence=evidence,
-    )
     rec = recommend(topo, constraints)
     doc = to_dict(rec, id_format.value)  # builds every env first: a --format uuid error comes before output
     plan = None
@@ -137,7 +132,29 @@ def recommend_command(
         out.line(plan.command)
 
 
-def _read_json(path: Path) -> object:
-    return read_json_file(
-        path, f"--from-report {path}", "give the .json report `gputopo probe` wrote under reports/"
+def set_constraints(
+    n: int,
+    exclude: str | None,
+    allow_busy: bool,
+    max_used_mib: int,
+    from_report: Path | None,
+    **more: Any,
+) -> Constraints:
+    """What ``recommend`` and ``run`` choose a set by, from their shared options (checked here, once)."""
+    from gputopo.recommend import Constraints, evidence_from_report
+
+    if max_used_mib < 0:
+        raise UsageError(f"--max-used-mib {max_used_mib}: must be 0 or more", "e.g. --max-used-mib 1024")
+    evidence = None
+    if from_report is not None:
+        label = f"--from-report {from_report}"
+        doc = read_json_file(from_report, label, "give the .json report `gputopo probe` wrote under reports/")
+        evidence = evidence_from_report(doc, str(from_report))
+    return Constraints(
+        n=n,
+        exclude=parse_gpu_list(exclude, "--exclude") if exclude else (),
+        allow_busy=allow_busy,
+        max_used_mib=max_used_mib,
+        evidence=evidence,
+        **more,
     )

@@ -11,10 +11,15 @@ import typer
 
 from gputopo.cli import app
 from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, examples, guarded
-from gputopo.cli.recommend import DEFAULT_MAX_USED_MIB, REPORT_OPTION, _read_json
+from gputopo.cli.recommend import (
+    ALLOW_BUSY_OPTION,
+    EXCLUDE_OPTION,
+    MAX_USED_OPTION,
+    REPORT_OPTION,
+    set_constraints,
+)
 from gputopo.errors import UnavailableError, UsageError
 from gputopo.findings import Finding
-from gputopo.gpulist import parse_gpu_list
 from gputopo.launch_line import LaunchPlan, LaunchTools
 from gputopo.model import Topology
 from gputopo.ui.output import Output
@@ -40,13 +45,9 @@ def run_command(
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the line instead of running it."),
     input: str | None = typer.Option(None, "--input", "-i", metavar=INPUT_METAVAR, help=INPUT_HELP),
-    exclude: str | None = typer.Option(
-        None, "--exclude", metavar="LIST", help="GPUs to leave out, e.g. 3,4."
-    ),
-    allow_busy: bool = typer.Option(False, "--allow-busy", help="Count GPUs in use by other processes."),
-    max_used_mib: int = typer.Option(
-        DEFAULT_MAX_USED_MIB, "--max-used-mib", help="A GPU with more memory in use than this is busy."
-    ),
+    exclude: str | None = EXCLUDE_OPTION,
+    allow_busy: bool = ALLOW_BUSY_OPTION,
+    max_used_mib: int = MAX_USED_OPTION,
     from_report: Path | None = REPORT_OPTION,
     json_out: bool = typer.Option(
         False, "--json", help="With --dry-run: print the launch as one JSON document."
@@ -54,7 +55,7 @@ def run_command(
 ) -> None:
     """Choose the best free GPU set (as recommend does) and run CMD on it, passing its exit code through."""
     from gputopo.launch_line import SCHEMA, build_launch
-    from gputopo.recommend import Constraints, evidence_from_report, recommend
+    from gputopo.recommend import recommend
     from gputopo.topology import load_topology
 
     out = Output(json_mode=json_out)
@@ -62,16 +63,8 @@ def run_command(
         raise UsageError("--json goes with --dry-run", "the command's own output goes to stdout when it runs")
     if not command:
         raise UsageError("no command given", "put it after --, e.g. gputopo run --n 2 -- python train.py")
-    evidence = evidence_from_report(_read_json(from_report), str(from_report)) if from_report else None
+    constraints = set_constraints(n, exclude, allow_busy, max_used_mib, from_report, top=1)
     topo = load_topology(input)
-    constraints = Constraints(
-        n=n,
-        exclude=parse_gpu_list(exclude, "--exclude") if exclude else (),
-        allow_busy=allow_busy,
-        max_used_mib=max_used_mib,
-        top=1,
-        evidence=evidence,
-    )
     rec = recommend(topo, constraints)
     out.warnings(rec.warnings)  # the topology's warnings too
     tools = LaunchTools(torchrun=None)
