@@ -719,6 +719,9 @@ class CudaEngine(CopyEngine):
         return torch.device("cuda", index)
 
     def can_access_peer(self, src: int, dst: int) -> bool:
+        # cudaDeviceCanAccessPeer. Without peer access a device-to-device copy still succeeds: the CUDA
+        # Programming Guide ("Peer-to-Peer Memory Copy") says only with peer access enabled does the copy
+        # no longer go through the host, so a passing copy alone proves no peer-to-peer path.
         return bool(torch.cuda.can_device_access_peer(src, dst))
 
     def sync(self, *indices: int) -> None:

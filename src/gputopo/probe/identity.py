@@ -15,6 +15,12 @@ they are resolved in PCI bus order, CUDA's order when ``CUDA_DEVICE_ORDER=PCI_BU
 default order on a machine of identical GPUs. Where the two orders can differ (mixed GPU models under the
 default order, or MIG-enabled GPUs present, which CUDA does not number as whole GPUs), integers are
 refused with a request for UUIDs rather than guessed.
+
+Source: the CUDA Programming Guide, "CUDA Environment Variables" (CUDA_VISIBLE_DEVICES takes integer
+indices, UUIDs as ``nvidia-smi -L`` prints them or a unique prefix, and ``MIG-...`` ids; the devices are
+enumerated in the order of the list; an invalid entry hides every entry after it). Its newer editions
+call the integers nvidia-smi's ordinals, while CUDA itself numbers by ``CUDA_DEVICE_ORDER``; the refusal
+above keeps gputopo right under either reading.
 """
 
 from __future__ import annotations
