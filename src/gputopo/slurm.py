@@ -200,19 +200,22 @@ def slurm_job(
     hostnames``, which knows every syntax the installed Slurm does) and from ``expand_hostlist`` when it
     is not given or answers ``None``.
 
-    GPUs: ``SLURM_STEP_GPUS`` inside a step, ``SLURM_JOB_GPUS`` outside one. Slurm's GPU plugin writes
-    the "global" list there and the "local" one into ``CUDA_VISIBLE_DEVICES`` (SchedMD/slurm
-    ``src/plugins/gres/common/gres_common.c``, ``gres_common_gpu_set_env``). The global list is the GPUs'
-    index on the node, in PCI bus order ("GPUs ... want it to match the order they enumerate on the PCI
-    bus", ``common_gres_set_env``), i.e. nvidia-smi's numbering when gres.conf is autodetected with NVML;
-    Slurm releases before that change wrote the number of the ``/dev/nvidiaN`` file instead, which the
-    GRES guide (doc/html/gres.shtml) warns need not match NVML's order. The local list is no use here: with
-    ``ConstrainDevices`` the cgroup hides the other GPUs and it counts from 0 (gres.shtml: a job given
-    /dev/nvidia1 sees ``CUDA_VISIBLE_DEVICES=0``), and it may hold UUIDs. ``GPU_DEVICE_ORDINAL`` is the same
-    local list for OpenCL. ``SLURM_JOB_GPUS`` is not read inside a step, because the step inherits it from
-    the batch script, where it describes the batch host, node 0 of the job (gres.shtml: the variable set for
-    sbatch "only reflects the GPUs allocated to that job on that node, node zero of the allocation"). Empty,
-    or Slurm's ``NoDevFiles`` (GPUs given, device files unknown), is ``None``.
+    GPUs: ``SLURM_STEP_GPUS`` inside a step, ``SLURM_JOB_GPUS`` outside one. Slurm's man pages (OUTPUT
+    ENVIRONMENT VARIABLES, Slurm 23): ``SLURM_JOB_GPUS`` holds "the global GPU IDs of the GPUs allocated to
+    this job. The GPU IDs are not relative to any device cgroup, even if devices are constrained with
+    task/cgroup. Only set in batch and interactive jobs." In the source, the GPU plugin writes this
+    "global" list to ``SLURM_JOB_GPUS``/``SLURM_STEP_GPUS`` and the "local" one to ``CUDA_VISIBLE_DEVICES``
+    (SchedMD/slurm ``src/plugins/gres/common/gres_common.c``, ``gres_common_gpu_set_env``). The global list
+    is the GPUs' index on the node in PCI bus order ("GPUs ... want it to match the order they enumerate on
+    the PCI bus", ``common_gres_set_env``): nvidia-smi's numbering. Older Slurm releases wrote the number of
+    the ``/dev/nvidiaN`` file instead, which the GRES guide (doc/html/gres.shtml) warns need not match
+    NVML's order. The local list is no use here: with ``ConstrainDevices`` the cgroup hides the other GPUs
+    and it counts from 0 (gres.shtml: a job given /dev/nvidia1 sees ``CUDA_VISIBLE_DEVICES=0``), and it may
+    hold UUIDs; ``GPU_DEVICE_ORDINAL`` is the same local list for OpenCL/ROCm. ``SLURM_JOB_GPUS`` is not
+    read inside a step: it is only set for the batch script, so a step inherits the batch host's, node 0's
+    (gres.shtml: what is set for sbatch "only reflects the GPUs allocated to that job on that node, node
+    zero of the allocation"). Empty, or Slurm's ``NoDevFiles`` (GPUs given, device files unknown), is
+    ``None``.
 
     Raises ``UsageError`` with a hint when the environment contradicts itself: a count or id that is not
     a whole number, a node id outside ``0..nnodes-1``, a host count other than ``nnodes``, a GPU list that
