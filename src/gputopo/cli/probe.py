@@ -5,6 +5,7 @@ torch is imported only by the probe's service, inside the command, so ``gputopo 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -17,6 +18,8 @@ from gputopo.cli.topo import NVML_TIMEOUT_OPTION
 from gputopo.errors import EXIT_PROBLEM, UsageError
 from gputopo.probe.options import Fault, Mode, Precision
 from gputopo.ui.output import Output
+
+NODES_PANEL = "Across nodes (torchrun's rendezvous; defaults from Slurm under srun)"
 
 
 class Device(str, Enum):
@@ -123,10 +126,79 @@ def probe_command(
             help="Print the plan (launches, GPUs, checks, each rank's CUDA/NCCL environment); start nothing.",
         ),
     ] = False,
+    nnodes: Annotated[
+        Optional[int],  # noqa: UP045 (typer)
+        typer.Option(
+            "--nnodes",
+            help="Probe across this many nodes (every node runs the same command; torchrun's flag). "
+            "Default under Slurm: the job's nodes.",
+            rich_help_panel=NODES_PANEL,
+        ),
+    ] = None,
+    node_rank: Annotated[
+        Optional[int],  # noqa: UP045 (typer)
+        typer.Option(
+            "--node-rank", help="This node's rank, 0..N-1 (Slurm: SLURM_NODEID).", rich_help_panel=NODES_PANEL
+        ),
+    ] = None,
+    rdzv_endpoint: Annotated[
+        Optional[str],  # noqa: UP045 (typer)
+        typer.Option(
+            "--rdzv-endpoint",
+            metavar="HOST:PORT",
+            help="Where the nodes meet (torchrun's c10d rendezvous; port 29400 if left out). "
+            "Slurm: the job's first host.",
+            rich_help_panel=NODES_PANEL,
+        ),
+    ] = None,
+    rdzv_id: Annotated[
+        Optional[str],  # noqa: UP045 (typer)
+        typer.Option(
+            "--rdzv-id",
+            help="The run's id, the same on every node (Slurm: gputopo-JOBID).",
+            rich_help_panel=NODES_PANEL,
+        ),
+    ] = None,
+    rdzv_timeout: Annotated[
+        Optional[float],  # noqa: UP045 (typer)
+        typer.Option(
+            "--rdzv-timeout",
+            help="Seconds to wait for every node to join before giving up. Default: 600.",
+            rich_help_panel=NODES_PANEL,
+        ),
+    ] = None,
+    inject_node: Annotated[
+        Optional[int],  # noqa: UP045 (typer)
+        typer.Option(
+            "--inject-node",
+            help="Node rank whose ranks get --inject. Default: the last node.",
+            rich_help_panel=NODES_PANEL,
+        ),
+    ] = None,
     nvml_timeout: float = NVML_TIMEOUT_OPTION,
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Check GPU sets for real: P2P copies, DataParallel and DDP against one GPU, all-reduce bandwidth."""
+    from gputopo.probe.multinode import resolve_nodes
+
+    node = resolve_nodes(nnodes, node_rank, rdzv_endpoint, rdzv_id, rdzv_timeout, inject_node, slurm_job())
+    if node is not None:
+        if each_pair or len(gpus or ()) > 1:
+            raise UsageError(
+                "across nodes each node probes one set of its GPUs",
+                "give one --gpus list (the same on every node), or none for all; drop --each-pair",
+            )
+        if dry_run:
+            raise UsageError(
+                "--dry-run shows one machine's plan", "drop --nnodes to see this node's own plan"
+            )
+        if inject is not None and inject_node is None:
+            node = replace(node, inject_node=node.nnodes - 1)
+    elif inject is Fault.SLOW:
+        raise UsageError(
+            "--inject slow delays one node's collectives: it needs a run across nodes",
+            "add --nnodes N --node-rank R --rdzv-endpoint HOST:PORT (or run under srun)",
+        )
     from gputopo.probe.config import (
         build_config,
         check_sets_in_topology,
@@ -189,6 +261,9 @@ def probe_command(
             out.show(plan_text(doc))
         return
     ensure_report_dir(config.report_dir)
+    if node is not None:
+        run_across_nodes(config, node, out, json_out)
+        return
     plan = make_plan(config)
     if json_out:
         run = run_probe(config, plan=plan)
@@ -218,6 +293,57 @@ def probe_command(
 
         out.show(render_probe(doc))
     if run.verdict == "fail":
+        raise typer.Exit(EXIT_PROBLEM)
+
+
+def slurm_job() -> Any:
+    """The Slurm job this runs in (its defaults for --nnodes and the rendezvous), or ``None``."""
+    import os
+
+    from gputopo.slurm import slurm_job as read_job
+    from gputopo.system.scontrol import hostnames
+
+    if "SLURM_JOB_ID" not in os.environ and "SLURM_JOBID" not in os.environ:
+        return None
+    return read_job(os.environ, hostnames=hostnames)
+
+
+def run_across_nodes(config: Any, node: Any, out: Output, json_out: bool) -> None:
+    """This node's part of a multi-node probe; node rank 0 writes the report; every node exits with the
+    run's verdict."""
+    from gputopo.probe.document import to_markdown
+    from gputopo.probe.multinode import run_nodes
+    from gputopo.probe.nodes_document import nodes_markdown
+    from gputopo.report import write_report
+
+    seen: set[str] = set()
+
+    def on_row(row: dict[str, Any]) -> None:
+        test = row.get("test")
+        if json_out or row.get("stage") != "enter" or test in seen:
+            return
+        seen.add(test)
+        nodes = ",".join(map(str, row.get("nodes") or []))
+        out.hint(f"node {node.node_rank}: inter-node test {test} on nodes {nodes}")
+
+    out.hint(
+        f"node {node.node_rank} of {node.nnodes} ({node.hostname}): rendezvous {node.endpoint}, "
+        f"id {node.rdzv_id}, waiting up to {node.rdzv_timeout_s:g} s for every node"
+    )
+    doc = run_nodes(config, node, on_row=on_row)
+    if node.node_rank == 0:
+        markdown = to_markdown(doc).rstrip("\n") + "\n" + "\n".join(nodes_markdown(doc)) + "\n"
+        doc["report"] = write_report("probe", doc, markdown, config.report_dir, html=probe_html(doc, out))
+    message = (doc.get("internode") or {}).get("message")
+    if message and doc["internode"]["status"] != "ok":
+        out.warn(message)
+    if json_out:
+        out.document(doc)
+    else:
+        from gputopo.ui.probe_view import render_nodes
+
+        out.show(render_nodes(doc))
+    if doc["verdict"] == "fail":
         raise typer.Exit(EXIT_PROBLEM)
 
 

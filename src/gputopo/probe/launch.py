@@ -628,18 +628,32 @@ def agent_main(job_path: str) -> int:
     """Run one job's ranks under torch's elastic agent and write ``launch.json``; exit 0 either way."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     job = json.loads(Path(job_path).read_text())
     log_dir = Path(job["log_dir"])
+    nnodes = int(job.get("nnodes") or 1)
+    joined = None
+    rdzv_configs: dict[str, Any] = {}
+    if nnodes > 1:
+        from gputopo.probe.multinode import JoinWatch
+
+        # A node that never comes ends the rendezvous after --rdzv-timeout (torch's join_timeout,
+        # DynamicRendezvousHandler's "join_timeout": 600 s by default) with RendezvousTimeoutError.
+        rdzv_configs["join_timeout"] = int(job["rdzv_timeout_s"])
+        joined = JoinWatch(job, Path(job["result"]).with_name("joined.json"))
+        joined.start()
     config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
+        min_nodes=nnodes,
+        max_nodes=nnodes,
         nproc_per_node=int(job["nproc"]),
         run_id=job["run_id"],
-        # torchrun --standalone: a c10d rendezvous on a free local port, so concurrent launches never clash.
+        # One node: torchrun --standalone, a c10d rendezvous on a free local port, so concurrent launches
+        # never clash. Several: torchrun's --rdzv-backend c10d --rdzv-endpoint HOST:PORT.
         rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",
+        rdzv_endpoint=job.get("rdzv_endpoint") or "localhost:0",
+        rdzv_configs=rdzv_configs,
         max_restarts=0,  # a probe reports the first failure; restarting would hide it
         monitor_interval=0.1,
         start_method="spawn",
@@ -666,6 +680,12 @@ def agent_main(job_path: str) -> int:
             for rank, failure in exc.failures.items()
         ]
         result = {"status": "failed", "failures": sorted(failures, key=root_cause_order)}
+    except RendezvousError as exc:
+        # Not every node came (RendezvousTimeoutError), or the store's host went away with them.
+        result = {"status": "rendezvous", "failures": [], "message": f"{type(exc).__name__}: {exc}"}
+    finally:
+        if joined is not None:
+            joined.stop()
     tmp = Path(job["result"] + ".tmp")
     tmp.write_text(json.dumps(result))
     os.replace(tmp, job["result"])

@@ -36,6 +36,7 @@ class Fault(str, Enum):
     HANG = "hang"
     CRASH = "crash"
     OVERFLOW = "overflow"
+    SLOW = "slow"  # across nodes only: a delay before each of one node's collectives (a straggler)
 
 
 class Precision(str, Enum):

@@ -168,6 +168,14 @@ def run(spec_path: str) -> None:
         device_id=device if device.type == "cuda" else None,
     )
     pool_row(log, rank, "ready")
+    if "cross" in spec:  # a multi-node launch: the inter-node tests (gputopo.probe.crossnode)
+        from gputopo.probe import crossnode
+
+        try:
+            crossnode.run(spec, rank, world, local_rank, device, log)
+        finally:
+            dist.destroy_process_group()
+        return
     # Every rank's variables and numerics reach rank 0, which writes them with the versions.
     mine = {"rank": rank, "variables": variables, "set_by_probe": added, "numerics": numerics}
     everyone: list[Any] = [None] * world

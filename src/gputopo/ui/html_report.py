@@ -357,6 +357,8 @@ def render_probe_html(doc: dict[str, Any]) -> str:
             )
         )
 
+    parts += nodes_section(doc)
+
     parts.append("<h2>Measurements</h2>")
     for _, lines in set_tables(doc):
         parts.append(f"<pre>{_e(chr(10).join(lines))}</pre>")
@@ -381,3 +383,34 @@ def render_probe_html(doc: dict[str, Any]) -> str:
             else "<p>None.</p>"
         )
     return _page(title + ": " + verdict_line(doc), parts)
+
+
+def nodes_section(doc: dict[str, Any]) -> list[str]:
+    """A multi-node run: a row per node with its verdict and what points at it, then every inter-node
+    test (bus bandwidth per node pair, per rail, over all)."""
+    from gputopo.probe.nodes_document import NODE_HEADER, TEST_HEADER, node_rows, test_rows
+
+    if not doc.get("nodes"):
+        return []
+    section = doc.get("internode") or {}
+    parts = [
+        "<h2>Nodes</h2>",
+        f'<p class="sub">{_e(section.get("nnodes"))} nodes, rendezvous {_e(section.get("endpoint"))} '
+        f"(id {_e(section.get('rdzv_id'))}); inter-node tests: {_e(section.get('status'))}</p>",
+    ]
+    if section.get("message"):
+        parts.append(f"<p>{_e(section['message'])}</p>")
+    rows = node_rows(doc)
+    parts.append(
+        _table(
+            NODE_HEADER, [[_e(c) for c in row] for row in rows], [["", "", "", row[3], ""] for row in rows]
+        )
+    )
+    notes = section.get("notes") or []
+    if notes:
+        parts.append("<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
+    tests = test_rows(section)
+    if tests:
+        parts.append("<h2>Between nodes</h2>")
+        parts.append(_table(TEST_HEADER, [[_e(c) for c in row] for row in tests]))
+    return parts

@@ -167,3 +167,38 @@ def render_probe(doc: dict[str, Any]) -> RenderableType:
     parts: list[RenderableType] = [Text("\n".join(lines) + "\n") for _, lines in set_tables(doc)]
     parts.append(verdict_panel(doc))
     return Group(*parts)
+
+
+def render_nodes(doc: dict[str, Any]) -> RenderableType:
+    """A multi-node run: this node's own sets (when it had any), then every node's verdict and the
+    inter-node tests."""
+    from rich.table import Table
+
+    from gputopo.probe.nodes_document import NODE_HEADER, TEST_HEADER, node_rows, test_rows
+
+    parts: list[RenderableType] = [render_probe(doc)] if doc.get("sets") else []
+    section = doc.get("internode") or {}
+    tests = test_rows(section)
+    if tests:
+        table = Table(*TEST_HEADER, title="Between nodes", title_justify="left")
+        for row in tests:
+            table.add_row(*row)
+        parts.append(table)
+    table = Table(*NODE_HEADER, title="Nodes", title_justify="left")
+    for row in node_rows(doc):
+        table.add_row(*row[:3], verdict_text(row[3]), row[4])
+    parts.append(table)
+    body = Text()
+    for note in section.get("notes") or []:
+        body.append(f"note: {note}\n", style="dim")
+    for f in section.get("findings") or []:
+        if f.get("remedy"):
+            body.append(f"what to do ({f['kind']}): {f['remedy']}\n", style="yellow")
+    report = doc.get("report")
+    if report:
+        paths = [report[k] for k in ("json", "markdown", "html") if report.get(k)]
+        body.append("report: " + "\n        ".join(paths) + "\n", style="dim")
+    body.append("verdict: ")
+    body.append_text(verdict_text(str(doc.get("verdict", ""))))
+    parts.append(body)
+    return Group(*parts)

@@ -1,0 +1,543 @@
+"""A probe across nodes, as one node's ``gputopo`` runs it: its own checks, then one launch over every node.
+
+Every node runs the same command (``srun gputopo probe ...`` under Slurm, or by hand with torchrun's
+flags). Each node first runs its own checks, as on one machine (``runner.run_probe``; a node with one
+GPU has no link inside it to check). Then each starts torch's elastic agent (``launch.agent_main``, the
+API under ``torchrun``) with ``--nnodes``, a c10d rendezvous at ``--rdzv-endpoint`` and ``--rdzv-id``:
+the agents meet there, every GPU of every node gets a rank, and the ranks test groups of nodes
+(``crossnode``, planned by ``nodes``). No launcher of ours spans machines: torch's does.
+
+This process watches its node's launch. It ends when its node's first rank has written the record of
+every test, when the rendezvous gives up (a node that never came, after ``--rdzv-timeout``), when no
+rank of its node has moved for ``--timeout`` (a hang: node rank 0 then reads how far every rank of every
+node got from the rendezvous store and names the node behind), or when a rank dies. Whatever ends it,
+the agent and every rank on this node are stopped, as a single-node pool is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from gputopo.errors import UsageError
+from gputopo.probe.config import ProbeConfig
+from gputopo.probe.launch import (
+    LAUNCH_RESULT,
+    POLL_S,
+    STARTUP_FLOOR_S,
+    _read_json,
+    _tail,
+    marked_processes,
+    rank_environment,
+    terminate_all,
+)
+from gputopo.probe.plan import Job
+from gputopo.slurm import DEFAULT_RDZV_PORT
+
+DEFAULT_RDZV_TIMEOUT_S = 600.0  # torch's own join_timeout default
+# After the record is written, the agent gets this long to leave by itself before it is stopped.
+EXIT_GRACE_S = 10.0
+# On a hang, nodes other than 0 wait this long before stopping their agent (which may host the store) so
+# node rank 0 can read every rank's last progress from it first.
+HANG_READ_GRACE_S = 5.0
+STORE_READ_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class NodeOptions:
+    """Where this node stands in a multi-node run, from torchrun-style flags or the Slurm job."""
+
+    nnodes: int
+    node_rank: int
+    host: str  # the rendezvous endpoint's host
+    port: int
+    rdzv_id: str
+    rdzv_timeout_s: float = DEFAULT_RDZV_TIMEOUT_S
+    inject_node: int | None = None
+    hostname: str = field(default_factory=platform.node)
+    source: str = "flags"  # or "slurm"
+
+    @property
+    def endpoint(self) -> str:
+        """``HOST:PORT`` as torchrun's ``--rdzv-endpoint`` spells it."""
+        return f"{self.host}:{self.port}"
+
+    def injected_here(self) -> bool:
+        """True when ``--inject`` goes into this node's ranks."""
+        return self.inject_node is not None and self.inject_node == self.node_rank
+
+
+def parse_endpoint(text: str) -> tuple[str, int]:
+    """``HOST[:PORT]`` (IPv6 in brackets) into host and port; torchrun's default port when none is given."""
+    text = text.strip()
+    host, port = text, str(DEFAULT_RDZV_PORT)
+    if text.startswith("["):
+        end = text.find("]")
+        if end < 0:
+            raise UsageError(
+                f"--rdzv-endpoint {text!r}: unclosed '['", "e.g. --rdzv-endpoint [fe80::1]:29400"
+            )
+        host, rest = text[1:end], text[end + 1 :]
+        if rest:
+            if not rest.startswith(":"):
+                raise UsageError(f"--rdzv-endpoint {text!r}: expected ':PORT' after ']'", "e.g. [::1]:29400")
+            port = rest[1:]
+    elif text.count(":") == 1:
+        host, port = text.split(":")
+    if not host:
+        raise UsageError(f"--rdzv-endpoint {text!r}: no host", "e.g. --rdzv-endpoint node01:29400")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(
+            f"--rdzv-endpoint {text!r}: port must be 1-65535", "e.g. --rdzv-endpoint node01:29400"
+        )
+    return host, int(port)
+
+
+def node_key(run_id: str, node: int) -> str:
+    """Where each node's agent says it came, in the rendezvous store."""
+    return f"gputopo/{run_id}/node/{node}"
+
+
+class JoinWatch(threading.Thread):
+    """In the agent: say in the rendezvous store that this node came, and keep ``joined.json`` up to date
+    with which nodes did, so a rendezvous that gives up can say how many joined (the store goes away
+    with the agent that hosts it, so the list is kept as it was last seen)."""
+
+    def __init__(self, job: dict[str, Any], path: Path) -> None:
+        super().__init__(daemon=True)
+        self.job = job
+        self.path = path
+        self._done = threading.Event()
+
+    def stop(self) -> None:
+        """End the watch (the launch is over)."""
+        self._done.set()
+
+    def run(self) -> None:
+        from torch.distributed import TCPStore
+
+        host, port = parse_endpoint(self.job["rdzv_endpoint"])
+        run_id, nnodes = self.job["run_id"], int(self.job["nnodes"])
+        store = None
+        while not self._done.is_set():
+            try:
+                if store is None:
+                    store = TCPStore(
+                        host, port, is_master=False, timeout=timedelta(seconds=2), wait_for_workers=False
+                    )
+                    store.set(node_key(run_id, int(self.job["node_rank"])), self.job["hostname"])
+                joined = {}
+                for n in range(nnodes):
+                    if store.check([node_key(run_id, n)]):
+                        joined[str(n)] = store.get(node_key(run_id, n)).decode()
+                tmp = self.path.with_name(".joined.tmp")
+                tmp.write_text(json.dumps({"joined": joined, "t": time.time()}))
+                tmp.replace(self.path)
+            except Exception:  # noqa: BLE001 - no store yet, or its host is gone: try again
+                store = None
+            self._done.wait(1.0)
+
+
+def read_store_progress(
+    node: NodeOptions, timeout_s: float = STORE_READ_TIMEOUT_S
+) -> dict[int, dict[str, Any]]:
+    """Every rank's last progress row from the rendezvous store (empty when the store cannot be read)."""
+    from torch.distributed import TCPStore
+
+    from gputopo.probe.crossnode import store_key, world_key
+
+    try:
+        store = TCPStore(
+            node.host,
+            node.port,
+            is_master=False,
+            timeout=timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+        )
+        if not store.check([world_key(node.rdzv_id)]):
+            return {}
+        world = int(store.get(world_key(node.rdzv_id)))
+        rows = {}
+        for r in range(world):
+            if store.check([store_key(node.rdzv_id, r)]):
+                rows[r] = json.loads(store.get(store_key(node.rdzv_id, r)))
+        return rows
+    except Exception:  # noqa: BLE001 - the store's host may be gone already
+        return {}
+
+
+@dataclass
+class CrossOutcome:
+    """How this node's launch ended: ``ok`` with the record, ``rendezvous`` (not every node came),
+    ``hung`` (with what the store said), ``failed`` (a rank died), ``launcher-error``."""
+
+    status: str
+    record: dict[str, Any] | None = None
+    joined: dict[str, str] = field(default_factory=dict)
+    progress: dict[int, dict[str, Any]] = field(default_factory=dict)
+    message: str = ""
+    wall_s: float = 0.0
+    leftovers_stopped: int = 0
+
+
+class CrossLaunch:
+    """This node's part of the multi-node launch, from start to a ``CrossOutcome``."""
+
+    def __init__(
+        self, config: ProbeConfig, node: NodeOptions, local: dict[str, Any] | None, nics: dict[str, str]
+    ):
+        self.config = config
+        self.node = node
+        self.local = local
+        self.nics = nics
+        self.gpus = config.sets[0]
+        self.marker = uuid.uuid4().hex
+        self.dir = Path(tempfile.mkdtemp(prefix="gputopo-nodes-"))
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started = 0.0
+        self.last_progress = 0.0
+        self.ready: set[int] = set()
+        self.stage = "starting"
+        self._offsets: dict[Path, int] = {}
+        self._seen: dict[int, Any] = {}
+
+    def spec(self) -> dict[str, Any]:
+        """What every rank of this node reads."""
+        c = self.config
+        return {
+            "device": c.device,
+            "gpus": list(self.gpus),
+            "bus_ids": [c.inventory.bus_id(g) for g in self.gpus],
+            "timeout_s": c.timeout_s,
+            "out_dir": str(self.dir),
+            "sweep_bytes": list(c.sweep_bytes),
+            "iters": c.iters,
+            "cross": {
+                "run_id": self.node.rdzv_id,
+                "nnodes": self.node.nnodes,
+                "node_rank": self.node.node_rank,
+                "host": self.node.hostname,
+                "store_host": self.node.host,
+                "store_port": self.node.port,
+                "inject": c.inject.value if c.inject is not None and self.node.injected_here() else None,
+                "local": self.local,
+                "nics": self.nics,
+            },
+        }
+
+    def start(self) -> None:
+        """Start torch's elastic agent for this node, in a session of its own."""
+        spec_path = self.dir / "spec.json"
+        spec_path.write_text(json.dumps(self.spec()))
+        job = {
+            "nproc": len(self.gpus),
+            "spec": str(spec_path),
+            "log_dir": str(self.dir / "logs"),
+            "result": str(self.dir / LAUNCH_RESULT),
+            "run_id": self.node.rdzv_id,
+            "nnodes": self.node.nnodes,
+            "node_rank": self.node.node_rank,
+            "hostname": self.node.hostname,
+            "rdzv_endpoint": self.node.endpoint,
+            "rdzv_timeout_s": max(1, round(self.node.rdzv_timeout_s)),
+        }
+        job_path = self.dir / "job.json"
+        job_path.write_text(json.dumps(job))
+        log = open(self.dir / "launcher.log", "wb")  # noqa: SIM115 - closed once the child has it
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "gputopo.probe.launch", str(job_path)],
+                env=rank_environment(self.config, Job(self.gpus, ()), self.marker),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+        self.started = self.last_progress = time.monotonic()
+
+    def _read_progress(self) -> list[dict[str, Any]]:
+        rows = []
+        for path in sorted(self.dir.glob("progress-rank*.jsonl")):
+            with path.open("rb") as fh:
+                fh.seek(self._offsets.get(path, 0))
+                data = fh.read()
+            complete = data[: data.rfind(b"\n") + 1]
+            self._offsets[path] = self._offsets.get(path, 0) + len(complete)
+            for line in complete.splitlines():
+                row = json.loads(line)
+                rows.append(row)
+                if row.get("stage") == "ready":
+                    self.ready.add(int(row["pool_rank"]))
+        if rows:
+            self.last_progress = time.monotonic()
+        return rows
+
+    def _remember_descendants(self) -> None:
+        import psutil
+
+        if self.proc is None:
+            return
+        try:
+            for child in psutil.Process(self.proc.pid).children(recursive=True):
+                self._seen.setdefault(child.pid, child)
+        except psutil.NoSuchProcess:
+            pass
+
+    def wait(self, on_row: Any = None) -> CrossOutcome:
+        """Watch until the launch ends one way or another; leave nothing running."""
+        assert self.proc is not None
+        status = None
+        record_at = None
+        while status is None:
+            self._remember_descendants()
+            for row in self._read_progress():
+                if on_row is not None:
+                    on_row(row)
+            now = time.monotonic()
+            record = _read_json(self.dir / "cross.json")
+            if self.proc.poll() is not None:
+                status = "ended"
+            elif record is not None:
+                record_at = record_at or now
+                if now - record_at > EXIT_GRACE_S:
+                    status = "ended"
+            elif len(self.ready) < len(self.gpus):
+                # Joining: the agent's rendezvous gives up after --rdzv-timeout; this is a backstop.
+                if now - self.started > self.node.rdzv_timeout_s + max(
+                    self.config.timeout_s, STARTUP_FLOOR_S
+                ):
+                    status = "hung"
+            elif now - self.last_progress > self.config.timeout_s:
+                status = "hung"
+            if status is None:
+                time.sleep(POLL_S)
+        progress: dict[int, dict[str, Any]] = {}
+        if status == "hung":
+            if self.node.node_rank == 0:
+                progress = read_store_progress(self.node)
+            else:
+                time.sleep(HANG_READ_GRACE_S)
+        stopped = self.stop()
+        return self._outcome(status, progress, stopped)
+
+    def _outcome(self, status: str, progress: dict[int, dict[str, Any]], stopped: int) -> CrossOutcome:
+        wall = time.monotonic() - self.started
+        joined = (_read_json(self.dir / "joined.json") or {}).get("joined", {})
+        record = _read_json(self.dir / "cross.json")
+        if record is not None:
+            return CrossOutcome("ok", record, joined, wall_s=wall, leftovers_stopped=stopped)
+        if status == "hung":
+            return CrossOutcome("hung", None, joined, progress, wall_s=wall, leftovers_stopped=stopped)
+        result = _read_json(self.dir / LAUNCH_RESULT)
+        if result is None:
+            return CrossOutcome(
+                "launcher-error",
+                None,
+                joined,
+                message=_tail(self.dir / "launcher.log"),
+                wall_s=wall,
+                leftovers_stopped=stopped,
+            )
+        if result["status"] == "rendezvous":
+            return CrossOutcome(
+                "rendezvous",
+                None,
+                joined,
+                message=result.get("message", ""),
+                wall_s=wall,
+                leftovers_stopped=stopped,
+            )
+        failures = result.get("failures") or []
+        message = ""
+        if failures:
+            first = failures[0]
+            message = first.get("message") or first.get("stderr_tail") or f"exit code {first.get('exitcode')}"
+        return CrossOutcome("failed", None, joined, message=message, wall_s=wall, leftovers_stopped=stopped)
+
+    def stop(self) -> int:
+        """Stop the agent and every rank of this node (by ancestry and by marker); safe to repeat."""
+        import psutil
+
+        targets: dict[int, Any] = dict(self._seen)
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                targets[self.proc.pid] = psutil.Process(self.proc.pid)
+        self._remember_descendants()
+        targets.update(self._seen)
+        targets.update({p.pid: p for p in marked_processes(self.marker)})
+        stopped = terminate_all(targets.values())
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return stopped
+
+    def cleanup(self) -> None:
+        """Remove the scratch folder."""
+        import shutil
+
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def run_cross(
+    config: ProbeConfig,
+    node: NodeOptions,
+    local: dict[str, Any] | None,
+    nics: dict[str, str],
+    on_row: Any = None,
+) -> CrossOutcome:
+    """This node's part of the inter-node tests; Ctrl-C stops everything it started, then re-raises."""
+    launch = CrossLaunch(config, node, local, nics)
+    try:
+        launch.start()
+        return launch.wait(on_row)
+    finally:
+        launch.stop()
+        launch.cleanup()
+
+
+# --- options and the whole run ------------------------------------------------------------------------
+
+
+def resolve_nodes(
+    nnodes: int | None,
+    node_rank: int | None,
+    endpoint: str | None,
+    rdzv_id: str | None,
+    rdzv_timeout_s: float | None,
+    inject_node: int | None,
+    slurm: Any = None,
+) -> NodeOptions | None:
+    """The node's place in a multi-node run from the flags, with the Slurm job (``gputopo.slurm``) filling
+    what they leave out; ``None`` for a run on this machine alone."""
+    if nnodes is None and slurm is not None and slurm.nnodes > 1:
+        nnodes = slurm.nnodes
+    multi = ("--node-rank", node_rank), ("--rdzv-endpoint", endpoint), ("--rdzv-id", rdzv_id)
+    multi += (("--rdzv-timeout", rdzv_timeout_s), ("--inject-node", inject_node))
+    if nnodes is None or nnodes == 1:
+        given = [name for name, value in multi if value is not None]
+        if given:
+            raise UsageError(
+                f"{given[0]} is for a run across nodes", "add --nnodes N (2 or more), or drop " + given[0]
+            )
+        return None
+    if nnodes < 1:
+        raise UsageError(f"--nnodes {nnodes}: must be 1 or more", "e.g. --nnodes 4")
+    source = "flags"
+    if slurm is not None and slurm.nnodes == nnodes:
+        source = "slurm"
+        node_rank = slurm.node_id if node_rank is None else node_rank
+        endpoint = endpoint or f"{slurm.first_host}:{DEFAULT_RDZV_PORT}"
+        rdzv_id = rdzv_id or f"gputopo-{slurm.job_id}"
+    if node_rank is None:
+        raise UsageError(
+            f"--nnodes {nnodes} needs --node-rank: which node this is (0..{nnodes - 1})",
+            "run the same command on every node, each with its own --node-rank, or run it with srun",
+        )
+    if not 0 <= node_rank < nnodes:
+        raise UsageError(f"--node-rank {node_rank}: must be 0..{nnodes - 1} for --nnodes {nnodes}", "")
+    if endpoint is None:
+        raise UsageError(
+            f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT: where the nodes meet",
+            "give every node the same endpoint, on a host they can all reach (usually node rank 0's)",
+        )
+    host, port = parse_endpoint(endpoint)
+    timeout = DEFAULT_RDZV_TIMEOUT_S if rdzv_timeout_s is None else rdzv_timeout_s
+    if timeout <= 0:
+        raise UsageError(
+            f"--rdzv-timeout {timeout:g}: must be more than 0 seconds", "e.g. --rdzv-timeout 600"
+        )
+    if inject_node is not None and not 0 <= inject_node < nnodes:
+        raise UsageError(f"--inject-node {inject_node}: must be 0..{nnodes - 1}", "")
+    return NodeOptions(
+        nnodes=nnodes,
+        node_rank=node_rank,
+        host=host,
+        port=port,
+        rdzv_id=rdzv_id or "gputopo",
+        rdzv_timeout_s=timeout,
+        inject_node=inject_node,
+        source=source,
+    )
+
+
+def gpu_nics(topology: Any, gpus: tuple[int, ...]) -> dict[str, str]:
+    """The NIC nearest each GPU (PIX, then PXB, then PHB), where the topology names one."""
+    if topology is None or not topology.nics:
+        return {}
+    from gputopo.launch_line import nearest_nics
+
+    out = {}
+    for g in gpus:
+        names, _ = nearest_nics(topology, [g])
+        if names:
+            out[str(g)] = names[0]
+    return out
+
+
+def run_nodes(
+    config: ProbeConfig, node: NodeOptions, on_progress: Any = None, on_row: Any = None
+) -> dict[str, Any]:
+    """This node's whole part: its own checks, then the inter-node tests; the document of the run.
+
+    ``--inject`` goes into the inter-node tests of ``--inject-node``'s ranks only; a node's own checks
+    run clean.
+    """
+    from dataclasses import replace
+    from datetime import datetime, timezone
+
+    from gputopo.probe.document import to_document
+    from gputopo.probe.nodes_document import add_nodes, internode_section, local_summary
+    from gputopo.probe.plan import make_plan
+    from gputopo.probe.runner import ProbeRun, read_topology, run_probe
+
+    started_utc = datetime.now(timezone.utc)
+    started = time.monotonic()
+    gpus = config.sets[0]
+    local_config = replace(config, inject=None, inject_rank=None, inject_gpus=())
+    if len(gpus) >= 2:
+        local_run = run_probe(local_config, on_progress, plan=make_plan(local_config))
+        view_topology = read_topology(config).topology
+        local = local_summary(node.node_rank, to_document(local_run))
+    else:
+        view = read_topology(config)
+        view_topology = view.topology
+        notes = ("one GPU on this node: no link within it to check; only the inter-node tests ran",)
+        local_run = ProbeRun(config, (), {"hostname": node.hostname}, notes, started_utc, 0.0)
+        local = local_summary(node.node_rank, None, "one GPU: no link within the node to check")
+    outcome = run_cross(config, node, local, gpu_nics(view_topology, gpus), on_row)
+    doc = to_document(local_run)
+    doc["wall_s"] = round(time.monotonic() - started, 3)
+    doc["config"]["inject"] = config.inject.value if config.inject else None
+    options = {
+        "nnodes": node.nnodes,
+        "node_rank": node.node_rank,
+        "host": node.hostname,
+        "endpoint": node.endpoint,
+        "rdzv_id": node.rdzv_id,
+        "rdzv_timeout_s": node.rdzv_timeout_s,
+        "timeout_s": config.timeout_s,
+        "source": node.source,
+        "inject_node": node.inject_node if config.inject else None,
+        "wall_s": round(outcome.wall_s, 3),
+        "leftovers_stopped": outcome.leftovers_stopped,
+    }
+    rows, section = internode_section(
+        options, outcome.status, outcome.record, outcome.joined, outcome.progress, outcome.message
+    )
+    return add_nodes(doc, rows, section)
