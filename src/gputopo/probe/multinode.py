@@ -450,7 +450,10 @@ def resolve_nodes(
             "run the same command on every node, each with its own --node-rank, or run it with srun",
         )
     if not 0 <= node_rank < nnodes:
-        raise UsageError(f"--node-rank {node_rank}: must be 0..{nnodes - 1} for --nnodes {nnodes}", "")
+        raise UsageError(
+            f"--node-rank {node_rank}: must be 0..{nnodes - 1} for --nnodes {nnodes}",
+            "number the nodes from 0; node rank 0 writes the report",
+        )
     if endpoint is None:
         raise UsageError(
             f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT: where the nodes meet",
@@ -463,7 +466,9 @@ def resolve_nodes(
             f"--rdzv-timeout {timeout:g}: must be more than 0 seconds", "e.g. --rdzv-timeout 600"
         )
     if inject_node is not None and not 0 <= inject_node < nnodes:
-        raise UsageError(f"--inject-node {inject_node}: must be 0..{nnodes - 1}", "")
+        raise UsageError(
+            f"--inject-node {inject_node}: must be 0..{nnodes - 1}", "name the node rank that gets the fault"
+        )
     return NodeOptions(
         nnodes=nnodes,
         node_rank=node_rank,

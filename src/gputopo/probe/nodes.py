@@ -28,6 +28,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import combinations
 from typing import Any
 
 # How far outside the nodes' spread a value must lie: MAD is scaled by 1.4826 to estimate a normal
@@ -226,6 +227,13 @@ def bisection(results: Sequence[Test]) -> tuple[list[Culprit], list[Test]]:
     # The all-nodes test is bisected only when no pair says more (with pairs, its halves are pairs).
     if any(t["kind"] == "pair" for t in results):
         suspects = [t for t in suspects if t["kind"] == "pair"] or suspects
+    if suspects and not good:
+        # Nothing has passed yet, so nothing can stand as a reference: try pairs not yet run together
+        # until one passes (three nodes with a bad node 0 fail 0-1 and 0-2, and pass 1-2).
+        everyone = sorted({n for t in results for n in t["nodes"]})
+        for a, b in combinations(everyone, 2):
+            if (frozenset((a, b)), None) not in by_key:
+                return [], [_test("bisect", (a, b))]
     for t in suspects:
         c, m = _resolve(tuple(t["nodes"]), by_key, good, slow, "wrong" if failed(t) else "slow")
         culprits += [x for x in c if x not in culprits]
