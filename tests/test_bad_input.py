@@ -131,7 +131,10 @@ CASES = [
     ("probe --device cpu --gpus 0 --nnodes 2 --node-rank 0 --rdzv-endpoint :29400", 2),
     ("probe --device cpu --gpus 0 --nnodes 2 --node-rank 0 --rdzv-endpoint [::1", 2),
     ("probe --device cpu --gpus 0 --nnodes 2 --node-rank 0 --rdzv-endpoint h --rdzv-timeout 0", 2),
-    ("probe --device cpu --gpus 0 --nnodes 2 --node-rank 0 --rdzv-endpoint h --inject corrupt --inject-node 2", 2),
+    (
+        "probe --device cpu --gpus 0 --nnodes 2 --node-rank 0 --rdzv-endpoint h --inject nan --inject-node 2",
+        2,
+    ),
     ("probe --device cpu --gpus 0 --gpus 1 --nnodes 2 --node-rank 0 --rdzv-endpoint h", 2),
     ("probe --device cpu --gpus 0,1 --each-pair --nnodes 2 --node-rank 0 --rdzv-endpoint h", 2),
     ("probe --device cpu --gpus 0 --nnodes 2 --node-rank 0 --rdzv-endpoint h --dry-run", 2),
@@ -149,6 +152,9 @@ CASES = [
     ("doctor --input {binary} --skip-probe", 2),
     ("doctor --input sample:dgx2-v100-16gpu", 2),
     ("doctor --simulate --skip-probe --report-dir {under_file}", 2),
+    ("doctor --simulate --inject slow", 2),
+    ("doctor --simulate --nnodes 2 --node-rank 0 --rdzv-endpoint h --inject corrupt --inject-gpus 0,1", 2),
+    ("doctor --simulate --nnodes 2 --node-rank 5 --rdzv-endpoint h", 2),
     # run (checked before anything is started)
     (f"run --n 2 --input {SEED} --exclude x -- true", 2),
     (f"run --n 2 --input {SEED} --json -- true", 2),

@@ -130,3 +130,53 @@ def test_a_hung_node_is_named_from_the_rendezvous_store(tmp_path: Path) -> None:
     assert findings_of(doc) == [("hung", [2])]
     assert "node rank 0's report names the node" in results[3][2]
     assert probe_processes() == []
+
+
+def run_doctors(tmp_path: Path, *extra: str) -> dict[int, tuple[int, dict[str, Any] | None, str]]:
+    """`gputopo doctor --json` on two simulated two-GPU nodes (their own probes skipped)."""
+    port = free_port()
+    procs = {}
+    for r in (0, 1):
+        argv = [
+            sys.executable, "-m", "gputopo", "doctor", "--input", "sample:workstation-2gpu-nvlink",
+            "--skip-probe",
+            "--nnodes", "2", "--node-rank", str(r), "--rdzv-endpoint", f"localhost:{port}",
+            "--rdzv-timeout", "120", "--report-dir", str(tmp_path / f"node{r}"), "--json", *extra,
+        ]  # fmt: skip
+        procs[r] = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = {}
+    for r, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=300)
+        out[r] = (proc.returncode, json.loads(stdout) if stdout.strip() else None, stderr)
+    return out
+
+
+def test_doctor_across_two_nodes_tests_every_rail_and_reports_once(tmp_path: Path) -> None:
+    results = run_doctors(tmp_path)
+    for r, (code, doc, err) in results.items():
+        assert code == 0, f"node {r}: {err}"
+        assert doc is not None and doc["verdict"] == "healthy"
+    doc = results[0][1]
+    assert doc is not None
+    assert [(n["node_rank"], n["gpus"], n["verdict"]) for n in doc["nodes"]] == [
+        (0, [0, 1], "pass"),
+        (1, [0, 1], "pass"),
+    ]
+    # Two GPUs per node: GPU k of every node is a rail of its own.
+    assert [(t["kind"], t["rail"]) for t in doc["internode"]["tests"]] == [
+        ("all", None),
+        ("rail", 0),
+        ("rail", 1),
+    ]
+    assert "## Nodes" in Path(doc["report"]["markdown"]).read_text()
+    assert results[1][1] is not None and results[1][1]["report"] is None
+
+
+def test_doctor_across_nodes_fails_every_node_on_corrupt_sums(tmp_path: Path) -> None:
+    results = run_doctors(tmp_path, "--inject", "corrupt")
+    assert {r: code for r, (code, _, _) in results.items()} == {0: 1, 1: 1}
+    doc = results[0][1]
+    assert doc is not None and doc["verdict"] == "problems"
+    # Two nodes and no third to compare with: both are named, and the report says why it cannot tell.
+    assert findings_of(doc) == [("corrupt", [0, 1]), ("corrupt", [0, 1])]
+    assert "no node seen healthy" in doc["nodes"][0]["findings"][0]["detail"]

@@ -48,6 +48,10 @@ class DoctorOptions:
     inject_gpus: str | None = None
     nvml_timeout_s: float | None = None  # per live NVML read; None: the default
     skip_speed: bool = False
+    # Across nodes (``gputopo.probe.multinode.NodeOptions``): after this machine's checks, the inter-node
+    # tests; ``inject`` then goes into them (on ``node.inject_node``), not into this machine's probes.
+    node: Any = None
+    on_row: Any = None  # prints the inter-node progress
 
 
 @dataclass(frozen=True)
@@ -242,11 +246,16 @@ def run_doctor(options: DoctorOptions, probe_hook: ProbeHook | None = None) -> d
         raise UsageError(f"--steps {options.steps}: must be at least 1", "e.g. --steps 5")
     if not options.timeout_s > 0:
         raise UsageError(f"--timeout {options.timeout_s:g}: must be positive", "e.g. --timeout 120")
-    if (options.inject is None) != (options.inject_gpus is None):
+    across = options.node is not None and options.inject is not None
+    if across and options.inject_gpus is not None:
+        raise UsageError(
+            "across nodes --inject goes into the inter-node tests of --inject-node", "drop --inject-gpus"
+        )
+    if not across and (options.inject is None) != (options.inject_gpus is None):
         raise UsageError(
             "--inject and --inject-gpus go together in doctor", "e.g. --inject corrupt --inject-gpus 5,6"
         )
-    if options.inject is not None and options.skip_probe:
+    if options.inject is not None and options.skip_probe and options.node is None:
         raise UsageError("--inject plants a fault in the probes, and --skip-probe skips them", "drop one")
     from gputopo.topology import snapshot
 
@@ -268,7 +277,8 @@ def run_doctor(options: DoctorOptions, probe_hook: ProbeHook | None = None) -> d
     if not options.skip_probe:
         try:
             sets = [r["best"]["gpus"] for r in first if r["best"]]
-            probe = probe_section(machine, usable, sets, options, probe_hook)
+            local = replace(options, inject=None, inject_gpus=None) if options.node is not None else options
+            probe = probe_section(machine, usable, sets, local, probe_hook)
         except UnavailableError as exc:
             probe_note = f"not run: {exc.message}" + (f" ({exc.hint})" if exc.hint else "")
     findings += probe_findings(probe)
@@ -295,6 +305,73 @@ def run_doctor(options: DoctorOptions, probe_hook: ProbeHook | None = None) -> d
         "probe_note": probe_note,
         "pairs": pair_rows(topo, probe),
     }
+    if options.node is not None:
+        doc = across_nodes(doc, machine, usable, options)
+    return doc
+
+
+def across_nodes(
+    doc: dict[str, Any], machine: Machine, usable: list[int], options: DoctorOptions
+) -> dict[str, Any]:
+    """This node's part of the inter-node tests (every usable GPU a rank), added to its doctor document:
+    ``nodes`` and ``internode`` as in a probe across nodes; any node failing makes the verdict problems."""
+    from gputopo.probe.config import build_config, detect_devices, require_torch
+    from gputopo.probe.multinode import gpu_nics, node_record, run_cross
+    from gputopo.probe.nodes_document import internode_section
+    from gputopo.probe.options import Mode
+
+    node = options.node
+    require_torch()
+    inventory = detect_devices("cpu" if machine.simulated else None, nvml_timeout_s=options.nvml_timeout_s)
+    if inventory.device == "cuda":
+        usable = [g for g in usable if g in set(inventory.gpus)]
+    if not usable:
+        raise UnavailableError(
+            f"node {node.node_rank}: no usable GPU to take part in the inter-node tests",
+            "start gputopo only on nodes with a working GPU, and --nnodes to match",
+        )
+    config = build_config(
+        inventory,
+        [",".join(map(str, usable))],
+        mode=Mode.ALLREDUCE,
+        timeout_s=options.timeout_s,
+        report_dir=options.report_dir,
+        topology_input=machine.topology.source if machine.simulated else None,
+        inject=options.inject,
+    )
+    problems = [f for f in doc["findings"] if f["severity"] == PROBLEM]
+    local = {
+        "verdict": "fail" if problems else "pass",
+        "sets": [],
+        "findings": [
+            {
+                "kind": "doctor",
+                "nodes": [node.node_rank],
+                "detail": f"node {node.node_rank}: {f['where']}: {f['what']}",
+                "remedy": f["remedy"],
+            }
+            for f in problems
+        ],
+    }
+    outcome = run_cross(config, node, local, gpu_nics(machine.topology, tuple(usable)), options.on_row)
+    rows, section = internode_section(
+        node_record(node, config, outcome),
+        outcome.status,
+        outcome.record,
+        outcome.joined,
+        outcome.progress,
+        outcome.message,
+    )
+    failing = section["status"] != "ok" or any(r["verdict"] == "fail" for r in rows)
+    doc = {**doc, "nodes": rows, "internode": section}
+    if failing:
+        doc["verdict"] = "problems"
+        bad = [str(r["node_rank"]) for r in rows if r["verdict"] == "fail"]
+        doc["headline"] += f"; across {node.nnodes} nodes: " + (
+            f"node rank {', '.join(bad)} failed" if bad else f"inter-node tests {section['status']}"
+        )
+    else:
+        doc["headline"] += f"; across {node.nnodes} nodes: every node passed"
     return doc
 
 
@@ -383,6 +460,10 @@ def to_markdown(doc: dict[str, Any]) -> str:
         lines.append(f"- pid {h['pid']} ({h.get('user')}): {state}; {holder_why(h)}")
     if not holders:
         lines.append(doc["stale"].get("note") or "No process holds a GPU device file.")
+    if doc.get("nodes"):
+        from gputopo.probe.nodes_document import nodes_markdown
+
+        lines += nodes_markdown(doc)
     return "\n".join(lines) + "\n"
 
 

@@ -9,6 +9,14 @@ import typer
 
 from gputopo.cli import app
 from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, examples, guarded, read_json_file
+from gputopo.cli.nodes import (
+    INJECT_NODE_OPTION,
+    NNODES_OPTION,
+    NODE_RANK_OPTION,
+    RDZV_ENDPOINT_OPTION,
+    RDZV_ID_OPTION,
+    RDZV_TIMEOUT_OPTION,
+)
 from gputopo.cli.topo import NVML_TIMEOUT_OPTION
 from gputopo.errors import EXIT_PROBLEM, InputError, UnavailableError, UsageError
 from gputopo.probe.options import Fault
@@ -67,13 +75,26 @@ def doctor_command(
     inject_gpus: Optional[str] = typer.Option(  # noqa: UP045 (typer)
         None, "--inject-gpus", help="Drill: the GPUs whose sets get the fault, e.g. 5,6."
     ),
+    nnodes: Optional[int] = NNODES_OPTION,  # noqa: UP045 (typer)
+    node_rank: Optional[int] = NODE_RANK_OPTION,  # noqa: UP045 (typer)
+    rdzv_endpoint: Optional[str] = RDZV_ENDPOINT_OPTION,  # noqa: UP045 (typer)
+    rdzv_id: Optional[str] = RDZV_ID_OPTION,  # noqa: UP045 (typer)
+    rdzv_timeout: Optional[float] = RDZV_TIMEOUT_OPTION,  # noqa: UP045 (typer)
+    inject_node: Optional[int] = INJECT_NODE_OPTION,  # noqa: UP045 (typer)
     nvml_timeout: float = NVML_TIMEOUT_OPTION,
     json_out: bool = JSON_OPTION,
 ) -> None:
-    """Check this machine end to end (topology, links, stale processes, probes) and write a report."""
+    """Check this machine end to end (topology, links, stale processes, probes) and write a report.
+
+    Across nodes (--nnodes, or under srun), every node checks itself, then all of them run the inter-node
+    tests together; node rank 0 writes the one report and every node exits with the run's verdict.
+    """
+    from gputopo.cli.nodes import node_options, progress_printer
     from gputopo.doctor import DoctorOptions, run_doctor, to_markdown
     from gputopo.probe.config import MODELS
     from gputopo.report import ensure_report_dir, write_report
+
+    node = node_options(nnodes, node_rank, rdzv_endpoint, rdzv_id, rdzv_timeout, inject, inject_node)
 
     if model is not None and model not in MODELS:
         raise UsageError(f"--model {model}: unknown model", f"choose one of {', '.join(MODELS)}")
@@ -91,6 +112,8 @@ def doctor_command(
         inject_gpus=inject_gpus,
         nvml_timeout_s=nvml_timeout,
         skip_speed=skip_speed,
+        node=node,
+        on_row=progress_printer(out, node, json_out) if node is not None else None,
     )
 
     def progress(plan):
@@ -104,7 +127,8 @@ def doctor_command(
         out.warn(doc["why_simulated"])
     html = None
     # Importing matplotlib costs seconds, most of a --skip-probe run; the quick look skips the pictures.
-    if html_out if html_out is not None else not skip_probe:
+    writes = node is None or node.node_rank == 0  # across nodes, node rank 0 writes the one report
+    if writes and (html_out if html_out is not None else not skip_probe or node is not None):
         from gputopo.ui.html_report import render_html
 
         try:
@@ -113,8 +137,12 @@ def doctor_command(
             if exc.name != "matplotlib":
                 raise
             out.warn("no HTML report: matplotlib is not installed (pip install 'gputopo[probe]')")
-    paths = write_report("doctor", doc, to_markdown(doc), report_dir, html=html)
-    doc["report"] = paths
+    doc["report"] = None
+    if writes:
+        doc["report"] = write_report("doctor", doc, to_markdown(doc), report_dir, html=html)
+    message = (doc.get("internode") or {}).get("message")
+    if message and doc["internode"]["status"] != "ok":
+        out.warn(message)
     if json_out:
         out.document(doc)
     else:
@@ -169,9 +197,9 @@ def report_command(
         if json_out:
             out.document(doc)
         elif kind == "probe":
-            from gputopo.ui.probe_view import render_probe
+            from gputopo.ui.probe_view import render_nodes, render_probe
 
-            out.show(render_probe(doc))
+            out.show(render_nodes(doc) if doc.get("nodes") else render_probe(doc))
         else:
             from gputopo.ui.doctor_view import render_doctor
 

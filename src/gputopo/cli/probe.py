@@ -5,7 +5,6 @@ torch is imported only by the probe's service, inside the command, so ``gputopo 
 
 from __future__ import annotations
 
-from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -14,6 +13,16 @@ import typer
 
 from gputopo.cli import app
 from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, examples, guarded
+from gputopo.cli.nodes import (
+    INJECT_NODE_OPTION,
+    NNODES_OPTION,
+    NODE_RANK_OPTION,
+    RDZV_ENDPOINT_OPTION,
+    RDZV_ID_OPTION,
+    RDZV_TIMEOUT_OPTION,
+    node_options,
+    progress_printer,
+)
 from gputopo.cli.topo import NVML_TIMEOUT_OPTION
 from gputopo.errors import EXIT_PROBLEM, UsageError
 from gputopo.probe.options import Fault, Mode, Precision
@@ -126,62 +135,17 @@ def probe_command(
             help="Print the plan (launches, GPUs, checks, each rank's CUDA/NCCL environment); start nothing.",
         ),
     ] = False,
-    nnodes: Annotated[
-        Optional[int],  # noqa: UP045 (typer)
-        typer.Option(
-            "--nnodes",
-            help="Probe across this many nodes (every node runs the same command; torchrun's flag). "
-            "Default under Slurm: the job's nodes.",
-            rich_help_panel=NODES_PANEL,
-        ),
-    ] = None,
-    node_rank: Annotated[
-        Optional[int],  # noqa: UP045 (typer)
-        typer.Option(
-            "--node-rank", help="This node's rank, 0..N-1 (Slurm: SLURM_NODEID).", rich_help_panel=NODES_PANEL
-        ),
-    ] = None,
-    rdzv_endpoint: Annotated[
-        Optional[str],  # noqa: UP045 (typer)
-        typer.Option(
-            "--rdzv-endpoint",
-            metavar="HOST:PORT",
-            help="Where the nodes meet (torchrun's c10d rendezvous; port 29400 if left out). "
-            "Slurm: the job's first host.",
-            rich_help_panel=NODES_PANEL,
-        ),
-    ] = None,
-    rdzv_id: Annotated[
-        Optional[str],  # noqa: UP045 (typer)
-        typer.Option(
-            "--rdzv-id",
-            help="The run's id, the same on every node (Slurm: gputopo-JOBID).",
-            rich_help_panel=NODES_PANEL,
-        ),
-    ] = None,
-    rdzv_timeout: Annotated[
-        Optional[float],  # noqa: UP045 (typer)
-        typer.Option(
-            "--rdzv-timeout",
-            help="Seconds to wait for every node to join before giving up. Default: 600.",
-            rich_help_panel=NODES_PANEL,
-        ),
-    ] = None,
-    inject_node: Annotated[
-        Optional[int],  # noqa: UP045 (typer)
-        typer.Option(
-            "--inject-node",
-            help="Node rank whose ranks get --inject. Default: the last node.",
-            rich_help_panel=NODES_PANEL,
-        ),
-    ] = None,
+    nnodes: Optional[int] = NNODES_OPTION,  # noqa: UP045 (typer)
+    node_rank: Optional[int] = NODE_RANK_OPTION,  # noqa: UP045 (typer)
+    rdzv_endpoint: Optional[str] = RDZV_ENDPOINT_OPTION,  # noqa: UP045 (typer)
+    rdzv_id: Optional[str] = RDZV_ID_OPTION,  # noqa: UP045 (typer)
+    rdzv_timeout: Optional[float] = RDZV_TIMEOUT_OPTION,  # noqa: UP045 (typer)
+    inject_node: Optional[int] = INJECT_NODE_OPTION,  # noqa: UP045 (typer)
     nvml_timeout: float = NVML_TIMEOUT_OPTION,
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Check GPU sets for real: P2P copies, DataParallel and DDP against one GPU, all-reduce bandwidth."""
-    from gputopo.probe.multinode import resolve_nodes
-
-    node = resolve_nodes(nnodes, node_rank, rdzv_endpoint, rdzv_id, rdzv_timeout, inject_node, slurm_job())
+    node = node_options(nnodes, node_rank, rdzv_endpoint, rdzv_id, rdzv_timeout, inject, inject_node)
     if node is not None:
         if each_pair or len(gpus or ()) > 1:
             raise UsageError(
@@ -192,13 +156,6 @@ def probe_command(
             raise UsageError(
                 "--dry-run shows one machine's plan", "drop --nnodes to see this node's own plan"
             )
-        if inject is not None and inject_node is None:
-            node = replace(node, inject_node=node.nnodes - 1)
-    elif inject is Fault.SLOW:
-        raise UsageError(
-            "--inject slow delays one node's collectives: it needs a run across nodes",
-            "add --nnodes N --node-rank R --rdzv-endpoint HOST:PORT (or run under srun)",
-        )
     from gputopo.probe.config import (
         build_config,
         check_sets_in_topology,
@@ -296,18 +253,6 @@ def probe_command(
         raise typer.Exit(EXIT_PROBLEM)
 
 
-def slurm_job() -> Any:
-    """The Slurm job this runs in (its defaults for --nnodes and the rendezvous), or ``None``."""
-    import os
-
-    from gputopo.slurm import slurm_job as read_job
-    from gputopo.system.scontrol import hostnames
-
-    if "SLURM_JOB_ID" not in os.environ and "SLURM_JOBID" not in os.environ:
-        return None
-    return read_job(os.environ, hostnames=hostnames)
-
-
 def run_across_nodes(config: Any, node: Any, out: Output, json_out: bool) -> None:
     """This node's part of a multi-node probe; node rank 0 writes the report; every node exits with the
     run's verdict."""
@@ -316,20 +261,7 @@ def run_across_nodes(config: Any, node: Any, out: Output, json_out: bool) -> Non
     from gputopo.probe.nodes_document import nodes_markdown
     from gputopo.report import write_report
 
-    seen: set[str] = set()
-
-    def on_row(row: dict[str, Any]) -> None:
-        test = row.get("test")
-        if json_out or row.get("stage") != "enter" or test in seen:
-            return
-        seen.add(test)
-        nodes = ",".join(map(str, row.get("nodes") or []))
-        out.hint(f"node {node.node_rank}: inter-node test {test} on nodes {nodes}")
-
-    out.hint(
-        f"node {node.node_rank} of {node.nnodes} ({node.hostname}): rendezvous {node.endpoint}, "
-        f"id {node.rdzv_id}, waiting up to {node.rdzv_timeout_s:g} s for every node"
-    )
+    on_row = progress_printer(out, node, json_out)
     doc = run_nodes(config, node, on_row=on_row)
     if node.node_rank == 0:
         markdown = to_markdown(doc).rstrip("\n") + "\n" + "\n".join(nodes_markdown(doc)) + "\n"

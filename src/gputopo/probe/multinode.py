@@ -403,6 +403,8 @@ def run_cross(
 ) -> CrossOutcome:
     """This node's part of the inter-node tests; Ctrl-C stops everything it started, then re-raises."""
     launch = CrossLaunch(config, node, local, nics)
+    if on_row is not None:
+        on_row({"stage": "rendezvous"})
     try:
         launch.start()
         return launch.wait(on_row)
@@ -495,6 +497,24 @@ def gpu_nics(topology: Any, gpus: tuple[int, ...]) -> dict[str, str]:
     return out
 
 
+def node_record(node: NodeOptions, config: ProbeConfig, outcome: CrossOutcome) -> dict[str, Any]:
+    """The run's options across nodes, as the ``internode`` section of the document records them."""
+    return {
+        "nnodes": node.nnodes,
+        "node_rank": node.node_rank,
+        "host": node.hostname,
+        "endpoint": node.endpoint,
+        "rdzv_id": node.rdzv_id,
+        "rdzv_timeout_s": node.rdzv_timeout_s,
+        "timeout_s": config.timeout_s,
+        "source": node.source,
+        "inject": config.inject.value if config.inject else None,
+        "inject_node": node.inject_node if config.inject else None,
+        "wall_s": round(outcome.wall_s, 3),
+        "leftovers_stopped": outcome.leftovers_stopped,
+    }
+
+
 def run_nodes(
     config: ProbeConfig, node: NodeOptions, on_progress: Any = None, on_row: Any = None
 ) -> dict[str, Any]:
@@ -529,19 +549,7 @@ def run_nodes(
     doc = to_document(local_run)
     doc["wall_s"] = round(time.monotonic() - started, 3)
     doc["config"]["inject"] = config.inject.value if config.inject else None
-    options = {
-        "nnodes": node.nnodes,
-        "node_rank": node.node_rank,
-        "host": node.hostname,
-        "endpoint": node.endpoint,
-        "rdzv_id": node.rdzv_id,
-        "rdzv_timeout_s": node.rdzv_timeout_s,
-        "timeout_s": config.timeout_s,
-        "source": node.source,
-        "inject_node": node.inject_node if config.inject else None,
-        "wall_s": round(outcome.wall_s, 3),
-        "leftovers_stopped": outcome.leftovers_stopped,
-    }
+    options = node_record(node, config, outcome)
     rows, section = internode_section(
         options, outcome.status, outcome.record, outcome.joined, outcome.progress, outcome.message
     )

@@ -100,6 +100,9 @@ def render_doctor(doc: dict[str, Any]) -> RenderableType:
         lines.append(f"# GPU{e['gpu']} left out: {e['why']}\n", style="dim")
     lines.rstrip()
     parts.append(Panel(lines, title="Which GPUs to use", title_align="left"))
+    from gputopo.ui.probe_view import nodes_tables
+
+    parts += nodes_tables(doc)
     verdict_style = "bold green" if doc["verdict"] == "healthy" else "bold red"
     parts.append(Text(doc["headline"], style=verdict_style))
     if doc.get("report"):

@@ -186,6 +186,7 @@ def render_html(doc: dict[str, Any]) -> str:
     else:
         parts.append(f"<p>{_e(stale.get('note') or 'No process holds a GPU device file.')}</p>")
 
+    parts += nodes_section(doc)
     return _page(title, parts)
 
 

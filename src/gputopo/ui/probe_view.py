@@ -169,14 +169,15 @@ def render_probe(doc: dict[str, Any]) -> RenderableType:
     return Group(*parts)
 
 
-def render_nodes(doc: dict[str, Any]) -> RenderableType:
-    """A multi-node run: this node's own sets (when it had any), then every node's verdict and the
-    inter-node tests."""
+def nodes_tables(doc: dict[str, Any]) -> list[RenderableType]:
+    """A run across nodes: the inter-node tests, every node's verdict, notes and what to do."""
     from rich.table import Table
 
     from gputopo.probe.nodes_document import NODE_HEADER, TEST_HEADER, node_rows, test_rows
 
-    parts: list[RenderableType] = [render_probe(doc)] if doc.get("sets") else []
+    if not doc.get("nodes"):
+        return []
+    parts: list[RenderableType] = []
     section = doc.get("internode") or {}
     tests = test_rows(section)
     if tests:
@@ -194,6 +195,16 @@ def render_nodes(doc: dict[str, Any]) -> RenderableType:
     for f in section.get("findings") or []:
         if f.get("remedy"):
             body.append(f"what to do ({f['kind']}): {f['remedy']}\n", style="yellow")
+    parts.append(body)
+    return parts
+
+
+def render_nodes(doc: dict[str, Any]) -> RenderableType:
+    """A probe across nodes: this node's own sets (when it had any), then ``nodes_tables``, the report
+    and the verdict."""
+    parts: list[RenderableType] = [render_probe(doc)] if doc.get("sets") else []
+    parts += nodes_tables(doc)
+    body = Text()
     report = doc.get("report")
     if report:
         paths = [report[k] for k in ("json", "markdown", "html") if report.get(k)]

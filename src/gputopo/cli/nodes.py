@@ -1,0 +1,109 @@
+"""The options of a run across nodes, shared by ``probe`` and ``doctor``: torchrun's own flags, with the
+Slurm job's values as defaults under ``srun``."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import typer
+
+from gputopo.errors import UsageError
+
+NODES_PANEL = "Across nodes (torchrun's rendezvous; defaults from Slurm under srun)"
+
+NNODES_OPTION: Any = typer.Option(
+    None,
+    "--nnodes",
+    help="Run across this many nodes (every node runs the same command; torchrun's flag). "
+    "Default under Slurm: the step's nodes.",
+    rich_help_panel=NODES_PANEL,
+)
+NODE_RANK_OPTION: Any = typer.Option(
+    None, "--node-rank", help="This node's rank, 0..N-1 (Slurm: SLURM_NODEID).", rich_help_panel=NODES_PANEL
+)
+RDZV_ENDPOINT_OPTION: Any = typer.Option(
+    None,
+    "--rdzv-endpoint",
+    metavar="HOST:PORT",
+    help="Where the nodes meet (torchrun's c10d rendezvous; port 29400 if left out). Slurm: the first host.",
+    rich_help_panel=NODES_PANEL,
+)
+RDZV_ID_OPTION: Any = typer.Option(
+    None,
+    "--rdzv-id",
+    help="The run's id, the same on every node (Slurm: gputopo-JOBID).",
+    rich_help_panel=NODES_PANEL,
+)
+RDZV_TIMEOUT_OPTION: Any = typer.Option(
+    None,
+    "--rdzv-timeout",
+    help="Seconds to wait for every node to join before giving up. Default: 600.",
+    rich_help_panel=NODES_PANEL,
+)
+INJECT_NODE_OPTION: Any = typer.Option(
+    None,
+    "--inject-node",
+    help="Node rank whose ranks get --inject in the inter-node tests. Default: the last node.",
+    rich_help_panel=NODES_PANEL,
+)
+
+
+def slurm_job() -> Any:
+    """The Slurm job this runs in (its defaults for --nnodes and the rendezvous), or ``None``."""
+    from gputopo.slurm import slurm_job as read_job
+    from gputopo.system.scontrol import hostnames
+
+    if "SLURM_JOB_ID" not in os.environ and "SLURM_JOBID" not in os.environ:
+        return None
+    return read_job(os.environ, hostnames=hostnames)
+
+
+def node_options(
+    nnodes: int | None,
+    node_rank: int | None,
+    endpoint: str | None,
+    rdzv_id: str | None,
+    rdzv_timeout: float | None,
+    inject: Any,
+    inject_node: int | None,
+) -> Any:
+    """This node's ``NodeOptions`` (``None`` for one machine), with ``--inject-node`` defaulting to the
+    last node when a fault is planted; ``--inject slow`` is refused on one machine."""
+    from dataclasses import replace
+
+    from gputopo.probe.multinode import resolve_nodes
+    from gputopo.probe.options import Fault
+
+    node = resolve_nodes(nnodes, node_rank, endpoint, rdzv_id, rdzv_timeout, inject_node, slurm_job())
+    if node is None:
+        if inject is Fault.SLOW:
+            raise UsageError(
+                "--inject slow delays one node's collectives: it needs a run across nodes",
+                "add --nnodes N --node-rank R --rdzv-endpoint HOST:PORT (or run under srun)",
+            )
+        return None
+    if inject is not None and inject_node is None:
+        node = replace(node, inject_node=node.nnodes - 1)
+    return node
+
+
+def progress_printer(out: Any, node: Any, json_out: bool) -> Any:
+    """What prints a line when this node goes to the rendezvous, and one per inter-node test it enters."""
+    seen: set[str] = set()
+
+    def on_row(row: dict[str, Any]) -> None:
+        if row.get("stage") == "rendezvous":
+            out.hint(
+                f"node {node.node_rank} of {node.nnodes} ({node.hostname}): rendezvous {node.endpoint}, "
+                f"id {node.rdzv_id}, waiting up to {node.rdzv_timeout_s:g} s for every node"
+            )
+            return
+        test = row.get("test")
+        if json_out or row.get("stage") != "enter" or test in seen:
+            return
+        seen.add(test)
+        nodes = ",".join(map(str, row.get("nodes") or []))
+        out.hint(f"node {node.node_rank}: inter-node test {test} on nodes {nodes}")
+
+    return on_row
