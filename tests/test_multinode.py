@@ -45,7 +45,7 @@ def run_nodes(
             sys.executable, "-m", "gputopo", "probe", "--device", "cpu", "--gpus", "0", "--mode", "allreduce",
             "--nnodes", str(NNODES), "--node-rank", str(r), "--rdzv-endpoint", f"localhost:{port}",
             "--rdzv-id", f"test-{port}", "--timeout", str(timeout_s),
-            "--report-dir", str(tmp_path / f"node{r}"), "--json", *extra,
+            "--report-dir", str(tmp_path / f"node{r}"), "--json", "-b", "64K", "-e", "256K", *extra,
         ]  # fmt: skip
         procs[r] = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
     out = {}
@@ -123,7 +123,7 @@ def test_a_node_that_never_starts_ends_the_run_after_the_rendezvous_timeout(tmp_
 
 def test_a_hung_node_is_named_from_the_rendezvous_store(tmp_path: Path) -> None:
     results = run_nodes(
-        tmp_path, "--rdzv-timeout", "120", "--inject", "hang", "--inject-node", "2", timeout_s=10
+        tmp_path, "--rdzv-timeout", "120", "--inject", "hang", "--inject-node", "2", timeout_s=8
     )
     assert {r: code for r, (code, _, _) in results.items()} == {0: 1, 1: 1, 2: 1, 3: 1}
     doc = results[0][1]

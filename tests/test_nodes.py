@@ -205,6 +205,15 @@ def test_a_hang_is_pinned_on_the_ranks_that_got_least_far() -> None:
     assert nodes.hang_findings({}, 30)[0]["nodes"] == []
 
 
+def test_a_crash_is_pinned_on_the_ranks_that_left() -> None:
+    progress = {r: progress_row(r, r, 5, "collective") for r in range(3)}
+    progress[1] = progress_row(1, 1, 4, "injected-crash")
+    found = nodes.crash_findings(progress, "Connection reset by peer")
+    assert [f["nodes"] for f in found] == [[1]] and "stopped at t3 (injected-crash)" in found[0]["detail"]
+    # Everyone at the same place says nothing about who left.
+    assert nodes.crash_findings({r: progress_row(r, r, 5, "collective") for r in range(3)}, "x") == []
+
+
 OPTIONS = {
     "nnodes": 4,
     "node_rank": 0,

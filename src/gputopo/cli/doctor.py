@@ -53,7 +53,11 @@ def doctor_command(
     ),
     steps: int = typer.Option(5, help="Training steps of each probe's dp and ddp checks."),
     timeout: float = typer.Option(120.0, help="Seconds each probed set may take before it counts as hung."),
-    skip_probe: bool = typer.Option(False, "--skip-probe", help="Only topology, links and processes."),
+    skip_probe: bool = typer.Option(
+        False,
+        "--skip-probe",
+        help="Only topology, links and processes (across nodes, the inter-node tests still run).",
+    ),
     skip_speed: bool = typer.Option(
         False, "--skip-speed", help="No speed table (one GPU vs DataParallel vs DDP) on the recommended sets."
     ),

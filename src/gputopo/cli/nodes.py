@@ -73,7 +73,7 @@ def node_options(
     from dataclasses import replace
 
     from gputopo.probe.multinode import resolve_nodes
-    from gputopo.probe.options import Fault
+    from gputopo.probe.options import ACROSS_NODE_FAULTS, Fault
 
     node = resolve_nodes(nnodes, node_rank, endpoint, rdzv_id, rdzv_timeout, inject_node, slurm_job())
     if node is None:
@@ -83,6 +83,12 @@ def node_options(
                 "add --nnodes N --node-rank R --rdzv-endpoint HOST:PORT (or run under srun)",
             )
         return None
+    if inject is not None and inject not in ACROSS_NODE_FAULTS:
+        raise UsageError(
+            f"--inject {inject.value} is a fault of the training checks; across nodes the inter-node tests "
+            "take slow, corrupt, hang or crash",
+            "drop --nnodes to drill it on one machine, or pick one of those",
+        )
     if inject is not None and inject_node is None:
         node = replace(node, inject_node=node.nnodes - 1)
     return node

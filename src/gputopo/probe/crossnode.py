@@ -209,6 +209,52 @@ def run(spec: dict[str, Any], rank: int, world: int, local_rank: int, device: to
     dist.all_gather_object(table, mine)
     layout = nodes.Layout.from_table(table, int(cross["nnodes"]))
     cross["layout"] = [dict(r) for r in layout.ranks]
+    try:
+        results = run_tests(spec, rank, world, device, layout, progress)
+    except Exception as exc:
+        # A peer went away (or the fault is here): leave what every rank had reached when it happened,
+        # for the parent, before the store may go away with the agent that hosts it.
+        write_lost(Path(spec["out_dir"]), progress, world, exc)
+        raise
+    record = {
+        "nnodes": int(cross["nnodes"]),
+        "ranks": [{k: v for k, v in r.items() if k != "local"} for r in layout.ranks],
+        "local": {str(r["node"]): r["local"] for r in table if r["local_rank"] == 0},
+        "tests": results,
+    }
+    if local_rank == 0:
+        out = Path(spec["out_dir"]) / "cross.json"
+        tmp = out.with_name(".cross.json.tmp")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, out)
+    progress("finished")
+
+
+def write_lost(out_dir: Path, progress: Progress, world: int, exc: Exception) -> None:
+    """``lost-rank<r>.json``: the error and every rank's last progress, as far as the store still answers."""
+    seen: dict[str, Any] = {}
+    try:
+        progress.store.set_timeout(timedelta(seconds=5))
+        for r in range(world):
+            key = store_key(progress.run_id, r)
+            if progress.store.check([key]):
+                seen[str(r)] = json.loads(progress.store.get(key))
+    except Exception:  # noqa: BLE001 - the store's host is gone too: keep what was read
+        pass
+    tmp = out_dir / f".lost-rank{progress.rank}.tmp"
+    tmp.write_text(json.dumps({"error": f"{type(exc).__name__}: {exc}", "progress": seen}))
+    os.replace(tmp, out_dir / f"lost-rank{progress.rank}.json")
+
+
+def run_tests(
+    spec: dict[str, Any],
+    rank: int,
+    world: int,
+    device: torch.device,
+    layout: nodes.Layout,
+    progress: Progress,
+) -> list[dict[str, Any]]:
+    """Test groups of nodes, step by step, until ``nodes.next_step`` says the run is done."""
     results: list[dict[str, Any]] = []
     groups: dict[tuple[int, ...], Any] = {}
     while (step := nodes.next_step(layout, results)) is not None:
@@ -229,15 +275,4 @@ def run(spec: dict[str, Any], rank: int, world: int, local_rank: int, device: to
         progress("gather")
         dist.all_gather_object(gathered, mine_result)
         results += sorted((r for r in gathered if r is not None), key=lambda r: int(r["id"][1:]))
-    record = {
-        "nnodes": int(cross["nnodes"]),
-        "ranks": [{k: v for k, v in r.items() if k != "local"} for r in layout.ranks],
-        "local": {str(r["node"]): r["local"] for r in table if r["local_rank"] == 0},
-        "tests": results,
-    }
-    if local_rank == 0:
-        out = Path(spec["out_dir"]) / "cross.json"
-        tmp = out.with_name(".cross.json.tmp")
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, out)
-    progress("finished")
+    return results

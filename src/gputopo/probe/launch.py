@@ -642,6 +642,9 @@ def agent_main(job_path: str) -> int:
         # A node that never comes ends the rendezvous after --rdzv-timeout (torch's join_timeout,
         # DynamicRendezvousHandler's "join_timeout": 600 s by default) with RendezvousTimeoutError.
         rdzv_configs["join_timeout"] = int(job["rdzv_timeout_s"])
+        if job.get("store_is_host") is not None:
+            # c10d_rendezvous_backend._create_tcp_store honours "is_host" over its hostname guess.
+            rdzv_configs["is_host"] = bool(job["store_is_host"])
         joined = JoinWatch(job, Path(job["result"]).with_name("joined.json"))
         joined.start()
     config = LaunchConfig(

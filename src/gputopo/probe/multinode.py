@@ -52,6 +52,7 @@ EXIT_GRACE_S = 10.0
 # node rank 0 can read every rank's last progress from it first.
 HANG_READ_GRACE_S = 5.0
 STORE_READ_TIMEOUT_S = 5.0
+LOOPBACK = ("localhost", "127.0.0.1", "::1")
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,15 @@ class NodeOptions:
     def endpoint(self) -> str:
         """``HOST:PORT`` as torchrun's ``--rdzv-endpoint`` spells it."""
         return f"{self.host}:{self.port}"
+
+    @property
+    def store_is_host(self) -> bool | None:
+        """Whether this node's agent hosts the rendezvous store: on a loopback endpoint (several "nodes"
+        on one machine) node rank 0's does, so the store outlives any other node and node rank 0 can
+        always read it; elsewhere ``None`` leaves it to torch (the agent on the endpoint's host)."""
+        if self.host in LOOPBACK:
+            return self.node_rank == 0
+        return None
 
     def injected_here(self) -> bool:
         """True when ``--inject`` goes into this node's ranks."""
@@ -251,6 +261,7 @@ class CrossLaunch:
             "hostname": self.node.hostname,
             "rdzv_endpoint": self.node.endpoint,
             "rdzv_timeout_s": max(1, round(self.node.rdzv_timeout_s)),
+            "store_is_host": self.node.store_is_host,
         }
         job_path = self.dir / "job.json"
         job_path.write_text(json.dumps(job))
@@ -351,6 +362,17 @@ class CrossLaunch:
                 wall_s=wall,
                 leftovers_stopped=stopped,
             )
+        if result["status"] == "rendezvous" and self.ready:
+            # Every rank had joined: the store went away mid-run with the agent hosting it.
+            return CrossOutcome(
+                "failed",
+                None,
+                joined,
+                message=f"the rendezvous store at {self.node.endpoint} went away during the tests (the node "
+                f"hosting it ended): {result.get('message', '')}",
+                wall_s=wall,
+                leftovers_stopped=stopped,
+            )
         if result["status"] == "rendezvous":
             return CrossOutcome(
                 "rendezvous",
@@ -360,12 +382,17 @@ class CrossLaunch:
                 wall_s=wall,
                 leftovers_stopped=stopped,
             )
+        lost = [_read_json(f) for f in sorted(self.dir.glob("lost-rank*.json"))]
+        progress = next((x["progress"] for x in lost if x and x.get("progress")), {})
         failures = result.get("failures") or []
         message = ""
         if failures:
             first = failures[0]
             message = first.get("message") or first.get("stderr_tail") or f"exit code {first.get('exitcode')}"
-        return CrossOutcome("failed", None, joined, message=message, wall_s=wall, leftovers_stopped=stopped)
+        progress = {int(k): v for k, v in progress.items()}
+        return CrossOutcome(
+            "failed", None, joined, progress, message=message, wall_s=wall, leftovers_stopped=stopped
+        )
 
     def stop(self) -> int:
         """Stop the agent and every rank of this node (by ancestry and by marker); safe to repeat."""

@@ -396,6 +396,30 @@ def node_verdicts(
     return rows
 
 
+def crash_findings(progress: dict[int, dict[str, Any]], message: str) -> list[dict[str, Any]]:
+    """Name the node(s) a rank died on, from the last progress every rank left in the store when this
+    node's ranks lost their peer: the ranks that got least far are the ones that left."""
+    if not progress or len({int(p["seq"]) for p in progress.values()}) < 2:
+        return []
+    low = min(int(p["seq"]) for p in progress.values())
+    behind = [p for p in progress.values() if int(p["seq"]) == low]
+    out = []
+    for n in sorted({int(p["node"]) for p in behind}):
+        rows = [p for p in behind if int(p["node"]) == n]
+        gpus = ",".join(str(p.get("gpu")) for p in rows)
+        out.append(
+            {
+                "kind": "crashed",
+                "nodes": [n],
+                "detail": f"node {n} ({rows[0].get('host')}), GPU {gpus}: its ranks stopped at "
+                f"{rows[0].get('test') or 'start'} ({rows[0].get('stage')}) while the others went on, and "
+                f"the others lost their connection to it ({message})",
+                "remedy": "read that node's output for the first error (its rank's exit code and stderr)",
+            }
+        )
+    return out
+
+
 def hang_findings(progress: dict[int, dict[str, Any]], timeout_s: float) -> list[dict[str, Any]]:
     """Name the node(s) behind from the last progress each rank left in the rendezvous store.
 

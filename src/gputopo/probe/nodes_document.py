@@ -42,6 +42,8 @@ def local_summary(node_rank: int, doc: dict[str, Any] | None, why_not: str | Non
 def _joined_text(joined: dict[str, str], nnodes: int) -> str:
     have = sorted(int(n) for n in joined)
     missing = [n for n in range(nnodes) if n not in have]
+    if not have:
+        return "no node could be seen there (its store never answered this node)"
     text = f"{len(have)} of {nnodes} nodes joined"
     if have:
         text += f" (node rank {', '.join(map(str, have))})"
@@ -128,17 +130,28 @@ def internode_section(
         return rows, section
     what = "a rank died" if status == "failed" else "torch's elastic launcher failed"
     last_line = message.strip().splitlines()[-1] if message.strip() else "no message"
-    found = [
-        {
-            "kind": "crashed",
-            "nodes": [],
-            "detail": f"{what} during the inter-node tests: {last_line}",
-            "remedy": "read every node's output; the first error is the cause, the others lost a peer",
-        }
-    ]
-    section.update(findings=found, message=message)
+    # gloo's and NCCL's messages go on with advice after the first sentence; the first names the error.
+    last_line = last_line.split(". ")[0][:200]
+    found = nodes.crash_findings(progress, last_line) if status == "failed" else []
+    if not found:
+        found = [
+            {
+                "kind": "crashed",
+                "nodes": [],
+                "detail": f"{what} during the inter-node tests: {last_line}",
+                "remedy": "read every node's output; the first error is the cause, the others lost a peer",
+            }
+        ]
+    section.update(findings=found, message=found[0]["detail"])
+    pointed = {n for f in found for n in f["nodes"]}
+    hosts = {int(p["node"]): p.get("host") for p in progress.values()}
     rows = [
-        {"node_rank": n, "host": joined.get(str(n)), "verdict": UNTESTED, "findings": []}
+        {
+            "node_rank": n,
+            "host": hosts.get(n) or joined.get(str(n)),
+            "verdict": FAIL if n in pointed else UNTESTED,
+            "findings": [f for f in found if n in f["nodes"]],
+        }
         for n in range(nnodes)
     ]
     return rows, section

@@ -39,6 +39,10 @@ class Fault(str, Enum):
     SLOW = "slow"  # across nodes only: a delay before each of one node's collectives (a straggler)
 
 
+# What the inter-node tests can plant (``gputopo.probe.crossnode``): no training runs there.
+ACROSS_NODE_FAULTS = (Fault.SLOW, Fault.CORRUPT, Fault.HANG, Fault.CRASH)
+
+
 class Precision(str, Enum):
     """The numeric precision of the dp and ddp checks (``gputopo.probe.precision``)."""
 
