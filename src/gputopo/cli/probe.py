@@ -156,6 +156,11 @@ def probe_command(
             raise UsageError(
                 "--dry-run shows one machine's plan", "drop --nnodes to see this node's own plan"
             )
+        if inject_gpus is not None or inject_rank is not None:
+            raise UsageError(
+                "across nodes --inject goes into every rank of --inject-node",
+                "drop --inject-gpus and --inject-rank, and name the node with --inject-node",
+            )
     from gputopo.probe.config import (
         build_config,
         check_sets_in_topology,
