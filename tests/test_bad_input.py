@@ -132,14 +132,8 @@ CASES = [
     ("probe --device cpu --gpus 0 --nnodes 2 --node-rank 0 --rdzv-endpoint [::1", 2),
     ("probe --device cpu --gpus 0 --nnodes 2 --node-rank 0 --rdzv-endpoint h --rdzv-timeout 0", 2),
     ("probe --device cpu --gpus 0 --nnodes 2 --node-rank 0 --rdzv-endpoint h --inject nan", 2),
-    (
-        "probe --device cpu --gpus 0 --nnodes 2 --node-rank 0 --rdzv-endpoint h --inject hang --inject-node 2",
-        2,
-    ),
-    (
-        "probe --device cpu --gpus 0 --nnodes 2 --node-rank 0 --rdzv-endpoint h --inject slow --inject-rank 0",
-        2,
-    ),
+    ("probe --device cpu -g 0 --nnodes 2 --node-rank 0 --rdzv-endpoint h --inject hang --inject-node 2", 2),
+    ("probe --device cpu -g 0 --nnodes 2 --node-rank 0 --rdzv-endpoint h --inject slow --inject-rank 0", 2),
     ("probe --device cpu --gpus 0 --gpus 1 --nnodes 2 --node-rank 0 --rdzv-endpoint h", 2),
     ("probe --device cpu --gpus 0,1 --each-pair --nnodes 2 --node-rank 0 --rdzv-endpoint h", 2),
     ("probe --device cpu --gpus 0 --nnodes 2 --node-rank 0 --rdzv-endpoint h --dry-run", 2),
