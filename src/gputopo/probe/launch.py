@@ -226,7 +226,93 @@ class _PoolJob:
         return len(self.done_ranks) == len(self.ranks)
 
 
-class Pool:
+class Launch:
+    """One start of torch's elastic agent (``python -m gputopo.probe.launch JOB.json``) in a session of
+    its own, with what every launch needs: the ranks' progress lines as they come, and a stop that
+    leaves no process behind. ``Pool`` (one machine) and ``multinode.CrossLaunch`` (one node of a run
+    across nodes) build on it."""
+
+    def __init__(self, prefix: str) -> None:
+        self.marker = uuid.uuid4().hex
+        self.dir = Path(tempfile.mkdtemp(prefix=prefix))
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._seen: dict[int, psutil.Process] = {}
+        self._descendants_at = float("-inf")
+        self._offsets: dict[Path, int] = {}
+
+    def start_launcher(self, job: dict[str, Any], env: dict[str, str]) -> None:
+        """Write ``job.json`` and start the agent on it; its output goes to ``launcher.log``. It runs in a
+        session of its own, so it gets no terminal signals behind our back (Ctrl-C is forwarded as a
+        clean stop)."""
+        job_path = self.dir / "job.json"
+        job_path.write_text(json.dumps(job))
+        log = open(self.dir / "launcher.log", "wb")  # noqa: SIM115 - closed once the child has it
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "gputopo.probe.launch", str(job_path)],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+
+    def new_rows(self) -> list[dict[str, Any]]:
+        """The progress lines the ranks have written since the last call."""
+        rows = []
+        for path in sorted(self.dir.glob("progress-rank*.jsonl")):
+            with path.open("rb") as fh:
+                fh.seek(self._offsets.get(path, 0))
+                data = fh.read()
+            complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next poll
+            self._offsets[path] = self._offsets.get(path, 0) + len(complete)
+            rows += [json.loads(line) for line in complete.splitlines()]
+        return rows
+
+    def _remember_descendants(self) -> None:
+        assert self.proc is not None
+        self._descendants_at = time.monotonic()
+        try:
+            for child in psutil.Process(self.proc.pid).children(recursive=True):
+                self._seen.setdefault(child.pid, child)
+        except psutil.NoSuchProcess:
+            pass
+
+    def stop(self) -> int:
+        """Stop the launcher and every rank; return how many processes still had to be stopped.
+
+        Safe to call more than once. Ranks are found three ways: children of the launcher now, every
+        descendant seen while polling, and any process carrying this launch's marker (an orphaned rank
+        is reparented and no longer a descendant).
+        """
+        targets: dict[int, psutil.Process] = dict(self._seen)
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                launcher = psutil.Process(self.proc.pid)
+                targets[launcher.pid] = launcher
+            except psutil.NoSuchProcess:
+                pass
+        if self.proc is not None:
+            self._remember_descendants()
+        targets.update(self._seen)
+        targets.update({p.pid: p for p in marked_processes(self.marker)})
+        stopped = terminate_all(targets.values())
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return stopped
+
+    def cleanup(self) -> None:
+        """Remove the launch's scratch folder."""
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Pool(Launch):
     """One launch of the rank pool, running a schedule of steps, from start to a ``PoolOutcome``.
 
     The parent owns the clock: a step's jobs must finish within ``--timeout`` of the step's start (the
@@ -237,11 +323,10 @@ class Pool:
     """
 
     def __init__(self, config: ProbeConfig, steps: list[Step]) -> None:
+        super().__init__("gputopo-probe-")
         self.config = config
         self.steps = steps
         self.gpus = tuple(sorted({g for step in steps for job, _ in step for g in job.gpus}))
-        self.marker = uuid.uuid4().hex
-        self.dir = Path(tempfile.mkdtemp(prefix="gputopo-probe-"))
         set_checks: dict[tuple[int, ...], tuple[str, ...]] = {}
         for step in steps:
             for job, checks in step:
@@ -254,7 +339,6 @@ class Pool:
                 ranks = tuple(self.gpus.index(g) for g in job.gpus)
                 self.jobs.append(_PoolJob(jid, job, checks, k, ranks, self.dir / jid, set(), {}))
         self._by_id = {j.id: j for j in self.jobs}
-        self.proc: subprocess.Popen[bytes] | None = None
         self.started = 0.0
         self.ended: float | None = None
         self.timed_out = False
@@ -263,9 +347,6 @@ class Pool:
         self.step_seen: dict[int, int] = {}  # pool rank -> the step it last entered
         self.step_clock: dict[int, float] = {}
         self.pool_rows: dict[int, dict[str, Any]] = {}
-        self._seen: dict[int, psutil.Process] = {}
-        self._descendants_at = float("-inf")
-        self._offsets: dict[Path, int] = {}
 
     def spec(self) -> dict[str, Any]:
         """What every rank reads: the shared options, the pool's GPUs and the schedule of job specs."""
@@ -289,36 +370,19 @@ class Pool:
         }
 
     def start(self) -> None:
-        """Write the spec and start the launcher in its own session (so it gets no terminal signals
-        behind our back; the parent forwards Ctrl-C as a clean stop)."""
+        """Write the spec and start the launcher with one rank per GPU of the pool."""
         for j in self.jobs:
             j.dir.mkdir()
         spec_path = self.dir / "spec.json"
         spec_path.write_text(json.dumps(self.spec()))
-        job_path = self.dir / "job.json"
-        job_path.write_text(
-            json.dumps(
-                {
-                    "nproc": len(self.gpus),
-                    "spec": str(spec_path),
-                    "log_dir": str(self.dir / "logs"),
-                    "result": str(self.dir / LAUNCH_RESULT),
-                    "run_id": self.marker,
-                }
-            )
-        )
-        log = open(self.dir / "launcher.log", "wb")  # noqa: SIM115 - closed once the child has it
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gputopo.probe.launch", str(job_path)],
-                env=rank_environment(self.config, Job(self.gpus, ()), self.marker),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        finally:
-            log.close()
+        job = {
+            "nproc": len(self.gpus),
+            "spec": str(spec_path),
+            "log_dir": str(self.dir / "logs"),
+            "result": str(self.dir / LAUNCH_RESULT),
+            "run_id": self.marker,
+        }
+        self.start_launcher(job, rank_environment(self.config, Job(self.gpus, ()), self.marker))
         self.started = time.monotonic()
 
     @property
@@ -359,70 +423,28 @@ class Pool:
             return now - self.started > max(self.config.timeout_s, STARTUP_FLOOR_S)
         return bool(self.unfinished(step)) and now - self.step_clock[step] > self.config.timeout_s
 
-    def _remember_descendants(self) -> None:
-        assert self.proc is not None
-        self._descendants_at = time.monotonic()
-        try:
-            for child in psutil.Process(self.proc.pid).children(recursive=True):
-                self._seen.setdefault(child.pid, child)
-        except psutil.NoSuchProcess:
-            pass
-
     def _read_progress(self) -> list[tuple[Job, dict[str, Any]]]:
         rows = []
         now = time.monotonic()
-        for path in sorted(self.dir.glob("progress-rank*.jsonl")):
-            with path.open("rb") as fh:
-                fh.seek(self._offsets.get(path, 0))
-                data = fh.read()
-            complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next poll
-            self._offsets[path] = self._offsets.get(path, 0) + len(complete)
-            for line in complete.splitlines():
-                row = json.loads(line)
-                pool_rank = int(row["pool_rank"])
-                job = self._by_id.get(row.get("task") or "")
-                if job is None:
-                    self.pool_rows[pool_rank] = row
-                    if row["stage"] == "ready":
-                        self.joined.add(pool_rank)
-                    elif row["stage"] == "step":
-                        self.step_seen[pool_rank] = int(row["done"])
-                        self.step_clock.setdefault(int(row["done"]), now)
-                    continue
-                job.started = job.started or now
-                if row["check"] == "task" and row["stage"] == "done":
-                    job.done_ranks.add(int(row["rank"]))
-                    job.ended = now if job.done else None
-                else:
-                    job.progress[int(row["rank"])] = row
-                    rows.append((job.job, row))
+        for row in self.new_rows():
+            pool_rank = int(row["pool_rank"])
+            job = self._by_id.get(row.get("task") or "")
+            if job is None:
+                self.pool_rows[pool_rank] = row
+                if row["stage"] == "ready":
+                    self.joined.add(pool_rank)
+                elif row["stage"] == "step":
+                    self.step_seen[pool_rank] = int(row["done"])
+                    self.step_clock.setdefault(int(row["done"]), now)
+                continue
+            job.started = job.started or now
+            if row["check"] == "task" and row["stage"] == "done":
+                job.done_ranks.add(int(row["rank"]))
+                job.ended = now if job.done else None
+            else:
+                job.progress[int(row["rank"])] = row
+                rows.append((job.job, row))
         return rows
-
-    def stop(self) -> int:
-        """Stop the launcher and every rank; return how many processes still had to be stopped.
-
-        Safe to call more than once. Ranks are found three ways: children of the launcher now, every
-        descendant seen while polling, and any process carrying this pool's marker (an orphaned rank
-        is reparented and no longer a descendant).
-        """
-        targets: dict[int, psutil.Process] = dict(self._seen)
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                launcher = psutil.Process(self.proc.pid)
-                targets[launcher.pid] = launcher
-            except psutil.NoSuchProcess:
-                pass
-        self._remember_descendants()
-        targets.update(self._seen)
-        targets.update({p.pid: p for p in marked_processes(self.marker)})
-        stopped = terminate_all(targets.values())
-        if self.proc is not None:
-            try:
-                self.proc.wait(timeout=STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return stopped
 
     def _job_outcome(self, j: _PoolJob, status: str, failures: tuple[RankFailure, ...] = ()) -> LaunchOutcome:
         metrics = {}
@@ -529,10 +551,6 @@ class Pool:
         }
         outcomes = tuple(judged[j.id] for j in self.jobs if j.id in judged)
         return PoolOutcome(outcomes, _read_json(self.dir / "env.json"), record)
-
-    def cleanup(self) -> None:
-        """Remove the pool's scratch folder."""
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def _own_failure(failure: RankFailure) -> bool:

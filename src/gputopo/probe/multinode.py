@@ -16,15 +16,10 @@ the agent and every rank on this node are stopped, as a single-node pool is.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import platform
-import subprocess
-import sys
-import tempfile
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -33,14 +28,14 @@ from typing import Any
 from gputopo.errors import UsageError
 from gputopo.probe.config import ProbeConfig
 from gputopo.probe.launch import (
+    DESCENDANTS_EVERY_S,
     LAUNCH_RESULT,
     POLL_S,
     STARTUP_FLOOR_S,
+    Launch,
     _read_json,
     _tail,
-    marked_processes,
     rank_environment,
-    terminate_all,
 )
 from gputopo.probe.plan import Job
 from gputopo.slurm import DEFAULT_RDZV_PORT
@@ -201,26 +196,21 @@ class CrossOutcome:
     leftovers_stopped: int = 0
 
 
-class CrossLaunch:
+class CrossLaunch(Launch):
     """This node's part of the multi-node launch, from start to a ``CrossOutcome``."""
 
     def __init__(
         self, config: ProbeConfig, node: NodeOptions, local: dict[str, Any] | None, nics: dict[str, str]
     ):
+        super().__init__("gputopo-nodes-")
         self.config = config
         self.node = node
         self.local = local
         self.nics = nics
         self.gpus = config.sets[0]
-        self.marker = uuid.uuid4().hex
-        self.dir = Path(tempfile.mkdtemp(prefix="gputopo-nodes-"))
-        self.proc: subprocess.Popen[bytes] | None = None
         self.started = 0.0
         self.last_progress = 0.0
         self.ready: set[int] = set()
-        self.stage = "starting"
-        self._offsets: dict[Path, int] = {}
-        self._seen: dict[int, Any] = {}
 
     def spec(self) -> dict[str, Any]:
         """What every rank of this node reads."""
@@ -263,49 +253,17 @@ class CrossLaunch:
             "rdzv_timeout_s": max(1, round(self.node.rdzv_timeout_s)),
             "store_is_host": self.node.store_is_host,
         }
-        job_path = self.dir / "job.json"
-        job_path.write_text(json.dumps(job))
-        log = open(self.dir / "launcher.log", "wb")  # noqa: SIM115 - closed once the child has it
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gputopo.probe.launch", str(job_path)],
-                env=rank_environment(self.config, Job(self.gpus, ()), self.marker),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        finally:
-            log.close()
+        self.start_launcher(job, rank_environment(self.config, Job(self.gpus, ()), self.marker))
         self.started = self.last_progress = time.monotonic()
 
     def _read_progress(self) -> list[dict[str, Any]]:
-        rows = []
-        for path in sorted(self.dir.glob("progress-rank*.jsonl")):
-            with path.open("rb") as fh:
-                fh.seek(self._offsets.get(path, 0))
-                data = fh.read()
-            complete = data[: data.rfind(b"\n") + 1]
-            self._offsets[path] = self._offsets.get(path, 0) + len(complete)
-            for line in complete.splitlines():
-                row = json.loads(line)
-                rows.append(row)
-                if row.get("stage") == "ready":
-                    self.ready.add(int(row["pool_rank"]))
+        rows = self.new_rows()
+        for row in rows:
+            if row.get("stage") == "ready":
+                self.ready.add(int(row["pool_rank"]))
         if rows:
             self.last_progress = time.monotonic()
         return rows
-
-    def _remember_descendants(self) -> None:
-        import psutil
-
-        if self.proc is None:
-            return
-        try:
-            for child in psutil.Process(self.proc.pid).children(recursive=True):
-                self._seen.setdefault(child.pid, child)
-        except psutil.NoSuchProcess:
-            pass
 
     def wait(self, on_row: Any = None) -> CrossOutcome:
         """Watch until the launch ends one way or another; leave nothing running."""
@@ -313,7 +271,8 @@ class CrossLaunch:
         status = None
         record_at = None
         while status is None:
-            self._remember_descendants()
+            if time.monotonic() - self._descendants_at >= DESCENDANTS_EVERY_S:
+                self._remember_descendants()
             for row in self._read_progress():
                 if on_row is not None:
                     on_row(row)
@@ -393,32 +352,6 @@ class CrossLaunch:
         return CrossOutcome(
             "failed", None, joined, progress, message=message, wall_s=wall, leftovers_stopped=stopped
         )
-
-    def stop(self) -> int:
-        """Stop the agent and every rank of this node (by ancestry and by marker); safe to repeat."""
-        import psutil
-
-        targets: dict[int, Any] = dict(self._seen)
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                targets[self.proc.pid] = psutil.Process(self.proc.pid)
-        self._remember_descendants()
-        targets.update(self._seen)
-        targets.update({p.pid: p for p in marked_processes(self.marker)})
-        stopped = terminate_all(targets.values())
-        if self.proc is not None:
-            try:
-                self.proc.wait(timeout=3)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return stopped
-
-    def cleanup(self) -> None:
-        """Remove the scratch folder."""
-        import shutil
-
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def run_cross(
