@@ -16,6 +16,7 @@ from gputopo.cli.nodes import (
     RDZV_ENDPOINT_OPTION,
     RDZV_ID_OPTION,
     RDZV_TIMEOUT_OPTION,
+    warn_internode,
 )
 from gputopo.cli.topo import NVML_TIMEOUT_OPTION
 from gputopo.errors import EXIT_PROBLEM, InputError, UnavailableError, UsageError
@@ -144,9 +145,7 @@ def doctor_command(
     doc["report"] = None
     if writes:
         doc["report"] = write_report("doctor", doc, to_markdown(doc), report_dir, html=html)
-    message = (doc.get("internode") or {}).get("message")
-    if message and doc["internode"]["status"] != "ok":
-        out.warn(message)
+    warn_internode(out, doc)
     if json_out:
         out.document(doc)
     else:

@@ -113,3 +113,10 @@ def progress_printer(out: Any, node: Any, json_out: bool) -> Any:
         out.hint(f"node {node.node_rank}: inter-node test {test} on nodes {nodes}")
 
     return on_row
+
+
+def warn_internode(out: Any, doc: dict[str, Any]) -> None:
+    """Say on stderr why the inter-node tests did not finish (a node missing, a hang, a crash)."""
+    section = doc.get("internode") or {}
+    if section.get("message") and section.get("status") != "ok":
+        out.warn(section["message"])

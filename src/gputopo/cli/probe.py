@@ -22,6 +22,7 @@ from gputopo.cli.nodes import (
     RDZV_TIMEOUT_OPTION,
     node_options,
     progress_printer,
+    warn_internode,
 )
 from gputopo.cli.topo import NVML_TIMEOUT_OPTION
 from gputopo.errors import EXIT_PROBLEM, UsageError
@@ -271,9 +272,7 @@ def run_across_nodes(config: Any, node: Any, out: Output, json_out: bool) -> Non
     if node.node_rank == 0:
         markdown = to_markdown(doc).rstrip("\n") + "\n" + "\n".join(nodes_markdown(doc)) + "\n"
         doc["report"] = write_report("probe", doc, markdown, config.report_dir, html=probe_html(doc, out))
-    message = (doc.get("internode") or {}).get("message")
-    if message and doc["internode"]["status"] != "ok":
-        out.warn(message)
+    warn_internode(out, doc)
     if json_out:
         out.document(doc)
     else:
