@@ -35,6 +35,7 @@ REPORT_SCHEMAS = {"gputopo/doctor/v1": "doctor", "gputopo/probe/v1": "probe"}
         "gputopo doctor --skip-probe         # topology, links and processes only (about a second)",
         "gputopo doctor --simulate           # the simulated run on a sample machine, exit by its verdict",
         "gputopo doctor --input sample:dgx1-v100 --skip-probe",
+        "srun --nodes 4 --ntasks-per-node 1 gputopo doctor   # every node, then the inter-node tests",
     ),
 )
 @guarded

@@ -204,6 +204,9 @@ def run(spec: dict[str, Any], rank: int, world: int, local_rank: int, device: to
         "local": cross.get("local") if local_rank == 0 else None,
         "inject": cross.get("inject"),
     }
+    # The rendezvous numbers the nodes its own way (torch's DynamicRendezvousHandler gives group ranks
+    # by sorted(state.participants), agents' host_pid descriptors), not by --node-rank: every rank says
+    # which node it is, and the layout is built from that.
     table: list[Any] = [None] * world
     progress("gather")
     dist.all_gather_object(table, mine)
