@@ -54,7 +54,7 @@ class ModelName(str, Enum):
         "gputopo probe --each-pair --mode p2p           # the P2P health matrix of the whole box",
         "gputopo probe --device cpu --gpus 0,1 --model tiny --steps 5 --inject corrupt",
         "srun --nodes 4 --ntasks-per-node 1 gputopo probe   # across nodes: which node, GPU or link is bad",
-        "gputopo probe --nnodes 2 --node-rank 0 --rdzv-endpoint node01:29400   # ...and node-rank 1 on node02",
+        "gputopo probe --nnodes 2 --node-rank 0 --rdzv-endpoint node01:29400  # and --node-rank 1 on node02",
     ),
 )
 @guarded
