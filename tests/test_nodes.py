@@ -301,6 +301,8 @@ SLURM_ENV = {
     "SLURM_NODEID": "2",
     "SLURM_STEP_NODEID": "2",
     "SLURM_PROCID": "2",
+    "SLURM_STEP_NUM_TASKS": "4",
+    "SLURM_NTASKS": "4",
     "SLURM_STEP_GPUS": "0,1,2,3,4,5,6,7",
     "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
 }
@@ -320,6 +322,10 @@ def test_options_default_from_the_slurm_job() -> None:
     # Flags win over the job.
     node = resolve_nodes(None, None, "login:5000", "mine", None, None, job)
     assert node is not None and (node.endpoint, node.rdzv_id, node.node_rank) == ("login:5000", "mine", 2)
+    # One task per GPU (srun's habit for training scripts) would start eight gputopo per node.
+    crowded = slurm_job({**SLURM_ENV, "SLURM_STEP_NUM_TASKS": "32"}, hostnames=lambda _: None)
+    with pytest.raises(UsageError, match="32 tasks on 4 nodes"):
+        resolve_nodes(None, None, None, None, None, None, crowded)
     # A one-node step is a run on this machine.
     one = slurm_job(
         {

@@ -164,6 +164,7 @@ def test_a_task_of_srun_on_node_2_of_4_reads_every_field():
         nodelist="dgx[001-004]",
         hosts=("dgx001", "dgx002", "dgx003", "dgx004"),
         gpus=(0, 1, 2, 3, 4, 5, 6, 7),
+        ntasks=4,
     )
     assert job.first_host == "dgx001"
     assert job.this_host == "dgx003" == SRUN_NODE2_OF_4["SLURMD_NODENAME"]

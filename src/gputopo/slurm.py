@@ -175,6 +175,9 @@ class SlurmJob:
     nodelist: str
     hosts: tuple[str, ...]
     gpus: tuple[int, ...] | None
+    # Tasks of the step (SLURM_STEP_NUM_TASKS, else SLURM_NTASKS): gputopo wants one per node, since
+    # each node's gputopo starts a rank per GPU itself.
+    ntasks: int | None = None
 
     @property
     def first_host(self) -> str:
@@ -267,6 +270,8 @@ def slurm_job(
             _ENV_HINT,
         )
 
+    tasks_name, tasks_text = _first_set(environ, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
+    ntasks = _whole_number(tasks_name, tasks_text) if tasks_text is not None and in_step else None
     gpus_name = "SLURM_STEP_GPUS" if in_step else "SLURM_JOB_GPUS"
     gpus = _gpu_list(gpus_name, environ.get(gpus_name))
     return SlurmJob(
@@ -276,6 +281,7 @@ def slurm_job(
         nodelist=nodelist,
         hosts=tuple(hosts),
         gpus=gpus,
+        ntasks=ntasks,
     )
 
 

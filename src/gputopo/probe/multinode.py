@@ -402,6 +402,12 @@ def resolve_nodes(
         raise UsageError(f"--nnodes {nnodes}: must be 1 or more", "e.g. --nnodes 4")
     source = "flags"
     if slurm is not None and slurm.nnodes == nnodes:
+        if slurm.ntasks is not None and slurm.ntasks != slurm.nnodes:
+            raise UsageError(
+                f"this Slurm step runs {slurm.ntasks} tasks on {slurm.nnodes} nodes; gputopo wants one per "
+                "node (it starts a rank per GPU itself)",
+                "srun --ntasks-per-node 1 gputopo ...",
+            )
         source = "slurm"
         node_rank = slurm.node_id if node_rank is None else node_rank
         endpoint = endpoint or f"{slurm.first_host}:{DEFAULT_RDZV_PORT}"
