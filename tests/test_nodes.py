@@ -130,19 +130,42 @@ def test_with_no_healthy_node_the_pair_stays_unresolved_and_says_so() -> None:
 
 
 def test_a_group_that_fails_only_whole_is_named_as_the_group() -> None:
-    nodes.Layout.from_table(table(3), 3)
     results = [
         {"kind": "all", "nodes": [0, 1, 2], "rail": None, "wrong": 3},
         {"kind": "pair", "nodes": [0, 1], "rail": None, "wrong": 0},
         {"kind": "pair", "nodes": [0, 2], "rail": None, "wrong": 0},
     ]
-    # With pairs run and passing, the all-nodes failure is bisected into halves that pass.
+    # Three nodes are not halved (a node alone uses no link between nodes): the missing pair runs.
     culprits, needed = nodes.bisection(results)
-    assert needed == [] or all(t["kind"] == "bisect" for t in needed)
-    results.append({"kind": "bisect", "nodes": [2], "rail": None, "wrong": 0})
+    assert culprits == [] and [t["nodes"] for t in needed] == [[1, 2]]
+    results.append({"kind": "bisect", "nodes": [1, 2], "rail": None, "wrong": 0})
     culprits, needed = nodes.bisection(results)
     assert needed == []
     assert [(c.kind, c.nodes) for c in culprits] == [("group", (0, 1, 2))]
+
+
+def test_a_bad_link_across_the_halves_is_found_between_them() -> None:
+    # Eight nodes, link 2-6: each half passes alone, so the pairs across the halves are tried.
+    layout, results = simulate(8, bad_links={frozenset({2, 6})})
+    found, _ = nodes.findings(layout, results)
+    assert [(f["kind"], f["nodes"]) for f in found] == [("corrupt", [2, 6])]
+
+
+def test_a_failed_rail_fails_the_run_and_names_its_nics() -> None:
+    layout, results = simulate(4, per_node=2)
+    results[-1] = {**results[-1], "wrong": 2}
+    found, _ = nodes.findings(layout, results)
+    assert [(f["kind"], f["nodes"]) for f in found] == [("corrupt", [0, 1, 2, 3])]
+    assert "rail 1 (GPU 1 of every node, NICs mlx5_1)" in found[0]["detail"]
+
+
+def test_passing_rails_do_not_make_a_node_a_healthy_reference() -> None:
+    # A fault inside nodes 1 and 2 (their NVLinks): every test holding them fails but the rails pass.
+    layout, results = simulate(3, per_node=2, bad={1, 2})
+    assert [t["kind"] for t in results][-2:] == ["rail", "rail"]
+    results[-2:] = [{**t, "wrong": 0} for t in results[-2:]]
+    found, _ = nodes.findings(layout, results)
+    assert all("all-reduce sums came back wrong in every group holding it" not in f["detail"] for f in found)
 
 
 def test_a_straggler_is_named_by_median_and_mad() -> None:

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from gputopo.probe import nodes
+from gputopo.probe.worker import COLLECTIVE_TIMEOUT_GRACE_S
 
 # The planted "slow" fault: this long asleep before each timed collective, like a node that is late to
 # every all-reduce (a throttled GPU, a busy CPU). Long against CPU scheduling noise, short for a drill.
@@ -268,7 +269,10 @@ def run_tests(
                 # new_group is entered by every rank, for every group, in the same order (its docstring).
                 # The world group serves only when its rank order is the test's (node by node).
                 same = list(key) == list(range(world))
-                groups[key] = None if same else dist.new_group(list(key), sort_ranks=False)
+                # A subgroup's timeout is its own (new_group falls back to the backend default, 10 min for
+                # NCCL, not init_process_group's): the parent must always be the one to call a hang.
+                timeout = timedelta(seconds=float(spec["timeout_s"]) + COLLECTIVE_TIMEOUT_GRACE_S)
+                groups[key] = None if same else dist.new_group(list(key), timeout=timeout, sort_ranks=False)
         mine_result = None
         for test in step:
             ranks = layout.test_ranks(test)

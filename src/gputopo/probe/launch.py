@@ -660,6 +660,10 @@ def agent_main(job_path: str) -> int:
         # A node that never comes ends the rendezvous after --rdzv-timeout (torch's join_timeout,
         # DynamicRendezvousHandler's "join_timeout": 600 s by default) with RendezvousTimeoutError.
         rdzv_configs["join_timeout"] = int(job["rdzv_timeout_s"])
+        # A node whose own checks end later connects to the store later; the store client gives up after
+        # "read_timeout" (c10d_rendezvous_backend._create_tcp_store: 60 s by default), not join_timeout,
+        # so a late node would read as a missing one: it gets as long as the rendezvous.
+        rdzv_configs["read_timeout"] = int(job["rdzv_timeout_s"])
         if job.get("store_is_host") is not None:
             # c10d_rendezvous_backend._create_tcp_store honours "is_host" over its hostname guess.
             rdzv_configs["is_host"] = bool(job["store_is_host"])

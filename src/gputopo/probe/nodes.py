@@ -192,28 +192,54 @@ def _resolve(
         if bad_a or bad_b:
             return [Culprit("node", (a,) if bad_a else (b,), why)], []
         return [Culprit("pair", group, why)], []
-    half = (len(group) + 1) // 2
-    halves = (group[:half], group[half:])
-    tests = [result(h) for h in halves]
-    needed = [_test("bisect", h) for h, t in zip(halves, tests, strict=True) if t is None]
-    if needed:
-        return [], needed
     culprits: list[Culprit] = []
     more: list[Test] = []
-    for h, t in zip(halves, tests, strict=True):
-        if _bad(t, slow):
-            c, m = _resolve(h, by_key, good, slow, why)
-            culprits += c
-            more += m
+
+    def resolve_pairs(pairs: list[tuple[int, ...]]) -> bool:
+        """Test ``pairs``; bisect the bad ones. False while some are still to be run."""
+        tests = [result(p) for p in pairs]
+        missing = [_test("bisect", p) for p, t in zip(pairs, tests, strict=True) if t is None]
+        if missing:
+            more.extend(missing)
+            return False
+        for p, t in zip(pairs, tests, strict=True):
+            if _bad(t, slow):
+                c, m = _resolve(p, by_key, good, slow, why)
+                culprits.extend(x for x in c if x not in culprits)
+                more.extend(m)
+        return True
+
+    if len(group) == 3:
+        # Halves of three leave one node alone, where no inter-node link is used: test its pairs instead.
+        if not resolve_pairs(list(combinations(group, 2))):
+            return [], more
+    else:
+        half = (len(group) + 1) // 2
+        halves = (group[:half], group[half:])
+        tests = [result(h) for h in halves]
+        needed = [_test("bisect", h) for h, t in zip(halves, tests, strict=True) if t is None]
+        if needed:
+            return [], needed
+        for h, t in zip(halves, tests, strict=True):
+            if _bad(t, slow):
+                c, m = _resolve(h, by_key, good, slow, why)
+                culprits.extend(x for x in c if x not in culprits)
+                more.extend(m)
+        # Both halves pass: what fails runs between them, a link from one half to the other.
+        cross = [(x, y) for x in halves[0] for y in halves[1]]
+        if not culprits and not more and not resolve_pairs(cross):
+            return [], more
     if not culprits and not more:
-        culprits.append(Culprit("group", group, why, "each half passes alone; the group fails only whole"))
+        culprits.append(Culprit("group", group, why, "every part of it passes alone; it fails only whole"))
     return culprits, more
 
 
 def healthy_nodes(results: Sequence[Test]) -> list[int]:
-    """Nodes that took part in a test that neither failed nor was slow."""
+    """Nodes that took part in a test between nodes that neither failed nor was slow. A rail test does
+    not count: one GPU per node leaves out a fault inside a node (its other GPUs, its NVLinks)."""
     slow = slow_pairs(results)
-    return sorted({n for t in results if not _bad(t, slow) for n in t["nodes"]})
+    between = [t for t in results if len(t["nodes"]) > 1 and t.get("rail") is None]
+    return sorted({n for t in between if not _bad(t, slow) for n in t["nodes"]})
 
 
 def bisection(results: Sequence[Test]) -> tuple[list[Culprit], list[Test]]:
@@ -339,6 +365,23 @@ def findings(layout: Layout, results: Sequence[Test]) -> tuple[list[dict[str, An
                 "remedy": remedy,
             }
         )
+    for t in results:
+        if t.get("rail") is not None and failed(t):
+            k = int(t["rail"])
+            nics = sorted(
+                {str(layout.where(r).get("nic")) for r in layout.test_ranks(t) if layout.where(r).get("nic")}
+            )
+            found.append(
+                {
+                    "kind": "corrupt",
+                    "nodes": list(t["nodes"]),
+                    "detail": f"rail {k} (GPU {k} of every node"
+                    + (f", NICs {', '.join(nics)}" if nics else "")
+                    + "): all-reduce sums came back wrong; one of these GPUs or NICs",
+                    "remedy": "probe GPU k of each node in pairs of nodes (gputopo probe --gpus K across two "
+                    "nodes at a time) to find which",
+                }
+            )
     late, why = stragglers(results, layout.nodes)
     if why:
         notes.append(why)

@@ -172,9 +172,8 @@ def _busbw_summary(tests: list[dict[str, Any]]) -> dict[str, Any]:
 
 def add_nodes(doc: dict[str, Any], rows: list[dict[str, Any]], section: dict[str, Any]) -> dict[str, Any]:
     """``doc`` with ``nodes`` and ``internode``, and the run's verdict over all of them."""
-    failing = (
-        doc.get("verdict") == FAIL or section["status"] != "ok" or any(r["verdict"] == FAIL for r in rows)
-    )
+    failing = doc.get("verdict") == FAIL or section["status"] != "ok" or bool(section.get("findings"))
+    failing = failing or any(r["verdict"] == FAIL for r in rows)
     return {**doc, "verdict": FAIL if failing else PASS, "nodes": rows, "internode": section}
 
 
