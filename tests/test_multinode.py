@@ -34,7 +34,11 @@ def free_port() -> int:
 
 
 def run_nodes(
-    tmp_path: Path, *extra: str, start: tuple[int, ...] = tuple(range(NNODES)), timeout_s: float = 60
+    tmp_path: Path,
+    *extra: str,
+    start: tuple[int, ...] = tuple(range(NNODES)),
+    timeout_s: float = 60,
+    nnodes: int = NNODES,
 ) -> dict[int, tuple[int, dict[str, Any] | None, str]]:
     """Start one `gputopo probe --json` per node in ``start``; wait for all; (exit code, doc, stderr)."""
     port = free_port()
@@ -43,7 +47,7 @@ def run_nodes(
     for r in start:
         argv = [
             sys.executable, "-m", "gputopo", "probe", "--device", "cpu", "--gpus", "0", "--mode", "allreduce",
-            "--nnodes", str(NNODES), "--node-rank", str(r), "--rdzv-endpoint", f"localhost:{port}",
+            "--nnodes", str(nnodes), "--node-rank", str(r), "--rdzv-endpoint", f"localhost:{port}",
             "--rdzv-id", f"test-{port}", "--timeout", str(timeout_s),
             "--report-dir", str(tmp_path / f"node{r}"), "--json", "-b", "64K", "-e", "256K", *extra,
         ]  # fmt: skip
@@ -180,3 +184,21 @@ def test_doctor_across_nodes_fails_every_node_on_corrupt_sums(tmp_path: Path) ->
     # Two nodes and no third to compare with: both are named, and the report says why it cannot tell.
     assert findings_of(doc) == [("corrupt", [0, 1]), ("corrupt", [0, 1])]
     assert "no node seen healthy" in doc["nodes"][0]["findings"][0]["detail"]
+
+
+def test_a_crashed_node_is_named_by_node_rank_0(tmp_path: Path) -> None:
+    results = run_nodes(
+        tmp_path,
+        "--rdzv-timeout",
+        "120",
+        "--inject",
+        "crash",
+        "--inject-node",
+        "1",
+        start=(2, 1, 0),
+        nnodes=3,
+    )
+    assert {r: code for r, (code, _, _) in results.items()} == {0: 1, 1: 1, 2: 1}
+    assert findings_of(results[0][1]) == [("crashed", [1])]
+    assert "injected crash" in results[1][2]
+    assert probe_processes() == []

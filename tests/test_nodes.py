@@ -205,36 +205,50 @@ def test_the_layout_refuses_duplicate_or_missing_node_ranks() -> None:
         nodes.Layout.from_table(table(2), 3)
 
 
-def progress_row(rank: int, node: int, seq: int, stage: str) -> dict[str, Any]:
+def progress_row(rank: int, node: int, step: int, stage: str, seq: int = 0) -> dict[str, Any]:
     return {
         "rank": rank,
         "node": node,
         "host": f"n{node}",
         "gpu": 0,
         "seq": seq,
+        "step": step,
         "test": "t3",
         "stage": stage,
     }
 
 
-def test_a_hang_is_pinned_on_the_ranks_that_got_least_far() -> None:
-    progress = {r: progress_row(r, r, 9, "collective") for r in range(4)}
-    progress[2] = progress_row(2, 2, 8, "enter")
+def test_a_hang_is_pinned_on_the_ranks_that_got_least_far_in_the_plan() -> None:
+    # Step 2 runs bisect tests 1-5 and 0-4; nodes 2 and 3 sit it out (few rows, so a low count, but done
+    # with the step); node 5 hangs before its all-reduce while node 1 waits inside it.
+    progress = {
+        0: progress_row(0, 0, 2, "gather", seq=30),
+        1: progress_row(1, 1, 2, "collective", seq=28),
+        2: progress_row(2, 2, 2, "gather", seq=12),
+        3: progress_row(3, 3, 2, "gather", seq=12),
+        4: progress_row(4, 4, 2, "gather", seq=30),
+        5: progress_row(5, 5, 2, "enter", seq=27),
+    }
     found = nodes.hang_findings(progress, 30)
-    assert [f["nodes"] for f in found] == [[2]]
-    assert "node 2 (n2), GPU 0: stopped at t3 (enter)" in found[0]["detail"]
-    together = nodes.hang_findings({r: progress_row(r, r, 9, "collective") for r in range(3)}, 30)
-    assert together[0]["nodes"] == [0, 1, 2] and "the collective between nodes" in together[0]["detail"]
+    assert [f["nodes"] for f in found] == [[5]]
+    assert "node 5 (n5), GPU 0: stopped at t3 (enter), before its all-reduce" in found[0]["detail"]
+    # Everyone of a test inside its collective: the collective between those nodes hangs.
+    stuck = {r: progress_row(r, r, 1, "size" if r < 2 else "gather") for r in range(4)}
+    together = nodes.hang_findings(stuck, 30)
+    assert (
+        together[0]["nodes"] == [0, 1] and "the collective between these nodes hangs" in together[0]["detail"]
+    )
     assert nodes.hang_findings({}, 30)[0]["nodes"] == []
 
 
 def test_a_crash_is_pinned_on_the_ranks_that_left() -> None:
-    progress = {r: progress_row(r, r, 5, "collective") for r in range(3)}
-    progress[1] = progress_row(1, 1, 4, "injected-crash")
+    progress = {r: progress_row(r, r, 1, "collective") for r in range(3)}
+    progress[1] = progress_row(1, 1, 1, "injected-crash")
+    progress[2] = progress_row(2, 2, 1, "gather")  # sat the step out
     found = nodes.crash_findings(progress, "Connection reset by peer")
     assert [f["nodes"] for f in found] == [[1]] and "stopped at t3 (injected-crash)" in found[0]["detail"]
-    # Everyone at the same place says nothing about who left.
-    assert nodes.crash_findings({r: progress_row(r, r, 5, "collective") for r in range(3)}, "x") == []
+    # Inside the collective a crash looks like its peers: nothing is named.
+    assert nodes.crash_findings({r: progress_row(r, r, 1, "collective") for r in range(3)}, "x") == []
 
 
 OPTIONS = {

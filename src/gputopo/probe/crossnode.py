@@ -40,6 +40,11 @@ def store_key(run_id: str, rank: int | str) -> str:
     return f"{STORE_PREFIX}/{run_id}/rank/{rank}"
 
 
+def beat_key(run_id: str) -> str:
+    """A counter every rank adds to with each progress row: the run is alive while it moves."""
+    return f"{STORE_PREFIX}/{run_id}/beat"
+
+
 def world_key(run_id: str) -> str:
     """Where rank 0 leaves the world size, so a reader knows how many ranks to look for."""
     return f"{STORE_PREFIX}/{run_id}/world"
@@ -58,6 +63,7 @@ class Progress:
         self.rank = rank
         self.log = log
         self.seq = 0
+        self.step = -1  # the step of the plan the rank is in (-1: before the first)
         self.base = {
             "rank": rank,
             "node": spec["cross"]["node_rank"],
@@ -74,6 +80,7 @@ class Progress:
         row = {
             **self.base,
             "seq": self.seq,
+            "step": self.step,
             "t": time.time(),
             "stage": stage,
             "test": test.get("id") if test else None,
@@ -81,6 +88,9 @@ class Progress:
             **extra,
         }
         self.store.set(store_key(self.run_id, self.rank), json.dumps(row))
+        # One counter for the whole run: every node's agent watches it, so a node whose ranks sit a step
+        # out while others test is not taken for hung (multinode.JoinWatch).
+        self.store.add(beat_key(self.run_id), 1)
         line = {"t": row["t"], "pool_rank": self.rank, "rank": self.rank, "task": None, "check": "cross"}
         line.update(stage=stage, done=self.seq, total=0, test=row["test"], nodes=row["nodes"])
         self.log.write(json.dumps(line) + "\n")
@@ -231,6 +241,7 @@ def run(spec: dict[str, Any], rank: int, world: int, local_rank: int, device: to
         tmp = out.with_name(".cross.json.tmp")
         tmp.write_text(json.dumps(record))
         os.replace(tmp, out)
+    progress.step = nodes.FINISHED_STEP
     progress("finished")
 
 
@@ -262,6 +273,7 @@ def run_tests(
     results: list[dict[str, Any]] = []
     groups: dict[tuple[int, ...], Any] = {}
     while (step := nodes.next_step(layout, results)) is not None:
+        progress.step += 1
         for test in step:
             test["id"] = f"t{len(results) + step.index(test)}"
             key = tuple(layout.test_ranks(test))

@@ -667,7 +667,7 @@ def agent_main(job_path: str) -> int:
         if job.get("store_is_host") is not None:
             # c10d_rendezvous_backend._create_tcp_store honours "is_host" over its hostname guess.
             rdzv_configs["is_host"] = bool(job["store_is_host"])
-        joined = JoinWatch(job, Path(job["result"]).with_name("joined.json"))
+        joined = JoinWatch(job, Path(job["result"]).parent)
         joined.start()
     config = LaunchConfig(
         min_nodes=nnodes,

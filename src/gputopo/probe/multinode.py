@@ -43,10 +43,9 @@ from gputopo.slurm import DEFAULT_RDZV_PORT
 DEFAULT_RDZV_TIMEOUT_S = 600.0  # torch's own join_timeout default
 # After the record is written, the agent gets this long to leave by itself before it is stopped.
 EXIT_GRACE_S = 10.0
-# On a hang, nodes other than 0 wait this long before stopping their agent (which may host the store) so
-# node rank 0 can read every rank's last progress from it first.
-HANG_READ_GRACE_S = 5.0
-STORE_READ_TIMEOUT_S = 5.0
+# On a hang, nodes other than 0 wait this long before stopping their agent (which may host the store), so
+# node rank 0's agent mirrors every rank's last progress once more before the store can go.
+HANG_READ_GRACE_S = 2.0
 LOOPBACK = ("localhost", "127.0.0.1", "::1")
 
 
@@ -115,14 +114,17 @@ def node_key(run_id: str, node: int) -> str:
 
 
 class JoinWatch(threading.Thread):
-    """In the agent: say in the rendezvous store that this node came, and keep ``joined.json`` up to date
-    with which nodes did, so a rendezvous that gives up can say how many joined (the store goes away
-    with the agent that hosts it, so the list is kept as it was last seen)."""
+    """In the agent, once a second: say in the rendezvous store that this node came and keep
+    ``joined.json`` up to date with which nodes did (so a rendezvous that gives up can say how many
+    joined) and with the run's beat counter (so this node's parent sees the run alive while its own
+    ranks sit a step out). On node rank 0 it also mirrors every rank's last progress into
+    ``store-progress.json``: the store goes away with the agent that hosts it, and a hang or a crash is
+    judged from what it last said."""
 
-    def __init__(self, job: dict[str, Any], path: Path) -> None:
+    def __init__(self, job: dict[str, Any], folder: Path) -> None:
         super().__init__(daemon=True)
         self.job = job
-        self.path = path
+        self.folder = folder
         self._done = threading.Event()
 
     def stop(self) -> None:
@@ -131,6 +133,8 @@ class JoinWatch(threading.Thread):
 
     def run(self) -> None:
         from torch.distributed import TCPStore
+
+        from gputopo.probe.crossnode import beat_key, store_key, world_key
 
         host, port = parse_endpoint(self.job["rdzv_endpoint"])
         run_id, nnodes = self.job["run_id"], int(self.job["nnodes"])
@@ -146,40 +150,23 @@ class JoinWatch(threading.Thread):
                 for n in range(nnodes):
                     if store.check([node_key(run_id, n)]):
                         joined[str(n)] = store.get(node_key(run_id, n)).decode()
-                tmp = self.path.with_name(".joined.tmp")
-                tmp.write_text(json.dumps({"joined": joined, "t": time.time()}))
-                tmp.replace(self.path)
+                beat = store.add(beat_key(run_id), 0)
+                _write(self.folder / "joined.json", {"joined": joined, "beat": beat, "t": time.time()})
+                if int(self.job["node_rank"]) == 0 and store.check([world_key(run_id)]):
+                    rows = {}
+                    for r in range(int(store.get(world_key(run_id)))):
+                        if store.check([store_key(run_id, r)]):
+                            rows[str(r)] = json.loads(store.get(store_key(run_id, r)))
+                    _write(self.folder / "store-progress.json", rows)
             except Exception:  # noqa: BLE001 - no store yet, or its host is gone: try again
                 store = None
             self._done.wait(1.0)
 
 
-def read_store_progress(
-    node: NodeOptions, timeout_s: float = STORE_READ_TIMEOUT_S
-) -> dict[int, dict[str, Any]]:
-    """Every rank's last progress row from the rendezvous store (empty when the store cannot be read)."""
-    from torch.distributed import TCPStore
-
-    from gputopo.probe.crossnode import store_key, world_key
-
-    try:
-        store = TCPStore(
-            node.host,
-            node.port,
-            is_master=False,
-            timeout=timedelta(seconds=timeout_s),
-            wait_for_workers=False,
-        )
-        if not store.check([world_key(node.rdzv_id)]):
-            return {}
-        world = int(store.get(world_key(node.rdzv_id)))
-        rows = {}
-        for r in range(world):
-            if store.check([store_key(node.rdzv_id, r)]):
-                rows[r] = json.loads(store.get(store_key(node.rdzv_id, r)))
-        return rows
-    except Exception:  # noqa: BLE001 - the store's host may be gone already
-        return {}
+def _write(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
 
 
 @dataclass
@@ -211,6 +198,7 @@ class CrossLaunch(Launch):
         self.started = 0.0
         self.last_progress = 0.0
         self.ready: set[int] = set()
+        self.beat: int | None = None
 
     def spec(self) -> dict[str, Any]:
         """What every rank of this node reads."""
@@ -276,6 +264,9 @@ class CrossLaunch(Launch):
             for row in self._read_progress():
                 if on_row is not None:
                     on_row(row)
+            beat = (_read_json(self.dir / "joined.json") or {}).get("beat")
+            if beat != self.beat:
+                self.beat, self.last_progress = beat, time.monotonic()
             now = time.monotonic()
             record = _read_json(self.dir / "cross.json")
             if self.proc.poll() is not None:
@@ -294,21 +285,27 @@ class CrossLaunch(Launch):
                 status = "hung"
             if status is None:
                 time.sleep(POLL_S)
-        progress: dict[int, dict[str, Any]] = {}
-        if status == "hung":
-            if self.node.node_rank == 0:
-                progress = read_store_progress(self.node)
-            else:
-                time.sleep(HANG_READ_GRACE_S)
+        if status == "hung" and self.node.node_rank != 0:
+            time.sleep(HANG_READ_GRACE_S)
         stopped = self.stop()
-        return self._outcome(status, progress, stopped)
+        return self._outcome(status, stopped)
 
-    def _outcome(self, status: str, progress: dict[int, dict[str, Any]], stopped: int) -> CrossOutcome:
+    def store_progress(self) -> dict[int, dict[str, Any]]:
+        """Every rank's last progress as node rank 0's agent last saw it in the store (else what this
+        node's ranks read when they lost a peer)."""
+        rows = _read_json(self.dir / "store-progress.json")
+        if not rows:
+            lost = [_read_json(f) for f in sorted(self.dir.glob("lost-rank*.json"))]
+            rows = next((x["progress"] for x in lost if x and x.get("progress")), {})
+        return {int(k): v for k, v in rows.items()}
+
+    def _outcome(self, status: str, stopped: int) -> CrossOutcome:
         wall = time.monotonic() - self.started
         joined = (_read_json(self.dir / "joined.json") or {}).get("joined", {})
         record = _read_json(self.dir / "cross.json")
         if record is not None:
             return CrossOutcome("ok", record, joined, wall_s=wall, leftovers_stopped=stopped)
+        progress = self.store_progress()
         if status == "hung":
             return CrossOutcome("hung", None, joined, progress, wall_s=wall, leftovers_stopped=stopped)
         result = _read_json(self.dir / LAUNCH_RESULT)
@@ -341,14 +338,11 @@ class CrossLaunch(Launch):
                 wall_s=wall,
                 leftovers_stopped=stopped,
             )
-        lost = [_read_json(f) for f in sorted(self.dir.glob("lost-rank*.json"))]
-        progress = next((x["progress"] for x in lost if x and x.get("progress")), {})
         failures = result.get("failures") or []
         message = ""
         if failures:
             first = failures[0]
             message = first.get("message") or first.get("stderr_tail") or f"exit code {first.get('exitcode')}"
-        progress = {int(k): v for k, v in progress.items()}
         return CrossOutcome(
             "failed", None, joined, progress, message=message, wall_s=wall, leftovers_stopped=stopped
         )

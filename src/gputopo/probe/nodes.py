@@ -9,8 +9,9 @@ so all of them create the same process groups in the same order without anyone b
 2. node pairs in the "each node once" pattern: disjoint pairs, all at the same time (n/2 runs; with an odd
    count the last node runs again with node 0);
 3. bisection of whatever failed (wrong sums) or was slow, until the culprit is one node, one pair of
-   nodes (the link between them), or a group that fails only as a whole: a group of three or more is
-   split in halves; a pair is resolved by testing each of its nodes with a node already seen healthy;
+   nodes (the link between them), or a group that fails only as a whole: a group of four or more is
+   split in halves (both passing: the pairs across them), a group of three tried pair by pair, and a
+   pair resolved by testing each of its nodes with a node already seen healthy between nodes;
 4. per rail, when every node has the same number of GPUs: GPU k of every node, for each k.
 
 Stragglers are judged across nodes by median and MAD, not fixed thresholds. A node is late in a test
@@ -125,7 +126,7 @@ def pair_steps(nodes: Sequence[int]) -> list[list[Test]]:
 
 
 def failed(test: Test) -> bool:
-    """A test whose sums came back wrong (or that no rank finished)."""
+    """A test whose sums came back wrong."""
     return int(test.get("wrong") or 0) > 0
 
 
@@ -365,7 +366,8 @@ def findings(layout: Layout, results: Sequence[Test]) -> tuple[list[dict[str, An
                 "remedy": remedy,
             }
         )
-    for t in results:
+    # A failed rail is news only when nothing else came back wrong: it then points at GPU k of some node.
+    for t in results if not any(c.why == "wrong" for c in culprits) else ():
         if t.get("rail") is not None and failed(t):
             k = int(t["rail"])
             nics = sorted(
@@ -439,13 +441,36 @@ def node_verdicts(
     return rows
 
 
+# Where a rank is within a step, from the stage of its last progress row: 0 entered a test but not its
+# collective yet, 1 inside the test's collectives, 2 done with the step (waiting for the others to be).
+_PHASE = {"enter": 0, "injected-hang": 0, "injected-crash": 0, "collective": 1, "size": 1}
+FINISHED_STEP = 1 << 30
+
+
+def position(row: dict[str, Any]) -> tuple[int, int]:
+    """How far a rank got: (step of the plan, phase within it). A rank that sits a step out is done with
+    it at once, so ranks are compared by where they are in the plan, not by how many rows they wrote."""
+    return int(row.get("step", -1)), _PHASE.get(str(row.get("stage")), 2)
+
+
+def _behind(progress: dict[int, dict[str, Any]]) -> tuple[tuple[int, int], list[dict[str, Any]]]:
+    low = min(position(p) for p in progress.values())
+    return low, [p for p in progress.values() if position(p) == low]
+
+
+def _where(row: dict[str, Any]) -> str:
+    return f"{row.get('test') or 'step ' + str(row.get('step'))} ({row.get('stage')})"
+
+
 def crash_findings(progress: dict[int, dict[str, Any]], message: str) -> list[dict[str, Any]]:
-    """Name the node(s) a rank died on, from the last progress every rank left in the store when this
-    node's ranks lost their peer: the ranks that got least far are the ones that left."""
-    if not progress or len({int(p["seq"]) for p in progress.values()}) < 2:
+    """Name the node(s) a rank died on, from the last progress every rank left in the store: ranks that
+    stopped before their test's collective while the others were in it or past it are the ones that
+    left. Ranks all at the same place say nothing (a crash inside the collective looks the same)."""
+    if not progress:
         return []
-    low = min(int(p["seq"]) for p in progress.values())
-    behind = [p for p in progress.values() if int(p["seq"]) == low]
+    low, behind = _behind(progress)
+    if low[1] != 0 or len(behind) == len(progress):
+        return []
     out = []
     for n in sorted({int(p["node"]) for p in behind}):
         rows = [p for p in behind if int(p["node"]) == n]
@@ -455,8 +480,8 @@ def crash_findings(progress: dict[int, dict[str, Any]], message: str) -> list[di
                 "kind": "crashed",
                 "nodes": [n],
                 "detail": f"node {n} ({rows[0].get('host')}), GPU {gpus}: its ranks stopped at "
-                f"{rows[0].get('test') or 'start'} ({rows[0].get('stage')}) while the others went on, and "
-                f"the others lost their connection to it ({message})",
+                f"{_where(rows[0])} before their all-reduce while the others went on, and the others lost "
+                f"their connection to it ({message})",
                 "remedy": "read that node's output for the first error (its rank's exit code and stderr)",
             }
         )
@@ -466,9 +491,9 @@ def crash_findings(progress: dict[int, dict[str, Any]], message: str) -> list[di
 def hang_findings(progress: dict[int, dict[str, Any]], timeout_s: float) -> list[dict[str, Any]]:
     """Name the node(s) behind from the last progress each rank left in the rendezvous store.
 
-    Every rank counts its progress (``seq``); ranks waiting for a hung peer have gone further than it.
-    The lowest count points at the hung ranks; when every rank stopped at the same place, the collective
-    between them is what hangs.
+    Ranks are compared by ``position``: the ones furthest behind in the plan are where it stopped. Behind
+    before their test's collective, they hung by themselves (the others waited in the collective for
+    them); all inside the same test's collective, the collective between those nodes hangs.
     """
     if not progress:
         return [
@@ -479,31 +504,30 @@ def hang_findings(progress: dict[int, dict[str, Any]], timeout_s: float) -> list
                 "remedy": "rerun with NCCL_DEBUG=INFO and look at each node's output",
             }
         ]
-    low = min(int(p["seq"]) for p in progress.values())
-    behind = {r: p for r, p in progress.items() if int(p["seq"]) == low}
-    nodes = sorted({int(p["node"]) for p in behind.values()})
-    where = next(iter(behind.values()))
-    at = f"{where.get('test') or 'start'} ({where.get('stage')})"
-    if len(behind) == len(progress):
+    low, behind = _behind(progress)
+    nodes = sorted({int(p["node"]) for p in behind})
+    at = _where(behind[0])
+    if low[1] != 0 or len(behind) == len(progress):
+        inside = "inside its all-reduce" if low[1] == 1 else "between steps"
         return [
             {
                 "kind": "hung",
                 "nodes": nodes,
-                "detail": f"every rank stopped at {at}: the collective between nodes "
-                f"{', '.join(map(str, nodes))} hangs",
+                "detail": f"the ranks of node {', '.join(map(str, nodes))} all stopped at {at}, {inside}, "
+                f"for over {timeout_s:g} s: the collective between these nodes hangs",
                 "remedy": "check the network between these nodes; rerun with NCCL_DEBUG=INFO",
             }
         ]
     out = []
     for n in nodes:
-        rows = [p for p in behind.values() if int(p["node"]) == n]
+        rows = [p for p in behind if int(p["node"]) == n]
         gpus = ",".join(str(p.get("gpu")) for p in rows)
         out.append(
             {
                 "kind": "hung",
                 "nodes": [n],
-                "detail": f"node {n} ({rows[0].get('host')}), GPU {gpus}: stopped at {at} for over "
-                f"{timeout_s:g} s while the other ranks went on and waited for it",
+                "detail": f"node {n} ({rows[0].get('host')}), GPU {gpus}: stopped at {at}, before its "
+                f"all-reduce, for over {timeout_s:g} s while the other ranks went on and waited for it",
                 "remedy": "look at this node: py-spy dump or gdb on its ranks, dmesg for Xid errors",
             }
         )
