@@ -43,8 +43,7 @@ from gputopo.slurm import DEFAULT_RDZV_PORT
 DEFAULT_RDZV_TIMEOUT_S = 600.0  # torch's own join_timeout default
 # After the record is written, the agent gets this long to leave by itself before it is stopped.
 EXIT_GRACE_S = 10.0
-# On a hang, nodes other than 0 wait this long before stopping their agent (which may host the store), so
-# node rank 0's agent mirrors every rank's last progress once more before the store can go.
+# On a hang, how long a node waits before stopping its agent (node rank 0 twice as long, see ``wait``).
 HANG_READ_GRACE_S = 2.0
 LOOPBACK = ("localhost", "127.0.0.1", "::1")
 
@@ -285,8 +284,11 @@ class CrossLaunch(Launch):
                 status = "hung"
             if status is None:
                 time.sleep(POLL_S)
-        if status == "hung" and self.node.node_rank != 0:
-            time.sleep(HANG_READ_GRACE_S)
+        if status == "hung":
+            # Every node sees the hang within about a second of the others (the beat is read once a
+            # second). Node rank 0 stops last, so its agent (the store's host on a loopback endpoint)
+            # does not turn the others' hang into a crash before they have seen it.
+            time.sleep(HANG_READ_GRACE_S * (2 if self.node.node_rank == 0 else 1))
         stopped = self.stop()
         return self._outcome(status, stopped)
 
