@@ -240,10 +240,23 @@ class Launch:
         self._descendants_at = float("-inf")
         self._offsets: dict[Path, int] = {}
 
-    def start_launcher(self, job: dict[str, Any], env: dict[str, str]) -> None:
-        """Write ``job.json`` and start the agent on it; its output goes to ``launcher.log``. It runs in a
-        session of its own, so it gets no terminal signals behind our back (Ctrl-C is forwarded as a
-        clean stop)."""
+    def start_launcher(
+        self, spec: dict[str, Any], nproc: int, run_id: str, env: dict[str, str], **more: Any
+    ) -> None:
+        """Write what the ranks read (``spec.json``) and what the agent reads (``job.json``: ``nproc``
+        ranks, the rendezvous id, ``more``), and start the agent; its output goes to ``launcher.log``.
+        It runs in a session of its own, so it gets no terminal signals behind our back (Ctrl-C is
+        forwarded as a clean stop)."""
+        spec_path = self.dir / "spec.json"
+        spec_path.write_text(json.dumps(spec))
+        job = {
+            "nproc": nproc,
+            "spec": str(spec_path),
+            "log_dir": str(self.dir / "logs"),
+            "result": str(self.dir / LAUNCH_RESULT),
+            "run_id": run_id,
+            **more,
+        }
         job_path = self.dir / "job.json"
         job_path.write_text(json.dumps(job))
         log = open(self.dir / "launcher.log", "wb")  # noqa: SIM115 - closed once the child has it
@@ -373,16 +386,8 @@ class Pool(Launch):
         """Write the spec and start the launcher with one rank per GPU of the pool."""
         for j in self.jobs:
             j.dir.mkdir()
-        spec_path = self.dir / "spec.json"
-        spec_path.write_text(json.dumps(self.spec()))
-        job = {
-            "nproc": len(self.gpus),
-            "spec": str(spec_path),
-            "log_dir": str(self.dir / "logs"),
-            "result": str(self.dir / LAUNCH_RESULT),
-            "run_id": self.marker,
-        }
-        self.start_launcher(job, rank_environment(self.config, Job(self.gpus, ()), self.marker))
+        env = rank_environment(self.config, Job(self.gpus, ()), self.marker)
+        self.start_launcher(self.spec(), len(self.gpus), self.marker, env)
         self.started = time.monotonic()
 
     @property

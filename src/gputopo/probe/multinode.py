@@ -225,22 +225,18 @@ class CrossLaunch(Launch):
 
     def start(self) -> None:
         """Start torch's elastic agent for this node, in a session of its own."""
-        spec_path = self.dir / "spec.json"
-        spec_path.write_text(json.dumps(self.spec()))
-        job = {
-            "nproc": len(self.gpus),
-            "spec": str(spec_path),
-            "log_dir": str(self.dir / "logs"),
-            "result": str(self.dir / LAUNCH_RESULT),
-            "run_id": self.node.rdzv_id,
-            "nnodes": self.node.nnodes,
-            "node_rank": self.node.node_rank,
-            "hostname": self.node.hostname,
-            "rdzv_endpoint": self.node.endpoint,
-            "rdzv_timeout_s": max(1, round(self.node.rdzv_timeout_s)),
-            "store_is_host": self.node.store_is_host,
-        }
-        self.start_launcher(job, rank_environment(self.config, Job(self.gpus, ()), self.marker))
+        self.start_launcher(
+            self.spec(),
+            len(self.gpus),
+            self.node.rdzv_id,
+            rank_environment(self.config, Job(self.gpus, ()), self.marker),
+            nnodes=self.node.nnodes,
+            node_rank=self.node.node_rank,
+            hostname=self.node.hostname,
+            rdzv_endpoint=self.node.endpoint,
+            rdzv_timeout_s=max(1, round(self.node.rdzv_timeout_s)),
+            store_is_host=self.node.store_is_host,
+        )
         self.started = self.last_progress = time.monotonic()
 
     def _read_progress(self) -> list[dict[str, Any]]:
