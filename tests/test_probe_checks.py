@@ -75,8 +75,8 @@ def test_models_are_torchvision_resnets():
 
 def test_known_integer_values_sum_exactly():
     world = 8
-    total = sum(checks._known_values(1000, r, torch.device("cpu")) for r in range(world))
-    expected = checks._known_values(1000, 0, torch.device("cpu")) * (world * (world + 1) // 2)
+    total = sum(checks.known_values(1000, r, torch.device("cpu")) for r in range(world))
+    expected = checks.known_values(1000, 0, torch.device("cpu")) * (world * (world + 1) // 2)
     assert torch.equal(total, expected)
 
 

@@ -511,7 +511,7 @@ def ddp_check(ctx: RankContext, refs: References | None, group: Any = None) -> d
 # --- all-reduce ---------------------------------------------------------------------------------------
 
 
-def _known_values(n: int, rank: int, device: torch.device) -> torch.Tensor:
+def known_values(n: int, rank: int, device: torch.device) -> torch.Tensor:
     # Small integers: every partial sum is exact in float32, so any difference is a wrong element.
     return ((torch.arange(n, device=device) % 251) + 1).float() * (rank + 1)
 
@@ -547,11 +547,11 @@ def allreduce_check(ctx: RankContext, group: Any = None) -> dict[str, Any]:
         )  # the slowest rank sets the collective's time
         if ctx.rank == ctx.inject_rank and i == 0:
             hang_or_crash(ctx, "allreduce", f"{size} bytes")
-        data = _known_values(count, ctx.rank, ctx.device)
+        data = known_values(count, ctx.rank, ctx.device)
         if ctx.fault("corrupt", "allreduce") and ctx.rank == ctx.inject_rank:
             data[count // 2] += 1.0
         dist.all_reduce(data, group=group)
-        expected = _known_values(count, 0, ctx.device) * (ctx.world * (ctx.world + 1) // 2)
+        expected = known_values(count, 0, ctx.device) * (ctx.world * (ctx.world + 1) // 2)
         wrong = (data != expected).sum().to(torch.int64)
         dist.all_reduce(wrong, group=group)  # #wrong summed over ranks, as nccl-tests reports it
         time_s = float(elapsed)

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from gputopo.probe import nodes
+from gputopo.probe.checks import known_values
 from gputopo.probe.worker import COLLECTIVE_TIMEOUT_GRACE_S
 
 # The planted "slow" fault: this long asleep before each timed collective, like a node that is late to
@@ -97,10 +98,6 @@ class Progress:
         self.log.flush()
 
 
-def _known(count: int, rank: int, device: torch.device) -> torch.Tensor:
-    return ((torch.arange(count, device=device) % 251) + 1).float() * (rank + 1)
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -131,11 +128,11 @@ def group_test(
     progress("collective", test)
     # The exact check first: a wrong sum is found before any timing.
     count = 1 << 16
-    data = _known(count, me, device)
+    data = known_values(count, me, device)
     if inject == "corrupt":
         data[count // 2] += 1.0
     dist.all_reduce(data, group=group)
-    expected = _known(count, 0, device) * (world * (world + 1) // 2)
+    expected = known_values(count, 0, device) * (world * (world + 1) // 2)
     wrong = (data != expected).sum().to(torch.int64)
     dist.all_reduce(wrong, group=group)
     rows = []
@@ -213,7 +210,6 @@ def run(spec: dict[str, Any], rank: int, world: int, local_rank: int, device: to
         "gpu": spec["gpus"][local_rank],
         "nic": (cross.get("nics") or {}).get(str(spec["gpus"][local_rank])),
         "local": cross.get("local") if local_rank == 0 else None,
-        "inject": cross.get("inject"),
     }
     # The rendezvous numbers the nodes its own way (torch's DynamicRendezvousHandler gives group ranks
     # by sorted(state.participants), agents' host_pid descriptors), not by --node-rank: every rank says
