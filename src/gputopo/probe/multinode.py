@@ -493,17 +493,15 @@ def run_nodes(
     started = time.monotonic()
     gpus = config.sets[0]
     local_config = replace(config, inject=None, inject_rank=None, inject_gpus=())
+    view = read_topology(config)
     if len(gpus) >= 2:
-        local_run = run_probe(local_config, on_progress, plan=make_plan(local_config))
-        view_topology = read_topology(config).topology
+        local_run = run_probe(local_config, on_progress, plan=make_plan(local_config), view=view)
         local = local_summary(node.node_rank, to_document(local_run))
     else:
-        view = read_topology(config)
-        view_topology = view.topology
         notes = ("one GPU on this node: no link within it to check; only the inter-node tests ran",)
         local_run = ProbeRun(config, (), {"hostname": node.hostname}, notes, started_utc, 0.0)
         local = local_summary(node.node_rank, None, "one GPU: no link within the node to check")
-    outcome = run_cross(config, node, local, gpu_nics(view_topology, gpus), on_row)
+    outcome = run_cross(config, node, local, gpu_nics(view.topology, gpus), on_row)
     doc = to_document(local_run)
     doc["wall_s"] = round(time.monotonic() - started, 3)
     doc["config"]["inject"] = config.inject.value if config.inject else None

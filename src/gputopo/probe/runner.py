@@ -167,7 +167,10 @@ def _unfinished(check: str, outcome: LaunchOutcome) -> CheckResult:
 
 
 def run_probe(
-    config: ProbeConfig, on_progress: ProgressFn | None = None, plan: Plan | None = None
+    config: ProbeConfig,
+    on_progress: ProgressFn | None = None,
+    plan: Plan | None = None,
+    view: TopologyView | None = None,
 ) -> ProbeRun:
     """Run the plan in a pool of ranks and judge it. Ctrl-C stops the ranks and propagates.
 
@@ -177,7 +180,7 @@ def run_probe(
     started_utc = datetime.now(timezone.utc)
     started = time.monotonic()
     plan = plan or make_plan(config)
-    view = read_topology(config)
+    view = view or read_topology(config)
     notes = [view.note] if view.note else []
     if config.inject is not None:
         where = (
