@@ -235,10 +235,10 @@ def _resolve(
     return culprits, more
 
 
-def healthy_nodes(results: Sequence[Test]) -> list[int]:
-    """Nodes that took part in a test between nodes that neither failed nor was slow. A rail test does
-    not count: one GPU per node leaves out a fault inside a node (its other GPUs, its NVLinks)."""
-    slow = slow_pairs(results)
+def healthy_nodes(results: Sequence[Test], slow: list[Test]) -> list[int]:
+    """Nodes that took part in a test between nodes that neither failed nor was slow (``slow``: the
+    ``slow_pairs``). A rail test does not count: one GPU per node leaves out a fault inside a node (its
+    other GPUs, its NVLinks)."""
     between = [t for t in results if len(t["nodes"]) > 1 and t.get("rail") is None]
     return sorted({n for t in between if not _bad(t, slow) for n in t["nodes"]})
 
@@ -247,7 +247,7 @@ def bisection(results: Sequence[Test]) -> tuple[list[Culprit], list[Test]]:
     """Culprits of every bad all-nodes or pair test, and the bisection tests still to run."""
     slow = slow_pairs(results)
     by_key = {_key(t): t for t in results}
-    good = healthy_nodes(results)
+    good = healthy_nodes(results, slow)
     culprits: list[Culprit] = []
     needed: list[Test] = []
     suspects = [t for t in results if t["kind"] in ("all", "pair") and _bad(t, slow)]
@@ -462,30 +462,35 @@ def _where(row: dict[str, Any]) -> str:
     return f"{row.get('test') or 'step ' + str(row.get('step'))} ({row.get('stage')})"
 
 
+def _left_behind(progress: dict[int, dict[str, Any]]) -> list[tuple[int, str, str, str]] | None:
+    """The ranks that stopped before their test's collective while other ranks went on (into it or past
+    it), as (node, host, its GPUs, where) per node; ``None`` when the ranks furthest behind are not such
+    ranks (they are inside a collective, or every rank stopped at the same place)."""
+    low, behind = _behind(progress)
+    if low[1] != 0 or len(behind) == len(progress):
+        return None
+    out = []
+    for n in sorted({int(p["node"]) for p in behind}):
+        rows = [p for p in behind if int(p["node"]) == n]
+        out.append((n, str(rows[0].get("host")), ",".join(str(p.get("gpu")) for p in rows), _where(rows[0])))
+    return out
+
+
 def crash_findings(progress: dict[int, dict[str, Any]], message: str) -> list[dict[str, Any]]:
     """Name the node(s) a rank died on, from the last progress every rank left in the store: ranks that
     stopped before their test's collective while the others were in it or past it are the ones that
     left. Ranks all at the same place say nothing (a crash inside the collective looks the same)."""
-    if not progress:
-        return []
-    low, behind = _behind(progress)
-    if low[1] != 0 or len(behind) == len(progress):
-        return []
-    out = []
-    for n in sorted({int(p["node"]) for p in behind}):
-        rows = [p for p in behind if int(p["node"]) == n]
-        gpus = ",".join(str(p.get("gpu")) for p in rows)
-        out.append(
-            {
-                "kind": "crashed",
-                "nodes": [n],
-                "detail": f"node {n} ({rows[0].get('host')}), GPU {gpus}: its ranks stopped at "
-                f"{_where(rows[0])} before their all-reduce while the others went on, and the others lost "
-                f"their connection to it ({message})",
-                "remedy": "read that node's output for the first error (its rank's exit code and stderr)",
-            }
-        )
-    return out
+    left = _left_behind(progress) if progress else None
+    return [
+        {
+            "kind": "crashed",
+            "nodes": [n],
+            "detail": f"node {n} ({host}), GPU {gpus}: its ranks stopped at {at} before their all-reduce "
+            f"while the others went on, and the others lost their connection to it ({message})",
+            "remedy": "read that node's output for the first error (its rank's exit code and stderr)",
+        }
+        for n, host, gpus, at in left or ()
+    ]
 
 
 def hang_findings(progress: dict[int, dict[str, Any]], timeout_s: float) -> list[dict[str, Any]]:
@@ -504,31 +509,27 @@ def hang_findings(progress: dict[int, dict[str, Any]], timeout_s: float) -> list
                 "remedy": "rerun with NCCL_DEBUG=INFO and look at each node's output",
             }
         ]
-    low, behind = _behind(progress)
-    nodes = sorted({int(p["node"]) for p in behind})
-    at = _where(behind[0])
-    if low[1] != 0 or len(behind) == len(progress):
-        inside = "inside its all-reduce" if low[1] == 1 else "between steps"
+    left = _left_behind(progress)
+    if left is None:
+        low, behind = _behind(progress)
+        nodes = sorted({int(p["node"]) for p in behind})
+        at = f"{_where(behind[0])}, {'inside its all-reduce' if low[1] == 1 else 'between steps'}"
         return [
             {
                 "kind": "hung",
                 "nodes": nodes,
-                "detail": f"the ranks of node {', '.join(map(str, nodes))} all stopped at {at}, {inside}, "
-                f"for over {timeout_s:g} s: the collective between these nodes hangs",
+                "detail": f"the ranks of node {', '.join(map(str, nodes))} all stopped at {at}, for over "
+                f"{timeout_s:g} s: the collective between these nodes hangs",
                 "remedy": "check the network between these nodes; rerun with NCCL_DEBUG=INFO",
             }
         ]
-    out = []
-    for n in nodes:
-        rows = [p for p in behind if int(p["node"]) == n]
-        gpus = ",".join(str(p.get("gpu")) for p in rows)
-        out.append(
-            {
-                "kind": "hung",
-                "nodes": [n],
-                "detail": f"node {n} ({rows[0].get('host')}), GPU {gpus}: stopped at {at}, before its "
-                f"all-reduce, for over {timeout_s:g} s while the other ranks went on and waited for it",
-                "remedy": "look at this node: py-spy dump or gdb on its ranks, dmesg for Xid errors",
-            }
-        )
-    return out
+    return [
+        {
+            "kind": "hung",
+            "nodes": [n],
+            "detail": f"node {n} ({host}), GPU {gpus}: stopped at {at}, before its all-reduce, for over "
+            f"{timeout_s:g} s while the other ranks went on and waited for it",
+            "remedy": "look at this node: py-spy dump or gdb on its ranks, dmesg for Xid errors",
+        }
+        for n, host, gpus, at in left
+    ]

@@ -44,9 +44,7 @@ def _joined_text(joined: dict[str, str], nnodes: int) -> str:
     missing = [n for n in range(nnodes) if n not in have]
     if not have:
         return "no node could be seen there (its store never answered this node)"
-    text = f"{len(have)} of {nnodes} nodes joined"
-    if have:
-        text += f" (node rank {', '.join(map(str, have))})"
+    text = f"{len(have)} of {nnodes} nodes joined (node rank {', '.join(map(str, have))})"
     if missing:
         text += f"; never came: node rank {', '.join(map(str, missing))}"
     return text
@@ -91,16 +89,7 @@ def internode_section(
             }
         ]
         section.update(findings=found, message=text)
-        rows = [
-            {
-                "node_rank": n,
-                "host": joined.get(str(n)),
-                "verdict": FAIL if n in missing else UNTESTED,
-                "findings": found if n in missing else [],
-            }
-            for n in range(nnodes)
-        ]
-        return rows, section
+        return _unjudged_rows(nnodes, found, joined, progress), section
     if status == "hung":
         if int(options["node_rank"]) == 0:
             found = nodes.hang_findings(progress, float(options["timeout_s"]))
@@ -114,20 +103,8 @@ def internode_section(
                     "remedy": "read node rank 0's output",
                 }
             ]
-        hosts = {int(p["node"]): p.get("host") for p in progress.values()}
-        hosts.update({int(k): v for k, v in joined.items() if int(k) not in hosts})
-        pointed = {n for f in found for n in f["nodes"]}
-        rows = [
-            {
-                "node_rank": n,
-                "host": hosts.get(n),
-                "verdict": FAIL if n in pointed else UNTESTED,
-                "findings": [f for f in found if n in f["nodes"]],
-            }
-            for n in range(nnodes)
-        ]
-        section.update(findings=found, message=found[0]["detail"] if found else "")
-        return rows, section
+        section.update(findings=found, message=found[0]["detail"])
+        return _unjudged_rows(nnodes, found, joined, progress), section
     what = "a rank died" if status == "failed" else "torch's elastic launcher failed"
     last_line = message.strip().splitlines()[-1] if message.strip() else "no message"
     # gloo's and NCCL's messages go on with advice after the first sentence; the first names the error.
@@ -143,18 +120,24 @@ def internode_section(
             }
         ]
     section.update(findings=found, message=found[0]["detail"])
-    pointed = {n for f in found for n in f["nodes"]}
-    hosts = {int(p["node"]): p.get("host") for p in progress.values()}
-    rows = [
+    return _unjudged_rows(nnodes, found, joined, progress), section
+
+
+def _unjudged_rows(
+    nnodes: int, found: list[dict[str, Any]], joined: dict[str, str], progress: dict[int, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """A row per node when the tests did not finish: ``fail`` where a finding points at the node, else
+    ``not tested``; the host from the node's progress, else from its word in the store when it joined."""
+    hosts = {str(p["node"]): p.get("host") for p in progress.values()}
+    return [
         {
             "node_rank": n,
-            "host": hosts.get(n) or joined.get(str(n)),
-            "verdict": FAIL if n in pointed else UNTESTED,
+            "host": hosts.get(str(n)) or joined.get(str(n)),
+            "verdict": FAIL if any(n in f["nodes"] for f in found) else UNTESTED,
             "findings": [f for f in found if n in f["nodes"]],
         }
         for n in range(nnodes)
     ]
-    return rows, section
 
 
 def _busbw_summary(tests: list[dict[str, Any]]) -> dict[str, Any]:
