@@ -162,21 +162,19 @@ CHILD = (
 )
 
 
+def _run_child(
+    *options: str, code: int = 0, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``gputopo run --n 2 OPTIONS --input <seed sample> -- python -c CHILD CODE``."""
+    return _gputopo(
+        "run", "--n", "2", *options, "--input", "sample:seed-8gpu-nv4", "--", sys.executable, "-c", CHILD,
+        str(code), env=env,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("code", [0, 7])
 def test_run_execs_the_command_on_the_chosen_set_and_returns_its_exit_code(code):
-    done = _gputopo(
-        "run",
-        "--n",
-        "2",
-        "--input",
-        "sample:seed-8gpu-nv4",
-        "--",
-        sys.executable,
-        "-c",
-        CHILD,
-        str(code),
-        env={"KEEP": "kept"},
-    )
+    done = _run_child(code=code, env={"KEEP": "kept"})
     assert done.returncode == code, done.stderr
     assert done.stdout.split() == ["PCI_BUS_ID", "0,1", "kept"]
     assert "GPUs 0,1" in done.stderr
@@ -184,30 +182,14 @@ def test_run_execs_the_command_on_the_chosen_set_and_returns_its_exit_code(code)
 
 
 def test_run_says_when_it_replaces_an_inherited_device_list():
-    done = _gputopo(
-        "run", "--n", "2", "--input", "sample:seed-8gpu-nv4", "--", sys.executable, "-c", CHILD, "0",
-        env={"CUDA_VISIBLE_DEVICES": "4,5"},
-    )  # fmt: skip
+    done = _run_child(env={"CUDA_VISIBLE_DEVICES": "4,5"})
     assert done.returncode == 0
     assert done.stdout.split()[1] == "0,1"
     assert "CUDA_VISIBLE_DEVICES=4,5 was set" in done.stderr
 
 
 def test_run_honours_exclude_like_recommend():
-    done = _gputopo(
-        "run",
-        "--n",
-        "2",
-        "--exclude",
-        "0",
-        "--input",
-        "sample:seed-8gpu-nv4",
-        "--",
-        sys.executable,
-        "-c",
-        CHILD,
-        "0",
-    )
+    done = _run_child("--exclude", "0")
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[1] == "2,3"
 
@@ -247,19 +229,7 @@ def test_run_without_a_command_is_a_usage_error():
 
 
 def test_run_warns_about_nccl_debug_variables_but_still_runs():
-    done = _gputopo(
-        "run",
-        "--n",
-        "2",
-        "--input",
-        "sample:seed-8gpu-nv4",
-        "--",
-        sys.executable,
-        "-c",
-        CHILD,
-        "0",
-        env={"NCCL_P2P_DISABLE": "1"},
-    )
+    done = _run_child(env={"NCCL_P2P_DISABLE": "1"})
     assert done.returncode == 0
     assert "NCCL_P2P_DISABLE" in done.stderr
 
