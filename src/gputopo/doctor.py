@@ -316,8 +316,8 @@ def across_nodes(
     """This node's part of the inter-node tests (every usable GPU a rank), added to its doctor document:
     ``nodes`` and ``internode`` as in a probe across nodes; any node failing makes the verdict problems."""
     from gputopo.probe.config import build_config, detect_devices, require_torch
-    from gputopo.probe.multinode import gpu_nics, node_record, run_cross
-    from gputopo.probe.nodes_document import internode_section
+    from gputopo.probe.multinode import gpu_nics, judge_outcome, run_cross
+    from gputopo.probe.nodes_document import any_failed
     from gputopo.probe.options import Mode
 
     node = options.node
@@ -354,15 +354,8 @@ def across_nodes(
         ],
     }
     outcome = run_cross(config, node, local, gpu_nics(machine.topology, tuple(usable)), options.on_row)
-    rows, section = internode_section(
-        node_record(node, config, outcome),
-        outcome.status,
-        outcome.record,
-        outcome.joined,
-        outcome.progress,
-        outcome.message,
-    )
-    failing = section["status"] != "ok" or any(r["verdict"] == "fail" for r in rows)
+    rows, section = judge_outcome(node, config, outcome)
+    failing = any_failed(rows, section)
     doc = {**doc, "nodes": rows, "internode": section}
     if failing:
         doc["verdict"] = "problems"

@@ -473,6 +473,22 @@ def node_record(node: NodeOptions, config: ProbeConfig, outcome: CrossOutcome) -
     }
 
 
+def judge_outcome(
+    node: NodeOptions, config: ProbeConfig, outcome: CrossOutcome
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The ``nodes`` rows and the ``internode`` section for how this node's launch ended."""
+    from gputopo.probe.nodes_document import internode_section
+
+    return internode_section(
+        node_record(node, config, outcome),
+        outcome.status,
+        outcome.record,
+        outcome.joined,
+        outcome.progress,
+        outcome.message,
+    )
+
+
 def run_nodes(
     config: ProbeConfig, node: NodeOptions, on_progress: Any = None, on_row: Any = None
 ) -> dict[str, Any]:
@@ -485,7 +501,7 @@ def run_nodes(
     from datetime import datetime, timezone
 
     from gputopo.probe.document import to_document
-    from gputopo.probe.nodes_document import add_nodes, internode_section, local_summary
+    from gputopo.probe.nodes_document import add_nodes, local_summary
     from gputopo.probe.plan import make_plan
     from gputopo.probe.runner import ProbeRun, read_topology, run_probe
 
@@ -505,8 +521,4 @@ def run_nodes(
     doc = to_document(local_run)
     doc["wall_s"] = round(time.monotonic() - started, 3)
     doc["config"]["inject"] = config.inject.value if config.inject else None
-    options = node_record(node, config, outcome)
-    rows, section = internode_section(
-        options, outcome.status, outcome.record, outcome.joined, outcome.progress, outcome.message
-    )
-    return add_nodes(doc, rows, section)
+    return add_nodes(doc, *judge_outcome(node, config, outcome))

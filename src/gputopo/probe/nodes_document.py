@@ -153,10 +153,16 @@ def _busbw_summary(tests: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def any_failed(rows: list[dict[str, Any]], section: dict[str, Any]) -> bool:
+    """Whether the run across nodes failed: it did not finish, found something, or a node failed."""
+    return (
+        section["status"] != "ok" or bool(section.get("findings")) or any(r["verdict"] == FAIL for r in rows)
+    )
+
+
 def add_nodes(doc: dict[str, Any], rows: list[dict[str, Any]], section: dict[str, Any]) -> dict[str, Any]:
     """``doc`` with ``nodes`` and ``internode``, and the run's verdict over all of them."""
-    failing = doc.get("verdict") == FAIL or section["status"] != "ok" or bool(section.get("findings"))
-    failing = failing or any(r["verdict"] == FAIL for r in rows)
+    failing = doc.get("verdict") == FAIL or any_failed(rows, section)
     return {**doc, "verdict": FAIL if failing else PASS, "nodes": rows, "internode": section}
 
 
