@@ -364,7 +364,7 @@ def test_a_planted_hang_costs_its_sets_and_at_most_two_more_launches(tmp_path):
 
 def test_drill_options_go_together_and_need_the_probes():
     from gputopo.errors import UsageError
-    from gputopo.probe.options import Fault
+    from gputopo.probe.plan.options import Fault
 
     with pytest.raises(UsageError, match="go together"):
         run_doctor(DoctorOptions(inject=Fault.CORRUPT))

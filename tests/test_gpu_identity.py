@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gputopo.errors import UsageError
-from gputopo.probe.config import DeviceInventory, build_config
-from gputopo.probe.identity import (
+from gputopo.probe.plan.config import DeviceInventory, build_config
+from gputopo.probe.plan.identity import (
     GpuIdentity,
     allowed_gpus,
     check_rank_device,

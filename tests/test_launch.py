@@ -12,7 +12,7 @@ import pytest
 
 from conftest import invoke
 from gputopo.findings import nccl_env_findings
-from gputopo.launch_line import LaunchTools, build_launch, is_torchrun, nearest_nics
+from gputopo.launch.line import LaunchTools, build_launch, is_torchrun, nearest_nics
 from gputopo.model import Gpu, Matrix, Nic, Topology
 from gputopo.system.launcher import detect_tools, has_numa_binding
 from gputopo.topology import load_topology

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from gputopo.errors import UsageError
-from gputopo.probe import nodes
-from gputopo.probe.multinode import parse_endpoint, resolve_nodes
-from gputopo.probe.nodes_document import add_nodes, internode_section, local_summary, nodes_markdown
-from gputopo.slurm import slurm_job
+from gputopo.probe.judge import nodes
+from gputopo.probe.pool.multinode import parse_endpoint, resolve_nodes
+from gputopo.probe.report.nodes import add_nodes, internode_section, local_summary, nodes_markdown
+from gputopo.launch.slurm import slurm_job
 
 
 def table(nnodes: int, per_node: int = 1) -> list[dict[str, Any]]:

@@ -11,8 +11,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchvision")
 
-from gputopo.probe import checks, verdict  # noqa: E402
-from gputopo.probe.models import IMAGE_SHAPE, NUM_CLASSES, build_model, synthetic_batch  # noqa: E402
+from gputopo.probe.ranks import training as checks
+from gputopo.probe.judge import verdict  # noqa: E402
+from gputopo.probe.ranks.models import IMAGE_SHAPE, NUM_CLASSES, build_model, synthetic_batch  # noqa: E402
 
 
 def make_ctx(tmp_path, world=2, steps=3, **spec):

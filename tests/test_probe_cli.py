@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 pytest.importorskip("torch")
 pytest.importorskip("torchvision")
 
-from gputopo.probe.worker import COLLECTIVE_TIMEOUT_GRACE_S  # noqa: E402
+from gputopo.probe.ranks.worker import COLLECTIVE_TIMEOUT_GRACE_S  # noqa: E402
 
 TEST_MARKER = "GPUTOPO_TEST_PROBE"
 BASE = ["--device", "cpu", "--gpus", "0,1", "--model", "tiny"]
@@ -178,7 +178,7 @@ def test_ctrl_c_stops_every_rank(tmp_path):
     )
     try:
         deadline = time.monotonic() + 60
-        while sum("gputopo.probe.worker" in c for c in leftovers(marker)) < 2:
+        while sum("gputopo.probe.ranks.worker" in c for c in leftovers(marker)) < 2:
             assert time.monotonic() < deadline, "ranks never started"
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.2)
@@ -281,7 +281,7 @@ def test_cli_and_probe_help_do_not_import_torch():
         "from typer.testing import CliRunner\n"
         "r = CliRunner().invoke(app, ['probe', '--help'])\n"
         "assert r.exit_code == 0 and '--inject' in r.output, r.output\n"
-        "import gputopo.probe.runner, gputopo.probe.launch, gputopo.probe.document\n"
+        "import gputopo.probe.pool.runner, gputopo.probe.pool.launch, gputopo.probe.report.document\n"
         "print('torch' in sys.modules, 'torchvision' in sys.modules)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

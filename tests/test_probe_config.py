@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from gputopo.errors import UnavailableError, UsageError
-from gputopo.probe import config as cfg
-from gputopo.probe.config import DeviceInventory, Fault, Mode, build_config, parse_gpu_list
+from gputopo.probe.plan import config as cfg
+from gputopo.probe.plan.config import DeviceInventory, Fault, Mode, build_config, parse_gpu_list
 
 EIGHT_GPU_BOX = DeviceInventory("cuda", tuple(range(8)), tuple(str(i) for i in range(8)))
 CPU_STAND_INS = DeviceInventory("cpu", tuple(range(8)))
@@ -161,21 +161,21 @@ def test_inject_gpus_mistakes_are_usage_errors(kwargs, words):
     ],
 )
 def test_sizes_read_as_nccl_tests_reads_them(text, size):
-    from gputopo.probe.config import parse_size
+    from gputopo.probe.plan.config import parse_size
 
     assert parse_size("-b", text) == size
 
 
 @pytest.mark.parametrize("text", ["", "lots", "1T", "-8", "1KB", "K"])
 def test_sizes_nccl_tests_would_refuse_are_usage_errors(text):
-    from gputopo.probe.config import parse_size
+    from gputopo.probe.plan.config import parse_size
 
     with pytest.raises(UsageError, match="expected a size"):
         parse_size("--min-bytes", text)
 
 
 def test_the_sweep_follows_min_max_and_factor_like_nccl_tests():
-    from gputopo.probe.config import sweep_sizes
+    from gputopo.probe.plan.config import sweep_sizes
 
     assert sweep_sizes(8, 1024, 2) == (8, 16, 32, 64, 128, 256, 512, 1024)
     assert sweep_sizes(8, 1000, 4) == (8, 32, 128, 512)
@@ -190,7 +190,7 @@ def test_the_sweep_follows_min_max_and_factor_like_nccl_tests():
 
 
 def test_sets_must_exist_in_the_input_topology():
-    from gputopo.probe.config import check_sets_in_topology
+    from gputopo.probe.plan.config import check_sets_in_topology
 
     check_sets_in_topology(((0, 1), (2, 3)), (0, 1, 2, 3), "sample:x")
     with pytest.raises(UsageError, match="no GPU5,7 on sample:x") as err:

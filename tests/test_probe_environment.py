@@ -8,11 +8,11 @@ from datetime import datetime, timezone
 
 import pytest
 
-from gputopo.probe import environment as envmod
-from gputopo.probe.config import DeviceInventory, build_config
-from gputopo.probe.document import to_document, to_markdown, verdict_line
-from gputopo.probe.runner import ProbeRun
-from gputopo.probe.verdict import CheckResult, SetResult
+from gputopo.probe.judge import environment as envmod
+from gputopo.probe.plan.config import DeviceInventory, build_config
+from gputopo.probe.report.document import to_document, to_markdown, verdict_line
+from gputopo.probe.pool.runner import ProbeRun
+from gputopo.probe.judge.verdict import CheckResult, SetResult
 
 # Written from NCCL's INFO format strings (src/transport/p2p.cc, shm.cc, net.cc): "Channel %02d/%01d :
 # %d[%d] -> %d[%d] via P2P/%s%s%s" and friends, behind the usual "host:pid:tid [cudaDev] NCCL INFO" prefix.
@@ -127,7 +127,7 @@ def test_the_verdict_names_what_the_environment_took_out_of_the_test():
 
 
 def test_worker_records_every_rank_and_sets_capture_variables_apart(tmp_path):
-    from gputopo.probe import worker
+    from gputopo.probe.ranks import worker
 
     environ = {"NCCL_P2P_DISABLE": "1", "CUDA_VISIBLE_DEVICES": "5,6", "HOME": "/root"}
     recorded = worker.recorded_rank_environment(environ)
@@ -148,7 +148,7 @@ def test_worker_records_every_rank_and_sets_capture_variables_apart(tmp_path):
 
 
 def test_cpu_ranks_capture_no_nccl_log(tmp_path):
-    from gputopo.probe import worker
+    from gputopo.probe.ranks import worker
 
     environ = {}
     added = worker.prepare_rank_environment(environ, "cpu", tmp_path, 0)
@@ -177,7 +177,7 @@ def restore_torch_numerics():
 
 def test_numerics_are_pinned_through_the_api_this_torch_prefers(restore_torch_numerics):
     torch = restore_torch_numerics
-    from gputopo.probe import checks
+    from gputopo.probe.ranks import training as checks
 
     got = checks.pin_numerics()
     assert torch.are_deterministic_algorithms_enabled()
@@ -193,7 +193,7 @@ def test_numerics_are_pinned_through_the_api_this_torch_prefers(restore_torch_nu
 
 def test_an_older_torch_gets_tf32_off_through_allow_tf32():
     pytest.importorskip("torch")
-    from gputopo.probe import checks
+    from gputopo.probe.ranks import training as checks
 
     state = {}
     fake = types.SimpleNamespace(

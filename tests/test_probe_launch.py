@@ -11,9 +11,9 @@ import uuid
 import psutil
 import pytest
 
-from gputopo.probe import launch
-from gputopo.probe.config import DeviceInventory, Fault, build_config
-from gputopo.probe.plan import Job
+from gputopo.probe.pool import launch
+from gputopo.probe.plan.config import DeviceInventory, Fault, build_config
+from gputopo.probe.plan.schedule import Job
 
 CPU = DeviceInventory("cpu", tuple(range(8)))
 GPU_BOX = DeviceInventory("cuda", tuple(range(8)), ("0", "1", "2", "3", "4", "5", "6", "7"))
@@ -159,7 +159,7 @@ def test_tail_reads_the_last_lines(tmp_path, lines):
 
 def test_root_cause_is_the_rank_that_crashed_not_the_peer_that_lost_it():
     """Both ranks failed in the same second: the one whose peer vanished is the consequence."""
-    from gputopo.probe.launch import root_cause_order
+    from gputopo.probe.pool.launch import root_cause_order
 
     lost = {
         "rank": 0,
@@ -175,7 +175,7 @@ def test_root_cause_is_the_rank_that_crashed_not_the_peer_that_lost_it():
 
 def test_a_rank_the_agent_stopped_is_never_the_root_cause():
     """In a pool, a crash in one set makes the agent SIGTERM the ranks of every other set."""
-    from gputopo.probe.launch import root_cause_order
+    from gputopo.probe.pool.launch import root_cause_order
 
     stopped = {"rank": 0, "signal": "SIGTERM", "message": None, "timestamp": 100, "stderr_tail": ""}
     crashed = {"rank": 2, "signal": None, "message": None, "timestamp": 100, "stderr_tail": "injected"}

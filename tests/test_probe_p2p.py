@@ -10,7 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gputopo.probe import checks, verdict  # noqa: E402
+from gputopo.probe.ranks import training as checks
+from gputopo.probe.judge import verdict  # noqa: E402
 
 NBYTES = 1 << 14
 
@@ -182,7 +183,7 @@ def _p2p_doc(engine):
 
 
 def test_the_matrix_reads_like_p2p_bandwidth_latency_test_in_the_terminal():
-    from gputopo.probe.document import set_tables
+    from gputopo.probe.report.document import set_tables
 
     doc = _p2p_doc(NoPeerEngine({(0, 2), (2, 0)}))
     ((gpus, lines),) = set_tables(doc)
@@ -211,8 +212,8 @@ def test_the_html_report_draws_the_matrix_beside_the_estimate():
 
 
 def test_the_runner_puts_the_model_estimate_and_nvml_status_beside_each_pair():
-    from gputopo.probe.config import DeviceInventory, build_config
-    from gputopo.probe.runner import TopologyView, _judge
+    from gputopo.probe.plan.config import DeviceInventory, build_config
+    from gputopo.probe.pool.runner import TopologyView, _judge
     from gputopo.topology import load_topology
 
     topo = load_topology("sample:seed-8gpu-nv4")
@@ -224,6 +225,6 @@ def test_the_runner_puts_the_model_estimate_and_nvml_status_beside_each_pair():
 
 
 def verdict_mode(name):
-    from gputopo.probe.options import Mode
+    from gputopo.probe.plan.options import Mode
 
     return Mode(name)

@@ -7,8 +7,8 @@ from itertools import combinations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gputopo.probe.config import DeviceInventory, Mode, build_config
-from gputopo.probe.plan import TIMED_CHECKS, make_plan, round_robin
+from gputopo.probe.plan.config import DeviceInventory, Mode, build_config
+from gputopo.probe.plan.schedule import TIMED_CHECKS, make_plan, round_robin
 
 EIGHT_GPU_BOX = DeviceInventory("cuda", tuple(range(8)), tuple(str(i) for i in range(8)))
 

@@ -14,9 +14,9 @@ import pytest
 
 from gputopo.errors import UsageError
 from gputopo.probe import precision as P
-from gputopo.probe.config import DeviceInventory, build_config
-from gputopo.probe.launch import inject_checks
-from gputopo.probe.options import Fault, Mode, check_rank
+from gputopo.probe.plan.config import DeviceInventory, build_config
+from gputopo.probe.pool.launch import inject_checks
+from gputopo.probe.plan.options import Fault, Mode, check_rank
 from test_probe_cli import probe
 
 CPU = DeviceInventory("cpu", tuple(range(8)))
@@ -167,7 +167,7 @@ def test_bf16_tolerates_a_gap_that_fails_fp32():
 
 def test_amp_step_records_scale_skips_and_the_first_non_finite_value():
     torch = pytest.importorskip("torch")
-    from gputopo.probe.amp import AmpStep
+    from gputopo.probe.ranks.amp import AmpStep
 
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
@@ -190,7 +190,7 @@ def test_amp_step_records_scale_skips_and_the_first_non_finite_value():
 
 def test_the_hook_carries_the_autocast_dtype_into_a_replica_thread():
     torch = pytest.importorskip("torch")
-    from gputopo.probe.amp import AmpStep, autocast_dtype_hook
+    from gputopo.probe.ranks.amp import AmpStep, autocast_dtype_hook
 
     seen = {}
 

@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from gputopo.probe.options import Mode
-from gputopo.probe.speed import CONFIGS, SCALING_FLOOR, judge_speed, speed_flags, speed_table, with_speedups
+from gputopo.probe.plan.options import Mode
+from gputopo.probe.judge.speed import CONFIGS, SCALING_FLOOR, judge_speed, speed_flags, speed_table, with_speedups
 from test_probe_cli import probe
 
 
@@ -126,8 +126,8 @@ def test_doctor_times_the_recommended_sets_unless_skip_speed(monkeypatch, skip_s
     from datetime import datetime, timezone
 
     from gputopo import doctor
-    from gputopo.probe import config as probe_config
-    from gputopo.probe import runner
+    from gputopo.probe.plan import config as probe_config
+    from gputopo.probe.pool import runner
 
     plans = []
 

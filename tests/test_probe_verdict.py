@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from gputopo.probe import verdict
-from gputopo.probe.verdict import CheckResult, SetResult
+from gputopo.probe.judge import verdict
+from gputopo.probe.judge.verdict import CheckResult, SetResult
 
 NAN = float("nan")
 # Reference curve of a healthy 2-GPU run (taken from a CPU run of the tiny ResNet).

@@ -81,7 +81,7 @@ def test_piped_text_is_never_folded_and_comment_lines_keep_their_hash():
 
 def test_plain_progress_lines_when_stderr_is_not_a_terminal():
     """A log gets one line when a set starts and one per finished check, not silence."""
-    from gputopo.probe.plan import Job
+    from gputopo.probe.plan.schedule import Job
     from gputopo.ui.probe_view import ProbeProgress
 
     job = Job(gpus=(0, 1), checks=("dp", "allreduce"))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gputopo.errors import UsageError
-from gputopo.slurm import DEFAULT_RDZV_PORT, MAX_HOSTS, SlurmJob, expand_hostlist, slurm_job
+from gputopo.launch.slurm import DEFAULT_RDZV_PORT, MAX_HOSTS, SlurmJob, expand_hostlist, slurm_job
 from gputopo.system import scontrol
 
 # --------------------------------------------------------------------------------------------------------

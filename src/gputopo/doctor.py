@@ -28,7 +28,7 @@ from gputopo.model import Topology
 SCHEMA = "gputopo/doctor/v1"
 DEFAULT_SAMPLE = "quad-nv4-pairs-2socket"
 COMMON_SIZES = (2, 4)
-# CPU stand-in ranks exist for indices 0-7 only (gputopo.probe.config.CPU_STAND_INS).
+# CPU stand-in ranks exist for indices 0-7 only (gputopo.probe.plan.config.CPU_STAND_INS).
 MAX_SIMULATED_GPUS = 8
 
 
@@ -44,11 +44,11 @@ class DoctorOptions:
     report_dir: Path = Path("reports")
     env: Mapping[str, str] | None = None  # the environment whose NCCL settings are checked (os.environ)
     simulate: bool = False  # asked for: run on the sample machine even where there are GPUs
-    inject: Any = None  # a ``gputopo.probe.options.Fault`` for a drill, planted where ``inject_gpus`` says
+    inject: Any = None  # a ``gputopo.probe.plan.options.Fault`` for a drill, planted where ``inject_gpus`` says
     inject_gpus: str | None = None
     nvml_timeout_s: float | None = None  # per live NVML read; None: the default
     skip_speed: bool = False
-    # Across nodes (``gputopo.probe.multinode.NodeOptions``): after this machine's checks, the inter-node
+    # Across nodes (``gputopo.probe.pool.multinode.NodeOptions``): after this machine's checks, the inter-node
     # tests; ``inject`` then goes into them (on ``node.inject_node``), not into this machine's probes.
     node: Any = None
     on_row: Any = None  # prints the inter-node progress
@@ -148,11 +148,11 @@ def probe_section(
 ) -> dict[str, Any] | None:
     """Every pair (short) and the recommended larger sets in one probe run (one pool of ranks, a fresh
     one only after a hang or crash); its ``gputopo/probe/v1`` document."""
-    from gputopo.probe.config import build_config, detect_devices, require_torch
-    from gputopo.probe.document import to_document
-    from gputopo.probe.options import Mode
-    from gputopo.probe.plan import Job, make_plan
-    from gputopo.probe.runner import run_probe
+    from gputopo.probe.plan.config import build_config, detect_devices, require_torch
+    from gputopo.probe.report.document import to_document
+    from gputopo.probe.plan.options import Mode
+    from gputopo.probe.plan.schedule import Job, make_plan
+    from gputopo.probe.pool.runner import run_probe
 
     require_torch()
     inventory = detect_devices("cpu" if machine.simulated else None, nvml_timeout_s=options.nvml_timeout_s)
@@ -315,10 +315,10 @@ def across_nodes(
 ) -> dict[str, Any]:
     """This node's part of the inter-node tests (every usable GPU a rank), added to its doctor document:
     ``nodes`` and ``internode`` as in a probe across nodes; any node failing makes the verdict problems."""
-    from gputopo.probe.config import build_config, detect_devices, require_torch
-    from gputopo.probe.multinode import gpu_nics, judge_outcome, run_cross
-    from gputopo.probe.nodes_document import any_failed
-    from gputopo.probe.options import Mode
+    from gputopo.probe.plan.config import build_config, detect_devices, require_torch
+    from gputopo.probe.pool.multinode import gpu_nics, judge_outcome, run_cross
+    from gputopo.probe.report.nodes import any_failed
+    from gputopo.probe.plan.options import Mode
 
     node = options.node
     require_torch()
@@ -454,7 +454,7 @@ def to_markdown(doc: dict[str, Any]) -> str:
     if not holders:
         lines.append(doc["stale"].get("note") or "No process holds a GPU device file.")
     if doc.get("nodes"):
-        from gputopo.probe.nodes_document import nodes_markdown
+        from gputopo.probe.report.nodes import nodes_markdown
 
         lines += nodes_markdown(doc)
     return "\n".join(lines) + "\n"
@@ -462,7 +462,7 @@ def to_markdown(doc: dict[str, Any]) -> str:
 
 def speed_markdown(probe: dict[str, Any]) -> list[str]:
     """The speed table of every set that has one (one GPU, DataParallel, DDP, DDP+AMP), as text bars."""
-    from gputopo.probe.speed import speed_table
+    from gputopo.probe.judge.speed import speed_table
 
     out: list[str] = []
     for s in probe.get("sets") or []:

@@ -20,7 +20,7 @@ from gputopo.cli.nodes import (
 )
 from gputopo.cli.topo import NVML_TIMEOUT_OPTION
 from gputopo.errors import EXIT_PROBLEM, InputError, UnavailableError, UsageError
-from gputopo.probe.options import Fault
+from gputopo.probe.plan.options import Fault
 from gputopo.ui.output import Output
 
 REPORT_HINT = "give a reports/doctor-*.json or probe-*.json file that gputopo wrote"
@@ -97,7 +97,7 @@ def doctor_command(
     """
     from gputopo.cli.nodes import node_options, progress_printer
     from gputopo.doctor import DoctorOptions, run_doctor, to_markdown
-    from gputopo.probe.config import MODELS
+    from gputopo.probe.plan.config import MODELS
     from gputopo.report import ensure_report_dir, write_report
 
     node = node_options(nnodes, node_rank, rdzv_endpoint, rdzv_id, rdzv_timeout, inject, inject_node)

@@ -51,7 +51,7 @@ INJECT_NODE_OPTION: Any = typer.Option(
 
 def slurm_job() -> Any:
     """The Slurm job this runs in (its defaults for --nnodes and the rendezvous), or ``None``."""
-    from gputopo.slurm import slurm_job as read_job
+    from gputopo.launch.slurm import slurm_job as read_job
     from gputopo.system.scontrol import hostnames
 
     if "SLURM_JOB_ID" not in os.environ and "SLURM_JOBID" not in os.environ:
@@ -72,8 +72,8 @@ def node_options(
     last node when a fault is planted; ``--inject slow`` is refused on one machine."""
     from dataclasses import replace
 
-    from gputopo.probe.multinode import resolve_nodes
-    from gputopo.probe.options import ACROSS_NODE_FAULTS, Fault
+    from gputopo.probe.pool.multinode import resolve_nodes
+    from gputopo.probe.plan.options import ACROSS_NODE_FAULTS, Fault
 
     node = resolve_nodes(nnodes, node_rank, endpoint, rdzv_id, rdzv_timeout, inject_node, slurm_job())
     if node is None:

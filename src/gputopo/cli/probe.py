@@ -26,7 +26,7 @@ from gputopo.cli.nodes import (
 )
 from gputopo.cli.topo import NVML_TIMEOUT_OPTION
 from gputopo.errors import EXIT_PROBLEM, UsageError
-from gputopo.probe.options import Fault, Mode, Precision
+from gputopo.probe.plan.options import Fault, Mode, Precision
 from gputopo.ui.output import Output
 
 NODES_PANEL = "Across nodes (torchrun's rendezvous; defaults from Slurm under srun)"
@@ -164,17 +164,17 @@ def probe_command(
                 "across nodes --inject goes into every rank of --inject-node",
                 "drop --inject-gpus and --inject-rank, and name the node with --inject-node",
             )
-    from gputopo.probe.config import (
+    from gputopo.probe.plan.config import (
         build_config,
         check_sets_in_topology,
         detect_devices,
         parse_size,
         require_torch,
     )
-    from gputopo.probe.document import to_document, to_markdown
-    from gputopo.probe.plan import make_plan
-    from gputopo.probe.runner import run_probe
-    from gputopo.probe.verdict import nothing_tested
+    from gputopo.probe.report.document import to_document, to_markdown
+    from gputopo.probe.plan.schedule import make_plan
+    from gputopo.probe.pool.runner import run_probe
+    from gputopo.probe.judge.verdict import nothing_tested
     from gputopo.report import ensure_report_dir, write_report
 
     out = Output(json_mode=json_out)
@@ -217,7 +217,7 @@ def probe_command(
         topo = load_topology(input)
         check_sets_in_topology(config.sets, topo.gpu_indices, topo.source)
     if dry_run:
-        from gputopo.probe.dryrun import plan_document, plan_text
+        from gputopo.probe.plan.dryrun import plan_document, plan_text
 
         doc = plan_document(config, make_plan(config))
         if json_out:
@@ -264,9 +264,9 @@ def probe_command(
 def run_across_nodes(config: Any, node: Any, out: Output, json_out: bool) -> None:
     """This node's part of a multi-node probe; node rank 0 writes the report; every node exits with the
     run's verdict."""
-    from gputopo.probe.document import to_markdown
-    from gputopo.probe.multinode import run_nodes
-    from gputopo.probe.nodes_document import nodes_markdown
+    from gputopo.probe.report.document import to_markdown
+    from gputopo.probe.pool.multinode import run_nodes
+    from gputopo.probe.report.nodes import nodes_markdown
     from gputopo.report import write_report
 
     on_row = progress_printer(out, node, json_out)

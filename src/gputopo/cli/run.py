@@ -20,7 +20,7 @@ from gputopo.cli.recommend import (
 )
 from gputopo.errors import UnavailableError, UsageError
 from gputopo.findings import Finding
-from gputopo.launch_line import LaunchPlan, LaunchTools
+from gputopo.launch.line import LaunchPlan, LaunchTools
 from gputopo.model import Topology
 from gputopo.ui.output import Output
 
@@ -54,7 +54,7 @@ def run_command(
     ),
 ) -> None:
     """Choose the best free GPU set (as recommend does) and run CMD on it, passing its exit code through."""
-    from gputopo.launch_line import SCHEMA, build_launch
+    from gputopo.launch.line import SCHEMA, build_launch
     from gputopo.recommend import recommend
     from gputopo.topology import load_topology
 
@@ -101,7 +101,7 @@ def run_command(
         out.warn(f"the set was chosen from {topo.source}, not read from this machine")
     gpus = ",".join(str(g) for g in plan.gpus)
     out.err.print(f"gputopo run: GPUs {gpus}: {plan.command}", markup=False, highlight=False, soft_wrap=True)
-    from gputopo.launch_line import merged_env
+    from gputopo.launch.line import merged_env
     from gputopo.system.launcher import exec_command
 
     exec_command(plan.argv, merged_env(os.environ, plan))
@@ -115,7 +115,7 @@ def launch_plan_for(
     CMD is wrapped in torchrun unless it already starts torchrun; NCCL settings from this environment
     that are for debugging only come back as notes (and warnings on stderr).
     """
-    from gputopo.launch_line import build_launch, is_torchrun, split_command
+    from gputopo.launch.line import build_launch, is_torchrun, split_command
     from gputopo.system.launcher import detect_tools
 
     if nnodes < 1:

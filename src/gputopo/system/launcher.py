@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gputopo.errors import UnavailableError, UsageError
-from gputopo.launch_line import LaunchTools
+from gputopo.launch.line import LaunchTools
 
 
 def detect_tools() -> LaunchTools:

@@ -3,21 +3,21 @@
 An NVML call cannot be interrupted: a GPU that fell into a bad state (Xid 79, a wedged driver) can block
 ``nvmlInit`` or any query about it for ever, in uninterruptible sleep inside the driver, and a thread
 blocked there keeps the whole process from exiting cleanly. So the calls run in a child process
-(``python -m gputopo.system.nvml_worker``) and the parent waits for each answer with a deadline. When one
+(``python -m gputopo.system.nvml_serve``) and the parent waits for each answer with a deadline. When one
 does not come, the parent kills the child (it may stay stuck in the driver; it is not waited for), and
 the next request starts a fresh child, which never touches the GPU that hung: NVML opens a GPU only when
 its handle is asked for (NVML docs of nvmlDeviceGetHandleByIndex_v2: "this API causes NVML to initialize
 the target GPU"), so a new ``nvmlInit`` does not go near it.
 
 Requests and answers are pickled frames (4-byte length, then the pickle) on the child's stdin and
-stdout; both ends are this module, run by the same Python. The child holds one NVML session for its whole
-life, answers requests in order, and shuts NVML down when its stdin closes.
+stdout, in this module's frames at both ends (the child's loop is ``nvml_serve``), run by the same
+Python. The child holds one NVML session for its whole life, answers requests in order, and shuts NVML
+down when its stdin closes.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import os
 import pickle
 import select
@@ -38,7 +38,7 @@ _IN_WORKER = False
 STARTUP_S = 60.0
 
 T = TypeVar("T")
-_HEADER = struct.Struct(">I")
+HEADER = struct.Struct(">I")
 _REAP_S = 0.5
 
 
@@ -50,13 +50,13 @@ class NoAnswer(Exception):
         self.what = what
 
 
-def _write_frame(stream: BinaryIO, obj: Any) -> None:
+def write_frame(stream: BinaryIO, obj: Any) -> None:
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(_HEADER.pack(len(data)) + data)
+    stream.write(HEADER.pack(len(data)) + data)
     stream.flush()
 
 
-def _read_exact(stream: BinaryIO, n: int) -> bytes | None:
+def read_exact(stream: BinaryIO, n: int) -> bytes | None:
     chunks = b""
     while len(chunks) < n:
         chunk = stream.read(n - len(chunks))
@@ -86,7 +86,7 @@ class Worker:
         debug = os.environ.get("GPUTOPO_DEBUG", "") not in ("", "0")
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "gputopo.system.nvml_worker"],
+                [sys.executable, "-m", "gputopo.system.nvml_serve"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=None if debug else subprocess.DEVNULL,
@@ -110,7 +110,7 @@ class Worker:
             self._start()
         assert self._proc is not None and self._proc.stdin is not None
         try:
-            _write_frame(self._proc.stdin, request)  # type: ignore[arg-type]
+            write_frame(self._proc.stdin, request)  # type: ignore[arg-type]
         except (BrokenPipeError, OSError):
             self._kill()
             raise NoAnswer(f"the NVML worker exited before {what}") from None
@@ -122,11 +122,11 @@ class Worker:
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout_s
         while True:
-            if len(self._buffer) >= _HEADER.size:
-                (size,) = _HEADER.unpack_from(self._buffer)
-                if len(self._buffer) >= _HEADER.size + size:
-                    frame = self._buffer[_HEADER.size : _HEADER.size + size]
-                    self._buffer = self._buffer[_HEADER.size + size :]
+            if len(self._buffer) >= HEADER.size:
+                (size,) = HEADER.unpack_from(self._buffer)
+                if len(self._buffer) >= HEADER.size + size:
+                    frame = self._buffer[HEADER.size : HEADER.size + size]
+                    self._buffer = self._buffer[HEADER.size + size :]
                     return pickle.loads(frame)
             left = deadline - time.monotonic()
             if left <= 0:
@@ -203,55 +203,3 @@ def with_deadline(
         return inner
 
     return wrap
-
-
-def _call(request: tuple[Any, ...]) -> tuple[str, Any]:
-    _, module, qualname, args, kwargs = request
-    target: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        target = getattr(target, part)
-    try:
-        return ("ok", target(*args, **kwargs))
-    except Exception as exc:  # handed to the caller, which raises it there
-        return ("raise", exc)
-
-
-def _serve() -> None:
-    """The child: one NVML session, answering ``inventory`` requests until stdin closes."""
-    global _IN_WORKER
-    _IN_WORKER = True
-    from gputopo.system import inventory, nvml
-
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    nvml._pynvml()  # import the bindings before saying ready: only NVML calls are on the clock
-    _write_frame(stdout, ("ready",))
-    try:
-        session = nvml.session()
-        s = session.__enter__()
-    except nvml.NvmlUnavailable as exc:
-        _write_frame(stdout, ("unavailable", exc.message, exc.hint, exc.not_installed))
-        return
-    try:
-        _write_frame(stdout, ("ok", None))
-        served = inventory.Served(s)
-        while True:
-            head = _read_exact(stdin, _HEADER.size)
-            if head is None:
-                return
-            frame = _read_exact(stdin, _HEADER.unpack(head)[0])
-            if frame is None:
-                return
-            request = pickle.loads(frame)
-            _write_frame(stdout, _call(request) if request[0] == "call" else served.answer(request))
-    finally:
-        session.__exit__(None, None, None)
-
-
-if __name__ == "__main__":
-    # Serve from the module as imported by name, not from ``__main__``: the flag ``_IN_WORKER`` must be
-    # the one that ``with_deadline`` reads (it lives in ``gputopo.system.nvml_worker``).
-    from gputopo.system import nvml_worker
-
-    nvml_worker._serve()
-    sys.stdout.flush()
-    os._exit(0)  # NVML is shut down and the answers are out: skip the interpreter's teardown

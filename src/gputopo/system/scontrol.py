@@ -1,8 +1,8 @@
 """Asking Slurm itself to expand a node list: ``scontrol show hostnames NODELIST``.
 
-The installed Slurm knows every hostlist form it writes (including ones ``gputopo.slurm.expand_hostlist``
-may not), so ``gputopo.slurm.slurm_job`` asks it first and expands the list itself only when this answers
-``None``. ``scontrol`` is looked up on ``PATH`` at call time, so tests put a fake one there.
+The installed Slurm knows every hostlist form it writes (including ones
+``gputopo.launch.slurm.expand_hostlist`` may not), so ``gputopo.launch.slurm.slurm_job`` asks it first and
+expands the list itself only when this answers ``None``. ``scontrol`` is looked up on ``PATH`` at call time, so tests put a fake one there.
 """
 
 from __future__ import annotations

@@ -242,7 +242,9 @@ def speed_section(sets: list[dict[str, Any]], stand_ins: bool) -> list[str]:
 def render_probe_html(doc: dict[str, Any]) -> str:
     """The whole report page for a ``gputopo/probe/v1`` document: verdict and caveats, the checks, the
     p2p matrix beside the model's estimate, the all-reduce curves, NCCL transports, environment."""
-    from gputopo.probe.document import (
+    from gputopo.probe.judge.environment import describe_transports
+    from gputopo.probe.judge.p2p import p2p_matrices
+    from gputopo.probe.report.document import (
         env_value,
         numerics_text,
         set_label,
@@ -251,8 +253,6 @@ def render_probe_html(doc: dict[str, Any]) -> str:
         variable_value,
         verdict_line,
     )
-    from gputopo.probe.environment import describe_transports
-    from gputopo.probe.verdict import p2p_matrices
 
     cpu = doc.get("device") == "cpu"
     env = doc.get("environment") or {}
@@ -389,7 +389,7 @@ def render_probe_html(doc: dict[str, Any]) -> str:
 def nodes_section(doc: dict[str, Any]) -> list[str]:
     """A multi-node run: a row per node with its verdict and what points at it, then every inter-node
     test (bus bandwidth per node pair, per rail, over all)."""
-    from gputopo.probe.nodes_document import NODE_HEADER, TEST_HEADER, node_rows, test_rows
+    from gputopo.probe.report.nodes import NODE_HEADER, TEST_HEADER, node_rows, test_rows
 
     if not doc.get("nodes"):
         return []

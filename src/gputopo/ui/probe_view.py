@@ -10,9 +10,9 @@ from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from gputopo.probe.document import set_label, set_tables, set_transports
-from gputopo.probe.environment import describe_transports
-from gputopo.probe.plan import Job, Plan
+from gputopo.probe.judge.environment import describe_transports
+from gputopo.probe.plan.schedule import Job, Plan
+from gputopo.probe.report.document import set_label, set_tables, set_transports
 
 _VERDICT_STYLE = {"pass": "bold green", "fail": "bold red", "skipped": "yellow"}
 
@@ -173,7 +173,7 @@ def nodes_tables(doc: dict[str, Any]) -> list[RenderableType]:
     """A run across nodes: the inter-node tests, every node's verdict, notes and what to do."""
     from rich.table import Table
 
-    from gputopo.probe.nodes_document import NODE_HEADER, TEST_HEADER, node_rows, test_rows
+    from gputopo.probe.report.nodes import NODE_HEADER, TEST_HEADER, node_rows, test_rows
 
     if not doc.get("nodes"):
         return []

@@ -1,6 +1,6 @@
 """Numeric precision of the training checks: the choices, what each needs, and how a run is judged.
 
-Pure: no torch here. The ranks (``gputopo.probe.amp``) apply a precision; the parent judges what they
+Pure: no torch here. The ranks (``gputopo.probe.ranks.amp``) apply a precision; the parent judges what they
 recorded with ``judge_precision``, which wraps the dp/ddp judges of ``verdict``.
 
 Precisions, as ``--precision`` names them:
@@ -225,7 +225,7 @@ def judge_precision(check: str, metrics: dict[str, Any]) -> Any:
     """
     from dataclasses import replace
 
-    from gputopo.probe import verdict
+    from gputopo.probe.judge import verdict
 
     base, precision = split_check(check)
     if metrics.get("unsupported"):

@@ -1,6 +1,6 @@
 """The speed table, judged: is DataParallel or DDP worth it on this set? (pure: rows in, verdict out)
 
-The ranks (``gputopo.probe.speed_run``) time one GPU, DataParallel, DDP and DDP with AMP at the same
+The ranks (``gputopo.probe.ranks.speed``) time one GPU, DataParallel, DDP and DDP with AMP at the same
 global batch. Here each row gets its speedup over one GPU and its scaling efficiency (speedup divided by
 the number of GPUs), and two things are flagged:
 
@@ -69,7 +69,7 @@ def speed_flags(rows: list[dict[str, Any]], devices: int) -> list[str]:
 
 def judge_speed(metrics: dict[str, Any], device: str) -> Any:
     """The speed check's result: always ``pass`` once measured, with speedups, and flags on GPUs."""
-    from gputopo.probe.verdict import PASS, CheckResult
+    from gputopo.probe.judge.verdict import PASS, CheckResult
 
     rows = with_speedups(metrics.get("rows") or [])
     devices = int(metrics.get("ranks") or 1)

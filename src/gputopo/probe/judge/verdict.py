@@ -6,14 +6,13 @@ bitwise equal), ``nan`` (a loss or gradient went non-finite while the reference 
 ``diverged`` (the loss left the reference curve by more than the noise floor allows), ``hung`` (no end
 within ``--timeout``), ``crashed`` (a rank exited non-zero), ``slow`` (all-reduce bus bandwidth far below
 the bandwidth model's estimate), ``overflow`` (an fp16 run's GradScaler kept skipping steps; judged in
-``gputopo.probe.precision``). A check reports its most specific finding as its kind and mentions the
+``gputopo.probe.judge.precision``). A check reports its most specific finding as its kind and mentions the
 rest in its detail.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -30,7 +29,7 @@ REL_TOL = 1e-3
 # model, something is wrong with the path (a degraded link, P2P off, traffic from another job).
 SLOW_FRACTION = 0.5
 
-_CORRUPT_REMEDY = (
+CORRUPT_REMEDY = (
     "Data sent between these GPUs arrives changed. On PCIe paths the usual cause is the IOMMU or PCIe ACS "
     "being on, which breaks peer-to-peer copies while `nvidia-smi topo -p2p` still says OK. Check: "
     "`cat /proc/cmdline` (intel_iommu=on / amd_iommu=on), `dmesg | grep -i -e DMAR -e IOMMU`, and "
@@ -165,7 +164,7 @@ def allowed_gap(ref_loss: float, noise_floor: float, rel_tol: float = REL_TOL) -
     """The largest loss gap a healthy run may show at a step whose reference loss is ``ref_loss``.
 
     ``rel_tol`` is the relative floor: ``REL_TOL`` for fp32, wider for narrower precisions
-    (``gputopo.probe.precision.rel_tol``)."""
+    (``gputopo.probe.judge.precision.rel_tol``)."""
     return max(NOISE_FACTOR * noise_floor, ABS_TOL + rel_tol * abs(ref_loss))
 
 
@@ -215,7 +214,7 @@ def _training_findings(name: str, m: dict[str, Any]) -> list[tuple[str, str, str
                 f"broadcast at step {first['step']} ({first['tensors']} tensors; "
                 f"{len(m['replica_mismatches'])} replica-steps "
                 "in all)",
-                _CORRUPT_REMEDY,
+                CORRUPT_REMEDY,
             )
         )
     if name == "ddp" and m.get("desync_steps"):
@@ -327,7 +326,7 @@ def judge_allreduce(
             "allreduce",
             "corrupt",
             f"all-reduce of known integers returned wrong elements: {sizes}",
-            _CORRUPT_REMEDY,
+            CORRUPT_REMEDY,
             out,
         )
     ranks = metrics.get("ranks", 0)
@@ -366,96 +365,6 @@ def judge_allreduce(
         detail = f"{ratio_text}: below {SLOW_FRACTION:.0%} of the estimate"
         return fail("allreduce", "slow", detail, _SLOW_REMEDY, out)
     return CheckResult("allreduce", PASS, None, f"#wrong 0 at every size; {ratio_text}", None, out)
-
-
-NO_P2P_PATH = "no peer-to-peer path: copies staged through host memory"
-
-
-def _pair_list(pairs: list[dict[str, Any]]) -> str:
-    return ", ".join(f"{p['src']}->{p['dst']}" for p in pairs)
-
-
-def _nvml_text(pairs: list[dict[str, Any]]) -> str:
-    statuses = sorted({str(p.get("nvml_p2p_read")) for p in pairs if p.get("nvml_p2p_read") is not None})
-    return f"NVML P2P read status: {', '.join(statuses)}" if statuses else "NVML P2P status: not known"
-
-
-def p2p_matrices(metrics: dict[str, Any]) -> dict[str, Any]:
-    """The pair results as matrices over ``metrics['gpus']`` (row: source, column: destination; ``None``
-    on the diagonal and where unmeasured), for the terminal, the JSON and the heat maps."""
-    gpus = list(metrics.get("gpus") or sorted({p["src"] for p in metrics.get("pairs", [])}))
-    at = {g: k for k, g in enumerate(gpus)}
-    keys = ("unidir_gbps", "bidir_gbps", "latency_us", "expected_gbps", "path", "nvml_p2p_read")
-    out: dict[str, Any] = {"gpus": gpus}
-    for key in (*keys, "wrong_bytes"):
-        out[key] = [[None] * len(gpus) for _ in gpus]
-    for p in metrics.get("pairs", []):
-        if p["src"] not in at or p["dst"] not in at:
-            continue
-        i, j = at[p["src"]], at[p["dst"]]
-        for key in keys:
-            out[key][i][j] = p.get(key)
-        out["wrong_bytes"][i][j] = p.get("wrong_bytes_there", 0) + p.get("wrong_bytes_roundtrip", 0)
-    return out
-
-
-def judge_p2p(
-    metrics: dict[str, Any],
-    nvml_p2p: dict[tuple[int, int], str] | None,
-    expected_gbps: Callable[[int, int], float | None] | None = None,
-) -> CheckResult:
-    """Every ordered pair's copies there and back must be exact, whatever NVML or CUDA claim; a PASS
-    needs pairs that really went peer to peer.
-
-    ``nvml_p2p`` maps (src, dst) GPU indices to NVML's read status (``OK``, ``CNS``...), shown beside the
-    result, since the failure this catches is NVML saying OK while the data comes back wrong.
-    ``expected_gbps(src, dst)`` is the bandwidth model's one-way estimate for the heat map. Pairs without
-    peer access are copied through host memory by torch: exact or not, they test no P2P path, so a set
-    where every pair is staged is ``skipped`` with that reason, never a PASS.
-    """
-    pairs = []
-    for p in metrics["pairs"]:
-        row = {**p, "nvml_p2p_read": (nvml_p2p or {}).get((p["src"], p["dst"]))}
-        row.setdefault("path", "p2p" if p.get("can_access_peer", True) else "staged")
-        if expected_gbps is not None:
-            row["expected_gbps"] = expected_gbps(p["src"], p["dst"])
-        pairs.append(row)
-    out = {**metrics, "pairs": pairs}
-    out["matrix"] = p2p_matrices(out)
-    bad = [p for p in pairs if p["wrong_bytes_there"] or p["wrong_bytes_roundtrip"]]
-    if bad:
-        texts = []
-        for p in bad:
-            claims = f"can_device_access_peer={p['can_access_peer']}"
-            if p["nvml_p2p_read"] is not None:
-                claims += f", NVML P2P read {p['nvml_p2p_read']}"
-            how = "peer to peer" if p["path"] == "p2p" else "staged through host memory"
-            texts.append(
-                f"{p['src']}->{p['dst']} ({how}): {p['wrong_bytes_there']} wrong bytes there, "
-                f"{p['wrong_bytes_roundtrip']} after the round trip ({claims})"
-            )
-        return fail("p2p", "corrupt", "; ".join(texts), _CORRUPT_REMEDY, out)
-    direct = [p for p in pairs if p["path"] == "p2p"]
-    staged = [p for p in pairs if p["path"] != "p2p"]
-    size = (
-        f"{metrics['bytes'] >> 20} MiB" if metrics.get("bytes", 0) >= 1 << 20 else f"{metrics.get('bytes')} B"
-    )
-    if not direct:
-        detail = f"{NO_P2P_PATH} ({_nvml_text(staged)}); the staged copies were exact"
-        return skipped("p2p", detail, out)
-    one_way = [p["unidir_gbps"] for p in direct if p.get("unidir_gbps") is not None]
-    both = [p["bidir_gbps"] for p in direct if p.get("bidir_gbps") is not None]
-    detail = (
-        f"{len(direct)} ordered pairs copied exactly peer to peer ({size} each, sentinel-checked there "
-        f"and back)"
-    )
-    if one_way:
-        detail += f"; slowest {min(one_way):.3g} GB/s one way"
-    if both:
-        detail += f", {min(both):.3g} GB/s both ways"
-    if staged:
-        detail += f"; {NO_P2P_PATH} for {_pair_list(staged)} ({_nvml_text(staged)})"
-    return CheckResult("p2p", PASS, None, detail, None, out)
 
 
 def nothing_tested(sets: list[SetResult] | tuple[SetResult, ...]) -> str | None:

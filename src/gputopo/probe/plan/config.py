@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gputopo.errors import UnavailableError, UsageError
-from gputopo.probe.identity import GpuIdentity, allowed_gpus, check_requested
-from gputopo.probe.options import Fault, Mode
-from gputopo.probe.precision import DEFAULT_PRECISION, PRECISIONS, expand_checks
+from gputopo.probe.judge.precision import DEFAULT_PRECISION, PRECISIONS, expand_checks
+from gputopo.probe.plan.identity import GpuIdentity, allowed_gpus, check_requested
+from gputopo.probe.plan.options import Fault, Mode
 
 INSTALL_HINT = "pip install 'gputopo[probe]'  (it brings torch and torchvision)"
 
@@ -308,7 +308,7 @@ def build_config(
         sets = (inventory.gpus,)
     if inventory.device == "cuda" and inventory.identities:
         # NVML indices: a GPU outside the allowed ones is refused with the reason and the allowed list.
-        from gputopo.probe.identity import Allowed
+        from gputopo.probe.plan.identity import Allowed
 
         check_requested(sets, Allowed(inventory.gpus, inventory.why_not, None))
     existing = set(inventory.gpus)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gputopo.probe.config import ProbeConfig
-from gputopo.probe.plan import Plan
+from gputopo.probe.plan.config import ProbeConfig
+from gputopo.probe.plan.schedule import Plan
 
 SCHEMA = "gputopo/probe-plan/v1"
 # Variables that choose the device or tune NCCL/gloo: shown; the rest of the environment is not.
@@ -24,8 +24,8 @@ def plan_document(config: ProbeConfig, plan: Plan) -> dict[str, Any]:
     Every launch runs in one pool of ranks, one per GPU of the plan (``plan.gpus``; pool rank ``r``
     drives ``gpus[r]``), so each launch's ``env`` is the pool's and ``ranks`` says which pool ranks run it.
     """
-    from gputopo.probe.launch import rank_environment
-    from gputopo.probe.plan import Job
+    from gputopo.probe.plan.schedule import Job
+    from gputopo.probe.plan.spec import rank_environment
 
     inv = config.inventory
     uuids = dict(zip(inv.gpus, inv.visible_ids, strict=False)) if inv.device == "cuda" else {}

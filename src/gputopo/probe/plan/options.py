@@ -39,12 +39,12 @@ class Fault(str, Enum):
     SLOW = "slow"  # across nodes only: a delay before each of one node's collectives (a straggler)
 
 
-# What the inter-node tests can plant (``gputopo.probe.crossnode``): no training runs there.
+# What the inter-node tests can plant (``gputopo.probe.ranks.crossnode``): no training runs there.
 ACROSS_NODE_FAULTS = (Fault.SLOW, Fault.CORRUPT, Fault.HANG, Fault.CRASH)
 
 
 class Precision(str, Enum):
-    """The numeric precision of the dp and ddp checks (``gputopo.probe.precision``)."""
+    """The numeric precision of the dp and ddp checks (``gputopo.probe.judge.precision``)."""
 
     FP32 = "fp32"
     TF32 = "tf32"

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import combinations
 
-from gputopo.probe.config import ProbeConfig
-from gputopo.probe.options import check_rank
+from gputopo.probe.plan.config import ProbeConfig
+from gputopo.probe.plan.options import check_rank
 
 # Checks whose numbers are bandwidths: never measured while another set runs.
 TIMED_CHECKS = frozenset({"p2p", "allreduce", "speed"})

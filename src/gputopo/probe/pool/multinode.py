@@ -16,156 +16,28 @@ the agent and every rank on this node are stopped, as a single-node pool is.
 
 from __future__ import annotations
 
-import json
-import platform
-import threading
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
-from gputopo.errors import UsageError
-from gputopo.probe.config import ProbeConfig
-from gputopo.probe.launch import (
+from gputopo.probe.plan.config import ProbeConfig
+from gputopo.probe.plan.nodes import NodeOptions
+from gputopo.probe.plan.schedule import Job
+from gputopo.probe.pool.launch import (
     DESCENDANTS_EVERY_S,
     LAUNCH_RESULT,
     POLL_S,
     STARTUP_FLOOR_S,
     Launch,
     _read_json,
-    _tail,
     rank_environment,
 )
-from gputopo.probe.plan import Job
-from gputopo.slurm import DEFAULT_RDZV_PORT
+from gputopo.probe.shared import tail
 
-DEFAULT_RDZV_TIMEOUT_S = 600.0  # torch's own join_timeout default
 # After the record is written, the agent gets this long to leave by itself before it is stopped.
 EXIT_GRACE_S = 10.0
 # On a hang, how long a node waits before stopping its agent (node rank 0 twice as long, see ``wait``).
 HANG_READ_GRACE_S = 2.0
-LOOPBACK = ("localhost", "127.0.0.1", "::1")
-
-
-@dataclass(frozen=True)
-class NodeOptions:
-    """Where this node stands in a multi-node run, from torchrun-style flags or the Slurm job."""
-
-    nnodes: int
-    node_rank: int
-    host: str  # the rendezvous endpoint's host
-    port: int
-    rdzv_id: str
-    rdzv_timeout_s: float = DEFAULT_RDZV_TIMEOUT_S
-    inject_node: int | None = None
-    hostname: str = field(default_factory=platform.node)
-    source: str = "flags"  # or "slurm"
-
-    @property
-    def endpoint(self) -> str:
-        """``HOST:PORT`` as torchrun's ``--rdzv-endpoint`` spells it."""
-        return f"{self.host}:{self.port}"
-
-    @property
-    def store_is_host(self) -> bool | None:
-        """Whether this node's agent hosts the rendezvous store: on a loopback endpoint (several "nodes"
-        on one machine) node rank 0's does, so the store outlives any other node and node rank 0 can
-        always read it; elsewhere ``None`` leaves it to torch (the agent on the endpoint's host)."""
-        if self.host in LOOPBACK:
-            return self.node_rank == 0
-        return None
-
-    def injected_here(self) -> bool:
-        """True when ``--inject`` goes into this node's ranks."""
-        return self.inject_node is not None and self.inject_node == self.node_rank
-
-
-def parse_endpoint(text: str) -> tuple[str, int]:
-    """``HOST[:PORT]`` (IPv6 in brackets) into host and port; torchrun's default port when none is given."""
-    text = text.strip()
-    host, port = text, str(DEFAULT_RDZV_PORT)
-    if text.startswith("["):
-        end = text.find("]")
-        if end < 0:
-            raise UsageError(
-                f"--rdzv-endpoint {text!r}: unclosed '['", "e.g. --rdzv-endpoint [fe80::1]:29400"
-            )
-        host, rest = text[1:end], text[end + 1 :]
-        if rest:
-            if not rest.startswith(":"):
-                raise UsageError(f"--rdzv-endpoint {text!r}: expected ':PORT' after ']'", "e.g. [::1]:29400")
-            port = rest[1:]
-    elif text.count(":") == 1:
-        host, port = text.split(":")
-    if not host:
-        raise UsageError(f"--rdzv-endpoint {text!r}: no host", "e.g. --rdzv-endpoint node01:29400")
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise UsageError(
-            f"--rdzv-endpoint {text!r}: port must be 1-65535", "e.g. --rdzv-endpoint node01:29400"
-        )
-    return host, int(port)
-
-
-def node_key(run_id: str, node: int) -> str:
-    """Where each node's agent says it came, in the rendezvous store."""
-    return f"gputopo/{run_id}/node/{node}"
-
-
-class JoinWatch(threading.Thread):
-    """In the agent, once a second: say in the rendezvous store that this node came and keep
-    ``joined.json`` up to date with which nodes did (so a rendezvous that gives up can say how many
-    joined) and with the run's beat counter (so this node's parent sees the run alive while its own
-    ranks sit a step out). On node rank 0 it also mirrors every rank's last progress into
-    ``store-progress.json``: the store goes away with the agent that hosts it, and a hang or a crash is
-    judged from what it last said."""
-
-    def __init__(self, job: dict[str, Any], folder: Path) -> None:
-        super().__init__(daemon=True)
-        self.job = job
-        self.folder = folder
-        self._done = threading.Event()
-
-    def stop(self) -> None:
-        """End the watch (the launch is over)."""
-        self._done.set()
-
-    def run(self) -> None:
-        from torch.distributed import TCPStore
-
-        from gputopo.probe.crossnode import beat_key, store_key, world_key
-
-        host, port = parse_endpoint(self.job["rdzv_endpoint"])
-        run_id, nnodes = self.job["run_id"], int(self.job["nnodes"])
-        store = None
-        while not self._done.is_set():
-            try:
-                if store is None:
-                    store = TCPStore(
-                        host, port, is_master=False, timeout=timedelta(seconds=2), wait_for_workers=False
-                    )
-                    store.set(node_key(run_id, int(self.job["node_rank"])), self.job["hostname"])
-                joined = {}
-                for n in range(nnodes):
-                    if store.check([node_key(run_id, n)]):
-                        joined[str(n)] = store.get(node_key(run_id, n)).decode()
-                beat = store.add(beat_key(run_id), 0)
-                _write(self.folder / "joined.json", {"joined": joined, "beat": beat, "t": time.time()})
-                if int(self.job["node_rank"]) == 0 and store.check([world_key(run_id)]):
-                    rows = {}
-                    for r in range(int(store.get(world_key(run_id)))):
-                        if store.check([store_key(run_id, r)]):
-                            rows[str(r)] = json.loads(store.get(store_key(run_id, r)))
-                    _write(self.folder / "store-progress.json", rows)
-            except Exception:  # noqa: BLE001 - no store yet, or its host is gone: try again
-                store = None
-            self._done.wait(1.0)
-
-
-def _write(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data))
-    tmp.replace(path)
 
 
 @dataclass
@@ -312,7 +184,7 @@ class CrossLaunch(Launch):
                 "launcher-error",
                 None,
                 joined,
-                message=_tail(self.dir / "launcher.log"),
+                message=tail(self.dir / "launcher.log"),
                 wall_s=wall,
                 leftovers_stopped=stopped,
             )
@@ -368,84 +240,11 @@ def run_cross(
 # --- options and the whole run ------------------------------------------------------------------------
 
 
-def resolve_nodes(
-    nnodes: int | None,
-    node_rank: int | None,
-    endpoint: str | None,
-    rdzv_id: str | None,
-    rdzv_timeout_s: float | None,
-    inject_node: int | None,
-    slurm: Any = None,
-) -> NodeOptions | None:
-    """The node's place in a multi-node run from the flags, with the Slurm job (``gputopo.slurm``) filling
-    what they leave out; ``None`` for a run on this machine alone."""
-    if nnodes is None and slurm is not None and slurm.nnodes > 1:
-        nnodes = slurm.nnodes
-    multi = ("--node-rank", node_rank), ("--rdzv-endpoint", endpoint), ("--rdzv-id", rdzv_id)
-    multi += (("--rdzv-timeout", rdzv_timeout_s), ("--inject-node", inject_node))
-    if nnodes is None or nnodes == 1:
-        given = [name for name, value in multi if value is not None]
-        if given:
-            raise UsageError(
-                f"{given[0]} is for a run across nodes", "add --nnodes N (2 or more), or drop " + given[0]
-            )
-        return None
-    if nnodes < 1:
-        raise UsageError(f"--nnodes {nnodes}: must be 1 or more", "e.g. --nnodes 4")
-    source = "flags"
-    if slurm is not None and slurm.nnodes == nnodes:
-        if slurm.ntasks is not None and slurm.ntasks != slurm.nnodes:
-            raise UsageError(
-                f"this Slurm step runs {slurm.ntasks} tasks on {slurm.nnodes} nodes; gputopo wants one per "
-                "node (it starts a rank per GPU itself)",
-                "srun --ntasks-per-node 1 gputopo ...",
-            )
-        source = "slurm"
-        node_rank = slurm.node_id if node_rank is None else node_rank
-        endpoint = endpoint or f"{slurm.first_host}:{DEFAULT_RDZV_PORT}"
-        rdzv_id = rdzv_id or f"gputopo-{slurm.job_id}"
-    if node_rank is None:
-        raise UsageError(
-            f"--nnodes {nnodes} needs --node-rank: which node this is (0..{nnodes - 1})",
-            "run the same command on every node, each with its own --node-rank, or run it with srun",
-        )
-    if not 0 <= node_rank < nnodes:
-        raise UsageError(
-            f"--node-rank {node_rank}: must be 0..{nnodes - 1} for --nnodes {nnodes}",
-            "number the nodes from 0; node rank 0 writes the report",
-        )
-    if endpoint is None:
-        raise UsageError(
-            f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT: where the nodes meet",
-            "give every node the same endpoint, on a host they can all reach (usually node rank 0's)",
-        )
-    host, port = parse_endpoint(endpoint)
-    timeout = DEFAULT_RDZV_TIMEOUT_S if rdzv_timeout_s is None else rdzv_timeout_s
-    if timeout <= 0:
-        raise UsageError(
-            f"--rdzv-timeout {timeout:g}: must be more than 0 seconds", "e.g. --rdzv-timeout 600"
-        )
-    if inject_node is not None and not 0 <= inject_node < nnodes:
-        raise UsageError(
-            f"--inject-node {inject_node}: must be 0..{nnodes - 1}", "name the node rank that gets the fault"
-        )
-    return NodeOptions(
-        nnodes=nnodes,
-        node_rank=node_rank,
-        host=host,
-        port=port,
-        rdzv_id=rdzv_id or "gputopo",
-        rdzv_timeout_s=timeout,
-        inject_node=inject_node,
-        source=source,
-    )
-
-
 def gpu_nics(topology: Any, gpus: tuple[int, ...]) -> dict[str, str]:
     """The NIC nearest each GPU (PIX, then PXB, then PHB), where the topology names one."""
     if topology is None or not topology.nics:
         return {}
-    from gputopo.launch_line import nearest_nics
+    from gputopo.launch.line import nearest_nics
 
     out = {}
     for g in gpus:
@@ -477,7 +276,7 @@ def judge_outcome(
     node: NodeOptions, config: ProbeConfig, outcome: CrossOutcome
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The ``nodes`` rows and the ``internode`` section for how this node's launch ended."""
-    from gputopo.probe.nodes_document import internode_section
+    from gputopo.probe.report.nodes import internode_section
 
     return internode_section(
         node_record(node, config, outcome),
@@ -500,10 +299,10 @@ def run_nodes(
     from dataclasses import replace
     from datetime import datetime, timezone
 
-    from gputopo.probe.document import to_document
-    from gputopo.probe.nodes_document import add_nodes, local_summary
-    from gputopo.probe.plan import make_plan
-    from gputopo.probe.runner import ProbeRun, read_topology, run_probe
+    from gputopo.probe.plan.schedule import make_plan
+    from gputopo.probe.pool.runner import ProbeRun, read_topology, run_probe
+    from gputopo.probe.report.document import to_document
+    from gputopo.probe.report.nodes import add_nodes, local_summary
 
     started_utc = datetime.now(timezone.utc)
     started = time.monotonic()

@@ -10,72 +10,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 from gputopo.errors import GputopoError
-from gputopo.model import Topology
-from gputopo.probe import verdict
-from gputopo.probe.config import ProbeConfig
-from gputopo.probe.launch import LaunchOutcome, run_pool
-from gputopo.probe.options import check_rank
-from gputopo.probe.plan import Job, Plan, make_plan
-from gputopo.probe.verdict import CheckResult, SetResult
+from gputopo.probe.judge import verdict
+from gputopo.probe.judge.p2p import judge_p2p
+from gputopo.probe.judge.verdict import CheckResult, SetResult
+from gputopo.probe.plan.config import ProbeConfig
+from gputopo.probe.plan.options import check_rank
+from gputopo.probe.plan.schedule import Job, Plan, make_plan
+from gputopo.probe.pool.launch import LaunchOutcome
+from gputopo.probe.pool.pool import run_pool
+from gputopo.probe.shared import ProbeRun, TopologyView
 
 ProgressFn = Callable[[Job, dict[str, Any]], None]
 
 CPU_SPEED_NOTE = "CPU stand-ins carry gloo traffic, not the GPU links the estimate describes"
-
-
-@dataclass(frozen=True)
-class TopologyView:
-    """What the bandwidth model and NVML say about the sets, read once per run (``None`` when unknown)."""
-
-    topology: Topology | None
-    note: str | None = None
-
-    def expected_busbw_gbps(self, gpus: tuple[int, ...]) -> tuple[float | None, str | None]:
-        """The ring model's busbw for ``gpus``, or ``None`` with the reason."""
-        if self.topology is None:
-            return None, self.note
-        from gputopo.topology.bandwidth import ring_busbw_gbps
-
-        try:
-            value = ring_busbw_gbps(self.topology, gpus)
-        except GputopoError as exc:
-            return None, exc.message
-        if value is None:
-            return None, "the topology does not know every link of this set"
-        return value, None
-
-    def nvml_p2p(self) -> dict[tuple[int, int], str] | None:
-        """NVML's P2P read status per ordered GPU pair, where the topology has it."""
-        topo = self.topology
-        if topo is None or not topo.p2p or "read" not in topo.p2p:
-            return None
-        matrix = topo.p2p["read"]
-        indices = topo.gpu_indices
-        return {(a, b): matrix[i][j] for i, a in enumerate(indices) for j, b in enumerate(indices) if a != b}
-
-
-@dataclass(frozen=True)
-class ProbeRun:
-    """A finished probe: per-set verdicts, the ranks' environment, notes, timing."""
-
-    config: ProbeConfig
-    sets: tuple[SetResult, ...]
-    environment: dict[str, Any]
-    notes: tuple[str, ...]
-    started_utc: datetime
-    wall_s: float
-    launches: tuple[dict[str, Any], ...] = field(default=())
-    warnings: tuple[str, ...] = ()  # what reading the topology (--input or live) warned about
-
-    @property
-    def verdict(self) -> str:
-        """``fail`` if any check failed, else ``pass``."""
-        return verdict.FAIL if any(s.verdict == verdict.FAIL for s in self.sets) else verdict.PASS
 
 
 def read_topology(config: ProbeConfig) -> TopologyView:
@@ -133,16 +84,16 @@ def _judge(
     check: str, metrics: dict[str, Any], gpus: tuple[int, ...], view: TopologyView, config: ProbeConfig
 ) -> CheckResult:
     if check.partition("@")[0] in ("dp", "ddp"):
-        from gputopo.probe.precision import judge_precision
+        from gputopo.probe.judge.precision import judge_precision
 
         return judge_precision(check, metrics)
     if check == "speed":
-        from gputopo.probe.speed import judge_speed
+        from gputopo.probe.judge.speed import judge_speed
 
         return judge_speed(metrics, config.device)
     if check == "p2p":
         # The model's one-way estimate per pair sits beside the measured matrix in the reports.
-        return verdict.judge_p2p(metrics, view.nvml_p2p(), lambda a, b: view.expected_busbw_gbps((a, b))[0])
+        return judge_p2p(metrics, view.nvml_p2p(), lambda a, b: view.expected_busbw_gbps((a, b))[0])
     expected, why = view.expected_busbw_gbps(gpus)
     if config.device == "cpu":
         return verdict.judge_allreduce(metrics, expected, judge_speed=False, speed_note=why or CPU_SPEED_NOTE)

@@ -9,7 +9,6 @@ recording per step the scale, whether the scaler skipped the step, and the first
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -18,14 +17,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from gputopo.probe.precision import (
+from gputopo.probe.judge.precision import (
     AUTOCAST_DTYPE,
     DEFAULT_PRECISION,
     INIT_SCALE,
-    SCALE_FLOOR,
     check_id,
-    split_check,
-    unsupported_reason,
 )
 
 FP32_CURVE = "fp32:losses"  # the key of the lone fp32 reference curve in ``training_check``'s cache
@@ -195,97 +191,3 @@ def device_capabilities(ctx: Any, devices: list[int] | None = None) -> list[tupl
     if not ctx.is_cuda:
         return []
     return [tuple(torch.cuda.get_device_capability(i)) for i in devices or range(torch.cuda.device_count())]
-
-
-def training_check(
-    ctx: Any,
-    base: str,
-    precision: str,
-    refs: dict[str, Any],
-    group: Any = None,
-    devices: list[int] | None = None,
-) -> dict[str, Any]:
-    """One dp or ddp check at ``precision`` against references at the same precision (collective).
-
-    ``refs`` caches the reference runs per precision across the launch's checks. An fp32 reference is
-    always run too (both runs when the launch has fp32 checks, else run 1 alone), so a narrower
-    precision's loss curve can be compared with fp32's. dp runs in rank 0
-    while the others wait; ddp in every rank. Rank 0 returns the metrics.
-    """
-    from gputopo.probe import checks
-
-    why = unsupported_reason(precision, ctx.device.type, device_capabilities(ctx, devices))
-    if why is not None:
-        return {"precision": precision, "device": ctx.device.type, "unsupported": why}
-    fp32_checked = any(
-        split_check(c) in (("dp", DEFAULT_PRECISION), ("ddp", DEFAULT_PRECISION)) for c in ctx.spec["checks"]
-    )
-    for p in dict.fromkeys((DEFAULT_PRECISION if fp32_checked else precision, precision)):
-        if p not in refs:
-            scale = calibrate_scale(with_precision(ctx, p), group) if p == "fp16" else None
-            refs[f"{p}:init_scale"] = scale
-            refs[p] = checks.reference_runs(with_precision(ctx, p, scale), group)
-    if precision != DEFAULT_PRECISION and not fp32_checked and FP32_CURVE not in refs:
-        # No fp32 check in this launch: one fp32 reference run (rank 0) is enough for the gap.
-        fp32 = with_precision(ctx, DEFAULT_PRECISION)
-        refs[FP32_CURVE] = (
-            checks.reference_run(fp32, "fp32", per_chunk_backward=False)["losses"] if ctx.rank == 0 else None
-        )
-        checks.barrier(ctx, group)
-    sub = with_precision(ctx, precision, refs[f"{precision}:init_scale"])
-    metrics: dict[str, Any] = {}
-    if base == "dp":
-        if ctx.rank == 0:
-            metrics = checks.dp_check(sub, refs[precision], devices)
-        checks.barrier(ctx, group)
-    else:
-        metrics = checks.ddp_check(sub, refs[precision], group)
-    if ctx.rank == 0 and precision != DEFAULT_PRECISION:
-        fp32_ref = refs.get(DEFAULT_PRECISION)
-        metrics["fp32_ref_losses"] = fp32_ref.first["losses"] if fp32_ref is not None else refs[FP32_CURVE]
-    return metrics
-
-
-def calibrate_scale(ctx: Any, group: Any = None) -> float:
-    """The GradScaler's starting scale for this launch: a quarter of the largest power of two up to 2**16
-    at which the first step's gradients are finite, found on a throwaway copy of the model. Collective:
-    each rank searches on its own chunk of the first batch (as DDP ranks and reference run 2
-    backpropagate chunk by chunk), and the smallest wins, so all runs start alike.
-
-    GradScaler starts at 2**16 and halves on each overflowing step, skipping it. In a probe of a few
-    steps that start-up search could use up the whole run, and a planted or real overflow from the
-    middle step would hide inside it; starting where the search would end leaves every step judgeable.
-    Overflow is monotone in the scale, so a bisection over the 17 exponents needs five passes, not the
-    scaler's one step per halving.
-    """
-    import torch.distributed as dist
-    import torch.nn.functional as F
-
-    from gputopo.probe import checks
-
-    model = checks._fresh_model(ctx, ctx.device)
-    images, labels = checks._chunks(ctx, 0)
-    x, y = images[ctx.rank].to(ctx.device), labels[ctx.rank].to(ctx.device)
-    amp = AmpStep("fp16", ctx.device)
-
-    def finite_at(exponent: int) -> bool:
-        model.zero_grad(set_to_none=True)
-        with amp.autocast():
-            loss = F.cross_entropy(model(x), y)
-        (loss.float() * 2.0**exponent).backward()
-        return _nonfinite_kind([p.grad for p in model.parameters() if p.grad is not None]) is None
-
-    top = int(math.log2(INIT_SCALE))
-    if finite_at(top):
-        best = top
-    else:
-        low, high = -1, top  # finite_at(low) is assumed (scale below 1), finite_at(high) is false
-        while high - low > 1:
-            mid = (low + high) // 2
-            low, high = (mid, high) if finite_at(mid) else (low, mid)
-        best = low
-    # Two halvings of headroom: the other chunks, and gradients that grow over the first steps.
-    scale = max(2.0 ** (best - 2), SCALE_FLOOR)
-    found = torch.tensor([scale], dtype=torch.float64, device=ctx.device)
-    dist.all_reduce(found, op=dist.ReduceOp.MIN, group=group)
-    return float(found)

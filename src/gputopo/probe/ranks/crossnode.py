@@ -1,5 +1,5 @@
 """The inter-node tests, inside the ranks of a multi-node launch (``worker`` calls ``run`` when the spec
-has a ``cross`` section). What to test next is decided by ``gputopo.probe.nodes``, the same way in every
+has a ``cross`` section). What to test next is decided by ``gputopo.probe.judge.nodes``, the same way in every
 rank, from results every rank holds; this module only measures.
 
 Each test is an all-reduce over the ranks of some nodes: first the exact check (small integers whose
@@ -25,9 +25,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gputopo.probe import nodes
-from gputopo.probe.checks import known_values
-from gputopo.probe.worker import COLLECTIVE_TIMEOUT_GRACE_S
+from gputopo.probe.judge import nodes
+from gputopo.probe.judge.progress import FINISHED_STEP
+from gputopo.probe.ranks.allreduce import known_values
+from gputopo.probe.shared import COLLECTIVE_TIMEOUT_GRACE_S
 
 # The planted "slow" fault: this long asleep before each timed collective, like a node that is late to
 # every all-reduce (a throttled GPU, a busy CPU). Long against CPU scheduling noise, short for a drill.
@@ -237,7 +238,7 @@ def run(spec: dict[str, Any], rank: int, world: int, local_rank: int, device: to
         tmp = out.with_name(".cross.json.tmp")
         tmp.write_text(json.dumps(record))
         os.replace(tmp, out)
-    progress.step = nodes.FINISHED_STEP
+    progress.step = FINISHED_STEP
     progress("finished")
 
 

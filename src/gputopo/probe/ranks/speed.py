@@ -3,7 +3,7 @@ DDP with AMP, all at the same global batch (``--batch-size`` per GPU times the s
 
 Runs in rank processes only (imports torch at the top). Each configuration trains the same model on one
 fixed synthetic batch (built once, already on the device, so data generation is not timed) for a few
-warm-up steps and then ``--steps`` timed steps. Judging and the table are ``gputopo.probe.speed``'s job.
+warm-up steps and then ``--steps`` timed steps. Judging and the table are ``gputopo.probe.judge.speed``'s job.
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from gputopo.probe.models import synthetic_batch
-from gputopo.probe.speed import CONFIGS
+from gputopo.probe.judge.speed import CONFIGS
+from gputopo.probe.ranks.context import MOMENTUM, barrier, fresh_model
+from gputopo.probe.ranks.models import synthetic_batch
+from gputopo.probe.ranks.training import CpuDataParallel
 
 WARMUP_STEPS_CUDA = 3  # cuDNN picks kernels and the caching allocator fills on the first steps
 WARMUP_STEPS_CPU = 1
@@ -52,7 +54,6 @@ def _train(
     amp: bool,
 ) -> float:
     """Seconds for ``steps`` training steps after ``warmup`` untimed ones."""
-    from gputopo.probe.checks import MOMENTUM
 
     opt = torch.optim.SGD(params, lr=float(ctx.spec["lr"]), momentum=MOMENTUM)
     dtype = amp_dtype(ctx.device)
@@ -81,8 +82,6 @@ def speed_check(ctx: Any, group: Any = None, devices: list[int] | None = None) -
     CUDA devices, default 0..world-1). Rank 0 returns the rows, the others ``{}``."""
     from torch.nn.parallel import DistributedDataParallel
 
-    from gputopo.probe.checks import CpuDataParallel, _fresh_model, barrier
-
     steps = int(ctx.spec["steps"])
     warmup = WARMUP_STEPS_CUDA if ctx.is_cuda else WARMUP_STEPS_CPU
     global_batch = int(ctx.spec["batch_size"]) * ctx.world
@@ -91,10 +90,10 @@ def speed_check(ctx: Any, group: Any = None, devices: list[int] | None = None) -
 
     def single_and_dp() -> None:
         x, y = images.to(ctx.device), labels.to(ctx.device)
-        model = _fresh_model(ctx, ctx.device)
+        model = fresh_model(ctx, ctx.device)
         times[CONFIGS[0]] = _train(ctx, model, model.parameters(), x, y, steps, warmup, amp=False)
         ctx.progress("speed", CONFIGS[0], 1, len(CONFIGS))
-        model = _fresh_model(ctx, ctx.device)
+        model = fresh_model(ctx, ctx.device)
         if ctx.is_cuda:
             ids = list(devices) if devices is not None else list(range(ctx.world))
             wrapped: torch.nn.Module = torch.nn.DataParallel(model, device_ids=ids, output_device=ids[0])
@@ -109,7 +108,7 @@ def speed_check(ctx: Any, group: Any = None, devices: list[int] | None = None) -
     x = images.chunk(ctx.world)[ctx.rank].to(ctx.device)
     y = labels.chunk(ctx.world)[ctx.rank].to(ctx.device)
     for k, (config, amp) in enumerate(((CONFIGS[2], False), (CONFIGS[3], True))):
-        model = _fresh_model(ctx, ctx.device)
+        model = fresh_model(ctx, ctx.device)
         ddp = DistributedDataParallel(
             model, device_ids=[ctx.device.index] if ctx.is_cuda else None, process_group=group
         )

@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from itertools import combinations
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,123 +24,19 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from gputopo.probe.amp import AmpStep, autocast_dtype_hook, plant_overflow
-from gputopo.probe.models import build_model, synthetic_batch
-
-CRASH_EXIT_CODE = 86  # an unusual code, so a test can tell the planted crash from any other failure
-CORRUPT_DELTA = 1e-3  # small enough to leave the loss plausible, large enough to flip many bits
-P2P_BYTES = 64 << 20
-MOMENTUM = 0.9
-
-
-@dataclass
-class RankContext:
-    """What a check knows about the rank it runs in, and where it writes."""
-
-    rank: int
-    world: int
-    local_rank: int
-    device: torch.device
-    spec: dict[str, Any]
-    out_dir: Path
-    _progress_file: Any = field(default=None, repr=False)
-    # In the rank pool: the job's id and this rank's rank in the pool (both added to progress rows), and
-    # the folder of the pool ranks' NCCL logs (default: ``out_dir``).
-    task: str | None = None
-    pool_rank: int | None = None
-    log_dir: Path | None = None
-
-    @property
-    def is_cuda(self) -> bool:
-        """True on GPUs."""
-        return self.device.type == "cuda"
-
-    def sync(self) -> None:
-        """Wait for queued GPU work (a no-op on CPU), so wall-clock times measure the work."""
-        if self.is_cuda:
-            torch.cuda.synchronize(self.device)
-
-    def progress(self, check: str, stage: str, done: int = 0, total: int = 0, **extra: Any) -> None:
-        """One progress line for the parent's bars and its hang diagnosis."""
-        if self._progress_file is None:
-            self._progress_file = open(self.out_dir / f"progress-rank{self.rank}.jsonl", "a")  # noqa: SIM115
-        row = {
-            "t": time.time(),
-            "rank": self.rank,
-            "check": check,
-            "stage": stage,
-            "done": done,
-            "total": total,
-        }
-        if self.task is not None:
-            row.update(task=self.task, pool_rank=self.pool_rank)
-        row.update(extra)
-        self._progress_file.write(json.dumps(row) + "\n")
-        self._progress_file.flush()
-
-    def fault(self, name: str, check: str) -> bool:
-        """True when ``--inject name`` targets ``check`` in this run (the rank is checked by the caller)."""
-        return self.spec.get("inject") == name and check in self.spec.get("inject_checks", ())
-
-    @property
-    def inject_rank(self) -> int:
-        """The rank (or DP replica) that carries the planted fault."""
-        return int(self.spec.get("inject_rank") or 0)
-
-    @property
-    def inject_step(self) -> int:
-        """The training step at which a fault is planted: mid-run, so earlier steps show a healthy start."""
-        return int(self.spec["steps"]) // 2
-
-
-def hang_or_crash(ctx: RankContext, check: str, where: str) -> None:
-    """Carry out a planted hang or crash: it stops here, in this rank, as a real one would."""
-    if ctx.fault("hang", check):
-        ctx.progress(check, "injected-hang", where=where)
-        while True:  # only the parent's timeout ends this, as it must end a real hang
-            time.sleep(3600)
-    if ctx.fault("crash", check):
-        ctx.progress(check, "injected-crash", where=where)
-        sys.stderr.write(f"gputopo probe: injected crash in rank {ctx.rank} during {check} ({where})\n")
-        sys.stderr.flush()
-        os._exit(CRASH_EXIT_CODE)
-
-
-_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def checksum(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """One int64 per tensor: the sum of its raw bits read as integers. Equal for bitwise-equal tensors.
-
-    Any changed bit changes its tensor's sum, so comparing two models moves a few hundred bytes rather
-    than the model, and the sums are computed where the tensors live (no copy to the host).
-    """
-    sums = [
-        t.detach().reshape(-1).view(_SAME_SIZE_INT[t.element_size()]).sum(dtype=torch.int64) for t in tensors
-    ]
-    return torch.stack(sums)
-
-
-def _all_finite(tensors: Sequence[torch.Tensor | None]) -> bool:
-    # A NaN or inf anywhere makes its tensor's float64 sum non-finite; float64 keeps large finite sums finite.
-    present = [t.sum(dtype=torch.float64) for t in tensors if t is not None]
-    return bool(torch.isfinite(torch.stack(present)).all()) if present else True
-
-
-def _optimizer(params: Any, lr: float) -> torch.optim.Optimizer:
-    return torch.optim.SGD(params, lr=lr, momentum=MOMENTUM)
-
-
-def _fresh_model(ctx: RankContext, device: torch.device) -> nn.Module:
-    # Same seed, same initial weights in every rank, replica and reference run.
-    torch.manual_seed(int(ctx.spec["seed"]))
-    return build_model(ctx.spec["model"]).to(device)
-
-
-def _chunks(ctx: RankContext, step: int) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
-    images, labels = synthetic_batch(int(ctx.spec["seed"]), step, int(ctx.spec["batch_size"]) * ctx.world)
-    return images.chunk(ctx.world), labels.chunk(ctx.world)
-
+from gputopo.probe.ranks.amp import AmpStep, autocast_dtype_hook, plant_overflow
+from gputopo.probe.ranks.context import (
+    CORRUPT_DELTA,
+    RankContext,
+    all_finite,
+    barrier,
+    checksum,
+    chunks,
+    fresh_model,
+    hang_or_crash,
+    optimizer,
+)
+from gputopo.probe.ranks.models import synthetic_batch
 
 # --- reference --------------------------------------------------------------------------------------
 
@@ -165,13 +58,13 @@ def reference_run(ctx: RankContext, label: str, per_chunk_backward: bool) -> dic
         ctx.progress("reference", label, int(ctx.spec["steps"]), int(ctx.spec["steps"]), cached=True)
         return _REFERENCE_CACHE[key]
     steps = int(ctx.spec["steps"])
-    model = _fresh_model(ctx, ctx.device)
-    opt = _optimizer(model.parameters(), float(ctx.spec["lr"]))
+    model = fresh_model(ctx, ctx.device)
+    opt = optimizer(model.parameters(), float(ctx.spec["lr"]))
     amp = AmpStep.for_spec(ctx.spec, ctx.device)  # --precision: autocast, and a GradScaler for fp16
     losses: list[float] = []
     started = time.perf_counter()
     for step in range(steps):
-        images, labels = _chunks(ctx, step)
+        images, labels = chunks(ctx, step)
         opt.zero_grad(set_to_none=True)
         chunk_losses = []
         for x, y in zip(images, labels, strict=True):
@@ -248,14 +141,6 @@ def reference_runs(ctx: RankContext, group: Any = None) -> References | None:
     assert first is not None
     second_losses = second["losses"] if second is not None else json.loads(path.read_text())
     return References(first, second_losses, f"{ctx.device.type} rank {second_rank}")
-
-
-def barrier(ctx: RankContext, group: Any = None) -> None:
-    """A barrier over ``group`` (default: every rank; NCCL wants the device named)."""
-    if ctx.is_cuda:
-        dist.barrier(group=group, device_ids=[ctx.device.index])
-    else:
-        dist.barrier(group=group)
 
 
 def _max_abs_diff(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
@@ -372,7 +257,7 @@ def dp_check(ctx: RankContext, refs: References, devices: Sequence[int] | None =
     ``devices`` are the set's local CUDA device indices (default: one per rank, from 0).
     """
     steps = int(ctx.spec["steps"])
-    model = _fresh_model(ctx, ctx.device)
+    model = fresh_model(ctx, ctx.device)
     amp = AmpStep.for_spec(ctx.spec, ctx.device)
     model.register_forward_pre_hook(autocast_dtype_hook(amp))  # replicas share the hook
     inspector = _ReplicaInspector(ctx, model)
@@ -382,7 +267,7 @@ def dp_check(ctx: RankContext, refs: References, devices: Sequence[int] | None =
         )
     else:
         wrapped = CpuDataParallel(model, ctx.world, inspector)
-    opt = _optimizer(model.parameters(), float(ctx.spec["lr"]))
+    opt = optimizer(model.parameters(), float(ctx.spec["lr"]))
     losses: list[float] = []
     nonfinite_grad_steps: list[int] = []
     started = time.perf_counter()
@@ -393,7 +278,7 @@ def dp_check(ctx: RankContext, refs: References, devices: Sequence[int] | None =
         with amp.autocast():
             loss = F.cross_entropy(wrapped(images.to(ctx.device)), labels.to(ctx.device))
         amp.backward(loss)
-        if not _all_finite([p.grad for p in model.parameters()]):
+        if not all_finite([p.grad for p in model.parameters()]):
             nonfinite_grad_steps.append(step)
         amp.step(opt, list(model.parameters()), step, loss)
         losses.append(float(loss.detach()))
@@ -445,7 +330,7 @@ def ddp_check(ctx: RankContext, refs: References | None, group: Any = None) -> d
     from torch.nn.parallel import DistributedDataParallel
 
     steps = int(ctx.spec["steps"])
-    model = _fresh_model(ctx, ctx.device)
+    model = fresh_model(ctx, ctx.device)
     amp = AmpStep.for_spec(ctx.spec, ctx.device)
     ddp = DistributedDataParallel(
         model, device_ids=[ctx.device.index] if ctx.is_cuda else None, process_group=group
@@ -455,14 +340,14 @@ def ddp_check(ctx: RankContext, refs: References | None, group: Any = None) -> d
         # The hook's state is the group its all-reduce uses: None would mean the world group
         # (default_hooks._allreduce_fut), which in the rank pool holds other sets' ranks, and hangs.
         ddp.register_comm_hook(group, _corrupting_hook(ctx, state))
-    opt = _optimizer(ddp.parameters(), float(ctx.spec["lr"]))
+    opt = optimizer(ddp.parameters(), float(ctx.spec["lr"]))
     losses = torch.zeros(steps, dtype=torch.float64, device=ctx.device)
     desync_steps: list[dict[str, Any]] = []
     nonfinite_grad_steps: list[int] = []
     started = time.perf_counter()
     for step in range(steps):
         state["step"] = step
-        images, labels = _chunks(ctx, step)
+        images, labels = chunks(ctx, step)
         if ctx.rank == ctx.inject_rank and step == ctx.inject_step:
             hang_or_crash(ctx, "ddp", f"step {step}")
         opt.zero_grad(set_to_none=True)
@@ -473,7 +358,7 @@ def ddp_check(ctx: RankContext, refs: References | None, group: Any = None) -> d
             out.register_hook(lambda g: torch.full_like(g, float("nan")))
         plant_overflow(ctx, "ddp", out, step, ctx.rank)
         amp.backward(loss)
-        finite = _all_finite([p.grad for p in model.parameters()])
+        finite = all_finite([p.grad for p in model.parameters()])
         amp.step(opt, list(model.parameters()), step, loss)
         losses[step] = loss.detach()
         # One small all-gather per step: both checksums and the finite flag of every rank.
@@ -506,408 +391,3 @@ def ddp_check(ctx: RankContext, refs: References | None, group: Any = None) -> d
         **refs.metrics(),
         **amp.metrics(),
     }
-
-
-# --- all-reduce ---------------------------------------------------------------------------------------
-
-
-def known_values(n: int, rank: int, device: torch.device) -> torch.Tensor:
-    # Small integers: every partial sum is exact in float32, so any difference is a wrong element.
-    return ((torch.arange(n, device=device) % 251) + 1).float() * (rank + 1)
-
-
-def allreduce_check(ctx: RankContext, group: Any = None) -> dict[str, Any]:
-    """nccl-tests-style sweep: warm-up, timed iterations, algbw/busbw, and exact ``#wrong`` per size.
-
-    Collective over ``group`` (default: every rank); ``ctx.rank`` and ``ctx.world`` are the rank's place
-    in that group.
-    """
-    sizes = [int(b) for b in ctx.spec["sweep_bytes"]]
-    warmup, iters = (5, 20) if ctx.is_cuda else (2, 5)
-    # nccl-tests' -n (timed iterations) and -w (warm-up), when the launch passes them.
-    iters = int(ctx.spec.get("iters") or iters)
-    warmup = int(ctx.spec.get("warmup_iters") or warmup)
-    rows = []
-    for i, size in enumerate(sizes):
-        count = size // 4
-        buf = torch.zeros(count, dtype=torch.float32, device=ctx.device)  # zeros stay zeros: no overflow
-        for _ in range(warmup):
-            dist.all_reduce(buf, group=group)
-        ctx.sync()
-        barrier(ctx, group)
-        started = time.perf_counter()
-        for _ in range(iters):
-            dist.all_reduce(buf, group=group)
-        ctx.sync()
-        elapsed = torch.tensor(
-            [(time.perf_counter() - started) / iters], dtype=torch.float64, device=ctx.device
-        )
-        dist.all_reduce(
-            elapsed, op=dist.ReduceOp.MAX, group=group
-        )  # the slowest rank sets the collective's time
-        if ctx.rank == ctx.inject_rank and i == 0:
-            hang_or_crash(ctx, "allreduce", f"{size} bytes")
-        data = known_values(count, ctx.rank, ctx.device)
-        if ctx.fault("corrupt", "allreduce") and ctx.rank == ctx.inject_rank:
-            data[count // 2] += 1.0
-        dist.all_reduce(data, group=group)
-        expected = known_values(count, 0, ctx.device) * (ctx.world * (ctx.world + 1) // 2)
-        wrong = (data != expected).sum().to(torch.int64)
-        dist.all_reduce(wrong, group=group)  # #wrong summed over ranks, as nccl-tests reports it
-        time_s = float(elapsed)
-        algbw = size / time_s / 1e9
-        rows.append(
-            {
-                "bytes": size,
-                "count": count,
-                "time_us": time_s * 1e6,
-                "algbw_gbps": algbw,
-                "busbw_gbps": algbw * 2 * (ctx.world - 1) / ctx.world,
-                "wrong": int(wrong),
-            }
-        )
-        ctx.progress("allreduce", "size", i + 1, len(sizes), bytes=size)
-    return {
-        "ranks": ctx.world,
-        "warmup_iters": warmup,
-        "timed_iters": iters,
-        "dtype": "float32",
-        "rows": rows,
-    }
-
-
-# --- numerics -----------------------------------------------------------------------------------------
-
-
-def pin_numerics(torch_module: Any = torch) -> dict[str, Any]:
-    """Make every rank and the reference compute the same way, and say how: the judge compares their
-    curves, so kernel-choice noise must not read as ``diverged``.
-
-    Deterministic algorithms (``warn_only``: some ResNet backward kernels, e.g. CUDA adaptive average
-    pooling, have no deterministic version and would otherwise raise; see the list under
-    ``torch.use_deterministic_algorithms``), deterministic cuDNN without benchmark autotuning, and no TF32.
-    torch 2.9 and later take TF32 through ``fp32_precision``; mixing that with the older ``allow_tf32``
-    flags is an error when read back, so the older flags are used only where the new API is missing.
-    """
-    torch_module.use_deterministic_algorithms(True, warn_only=True)
-    backends = torch_module.backends
-    backends.cudnn.deterministic = True
-    backends.cudnn.benchmark = False
-    tf32: dict[str, Any]
-    if hasattr(backends, "fp32_precision"):
-        backends.fp32_precision = "ieee"
-        backends.cuda.matmul.fp32_precision = "ieee"
-        backends.cudnn.conv.fp32_precision = "ieee"
-        backends.cudnn.rnn.fp32_precision = "ieee"
-        tf32 = {
-            "api": "fp32_precision",
-            "matmul": backends.cuda.matmul.fp32_precision,
-            "cudnn_conv": backends.cudnn.conv.fp32_precision,
-            "cudnn_rnn": backends.cudnn.rnn.fp32_precision,
-        }
-    else:
-        backends.cuda.matmul.allow_tf32 = False
-        backends.cudnn.allow_tf32 = False
-        tf32 = {
-            "api": "allow_tf32",
-            "matmul_allow_tf32": backends.cuda.matmul.allow_tf32,
-            "cudnn_allow_tf32": backends.cudnn.allow_tf32,
-        }
-    return {
-        "deterministic_algorithms": bool(torch_module.are_deterministic_algorithms_enabled()),
-        "deterministic_warn_only": bool(torch_module.is_deterministic_algorithms_warn_only_enabled()),
-        "cudnn_deterministic": bool(backends.cudnn.deterministic),
-        "cudnn_benchmark": bool(backends.cudnn.benchmark),
-        "tf32": tf32,
-        "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
-    }
-
-
-# --- NCCL transports ----------------------------------------------------------------------------------
-
-
-def nccl_transports(ctx: RankContext) -> list[dict[str, Any]]:
-    """Which transport each NCCL connection of this launch used, from the ranks' INIT logs (rank 0 reads
-    every rank's file; they share ``out_dir``). Empty on gloo."""
-    from gputopo.probe.environment import parse_transport_lines, summarize_transports
-
-    connections = []
-    log_dir = ctx.log_dir or ctx.out_dir
-    ranks = ctx.spec.get("ranks")  # in the pool: only the set's ranks' logs (named by pool rank)
-    for path in sorted(log_dir.glob("nccl-rank*.log")):
-        if ranks is not None and int(path.stem.removeprefix("nccl-rank")) not in ranks:
-            continue
-        connections += parse_transport_lines(path.read_text(errors="replace").splitlines())
-    return summarize_transports(connections)
-
-
-# --- p2p ----------------------------------------------------------------------------------------------
-
-P2P_WARMUP_COPIES = 5
-P2P_TIMED_COPIES = 20  # p2pBandwidthLatencyTest and nvbandwidth time tens of copies; one is ~1 ms on NVLink
-P2P_LATENCY_BYTES = 4
-P2P_LATENCY_COPIES = 100
-# Cycles of the spin kernel queued before the timed copies, so the GPU starts them only once the host has
-# queued them all and the events time the copies, not Python (p2pBandwidthLatencyTest's delay kernel).
-SPIN_CYCLES = 50_000_000
-PATH_P2P = "p2p"
-PATH_STAGED = "staged"
-
-
-def pair_pattern(nbytes: int, seed: int, src: int, dst: int) -> torch.Tensor:
-    """The random bytes copied from GPU ``src`` to ``dst``: different for every pair and direction, so a
-    copy that lands in the wrong buffer, or not at all, cannot match by accident."""
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + src * 1_009 + dst + 1)
-    return torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=gen)
-
-
-def sentinel_of(pattern: torch.Tensor) -> torch.Tensor:
-    """The pattern's complement: every byte differs from the byte the copy should write there."""
-    return torch.bitwise_not(pattern)
-
-
-class CopyEngine:
-    """How the p2p check makes, waits for and times copies between devices.
-
-    This base works on any device with host timing and no synchronisation (CPU tensors), which is how the
-    tests drive the data check; ``CudaEngine`` is the GPU one. Subclasses may override ``copy`` only.
-    """
-
-    timing = "host clock (perf_counter)"
-
-    def device(self, index: int) -> torch.device:
-        """The torch device of local device ``index``."""
-        return torch.device("cpu")
-
-    def can_access_peer(self, src: int, dst: int) -> bool:
-        """Whether ``src`` can write ``dst``'s memory directly (CUDA's cudaDeviceCanAccessPeer)."""
-        return True
-
-    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        """One copy, queued (on GPUs it may still be running when this returns)."""
-        dst.copy_(src)
-
-    def sync(self, *indices: int) -> None:
-        """Wait until everything queued on these devices is done."""
-
-    def time_copies(
-        self, directions: list[tuple[torch.Tensor, torch.Tensor]], warmup: int, copies: int
-    ) -> float:
-        """Seconds for ``copies`` rounds, each making every (dst, src) copy once, after ``warmup`` rounds."""
-        for _ in range(warmup):
-            for dst, src in directions:
-                self.copy(dst, src)
-        started = time.perf_counter()
-        for _ in range(copies):
-            for dst, src in directions:
-                self.copy(dst, src)
-        return time.perf_counter() - started
-
-
-class CudaEngine(CopyEngine):
-    """Copies with ``Tensor.copy_`` and times them with CUDA events, as p2pBandwidthLatencyTest does.
-
-    torch runs a cross-device copy on the source device's current stream, after a two-way barrier with the
-    destination device's current stream (aten/src/ATen/native/cuda/Copy.cu, copy_device_to_device). Each
-    direction therefore gets a stream of its own on both devices, or the two directions of a
-    bidirectional measurement would wait for each other through those barriers.
-    """
-
-    timing = "CUDA events"
-
-    def device(self, index: int) -> torch.device:
-        return torch.device("cuda", index)
-
-    def can_access_peer(self, src: int, dst: int) -> bool:
-        # cudaDeviceCanAccessPeer. Without peer access a device-to-device copy still succeeds: the CUDA
-        # Programming Guide ("Peer-to-Peer Memory Copy") says only with peer access enabled does the copy
-        # no longer go through the host, so a passing copy alone proves no peer-to-peer path.
-        return bool(torch.cuda.can_device_access_peer(src, dst))
-
-    def sync(self, *indices: int) -> None:
-        for index in indices:
-            torch.cuda.synchronize(index)
-
-    def _round(
-        self, directions: list[tuple[torch.Tensor, torch.Tensor]], streams: list[tuple[Any, Any]]
-    ) -> None:
-        for (dst, src), (on_src, on_dst) in zip(directions, streams, strict=True):
-            before = torch.cuda.current_device()
-            previous = [torch.cuda.current_stream(src.device), torch.cuda.current_stream(dst.device)]
-            torch.cuda.set_stream(on_dst)
-            torch.cuda.set_stream(on_src)
-            try:
-                self.copy(dst, src)
-            finally:
-                for stream in previous:
-                    torch.cuda.set_stream(stream)
-                torch.cuda.set_device(before)
-
-    def time_copies(
-        self, directions: list[tuple[torch.Tensor, torch.Tensor]], warmup: int, copies: int
-    ) -> float:
-        streams = [(torch.cuda.Stream(src.device), torch.cuda.Stream(dst.device)) for dst, src in directions]
-        devices = sorted({t.device.index for pair in directions for t in pair})
-        for _ in range(warmup):
-            self._round(directions, streams)
-        self.sync(*devices)
-        timer = streams[0][0]
-        start = torch.cuda.Event(enable_timing=True)
-        stop = torch.cuda.Event(enable_timing=True)
-        with torch.cuda.stream(timer):
-            if hasattr(torch.cuda, "_sleep"):
-                torch.cuda._sleep(SPIN_CYCLES)
-            start.record(timer)
-        for on_src, on_dst in streams:
-            on_src.wait_event(start)
-            on_dst.wait_event(start)
-        for _ in range(copies):
-            self._round(directions, streams)
-        for on_src, _ in streams[1:]:
-            done = torch.cuda.Event()
-            done.record(on_src)
-            timer.wait_event(done)
-        stop.record(timer)
-        stop.synchronize()
-        self.sync(*devices)
-        return start.elapsed_time(stop) / 1e3  # milliseconds
-
-
-def checked_copy(
-    engine: CopyEngine, dst: torch.Tensor, src: torch.Tensor, expected: torch.Tensor, devices: tuple[int, ...]
-) -> int:
-    """Copy ``src`` into ``dst`` and count the bytes of ``dst`` that differ from ``expected`` (host).
-
-    ``dst`` first gets ``expected``'s complement from the host and the devices are synchronised, so a
-    write that never lands (an IOMMU fault drops it) leaves a byte that cannot compare equal, whatever
-    the allocator left in that memory before. The comparison reads ``dst`` back with a plain
-    device-to-host copy, not through the path under test.
-    """
-    dst.copy_(sentinel_of(expected))
-    engine.sync(*devices)
-    engine.copy(dst, src)
-    engine.sync(*devices)
-    return int((dst.cpu() != expected).sum())
-
-
-class _Corrupting(CopyEngine):
-    """``--inject corrupt``: a copy into a chosen destination lands with one byte changed."""
-
-    def __init__(self, inner: CopyEngine, hit: Callable[[torch.Tensor], bool]) -> None:
-        self.inner = inner
-        self.hit = hit
-        self.timing = inner.timing
-
-    def device(self, index: int) -> torch.device:
-        return self.inner.device(index)
-
-    def can_access_peer(self, src: int, dst: int) -> bool:
-        return self.inner.can_access_peer(src, dst)
-
-    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        self.inner.copy(dst, src)
-        if self.hit(dst):
-            dst.view(-1)[0] ^= 0x5A
-
-    def sync(self, *indices: int) -> None:
-        self.inner.sync(*indices)
-
-    def time_copies(
-        self, directions: list[tuple[torch.Tensor, torch.Tensor]], warmup: int, copies: int
-    ) -> float:
-        return self.inner.time_copies(directions, warmup, copies)
-
-
-def p2p_matrix(
-    engine: CopyEngine,
-    devices: Sequence[int],
-    labels: Sequence[int],
-    *,
-    nbytes: int = P2P_BYTES,
-    seed: int = 0,
-    warmup: int = P2P_WARMUP_COPIES,
-    copies: int = P2P_TIMED_COPIES,
-    latency_copies: int = P2P_LATENCY_COPIES,
-    progress: Callable[[int, int], None] | None = None,
-) -> dict[str, Any]:
-    """Every ordered pair of ``devices`` from this one process: data-checked copies there and back,
-    bandwidth one way and both ways, and small-copy latency.
-
-    ``labels[k]`` is the GPU index reported for ``devices[k]``. A pair without peer access is still
-    copied and checked (torch then stages the copy through host memory) but marked ``staged``: its
-    numbers say nothing about a peer-to-peer path.
-    """
-    pairs: dict[tuple[int, int], dict[str, Any]] = {}
-    unordered = list(combinations(range(len(devices)), 2))
-    for n, (a, b) in enumerate(unordered):
-        buffers = {}
-        for i, j in ((a, b), (b, a)):
-            src_dev, dst_dev = devices[i], devices[j]
-            pattern = pair_pattern(nbytes, seed, labels[i], labels[j])
-            src = pattern.to(engine.device(src_dev))
-            there = torch.empty(nbytes, dtype=torch.uint8, device=engine.device(dst_dev))
-            back = torch.empty(nbytes, dtype=torch.uint8, device=engine.device(src_dev))
-            both = (src_dev, dst_dev)
-            wrong_there = checked_copy(engine, there, src, pattern, both)
-            wrong_back = checked_copy(engine, back, there, pattern, both)
-            seconds = engine.time_copies([(there, src)], warmup, copies)
-            small_seconds = engine.time_copies(
-                [(there[:P2P_LATENCY_BYTES], src[:P2P_LATENCY_BYTES])], warmup, latency_copies
-            )
-            can = engine.can_access_peer(src_dev, dst_dev)
-            pairs[(i, j)] = {
-                "src": labels[i],
-                "dst": labels[j],
-                "can_access_peer": can,
-                "path": PATH_P2P if can else PATH_STAGED,
-                "wrong_bytes_there": wrong_there,
-                "wrong_bytes_roundtrip": wrong_back,
-                "unidir_gbps": nbytes * copies / seconds / 1e9 if seconds > 0 else None,
-                "latency_us": small_seconds / latency_copies * 1e6,
-            }
-            buffers[(i, j)] = (there, src)
-        seconds = engine.time_copies([buffers[(a, b)], buffers[(b, a)]], warmup, copies)
-        both_ways = 2 * nbytes * copies / seconds / 1e9 if seconds > 0 else None
-        pairs[(a, b)]["bidir_gbps"] = pairs[(b, a)]["bidir_gbps"] = both_ways
-        del buffers
-        if progress is not None:
-            progress(n + 1, len(unordered))
-    order = [pairs[(i, j)] for i in range(len(devices)) for j in range(len(devices)) if i != j]
-    return {
-        "gpus": list(labels),
-        "bytes": nbytes,
-        "warmup_copies": warmup,
-        "timed_copies": copies,
-        "latency_bytes": P2P_LATENCY_BYTES,
-        "latency_copies": latency_copies,
-        "timing": engine.timing,
-        "check": "sentinel-filled destination, every byte compared on the host, there and back",
-        "pairs": order,
-    }
-
-
-def p2p_check(
-    ctx: RankContext,
-    devices: Sequence[int] | None = None,
-    engine: CopyEngine | None = None,
-    nbytes: int = P2P_BYTES,
-) -> dict[str, Any]:
-    """The p2p matrix over the set's devices, driven from this one process (rank 0, which sees them all).
-
-    ``devices`` are local device indices (default: one per rank); the reported labels are the set's GPU
-    indices. ``--inject corrupt`` changes a byte of every copy into the injected rank's device.
-    """
-    devices = list(devices) if devices is not None else list(range(ctx.world))
-    labels = [int(g) for g in ctx.spec["gpus"]][: len(devices)]
-    engine = engine or CudaEngine()
-    if ctx.fault("corrupt", "p2p"):
-        target = engine.device(devices[min(ctx.inject_rank, len(devices) - 1)])
-        engine = _Corrupting(engine, lambda t: t.device == target and t.numel() > P2P_LATENCY_BYTES)
-    return p2p_matrix(
-        engine,
-        devices,
-        labels,
-        nbytes=nbytes,
-        seed=int(ctx.spec.get("seed", 0)),
-        progress=lambda done, total: ctx.progress("p2p", "pair", done, total),
-    )

@@ -1,4 +1,5 @@
-"""The program each pool rank runs: ``python -m gputopo.probe.worker SPEC.json`` (started by ``launch``).
+"""The program each pool rank runs: ``python -m gputopo.probe.ranks.worker SPEC.json`` (started by the
+agent, ``ranks.agent``).
 
 It joins the world group torch's elastic agent set up (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and the
 rendezvous in the environment), one rank per GPU of the pool, then walks the schedule: in each step it
@@ -9,7 +10,7 @@ pool's devices, while the set's other ranks wait at the subgroup's barrier; ddp 
 run in every rank of the set.
 
 Before any check, every rank records the ``NCCL_*`` and ``CUDA_*`` variables it got, pins its numerics
-(``checks.pin_numerics``) and, on GPUs, points NCCL's INIT log at a file of its own; rank 0 gathers the
+(``numerics.pin_numerics``) and, on GPUs, points NCCL's INIT log at a file of its own; rank 0 gathers the
 records into ``env.json`` and, after each NCCL check, reads which transport every connection of the set's
 ranks used. The logs hold every communicator of the rank over the pool's life (the world group and
 earlier sets' groups too), DataParallel's single-process one included (it shows as
@@ -27,9 +28,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-# Grace on top of the parent's --timeout: the parent must always be the one that declares a hang, with
-# its diagnosis, before a collective's own timeout turns it into a crash.
-COLLECTIVE_TIMEOUT_GRACE_S = 60
+from gputopo.probe.shared import COLLECTIVE_TIMEOUT_GRACE_S
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -81,7 +80,7 @@ def environment(device: Any, world: int, gpus: list[int]) -> dict[str, Any]:
 
 def recorded_rank_environment(environ: Any) -> dict[str, str]:
     """The ``NCCL_*`` and ``CUDA_*`` variables this rank got from the launch, before the probe adds any."""
-    from gputopo.probe.environment import recorded_variables
+    from gputopo.probe.judge.environment import recorded_variables
 
     return recorded_variables(environ)
 
@@ -108,7 +107,7 @@ def prepare_rank_environment(environ: Any, device: str, out_dir: Path, rank: int
 
 def rank_records(records: list[Any], backend: str) -> dict[str, Any]:
     """Per-rank variables and numerics as the report shows them, with the caveats they put on the verdict."""
-    from gputopo.probe.environment import environment_caveats
+    from gputopo.probe.judge.environment import environment_caveats
 
     records = sorted((r for r in records if r is not None), key=lambda r: r["rank"])
     return {
@@ -130,7 +129,7 @@ def check_identity(spec: dict[str, Any], local_rank: int) -> None:
     ``local_rank`` is the GPU NVML named for it: same PCI bus id."""
     import torch
 
-    from gputopo.probe.identity import check_rank_device
+    from gputopo.probe.plan.identity import check_rank_device
 
     expected = spec.get("bus_ids") or []
     if local_rank >= len(expected):
@@ -145,7 +144,7 @@ def run(spec_path: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from gputopo.probe import checks
+    from gputopo.probe.ranks.numerics import pin_numerics
 
     spec = json.loads(Path(spec_path).read_text())
     out_dir = Path(spec["out_dir"])
@@ -153,7 +152,7 @@ def run(spec_path: str) -> None:
     local_rank = int(os.environ["LOCAL_RANK"])
     variables = recorded_rank_environment(os.environ)
     added = prepare_rank_environment(os.environ, spec["device"], out_dir, rank)
-    numerics = checks.pin_numerics()
+    numerics = pin_numerics()
     if spec["device"] == "cuda":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
@@ -168,8 +167,8 @@ def run(spec_path: str) -> None:
         device_id=device if device.type == "cuda" else None,
     )
     pool_row(log, rank, "ready")
-    if "cross" in spec:  # a multi-node launch: the inter-node tests (gputopo.probe.crossnode)
-        from gputopo.probe import crossnode
+    if "cross" in spec:  # a multi-node launch: the inter-node tests (gputopo.probe.ranks.crossnode)
+        from gputopo.probe.ranks import crossnode
 
         try:
             crossnode.run(spec, rank, world, local_rank, device, log)
@@ -208,7 +207,7 @@ def run_schedule(spec: dict[str, Any], rank: int, device: Any, log: Any) -> None
     """
     import torch.distributed as dist
 
-    from gputopo.probe import checks
+    from gputopo.probe.ranks.context import RankContext
 
     groups: dict[tuple[int, ...], Any] = {}
     common = {k: v for k, v in spec.items() if k != "schedule"}
@@ -225,7 +224,7 @@ def run_schedule(spec: dict[str, Any], rank: int, device: Any, log: Any) -> None
         for job in step:
             if rank in job["ranks"]:
                 key = tuple(job["ranks"])
-                ctx = checks.RankContext(
+                ctx = RankContext(
                     job["ranks"].index(rank),
                     len(job["ranks"]),
                     device.index or 0,
@@ -247,13 +246,16 @@ def run_schedule(spec: dict[str, Any], rank: int, device: Any, log: Any) -> None
 
 def run_checks(ctx: Any, group: Any = None, devices: list[int] | None = None) -> None:
     """One job's checks in order; the references run once per precision, before the first check needing
-    them (``amp.training_check``).
+    them (``precision.training_check``).
 
     ``ctx.rank`` and ``ctx.world`` count within the job's set; collectives go to ``group`` (the set's
     subgroup); ``devices`` are the set's local CUDA devices (pool rank r drives device r).
     """
-    from gputopo.probe import amp, checks, speed_run
-    from gputopo.probe.precision import split_check
+    from gputopo.probe.judge.precision import split_check
+    from gputopo.probe.ranks import allreduce, numerics, p2p
+    from gputopo.probe.ranks import speed as speed_run
+    from gputopo.probe.ranks.context import barrier
+    from gputopo.probe.ranks.precision import training_check
 
     refs: dict[str, Any] = {}
     for check in ctx.spec["checks"]:
@@ -262,19 +264,19 @@ def run_checks(ctx: Any, group: Any = None, devices: list[int] | None = None) ->
         metrics: dict[str, Any] = {}
         if base in ("dp", "ddp"):
             # dp runs in rank 0 (one process drives every device, as DataParallel users' scripts do).
-            metrics = amp.training_check(ctx, base, precision, refs, group, devices)
+            metrics = training_check(ctx, base, precision, refs, group, devices)
         elif check == "p2p":
             if ctx.rank == 0:
-                metrics = checks.p2p_check(ctx, devices)
-            checks.barrier(ctx, group)
+                metrics = p2p.p2p_check(ctx, devices)
+            barrier(ctx, group)
         elif check == "speed":
             metrics = speed_run.speed_check(ctx, group, devices)
         else:
-            metrics = checks.allreduce_check(ctx, group)
+            metrics = allreduce.allreduce_check(ctx, group)
         if base in ("ddp", "allreduce") and ctx.is_cuda:
-            checks.barrier(ctx, group)  # every rank has logged its connections before rank 0 reads the logs
+            barrier(ctx, group)  # every rank has logged its connections before rank 0 reads the logs
             if ctx.rank == 0:
-                metrics["transports"] = checks.nccl_transports(ctx)
+                metrics["transports"] = numerics.nccl_transports(ctx)
         if ctx.rank == 0:
             write_json(ctx.out_dir / f"check-{check}.json", metrics)
         ctx.progress(check, "done")

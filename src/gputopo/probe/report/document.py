@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from gputopo import __version__
-from gputopo.probe.environment import describe_transports
-from gputopo.probe.runner import ProbeRun
-from gputopo.probe.verdict import FAIL, SKIPPED, SetResult, p2p_matrices
+from gputopo.probe.judge.environment import describe_transports
+from gputopo.probe.judge.p2p import p2p_matrices
+from gputopo.probe.judge.verdict import FAIL, SKIPPED, SetResult
+from gputopo.probe.pool.runner import ProbeRun
 
 SCHEMA = "gputopo/probe/v1"
 SRC_DST = "src\\dst"
@@ -227,7 +228,7 @@ def check_table(doc: dict[str, Any], gpus: list[int], check: dict[str, Any]) -> 
     if name == "p2p":
         return p2p_table(doc, gpus, check)
     if name == "speed":
-        from gputopo.probe.speed import speed_table
+        from gputopo.probe.judge.speed import speed_table
 
         return [
             *speed_table(tuple(gpus), check.get("metrics") or {}, doc.get("device", "cpu")),
