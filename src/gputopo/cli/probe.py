@@ -164,6 +164,7 @@ def probe_command(
                 "across nodes --inject goes into every rank of --inject-node",
                 "drop --inject-gpus and --inject-rank, and name the node with --inject-node",
             )
+    from gputopo.probe.judge.verdict import nothing_tested
     from gputopo.probe.plan.config import (
         build_config,
         check_sets_in_topology,
@@ -171,16 +172,15 @@ def probe_command(
         parse_size,
         require_torch,
     )
-    from gputopo.probe.report.document import to_document, to_markdown
     from gputopo.probe.plan.schedule import make_plan
     from gputopo.probe.pool.runner import run_probe
-    from gputopo.probe.judge.verdict import nothing_tested
+    from gputopo.probe.report.document import to_document, to_markdown
     from gputopo.report import ensure_report_dir, write_report
 
     out = Output(json_mode=json_out)
-    from gputopo.cli.run import warn_nccl_env
+    from gputopo.launch.command import warn_nccl_env
 
-    warn_nccl_env(out)  # the ranks inherit these settings, and so do the measurements
+    warn_nccl_env(out.warn)  # the ranks inherit these settings, and so do the measurements
     low = parse_size("--min-bytes", min_bytes) if min_bytes is not None else None
     high = parse_size("--max-bytes", max_bytes) if max_bytes is not None else None
     if not dry_run:
@@ -264,8 +264,8 @@ def probe_command(
 def run_across_nodes(config: Any, node: Any, out: Output, json_out: bool) -> None:
     """This node's part of a multi-node probe; node rank 0 writes the report; every node exits with the
     run's verdict."""
-    from gputopo.probe.report.document import to_markdown
     from gputopo.probe.pool.multinode import run_nodes
+    from gputopo.probe.report.document import to_markdown
     from gputopo.probe.report.nodes import nodes_markdown
     from gputopo.report import write_report
 

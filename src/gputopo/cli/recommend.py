@@ -4,21 +4,26 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 
 from gputopo.cli import app
-from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, examples, guarded, read_json_file
+from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, examples, guarded
+from gputopo.cli.options import (
+    ALLOW_BUSY_OPTION,
+    EXCLUDE_OPTION,
+    MAX_USED_OPTION,
+    REPORT_OPTION,
+    set_constraints,
+)
 from gputopo.cli.topo import NVML_TIMEOUT_OPTION
 from gputopo.errors import UsageError
-from gputopo.gpulist import parse_gpu_list
 from gputopo.ui.output import Output
 
 if TYPE_CHECKING:
-    from gputopo.recommend import Constraints
+    pass
 
-DEFAULT_MAX_USED_MIB = 1024  # mirrors gputopo.recommend.DEFAULT_MAX_USED_MIB (kept here for a fast --help)
 DEFAULT_TOP = 5
 
 
@@ -29,16 +34,6 @@ class IdFormat(str, Enum):
     uuid = "uuid"
 
 
-EXCLUDE_OPTION = typer.Option(
-    None, "--exclude", metavar="LIST", help="GPUs to leave out, e.g. 3,4 (see README: GPU lists)."
-)
-ALLOW_BUSY_OPTION = typer.Option(False, "--allow-busy", help="Count GPUs in use by other processes.")
-MAX_USED_OPTION = typer.Option(
-    DEFAULT_MAX_USED_MIB, "--max-used-mib", help="A GPU with more memory in use than this is busy."
-)
-REPORT_OPTION = typer.Option(
-    None, "--from-report", metavar="PATH", help="A probe report: keep failing pairs apart, use measurements."
-)
 FORMAT_OPTION = typer.Option(
     IdFormat.index, "--format", help="Name GPUs in the export line by index or UUID."
 )
@@ -111,9 +106,10 @@ def recommend_command(
     if nnodes is not None and launch is None:
         raise UsageError("--nnodes goes with --launch", 'add --launch "CMD ...", e.g. --launch "train.py"')
     if launch is not None:
-        from gputopo.cli.run import launch_plan_for
+        from gputopo.launch.command import launch_plan_for
 
-        plan = launch_plan_for(topo, rec.best.gpus, launch, nnodes or 1, id_format.value == "uuid", out)
+        prefer_uuid = id_format.value == "uuid"
+        plan = launch_plan_for(topo, rec.best.gpus, launch, nnodes or 1, prefer_uuid, out.warn)
         doc["launch"] = plan.to_dict()
     out.warnings(rec.warnings)
     if json_out:
@@ -130,31 +126,3 @@ def recommend_command(
         for note in plan.notes:
             out.hint(note)
         out.line(plan.command)
-
-
-def set_constraints(
-    n: int,
-    exclude: str | None,
-    allow_busy: bool,
-    max_used_mib: int,
-    from_report: Path | None,
-    **more: Any,
-) -> Constraints:
-    """What ``recommend`` and ``run`` choose a set by, from their shared options (checked here, once)."""
-    from gputopo.recommend import Constraints, evidence_from_report
-
-    if max_used_mib < 0:
-        raise UsageError(f"--max-used-mib {max_used_mib}: must be 0 or more", "e.g. --max-used-mib 1024")
-    evidence = None
-    if from_report is not None:
-        label = f"--from-report {from_report}"
-        doc = read_json_file(from_report, label, "give the .json report `gputopo probe` wrote under reports/")
-        evidence = evidence_from_report(doc, str(from_report))
-    return Constraints(
-        n=n,
-        exclude=parse_gpu_list(exclude, "--exclude") if exclude else (),
-        allow_busy=allow_busy,
-        max_used_mib=max_used_mib,
-        evidence=evidence,
-        **more,
-    )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import typer
 
 from gputopo.cli import app
 from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, examples, guarded
-from gputopo.cli.recommend import (
+from gputopo.cli.options import (
     ALLOW_BUSY_OPTION,
     EXCLUDE_OPTION,
     MAX_USED_OPTION,
@@ -19,9 +18,7 @@ from gputopo.cli.recommend import (
     set_constraints,
 )
 from gputopo.errors import UnavailableError, UsageError
-from gputopo.findings import Finding
-from gputopo.launch.line import LaunchPlan, LaunchTools
-from gputopo.model import Topology
+from gputopo.launch.line import LaunchTools
 from gputopo.ui.output import Output
 
 
@@ -76,7 +73,9 @@ def run_command(
             raise UnavailableError(
                 "--torchrun: torch is not installed here", "pip install torch, or drop --torchrun"
             )
-    findings = warn_nccl_env(out, [nic.name or nic.label for nic in topo.nics])
+    from gputopo.launch.command import warn_nccl_env
+
+    findings = warn_nccl_env(out.warn, [nic.name or nic.label for nic in topo.nics])
     plan = build_launch(topo, rec.best.gpus, command, torchrun=torchrun, tools=tools, prefer_uuid=True)
     if dry_run:
         if json_out:
@@ -105,51 +104,3 @@ def run_command(
     from gputopo.system.launcher import exec_command
 
     exec_command(plan.argv, merged_env(os.environ, plan))
-
-
-def launch_plan_for(
-    topo: Topology, gpus: Sequence[int], text: str, nnodes: int, prefer_uuid: bool, out: Output
-) -> LaunchPlan:
-    """``recommend --launch "CMD ..." [--nnodes N]``: the torchrun line for ``gpus``, NCCL settings checked.
-
-    CMD is wrapped in torchrun unless it already starts torchrun; NCCL settings from this environment
-    that are for debugging only come back as notes (and warnings on stderr).
-    """
-    from gputopo.launch.line import build_launch, is_torchrun, split_command
-    from gputopo.system.launcher import detect_tools
-
-    if nnodes < 1:
-        raise UsageError(
-            f"--nnodes {nnodes}: must be at least 1", "give the number of machines, e.g. --nnodes 2"
-        )
-    try:
-        argv = split_command(text)
-    except ValueError as exc:
-        raise UsageError(f"--launch {text!r}: {exc}", "quote the command as a shell would") from None
-    if not argv:
-        raise UsageError(
-            "--launch: empty command", 'give the training command, e.g. --launch "train.py --lr 0.1"'
-        )
-    wrap = not is_torchrun(argv)
-    findings = warn_nccl_env(out, [nic.name or nic.label for nic in topo.nics])
-    tools = detect_tools() if wrap else LaunchTools()
-    return build_launch(
-        topo,
-        gpus,
-        argv,
-        torchrun=wrap,
-        nnodes=nnodes,
-        tools=tools,
-        prefer_uuid=prefer_uuid,
-        env_findings=findings,
-    )
-
-
-def warn_nccl_env(out: Output, nic_names: list[str] | None = None) -> list[Finding]:
-    """NCCL settings of this environment that are for debugging only, as warnings on stderr (never fatal)."""
-    from gputopo.findings import nccl_env_findings
-
-    findings = nccl_env_findings(os.environ, nic_names or [])
-    for f in findings:
-        out.warn(f"{f.what}; {f.remedy}")
-    return findings

@@ -1,0 +1,63 @@
+"""What ``gputopo run`` (and ``recommend --launch``) add to a launch line: the user's command checked and
+split, this environment's NCCL settings turned into findings (said through ``warn``), the launcher's
+tools found, and the line built (``line.build_launch``)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+
+from gputopo.errors import UsageError
+from gputopo.findings import Finding
+from gputopo.launch.line import LaunchPlan, LaunchTools
+from gputopo.model import Topology
+
+Warn = Callable[[str], None]
+
+
+def launch_plan_for(
+    topo: Topology, gpus: Sequence[int], text: str, nnodes: int, prefer_uuid: bool, warn: Warn
+) -> LaunchPlan:
+    """``recommend --launch "CMD ..." [--nnodes N]``: the torchrun line for ``gpus``, NCCL settings checked.
+
+    CMD is wrapped in torchrun unless it already starts torchrun; NCCL settings from this environment
+    that are for debugging only come back as notes (and warnings on stderr).
+    """
+    from gputopo.launch.line import build_launch, is_torchrun, split_command
+    from gputopo.system.launcher import detect_tools
+
+    if nnodes < 1:
+        raise UsageError(
+            f"--nnodes {nnodes}: must be at least 1", "give the number of machines, e.g. --nnodes 2"
+        )
+    try:
+        argv = split_command(text)
+    except ValueError as exc:
+        raise UsageError(f"--launch {text!r}: {exc}", "quote the command as a shell would") from None
+    if not argv:
+        raise UsageError(
+            "--launch: empty command", 'give the training command, e.g. --launch "train.py --lr 0.1"'
+        )
+    wrap = not is_torchrun(argv)
+    findings = warn_nccl_env(warn, [nic.name or nic.label for nic in topo.nics])
+    tools = detect_tools() if wrap else LaunchTools()
+    return build_launch(
+        topo,
+        gpus,
+        argv,
+        torchrun=wrap,
+        nnodes=nnodes,
+        tools=tools,
+        prefer_uuid=prefer_uuid,
+        env_findings=findings,
+    )
+
+
+def warn_nccl_env(warn: Warn, nic_names: list[str] | None = None) -> list[Finding]:
+    """NCCL settings of this environment that are for debugging only, as warnings on stderr (never fatal)."""
+    from gputopo.findings import nccl_env_findings
+
+    findings = nccl_env_findings(os.environ, nic_names or [])
+    for f in findings:
+        warn(f"{f.what}; {f.remedy}")
+    return findings

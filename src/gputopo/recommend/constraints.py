@@ -1,0 +1,85 @@
+"""What a set is chosen by (``Constraints``) and which GPUs that leaves out before any search, each
+with its reason (``exclusions``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from gputopo.errors import UsageError
+from gputopo.model import Topology
+from gputopo.recommend.evidence import ProbeEvidence
+from gputopo.topology.bandwidth import Assumptions
+
+DEFAULT_MAX_USED_MIB = 1024
+
+
+DEFAULT_TOP = 5
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """What the user asked for: set size ``n``, optional ``sets`` to pack, and what to leave out."""
+
+    n: int
+    sets: int | None = None
+    exclude: tuple[int, ...] = ()
+    allow_busy: bool = False
+    max_used_mib: int = DEFAULT_MAX_USED_MIB
+    top: int = DEFAULT_TOP
+    assumptions: Assumptions = field(default_factory=Assumptions)
+    evidence: ProbeEvidence | None = None
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    """A GPU left out of every set, and why (``--exclude``, failing, busy, probe)."""
+
+    gpu: int
+    why: str
+
+
+def exclusions(topo: Topology, constraints: Constraints) -> tuple[Exclusion, ...]:
+    """GPUs no set may use, each with its reasons: ``--exclude``, failing, not accessible, not responding,
+    MIG enabled, busy, failed alone in a probe."""
+    known = set(topo.gpu_indices)
+    for g in constraints.exclude:
+        if g not in known:
+            raise UsageError(
+                f"--exclude {g}: there is no GPU{g} on {topo.source}", f"GPUs there: {_list(sorted(known))}"
+            )
+    alone = {
+        f.gpus[0]: f.why
+        for f in (constraints.evidence.failed if constraints.evidence else ())
+        if len(f.gpus) == 1
+    }
+    out = []
+    for gpu in sorted(topo.gpus, key=lambda g: g.index):
+        why = []
+        if gpu.index in constraints.exclude:
+            why.append("excluded by --exclude")
+        # Failing, not accessible from here, not responding, or MIG enabled (CUDA sees MIG devices, not
+        # the GPU, and NCCL does not run on them): no set can use it.
+        unavailable = gpu.unavailable_reason
+        if unavailable:
+            why.append(unavailable)
+        if gpu.index in alone:
+            why.append(alone[gpu.index])
+        if not constraints.allow_busy:
+            if gpu.compute_pids:
+                pids = ", ".join(str(pid) for pid in gpu.compute_pids[:4]) + (
+                    ", ..." if len(gpu.compute_pids) > 4 else ""
+                )
+                plural = "es" if len(gpu.compute_pids) > 1 else ""
+                why.append(f"busy: {len(gpu.compute_pids)} compute process{plural} (pid {pids})")
+            if gpu.memory_used_mib is not None and gpu.memory_used_mib > constraints.max_used_mib:
+                why.append(
+                    f"busy: {gpu.memory_used_mib} MiB in use (over --max-used-mib {constraints.max_used_mib})"
+                )
+        if why:
+            out.append(Exclusion(gpu.index, "; ".join(why)))
+    return tuple(out)
+
+
+def _list(gpus: Sequence[int]) -> str:
+    return ", ".join(str(g) for g in gpus)
