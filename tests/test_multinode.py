@@ -63,7 +63,7 @@ def probe_processes() -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if "gputopo.probe.pool.launch" in cmd or "gputopo.probe.ranks.worker" in cmd:
+        if "gputopo.probe.ranks.agent" in cmd or "gputopo.probe.ranks.worker" in cmd:
             found.append(p)
     return found
 

@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 
 from gputopo.errors import UsageError
-from gputopo.probe.judge import nodes
-from gputopo.probe.pool.multinode import parse_endpoint, resolve_nodes
-from gputopo.probe.report.nodes import add_nodes, internode_section, local_summary, nodes_markdown
 from gputopo.launch.slurm import slurm_job
+from gputopo.probe.judge import nodes
+from gputopo.probe.judge import progress as judge_progress
+from gputopo.probe.plan.nodes import parse_endpoint, resolve_nodes
+from gputopo.probe.report.nodes import add_nodes, internode_section, local_summary, nodes_markdown
 
 
 def table(nnodes: int, per_node: int = 1) -> list[dict[str, Any]]:
@@ -229,26 +230,28 @@ def test_a_hang_is_pinned_on_the_ranks_that_got_least_far_in_the_plan() -> None:
         4: progress_row(4, 4, 2, "gather", seq=30),
         5: progress_row(5, 5, 2, "enter", seq=27),
     }
-    found = nodes.hang_findings(progress, 30)
+    found = judge_progress.hang_findings(progress, 30)
     assert [f["nodes"] for f in found] == [[5]]
     assert "node 5 (n5), GPU 0: stopped at t3 (enter), before its all-reduce" in found[0]["detail"]
     # Everyone of a test inside its collective: the collective between those nodes hangs.
     stuck = {r: progress_row(r, r, 1, "size" if r < 2 else "gather") for r in range(4)}
-    together = nodes.hang_findings(stuck, 30)
+    together = judge_progress.hang_findings(stuck, 30)
     assert (
         together[0]["nodes"] == [0, 1] and "the collective between these nodes hangs" in together[0]["detail"]
     )
-    assert nodes.hang_findings({}, 30)[0]["nodes"] == []
+    assert judge_progress.hang_findings({}, 30)[0]["nodes"] == []
 
 
 def test_a_crash_is_pinned_on_the_ranks_that_left() -> None:
     progress = {r: progress_row(r, r, 1, "collective") for r in range(3)}
     progress[1] = progress_row(1, 1, 1, "injected-crash")
     progress[2] = progress_row(2, 2, 1, "gather")  # sat the step out
-    found = nodes.crash_findings(progress, "Connection reset by peer")
+    found = judge_progress.crash_findings(progress, "Connection reset by peer")
     assert [f["nodes"] for f in found] == [[1]] and "stopped at t3 (injected-crash)" in found[0]["detail"]
     # Inside the collective a crash looks like its peers: nothing is named.
-    assert nodes.crash_findings({r: progress_row(r, r, 1, "collective") for r in range(3)}, "x") == []
+    assert (
+        judge_progress.crash_findings({r: progress_row(r, r, 1, "collective") for r in range(3)}, "x") == []
+    )
 
 
 OPTIONS = {

@@ -11,15 +11,17 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchvision")
 
-from gputopo.probe.ranks import training as checks
 from gputopo.probe.judge import verdict  # noqa: E402
+from gputopo.probe.ranks import allreduce as rank_allreduce  # noqa: E402
+from gputopo.probe.ranks import context  # noqa: E402
+from gputopo.probe.ranks import training as checks  # noqa: E402
 from gputopo.probe.ranks.models import IMAGE_SHAPE, NUM_CLASSES, build_model, synthetic_batch  # noqa: E402
 
 
 def make_ctx(tmp_path, world=2, steps=3, **spec):
     base = {"model": "tiny", "seed": 0, "steps": steps, "batch_size": 4, "lr": 0.05, "inject": None}
     base.update(spec)
-    return checks.RankContext(0, world, 0, torch.device("cpu"), base, tmp_path)
+    return context.RankContext(0, world, 0, torch.device("cpu"), base, tmp_path)
 
 
 @pytest.fixture(autouse=True)
@@ -47,11 +49,11 @@ def test_checksum_sees_one_flipped_bit_and_nothing_else():
     torch.manual_seed(0)
     params = [torch.randn(1000), torch.randn(3, 4)]
     same = [p.clone() for p in params]
-    assert torch.equal(checks.checksum(params), checks.checksum(same))
+    assert torch.equal(context.checksum(params), context.checksum(same))
     flipped = [p.clone() for p in params]
     flipped[0].view(torch.int32)[17] ^= 1  # the last mantissa bit of one element
-    assert not torch.equal(checks.checksum(params), checks.checksum(flipped))
-    assert checks.checksum(params).shape == (2,)
+    assert not torch.equal(context.checksum(params), context.checksum(flipped))
+    assert context.checksum(params).shape == (2,)
 
 
 def test_synthetic_data_is_seeded_and_cifar_sized():
@@ -76,8 +78,8 @@ def test_models_are_torchvision_resnets():
 
 def test_known_integer_values_sum_exactly():
     world = 8
-    total = sum(checks.known_values(1000, r, torch.device("cpu")) for r in range(world))
-    expected = checks.known_values(1000, 0, torch.device("cpu")) * (world * (world + 1) // 2)
+    total = sum(rank_allreduce.known_values(1000, r, torch.device("cpu")) for r in range(world))
+    expected = rank_allreduce.known_values(1000, 0, torch.device("cpu")) * (world * (world + 1) // 2)
     assert torch.equal(total, expected)
 
 

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 pytest.importorskip("torch")
 pytest.importorskip("torchvision")
 
-from gputopo.probe.ranks.worker import COLLECTIVE_TIMEOUT_GRACE_S  # noqa: E402
+from gputopo.probe.shared import COLLECTIVE_TIMEOUT_GRACE_S  # noqa: E402
 
 TEST_MARKER = "GPUTOPO_TEST_PROBE"
 BASE = ["--device", "cpu", "--gpus", "0,1", "--model", "tiny"]

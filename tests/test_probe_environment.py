@@ -9,10 +9,10 @@ from datetime import datetime, timezone
 import pytest
 
 from gputopo.probe.judge import environment as envmod
+from gputopo.probe.judge.verdict import CheckResult, SetResult
 from gputopo.probe.plan.config import DeviceInventory, build_config
 from gputopo.probe.report.document import to_document, to_markdown, verdict_line
-from gputopo.probe.pool.runner import ProbeRun
-from gputopo.probe.judge.verdict import CheckResult, SetResult
+from gputopo.probe.shared import ProbeRun
 
 # Written from NCCL's INFO format strings (src/transport/p2p.cc, shm.cc, net.cc): "Channel %02d/%01d :
 # %d[%d] -> %d[%d] via P2P/%s%s%s" and friends, behind the usual "host:pid:tid [cudaDev] NCCL INFO" prefix.
@@ -177,9 +177,9 @@ def restore_torch_numerics():
 
 def test_numerics_are_pinned_through_the_api_this_torch_prefers(restore_torch_numerics):
     torch = restore_torch_numerics
-    from gputopo.probe.ranks import training as checks
+    from gputopo.probe.ranks import numerics as rank_numerics
 
-    got = checks.pin_numerics()
+    got = rank_numerics.pin_numerics()
     assert torch.are_deterministic_algorithms_enabled()
     assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
     assert got["deterministic_algorithms"] and got["cudnn_deterministic"] and not got["cudnn_benchmark"]
@@ -193,7 +193,7 @@ def test_numerics_are_pinned_through_the_api_this_torch_prefers(restore_torch_nu
 
 def test_an_older_torch_gets_tf32_off_through_allow_tf32():
     pytest.importorskip("torch")
-    from gputopo.probe.ranks import training as checks
+    from gputopo.probe.ranks import numerics as rank_numerics
 
     state = {}
     fake = types.SimpleNamespace(
@@ -205,7 +205,7 @@ def test_an_older_torch_gets_tf32_off_through_allow_tf32():
             cuda=types.SimpleNamespace(matmul=types.SimpleNamespace(allow_tf32=True)),
         ),
     )
-    got = checks.pin_numerics(fake)
+    got = rank_numerics.pin_numerics(fake)
     assert fake.backends.cuda.matmul.allow_tf32 is False and fake.backends.cudnn.allow_tf32 is False
     assert fake.backends.cudnn.deterministic is True and fake.backends.cudnn.benchmark is False
     assert got["tf32"]["api"] == "allow_tf32" and got["deterministic_algorithms"] is True

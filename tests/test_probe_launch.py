@@ -11,30 +11,33 @@ import uuid
 import psutil
 import pytest
 
-from gputopo.probe.pool import launch
+from gputopo.probe import shared
+from gputopo.probe.plan import spec as plan_spec
 from gputopo.probe.plan.config import DeviceInventory, Fault, build_config
 from gputopo.probe.plan.schedule import Job
+from gputopo.probe.pool import launch
+from gputopo.probe.pool import pool as rank_pool
 
 CPU = DeviceInventory("cpu", tuple(range(8)))
 GPU_BOX = DeviceInventory("cuda", tuple(range(8)), ("0", "1", "2", "3", "4", "5", "6", "7"))
 
 
 def test_nan_and_corrupt_reach_every_check_with_a_detector():
-    assert launch.inject_checks("nan", ("p2p", "dp", "ddp", "allreduce")) == ("dp", "ddp")
-    assert launch.inject_checks("corrupt", ("dp", "ddp", "allreduce")) == ("dp", "ddp", "allreduce")
-    assert launch.inject_checks(None, ("dp",)) == ()
+    assert plan_spec.inject_checks("nan", ("p2p", "dp", "ddp", "allreduce")) == ("dp", "ddp")
+    assert plan_spec.inject_checks("corrupt", ("dp", "ddp", "allreduce")) == ("dp", "ddp", "allreduce")
+    assert plan_spec.inject_checks(None, ("dp",)) == ()
 
 
 def test_hang_and_crash_go_into_the_first_distributed_check_only():
-    assert launch.inject_checks("hang", ("p2p", "dp", "ddp", "allreduce")) == ("dp",)
-    assert launch.inject_checks("crash", ("ddp", "allreduce")) == ("ddp",)
-    assert launch.inject_checks("crash", ("p2p",)) == ()
+    assert plan_spec.inject_checks("hang", ("p2p", "dp", "ddp", "allreduce")) == ("dp",)
+    assert plan_spec.inject_checks("crash", ("ddp", "allreduce")) == ("ddp",)
+    assert plan_spec.inject_checks("crash", ("p2p",)) == ()
 
 
 def test_spec_carries_options_and_the_fault():
     config = build_config(CPU, ["0,1"], model="tiny", steps=4, inject=Fault.CRASH, inject_rank=0)
     job = Job((0, 1), ("dp", "ddp"))
-    spec = launch.job_spec(config, job, ("ddp",), launch.Path("/tmp/x"))
+    spec = plan_spec.job_spec(config, job, ("ddp",), launch.Path("/tmp/x"))
     assert spec["checks"] == ["ddp"] and spec["gpus"] == [0, 1]
     assert (spec["inject"], spec["inject_rank"], spec["inject_checks"]) == ("crash", 0, ["ddp"])
     assert spec["model"] == "tiny" and spec["steps"] == 4 and spec["device"] == "cpu"
@@ -43,46 +46,50 @@ def test_spec_carries_options_and_the_fault():
 def test_inject_gpus_reach_every_set_holding_them_in_the_named_gpus_rank():
     config = build_config(GPU_BOX, ["4,5,6,7", "6,7", "5,6"], inject=Fault.CORRUPT, inject_gpus="5,6")
     all_checks = ("p2p", "dp", "ddp", "allreduce")
-    big = launch.job_spec(config, Job((4, 5, 6, 7), ("p2p",)), ("p2p",), launch.Path("/x"), all_checks)
+    big = plan_spec.job_spec(config, Job((4, 5, 6, 7), ("p2p",)), ("p2p",), launch.Path("/x"), all_checks)
     assert (big["inject"], big["inject_rank"], big["inject_ranks"]) == ("corrupt", 2, [1, 2])
     assert big["inject_checks"] == ["p2p"]
-    spared = launch.job_spec(config, Job((6, 7), all_checks), all_checks, launch.Path("/x"))
+    spared = plan_spec.job_spec(config, Job((6, 7), all_checks), all_checks, launch.Path("/x"))
     assert spared["inject"] is None and spared["inject_checks"] == []
 
 
 def test_a_hang_goes_into_the_sets_first_distributed_check_even_across_jobs():
     config = build_config(CPU, ["0,1"], inject=Fault.HANG)
     set_checks = ("dp", "ddp", "allreduce")
-    later = launch.job_spec(
+    later = plan_spec.job_spec(
         config, Job((0, 1), ("allreduce",)), ("allreduce",), launch.Path("/x"), set_checks
     )
     assert later["inject_checks"] == []
-    first = launch.job_spec(config, Job((0, 1), ("dp", "ddp")), ("dp", "ddp"), launch.Path("/x"), set_checks)
+    first = plan_spec.job_spec(
+        config, Job((0, 1), ("dp", "ddp")), ("dp", "ddp"), launch.Path("/x"), set_checks
+    )
     assert first["inject_checks"] == ["dp"]
 
 
 def test_cpu_ranks_get_one_thread_and_no_gpu():
     config = build_config(CPU, ["0,1"])
-    env = launch.rank_environment(config, Job((0, 1), ("ddp",)), "m1")
+    env = plan_spec.rank_environment(config, Job((0, 1), ("ddp",)), "m1")
     assert env["OMP_NUM_THREADS"] == "1" and env["CUDA_VISIBLE_DEVICES"] == ""
-    assert env[launch.MARKER_ENV] == "m1"
+    assert env[plan_spec.MARKER_ENV] == "m1"
 
 
 def test_gpu_ranks_see_their_set_in_nvidia_smi_order(monkeypatch):
     monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
     config = build_config(GPU_BOX, ["5,6"])
-    env = launch.rank_environment(config, Job((5, 6), ("ddp",)), "m2")
+    env = plan_spec.rank_environment(config, Job((5, 6), ("ddp",)), "m2")
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" and env["CUDA_VISIBLE_DEVICES"] == "5,6"
 
 
 def test_every_pool_rank_sees_every_gpu_of_the_pool():
     """Pool rank r drives the r-th GPU of the union; the rank running DataParallel reaches all of them."""
     config = build_config(GPU_BOX, ["5,6", "2,6"])
-    pool = launch.Pool(config, [((Job((5, 6), ("ddp",)), ("ddp",)),), ((Job((2, 6), ("ddp",)), ("ddp",)),)])
+    pool = rank_pool.Pool(
+        config, [((Job((5, 6), ("ddp",)), ("ddp",)),), ((Job((2, 6), ("ddp",)), ("ddp",)),)]
+    )
     try:
         assert pool.gpus == (2, 5, 6)
         assert [j.ranks for j in pool.jobs] == [(1, 2), (0, 2)]
-        env = launch.rank_environment(config, Job(pool.gpus, ()), "m3")
+        env = plan_spec.rank_environment(config, Job(pool.gpus, ()), "m3")
         assert env["CUDA_VISIBLE_DEVICES"] == "2,5,6"
         spec = pool.spec()
         assert [[j["ranks"] for j in step] for step in spec["schedule"]] == [[[1, 2]], [[0, 2]]]
@@ -101,7 +108,7 @@ def _child(code, marker=None):
     if marker:
         import os
 
-        env = dict(os.environ, **{launch.MARKER_ENV: marker})
+        env = dict(os.environ, **{plan_spec.MARKER_ENV: marker})
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     return proc
@@ -153,13 +160,13 @@ def test_marked_processes_finds_only_this_runs_processes():
 def test_tail_reads_the_last_lines(tmp_path, lines):
     path = tmp_path / "stderr.log"
     path.write_text("".join(f"line {i}\n" for i in range(lines)))
-    assert launch._tail(path, 2) == "\n".join(f"line {i}" for i in range(max(0, lines - 2), lines))
-    assert launch._tail(tmp_path / "missing") == ""
+    assert shared.tail(path, 2) == "\n".join(f"line {i}" for i in range(max(0, lines - 2), lines))
+    assert shared.tail(tmp_path / "missing") == ""
 
 
 def test_root_cause_is_the_rank_that_crashed_not_the_peer_that_lost_it():
     """Both ranks failed in the same second: the one whose peer vanished is the consequence."""
-    from gputopo.probe.pool.launch import root_cause_order
+    from gputopo.probe.judge.failures import root_cause_order
 
     lost = {
         "rank": 0,
@@ -175,7 +182,7 @@ def test_root_cause_is_the_rank_that_crashed_not_the_peer_that_lost_it():
 
 def test_a_rank_the_agent_stopped_is_never_the_root_cause():
     """In a pool, a crash in one set makes the agent SIGTERM the ranks of every other set."""
-    from gputopo.probe.pool.launch import root_cause_order
+    from gputopo.probe.judge.failures import root_cause_order
 
     stopped = {"rank": 0, "signal": "SIGTERM", "message": None, "timestamp": 100, "stderr_tail": ""}
     crashed = {"rank": 2, "signal": None, "message": None, "timestamp": 100, "stderr_tail": "injected"}
@@ -185,7 +192,7 @@ def test_a_rank_the_agent_stopped_is_never_the_root_cause():
 def _pool_with_rows(rows, steps):
     """A pool that never started, fed the progress rows its ranks would have written."""
     config = build_config(CPU, ["0,1,2,3"], each_pair=True, model="tiny")
-    pool = launch.Pool(config, steps)
+    pool = rank_pool.Pool(config, steps)
     for row in rows:
         with (pool.dir / f"progress-rank{row['pool_rank']}.jsonl").open("a") as fh:
             fh.write(json.dumps({"t": 0.0, "done": 0, "total": 0, **row}) + "\n")

@@ -10,20 +10,22 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gputopo.probe.ranks import training as checks
+from gputopo.probe.judge import p2p as p2p_judge  # noqa: E402
 from gputopo.probe.judge import verdict  # noqa: E402
+from gputopo.probe.ranks import context  # noqa: E402
+from gputopo.probe.ranks import p2p as rank_p2p  # noqa: E402
 
 NBYTES = 1 << 14
 
 
-class DroppingEngine(checks.CopyEngine):
+class DroppingEngine(rank_p2p.CopyEngine):
     """An IOMMU that faults every peer write: the copy is issued, nothing lands."""
 
     def copy(self, dst, src):
         pass
 
 
-class HalfEngine(checks.CopyEngine):
+class HalfEngine(rank_p2p.CopyEngine):
     """A copy whose second half never lands."""
 
     def copy(self, dst, src):
@@ -31,7 +33,7 @@ class HalfEngine(checks.CopyEngine):
         dst[:half].copy_(src[:half])
 
 
-class NoPeerEngine(checks.CopyEngine):
+class NoPeerEngine(rank_p2p.CopyEngine):
     """CUDA says no peer access for these pairs; torch still copies (through host memory)."""
 
     def __init__(self, no_peer):
@@ -41,7 +43,7 @@ class NoPeerEngine(checks.CopyEngine):
         return (src, dst) not in self.no_peer
 
 
-class CountingEngine(checks.CopyEngine):
+class CountingEngine(rank_p2p.CopyEngine):
     """Records how each timing was asked for."""
 
     def __init__(self):
@@ -55,43 +57,43 @@ class CountingEngine(checks.CopyEngine):
 def test_a_dropped_write_over_memory_that_already_holds_the_pattern_is_caught():
     # The old check's blind spot: the caching allocator hands back a block that already holds the right
     # bytes from the previous pair, so a write that never lands compared equal.
-    pattern = checks.pair_pattern(NBYTES, 0, 5, 6)
+    pattern = rank_p2p.pair_pattern(NBYTES, 0, 5, 6)
     stale = pattern.clone()  # exactly what a correct copy would have written
-    wrong = checks.checked_copy(DroppingEngine(), stale, pattern.clone(), pattern, (0, 1))
+    wrong = rank_p2p.checked_copy(DroppingEngine(), stale, pattern.clone(), pattern, (0, 1))
     assert wrong == NBYTES  # every byte still holds the sentinel
 
 
 def test_a_partial_write_is_counted_byte_for_byte():
-    pattern = checks.pair_pattern(NBYTES, 0, 0, 1)
+    pattern = rank_p2p.pair_pattern(NBYTES, 0, 0, 1)
     dst = torch.empty(NBYTES, dtype=torch.uint8)
-    assert checks.checked_copy(HalfEngine(), dst, pattern.clone(), pattern, (0, 1)) == NBYTES // 2
-    assert checks.checked_copy(checks.CopyEngine(), dst, pattern.clone(), pattern, (0, 1)) == 0
+    assert rank_p2p.checked_copy(HalfEngine(), dst, pattern.clone(), pattern, (0, 1)) == NBYTES // 2
+    assert rank_p2p.checked_copy(rank_p2p.CopyEngine(), dst, pattern.clone(), pattern, (0, 1)) == 0
 
 
 def test_the_sentinel_differs_from_the_pattern_in_every_byte_and_patterns_differ_per_direction():
-    pattern = checks.pair_pattern(NBYTES, 0, 5, 6)
-    assert bool((checks.sentinel_of(pattern) != pattern).all())
-    assert not torch.equal(pattern, checks.pair_pattern(NBYTES, 0, 6, 5))
-    assert not torch.equal(pattern, checks.pair_pattern(NBYTES, 0, 5, 7))
-    assert torch.equal(pattern, checks.pair_pattern(NBYTES, 0, 5, 6))
+    pattern = rank_p2p.pair_pattern(NBYTES, 0, 5, 6)
+    assert bool((rank_p2p.sentinel_of(pattern) != pattern).all())
+    assert not torch.equal(pattern, rank_p2p.pair_pattern(NBYTES, 0, 6, 5))
+    assert not torch.equal(pattern, rank_p2p.pair_pattern(NBYTES, 0, 5, 7))
+    assert torch.equal(pattern, rank_p2p.pair_pattern(NBYTES, 0, 5, 6))
 
 
 def test_dropped_writes_on_three_gpus_fail_every_direction_as_corrupt():
-    m = checks.p2p_matrix(DroppingEngine(), [0, 1, 2], [4, 5, 6], nbytes=NBYTES, warmup=1, copies=20)
+    m = rank_p2p.p2p_matrix(DroppingEngine(), [0, 1, 2], [4, 5, 6], nbytes=NBYTES, warmup=1, copies=20)
     assert len(m["pairs"]) == 6
     assert all(p["wrong_bytes_there"] == NBYTES for p in m["pairs"])
-    result = verdict.judge_p2p(m, {(a, b): "OK" for a in (4, 5, 6) for b in (4, 5, 6) if a != b})
+    result = p2p_judge.judge_p2p(m, {(a, b): "OK" for a in (4, 5, 6) for b in (4, 5, 6) if a != b})
     assert result.verdict == "fail" and result.kind == "corrupt"
     for a, b in ((4, 5), (5, 4), (4, 6), (6, 4), (5, 6), (6, 5)):
         assert f"{a}->{b} (peer to peer)" in result.detail
 
 
 def test_healthy_copies_pass_with_every_ordered_pair_and_the_matrix():
-    m = checks.p2p_matrix(checks.CopyEngine(), [0, 1, 2], [4, 5, 6], nbytes=NBYTES, warmup=1, copies=20)
+    m = rank_p2p.p2p_matrix(rank_p2p.CopyEngine(), [0, 1, 2], [4, 5, 6], nbytes=NBYTES, warmup=1, copies=20)
     assert [(p["src"], p["dst"]) for p in m["pairs"]] == [(4, 5), (4, 6), (5, 4), (5, 6), (6, 4), (6, 5)]
     for p in m["pairs"]:
         assert p["path"] == "p2p" and p["unidir_gbps"] > 0 and p["bidir_gbps"] > 0 and p["latency_us"] > 0
-    result = verdict.judge_p2p(m, None)
+    result = p2p_judge.judge_p2p(m, None)
     assert result.verdict == "pass" and "6 ordered pairs copied exactly peer to peer" in result.detail
     grid = result.metrics["matrix"]
     assert grid["gpus"] == [4, 5, 6] and grid["unidir_gbps"][0][0] is None
@@ -99,10 +101,12 @@ def test_healthy_copies_pass_with_every_ordered_pair_and_the_matrix():
 
 
 def test_without_peer_access_the_outcome_is_a_staged_copy_never_a_p2p_pass():
-    m = checks.p2p_matrix(NoPeerEngine({(0, 1), (1, 0)}), [0, 1], [5, 6], nbytes=NBYTES, warmup=1, copies=20)
+    m = rank_p2p.p2p_matrix(
+        NoPeerEngine({(0, 1), (1, 0)}), [0, 1], [5, 6], nbytes=NBYTES, warmup=1, copies=20
+    )
     assert [p["path"] for p in m["pairs"]] == ["staged", "staged"]
     assert [p["can_access_peer"] for p in m["pairs"]] == [False, False]
-    result = verdict.judge_p2p(m, {(5, 6): "CNS", (6, 5): "CNS"})
+    result = p2p_judge.judge_p2p(m, {(5, 6): "CNS", (6, 5): "CNS"})
     assert result.verdict == "skipped"
     assert result.detail.startswith("no peer-to-peer path: copies staged through host memory")
     assert "NVML P2P read status: CNS" in result.detail
@@ -110,8 +114,8 @@ def test_without_peer_access_the_outcome_is_a_staged_copy_never_a_p2p_pass():
 
 def test_a_staged_pair_in_a_set_is_named_beside_the_pass_of_the_others():
     engine = NoPeerEngine({(0, 2), (2, 0)})
-    m = checks.p2p_matrix(engine, [0, 1, 2], [0, 1, 2], nbytes=NBYTES, warmup=1, copies=20)
-    result = verdict.judge_p2p(m, {(0, 2): "CNS", (2, 0): "CNS"})
+    m = rank_p2p.p2p_matrix(engine, [0, 1, 2], [0, 1, 2], nbytes=NBYTES, warmup=1, copies=20)
+    result = p2p_judge.judge_p2p(m, {(0, 2): "CNS", (2, 0): "CNS"})
     assert result.verdict == "pass" and "4 ordered pairs copied exactly peer to peer" in result.detail
     assert "no peer-to-peer path: copies staged through host memory for 0->2, 2->0" in result.detail
 
@@ -121,29 +125,29 @@ def test_staged_copies_that_come_back_wrong_are_still_corrupt():
         def can_access_peer(self, src, dst):
             return False
 
-    m = checks.p2p_matrix(StagedAndDropping(), [0, 1], [0, 1], nbytes=NBYTES, warmup=1, copies=20)
-    result = verdict.judge_p2p(m, None)
+    m = rank_p2p.p2p_matrix(StagedAndDropping(), [0, 1], [0, 1], nbytes=NBYTES, warmup=1, copies=20)
+    result = p2p_judge.judge_p2p(m, None)
     assert result.kind == "corrupt" and "staged through host memory" in result.detail
 
 
 def test_bandwidth_is_timed_over_at_least_20_copies_after_a_warm_up_one_way_both_ways_and_small():
     engine = CountingEngine()
-    m = checks.p2p_matrix(engine, [0, 1], [0, 1], nbytes=NBYTES)
+    m = rank_p2p.p2p_matrix(engine, [0, 1], [0, 1], nbytes=NBYTES)
     assert m["timed_copies"] >= 20 and m["warmup_copies"] >= 1
     one_way = [t for t in engine.timings if t[0] == 1 and t[1] == NBYTES]
     both_ways = [t for t in engine.timings if t[0] == 2]
-    small = [t for t in engine.timings if t[1] == checks.P2P_LATENCY_BYTES]
+    small = [t for t in engine.timings if t[1] == rank_p2p.P2P_LATENCY_BYTES]
     assert len(one_way) == 2 and len(both_ways) == 1 and len(small) == 2
     assert all(copies >= 20 and warmup >= 1 for _, _, warmup, copies in engine.timings)
 
 
 def test_the_gpu_engine_times_with_cuda_events():
-    assert checks.CudaEngine.timing == "CUDA events"
-    assert checks.P2P_TIMED_COPIES >= 20
+    assert rank_p2p.CudaEngine.timing == "CUDA events"
+    assert rank_p2p.P2P_TIMED_COPIES >= 20
 
 
 def test_injected_corruption_reaches_the_copies_into_the_target(tmp_path):
-    ctx = checks.RankContext(
+    ctx = context.RankContext(
         0,
         2,
         0,
@@ -151,25 +155,25 @@ def test_injected_corruption_reaches_the_copies_into_the_target(tmp_path):
         {"gpus": [5, 6], "inject": "corrupt", "inject_checks": ["p2p"], "inject_rank": 1, "seed": 0},
         tmp_path,
     )
-    m = checks.p2p_check(ctx, engine=checks.CopyEngine(), nbytes=NBYTES)
+    m = rank_p2p.p2p_check(ctx, engine=rank_p2p.CopyEngine(), nbytes=NBYTES)
     # On CPU every tensor is on the one device, so every copy carries the planted byte.
     assert all(p["wrong_bytes_there"] == 1 for p in m["pairs"])
-    assert verdict.judge_p2p(m, None).kind == "corrupt"
+    assert p2p_judge.judge_p2p(m, None).kind == "corrupt"
 
 
 @pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA devices"
 )
 def test_cuda_engine_on_two_gpus(tmp_path):
-    m = checks.p2p_matrix(checks.CudaEngine(), [0, 1], [0, 1], nbytes=8 << 20)
-    result = verdict.judge_p2p(m, None)
+    m = rank_p2p.p2p_matrix(rank_p2p.CudaEngine(), [0, 1], [0, 1], nbytes=8 << 20)
+    result = p2p_judge.judge_p2p(m, None)
     assert result.verdict in ("pass", "skipped"), result.detail
     assert all(p["wrong_bytes_there"] == 0 and p["unidir_gbps"] > 0 for p in m["pairs"])
 
 
 def _p2p_doc(engine):
-    m = checks.p2p_matrix(engine, [0, 1, 2], [4, 5, 6], nbytes=NBYTES, warmup=1, copies=20)
-    result = verdict.judge_p2p(m, {(4, 6): "CNS", (6, 4): "CNS"}, expected_gbps=lambda a, b: 48.0)
+    m = rank_p2p.p2p_matrix(engine, [0, 1, 2], [4, 5, 6], nbytes=NBYTES, warmup=1, copies=20)
+    result = p2p_judge.judge_p2p(m, {(4, 6): "CNS", (6, 4): "CNS"}, expected_gbps=lambda a, b: 48.0)
     s = verdict.SetResult((4, 5, 6), (result,))
     return {
         "schema": "gputopo/probe/v1",
@@ -213,12 +217,13 @@ def test_the_html_report_draws_the_matrix_beside_the_estimate():
 
 def test_the_runner_puts_the_model_estimate_and_nvml_status_beside_each_pair():
     from gputopo.probe.plan.config import DeviceInventory, build_config
-    from gputopo.probe.pool.runner import TopologyView, _judge
+    from gputopo.probe.pool.runner import _judge
+    from gputopo.probe.shared import TopologyView
     from gputopo.topology import load_topology
 
     topo = load_topology("sample:seed-8gpu-nv4")
     config = build_config(DeviceInventory("cuda", tuple(range(8))), ["5,6"], mode=verdict_mode("p2p"))
-    m = checks.p2p_matrix(checks.CopyEngine(), [0, 1], [5, 6], nbytes=NBYTES, warmup=1, copies=20)
+    m = rank_p2p.p2p_matrix(rank_p2p.CopyEngine(), [0, 1], [5, 6], nbytes=NBYTES, warmup=1, copies=20)
     result = _judge("p2p", m, (5, 6), TopologyView(topo), config)
     pair = result.metrics["pairs"][0]
     assert pair["expected_gbps"] == TopologyView(topo).expected_busbw_gbps((5, 6))[0] > 0

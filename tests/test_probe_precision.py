@@ -15,8 +15,8 @@ import pytest
 from gputopo.errors import UsageError
 from gputopo.probe import precision as P
 from gputopo.probe.plan.config import DeviceInventory, build_config
-from gputopo.probe.pool.launch import inject_checks
 from gputopo.probe.plan.options import Fault, Mode, check_rank
+from gputopo.probe.plan.spec import inject_checks
 from test_probe_cli import probe
 
 CPU = DeviceInventory("cpu", tuple(range(8)))

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from gputopo.errors import UsageError
+from gputopo.probe.judge.verdict import CheckResult, SetResult, judge_allreduce
 from gputopo.probe.plan.config import DeviceInventory, Fault, build_config
 from gputopo.probe.report.document import SCHEMA, allreduce_table, to_document, to_markdown
-from gputopo.probe.pool.runner import ProbeRun
-from gputopo.probe.judge.verdict import CheckResult, SetResult, judge_allreduce
+from gputopo.probe.shared import ProbeRun
 from gputopo.report import report_paths, write_report
 
 NOON = datetime(2026, 11, 21, 15, 30, 0, tzinfo=timezone.utc)

@@ -10,8 +10,15 @@ import json
 
 import pytest
 
+from gputopo.probe.judge.speed import (
+    CONFIGS,
+    SCALING_FLOOR,
+    judge_speed,
+    speed_flags,
+    speed_table,
+    with_speedups,
+)
 from gputopo.probe.plan.options import Mode
-from gputopo.probe.judge.speed import CONFIGS, SCALING_FLOOR, judge_speed, speed_flags, speed_table, with_speedups
 from test_probe_cli import probe
 
 
@@ -126,6 +133,7 @@ def test_doctor_times_the_recommended_sets_unless_skip_speed(monkeypatch, skip_s
     from datetime import datetime, timezone
 
     from gputopo import doctor
+    from gputopo.probe import shared
     from gputopo.probe.plan import config as probe_config
     from gputopo.probe.pool import runner
 
@@ -133,7 +141,7 @@ def test_doctor_times_the_recommended_sets_unless_skip_speed(monkeypatch, skip_s
 
     def fake_run_probe(config, on_progress=None, plan=None):
         plans.append(plan)
-        return runner.ProbeRun(config, (), {}, (), datetime.now(timezone.utc), 0.0)
+        return shared.ProbeRun(config, (), {}, (), datetime.now(timezone.utc), 0.0)
 
     inventory = probe_config.DeviceInventory(
         device, (0, 1, 2, 3), ("0", "1", "2", "3") if device == "cuda" else ()

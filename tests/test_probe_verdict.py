@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from gputopo.probe.judge import p2p as p2p_judge
 from gputopo.probe.judge import verdict
 from gputopo.probe.judge.verdict import CheckResult, SetResult
 
@@ -156,7 +157,7 @@ def _pair(src, dst, wrong_there=0, wrong_back=0, peer=True, one_way=9.1, both=17
 
 def test_p2p_wrong_bytes_fail_even_when_nvml_says_ok():
     pairs = [_pair(5, 6, 4096, 8192), _pair(6, 5)]
-    result = verdict.judge_p2p(
+    result = p2p_judge.judge_p2p(
         {"bytes": 64 << 20, "gpus": [5, 6], "pairs": pairs}, {(5, 6): "OK", (6, 5): "OK"}
     )
     assert result.kind == "corrupt"
@@ -170,7 +171,7 @@ def test_p2p_wrong_bytes_fail_even_when_nvml_says_ok():
 
 def test_p2p_exact_copies_pass_and_name_the_slowest():
     pairs = [_pair(6, 7, one_way=48.2, both=90.0), _pair(7, 6, one_way=49.0, both=90.0)]
-    result = verdict.judge_p2p(
+    result = p2p_judge.judge_p2p(
         {"bytes": 64 << 20, "gpus": [6, 7], "pairs": pairs}, None, expected_gbps=lambda a, b: 48.0
     )
     assert (

@@ -44,7 +44,7 @@ class DoctorOptions:
     report_dir: Path = Path("reports")
     env: Mapping[str, str] | None = None  # the environment whose NCCL settings are checked (os.environ)
     simulate: bool = False  # asked for: run on the sample machine even where there are GPUs
-    inject: Any = None  # a ``gputopo.probe.plan.options.Fault`` for a drill, planted where ``inject_gpus`` says
+    inject: Any = None  # a ``probe.plan.options.Fault`` for a drill, planted where ``inject_gpus`` says
     inject_gpus: str | None = None
     nvml_timeout_s: float | None = None  # per live NVML read; None: the default
     skip_speed: bool = False
@@ -149,10 +149,10 @@ def probe_section(
     """Every pair (short) and the recommended larger sets in one probe run (one pool of ranks, a fresh
     one only after a hang or crash); its ``gputopo/probe/v1`` document."""
     from gputopo.probe.plan.config import build_config, detect_devices, require_torch
-    from gputopo.probe.report.document import to_document
     from gputopo.probe.plan.options import Mode
     from gputopo.probe.plan.schedule import Job, make_plan
     from gputopo.probe.pool.runner import run_probe
+    from gputopo.probe.report.document import to_document
 
     require_torch()
     inventory = detect_devices("cpu" if machine.simulated else None, nvml_timeout_s=options.nvml_timeout_s)
@@ -316,9 +316,9 @@ def across_nodes(
     """This node's part of the inter-node tests (every usable GPU a rank), added to its doctor document:
     ``nodes`` and ``internode`` as in a probe across nodes; any node failing makes the verdict problems."""
     from gputopo.probe.plan.config import build_config, detect_devices, require_torch
+    from gputopo.probe.plan.options import Mode
     from gputopo.probe.pool.multinode import gpu_nics, judge_outcome, run_cross
     from gputopo.probe.report.nodes import any_failed
-    from gputopo.probe.plan.options import Mode
 
     node = options.node
     require_torch()

@@ -2,7 +2,8 @@
 
 The installed Slurm knows every hostlist form it writes (including ones
 ``gputopo.launch.slurm.expand_hostlist`` may not), so ``gputopo.launch.slurm.slurm_job`` asks it first and
-expands the list itself only when this answers ``None``. ``scontrol`` is looked up on ``PATH`` at call time, so tests put a fake one there.
+expands the list itself only when this answers ``None``. ``scontrol`` is looked up on ``PATH`` at call
+time, so tests put a fake one there.
 """
 
 from __future__ import annotations

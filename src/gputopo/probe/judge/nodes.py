@@ -439,5 +439,3 @@ def node_verdicts(
             }
         )
     return rows
-
-
