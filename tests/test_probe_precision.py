@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gputopo.errors import UsageError
-from gputopo.probe import precision as P
+from gputopo.probe.judge import precision as P
 from gputopo.probe.plan.config import DeviceInventory, build_config
 from gputopo.probe.plan.options import Fault, Mode, check_rank
 from gputopo.probe.plan.spec import inject_checks

@@ -21,8 +21,8 @@ from gputopo.recommend import (
     evidence_from_report,
     recommend,
     to_dict,
-    units,
 )
+from gputopo.recommend.search import units
 from gputopo.topology import samples
 from gputopo.topology.bandwidth import build_model
 

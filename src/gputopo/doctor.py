@@ -48,7 +48,7 @@ class DoctorOptions:
     inject_gpus: str | None = None
     nvml_timeout_s: float | None = None  # per live NVML read; None: the default
     skip_speed: bool = False
-    # Across nodes (``gputopo.probe.pool.multinode.NodeOptions``): after this machine's checks, the inter-node
+    # Across nodes (``gputopo.probe.plan.nodes.NodeOptions``): after this machine's checks, the inter-node
     # tests; ``inject`` then goes into them (on ``node.inject_node``), not into this machine's probes.
     node: Any = None
     on_row: Any = None  # prints the inter-node progress

@@ -72,8 +72,8 @@ def node_options(
     last node when a fault is planted; ``--inject slow`` is refused on one machine."""
     from dataclasses import replace
 
+    from gputopo.probe.plan.nodes import resolve_nodes
     from gputopo.probe.plan.options import ACROSS_NODE_FAULTS, Fault
-    from gputopo.probe.pool.multinode import resolve_nodes
 
     node = resolve_nodes(nnodes, node_rank, endpoint, rdzv_id, rdzv_timeout, inject_node, slurm_job())
     if node is None:

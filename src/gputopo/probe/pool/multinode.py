@@ -23,6 +23,7 @@ from typing import Any
 from gputopo.probe.plan.config import ProbeConfig
 from gputopo.probe.plan.nodes import NodeOptions
 from gputopo.probe.plan.schedule import Job
+from gputopo.probe.plan.spec import rank_environment
 from gputopo.probe.pool.launch import (
     DESCENDANTS_EVERY_S,
     LAUNCH_RESULT,
@@ -30,7 +31,6 @@ from gputopo.probe.pool.launch import (
     STARTUP_FLOOR_S,
     Launch,
     _read_json,
-    rank_environment,
 )
 from gputopo.probe.shared import tail
 
