@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from conftest import invoke, plain_env
-from gputopo.doctor import DoctorOptions, pair_rows, probe_findings, recommendations, run_doctor, to_markdown
+from gputopo.doctor import DoctorOptions, pair_rows, probe_findings, recommendations, run_doctor
 from gputopo.topology import samples
+from gputopo.ui.doctor_markdown import to_markdown
 from gputopo.ui.html_report import render_html
 
 PLAIN_ENV = plain_env()

@@ -105,7 +105,8 @@ def test_speed_mode_on_cpu_ranks_gives_the_four_rows_with_speedups(tmp_path):
 def test_doctor_report_shows_the_speed_table_and_draws_the_bars():
     import re
 
-    from gputopo.doctor import DoctorOptions, run_doctor, to_markdown
+    from gputopo.doctor import DoctorOptions, run_doctor
+    from gputopo.ui.doctor_markdown import to_markdown
     from gputopo.ui.html_report import render_html
 
     speed = judge_speed({"ranks": 2, "rows": _rows(100.0, 80.0, 120.0, 200.0)}, "cuda").to_dict()

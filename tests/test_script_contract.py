@@ -198,7 +198,8 @@ def test_recommend_json_carries_the_topology_warnings():
 
 
 def test_doctor_carries_the_warnings_into_every_report(tmp_path):
-    from gputopo.doctor import DoctorOptions, run_doctor, to_markdown
+    from gputopo.doctor import DoctorOptions, run_doctor
+    from gputopo.ui.doctor_markdown import to_markdown
     from gputopo.ui.doctor_view import render_doctor
     from gputopo.ui.html_report import render_html
 
@@ -227,7 +228,8 @@ def test_doctor_carries_the_warnings_into_every_report(tmp_path):
 
 
 def test_reports_carry_the_link_matrix_gpu_table_and_nic_legend(tmp_path):
-    from gputopo.doctor import DoctorOptions, run_doctor, to_markdown
+    from gputopo.doctor import DoctorOptions, run_doctor
+    from gputopo.ui.doctor_markdown import to_markdown
     from gputopo.ui.doctor_view import render_doctor
     from gputopo.ui.html_report import render_html
 

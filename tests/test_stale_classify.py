@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 
+from gputopo.procs.document import stale_document
 from gputopo.procs.holders import (
     GpuMemoryUse,
     HolderScan,
@@ -37,7 +38,7 @@ from gputopo.procs.stale import (
     protected_name,
     settle,
 )
-from gputopo.ui.stale_view import render_run, stale_document
+from gputopo.ui.stale_view import render_run
 
 NOW = 1_000_000.0
 ME, SHELL, SSHD, INIT = 5000, 4000, 900, 1

@@ -96,9 +96,10 @@ def doctor_command(
     tests together; node rank 0 writes the one report and every node exits with the run's verdict.
     """
     from gputopo.cli.nodes import node_options, progress_printer
-    from gputopo.doctor import DoctorOptions, run_doctor, to_markdown
+    from gputopo.doctor import DoctorOptions, run_doctor
     from gputopo.probe.plan.config import MODELS
     from gputopo.report import ensure_report_dir, write_report
+    from gputopo.ui.doctor_markdown import to_markdown
 
     node = node_options(nnodes, node_rank, rdzv_endpoint, rdzv_id, rdzv_timeout, inject, inject_node)
 

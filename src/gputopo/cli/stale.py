@@ -58,9 +58,10 @@ def kill_stale_command(
 ) -> None:
     """Find processes holding GPU device files, show what each is and why it is stale or not, and stop
     the leftovers of a crashed launch (ranks and workers whose launcher is gone) with --yes."""
+    from gputopo.procs.document import stale_document
     from gputopo.procs.stale import Policy, parse_duration_s
     from gputopo.procs.survey import Survey, nvml_after
-    from gputopo.ui.stale_view import render_run, stale_document
+    from gputopo.ui.stale_view import render_run
 
     out = Output(json_mode=json_out)
     if grace < 0:

@@ -9,9 +9,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from gputopo.doctor import estimate_words, fmt_gbps
 from gputopo.findings import NOTE, PROBLEM
 from gputopo.topology import snapshot
+from gputopo.ui.doctor_markdown import estimate_words, fmt_gbps
 from gputopo.ui.topo_view import topology_blocks
 
 

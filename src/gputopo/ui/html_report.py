@@ -10,9 +10,9 @@ import base64
 import html
 from typing import Any
 
-from gputopo.doctor import holder_state, holder_why
 from gputopo.topology import snapshot
 from gputopo.ui import figures
+from gputopo.ui.doctor_markdown import holder_state, holder_why
 from gputopo.ui.topo_view import topology_export
 
 _CSS = """
