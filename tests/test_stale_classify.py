@@ -775,7 +775,7 @@ def test_human_output_says_what_yes_would_do_then_what_was_done() -> None:
 
 
 def test_doctor_reports_say_why_a_holder_is_not_stale() -> None:
-    from gputopo.doctor import holder_why
+    from gputopo.ui.doctor_markdown import holder_why
 
     doc = stale_document(make_run(dry_run=True))
     by_pid = {h["pid"]: h for h in doc["holders"]}

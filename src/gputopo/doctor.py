@@ -7,7 +7,8 @@ NVIDIA GPU it runs the same steps on a sample machine with CPU ranks standing in
 "simulated" everywhere.
 
 The result is a plain ``gputopo/doctor/v1`` dict, so the report can be saved, re-rendered and turned
-into HTML anywhere (``gputopo report``).
+into HTML anywhere (``gputopo report``; its Markdown is ``ui.doctor_markdown``). This module only
+orchestrates: ``run_doctor`` is the pipeline, one step a line, and each step is a function below it.
 """
 
 from __future__ import annotations
@@ -241,7 +242,27 @@ def probe_findings(probe: dict[str, Any] | None) -> list[Finding]:
 
 
 def run_doctor(options: DoctorOptions, probe_hook: ProbeHook | None = None) -> dict[str, Any]:
-    """Check the machine end to end and return the ``gputopo/doctor/v1`` document (not yet written)."""
+    """Check the machine end to end and return the ``gputopo/doctor/v1`` document (not yet written).
+
+    A pipeline, read top to bottom: each step takes what the one before it handed over and calls no
+    step back.
+    """
+    check_options(options)
+    machine = read_machine(options)  # the topology: this machine, or a sample simulated on CPU
+    # Node health (DESIGN.md "Node health", ``gputopo/health/``) goes here, before anything below uses a
+    # GPU: its findings come first and its sick GPUs are left out of the sets. Nothing runs here yet.
+    findings = machine_findings(machine.topology, options.env)  # links and NCCL settings, judged
+    sets = choose_sets(machine.topology)  # usable GPUs, the sizes to probe and their best sets
+    probe = run_probes(machine, sets, options, probe_hook)  # probe plan -> one probe run
+    judged = judge(machine.topology, sets, findings, probe)  # probe findings; sets chosen again
+    doc = to_document(machine, sets, judged, probe)  # the report document
+    if options.node is not None:
+        doc = across_nodes(doc, machine, sets.usable, options)  # this node's part of the run across nodes
+    return doc
+
+
+def check_options(options: DoctorOptions) -> None:
+    """Usage errors in the options, before anything is read (exit 2)."""
     if options.steps < 1:
         raise UsageError(f"--steps {options.steps}: must be at least 1", "e.g. --steps 5")
     if not options.timeout_s > 0:
@@ -257,8 +278,10 @@ def run_doctor(options: DoctorOptions, probe_hook: ProbeHook | None = None) -> d
         )
     if options.inject is not None and options.skip_probe and options.node is None:
         raise UsageError("--inject plants a fault in the probes, and --skip-probe skips them", "drop one")
-    from gputopo.topology import snapshot
 
+
+def read_machine(options: DoctorOptions) -> Machine:
+    """The machine to check (``choose_machine``), refused when CPU ranks cannot stand in for its GPUs."""
     machine = choose_machine(options.input, options.simulate, options.nvml_timeout_s)
     topo = machine.topology
     if machine.simulated and len(topo.gpus) > MAX_SIMULATED_GPUS and not options.skip_probe:
@@ -266,26 +289,80 @@ def run_doctor(options: DoctorOptions, probe_hook: ProbeHook | None = None) -> d
             f"{topo.source} has {len(topo.gpus)} GPUs; CPU ranks stand in for at most {MAX_SIMULATED_GPUS}",
             "pick a smaller sample (gputopo topo --list-samples), or add --skip-probe",
         )
+    return machine
+
+
+def machine_findings(topo: Topology, env: Mapping[str, str] | None) -> list[Finding]:
+    """What the topology and the environment's NCCL settings say before any probe."""
     findings = link_findings(topo)
-    env = os.environ if options.env is None else options.env
-    findings += nccl_env_findings(env, [nic.name or nic.label for nic in topo.nics])
+    env = os.environ if env is None else env
+    return findings + nccl_env_findings(env, [nic.name or nic.label for nic in topo.nics])
+
+
+@dataclass(frozen=True)
+class Sets:
+    """The GPUs the doctor works with: usable ones, those left out (with why), the set sizes it checks
+    and the best set of each size before any probe."""
+
+    usable: list[int]
+    left_out: list[dict[str, Any]]
+    sizes: list[int]
+    first: list[dict[str, Any]]
+
+
+def choose_sets(topo: Topology) -> Sets:
+    """Usable GPUs, the common sizes that fit, and the recommended set of each size."""
     usable, left_out = usable_gpus(topo)
     sizes = common_sizes(len(usable))
-    first = recommendations(topo, sizes, None)
-    probe = None
-    probe_note = "skipped (--skip-probe)" if options.skip_probe else None
-    if not options.skip_probe:
-        try:
-            sets = [r["best"]["gpus"] for r in first if r["best"]]
-            local = replace(options, inject=None, inject_gpus=None) if options.node is not None else options
-            probe = probe_section(machine, usable, sets, local, probe_hook)
-        except UnavailableError as exc:
-            probe_note = f"not run: {exc.message}" + (f" ({exc.hint})" if exc.hint else "")
-    findings += probe_findings(probe)
-    recs = recommendations(topo, sizes, probe) if probe else first
-    problems = [f for f in findings if f.severity == PROBLEM]
-    device = (probe or {}).get("device") or ("cpu" if machine.simulated else "cuda")
-    doc: dict[str, Any] = {
+    return Sets(usable, left_out, sizes, recommendations(topo, sizes, None))
+
+
+@dataclass(frozen=True)
+class ProbeStep:
+    """The probe's ``gputopo/probe/v1`` document, or ``None`` with the note saying why not."""
+
+    doc: dict[str, Any] | None
+    note: str | None
+
+
+def run_probes(
+    machine: Machine, sets: Sets, options: DoctorOptions, probe_hook: ProbeHook | None
+) -> ProbeStep:
+    """Every usable pair and the recommended sets, probed in one run, unless ``--skip-probe``; a machine
+    that cannot probe (no torch, no CUDA) gets a note instead."""
+    if options.skip_probe:
+        return ProbeStep(None, "skipped (--skip-probe)")
+    try:
+        best = [r["best"]["gpus"] for r in sets.first if r["best"]]
+        local = replace(options, inject=None, inject_gpus=None) if options.node is not None else options
+        return ProbeStep(probe_section(machine, sets.usable, best, local, probe_hook), None)
+    except UnavailableError as exc:
+        return ProbeStep(None, f"not run: {exc.message}" + (f" ({exc.hint})" if exc.hint else ""))
+
+
+@dataclass(frozen=True)
+class Judged:
+    """Every finding (the probe's added), and the sets chosen again in the light of the probes."""
+
+    findings: list[Finding]
+    recommendations: list[dict[str, Any]]
+
+
+def judge(topo: Topology, sets: Sets, findings: list[Finding], probe: ProbeStep) -> Judged:
+    """The probe's failed checks become findings; the probe's evidence re-ranks the sets."""
+    findings = findings + probe_findings(probe.doc)
+    recs = recommendations(topo, sets.sizes, probe.doc) if probe.doc else sets.first
+    return Judged(findings, recs)
+
+
+def to_document(machine: Machine, sets: Sets, judged: Judged, probe: ProbeStep) -> dict[str, Any]:
+    """The ``gputopo/doctor/v1`` document; the stale holders are listed (dry run) as it is built."""
+    from gputopo.topology import snapshot
+
+    topo = machine.topology
+    problems = [f for f in judged.findings if f.severity == PROBLEM]
+    device = (probe.doc or {}).get("device") or ("cpu" if machine.simulated else "cuda")
+    return {
         "schema": SCHEMA,
         "gputopo_version": __version__,
         "created_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -293,21 +370,18 @@ def run_doctor(options: DoctorOptions, probe_hook: ProbeHook | None = None) -> d
         "why_simulated": machine.why_simulated,
         "device": device,
         "verdict": "problems" if problems else "healthy",
-        "headline": headline(topo, machine.simulated, problems, usable, probe, probe_note)
+        "headline": headline(topo, machine.simulated, problems, sets.usable, probe.doc, probe.note)
         + (f"; {len(topo.warnings)} warning(s) about the input" if topo.warnings else ""),
         "warnings": list(topo.warnings),
         "topology": snapshot.to_dict(topo),
-        "findings": [asdict(f) for f in findings],
-        "left_out": left_out,
-        "recommendations": recs,
+        "findings": [asdict(f) for f in judged.findings],
+        "left_out": sets.left_out,
+        "recommendations": judged.recommendations,
         "stale": stale_section(),
-        "probe": probe,
-        "probe_note": probe_note,
-        "pairs": pair_rows(topo, probe),
+        "probe": probe.doc,
+        "probe_note": probe.note,
+        "pairs": pair_rows(topo, probe.doc),
     }
-    if options.node is not None:
-        doc = across_nodes(doc, machine, usable, options)
-    return doc
 
 
 def across_nodes(
