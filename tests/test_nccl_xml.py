@@ -10,8 +10,9 @@ import pytest
 
 from conftest import invoke
 from gputopo.errors import InputError
+from gputopo.machine import load_topology
 from gputopo.model import is_link_code
-from gputopo.topology import load_topology, snapshot
+from gputopo.topology import snapshot
 from gputopo.topology.nccl_xml import parse_nccl_xml, read_system
 
 XML_DIR = "nccl-topo"

@@ -10,6 +10,7 @@ import pytest
 from gputopo.errors import UnavailableError, UsageError
 from gputopo.probe.plan import config as cfg
 from gputopo.probe.plan.config import DeviceInventory, Fault, Mode, build_config, parse_gpu_list
+from gputopo.probe.pool import devices
 
 EIGHT_GPU_BOX = DeviceInventory("cuda", tuple(range(8)), tuple(str(i) for i in range(8)))
 CPU_STAND_INS = DeviceInventory("cpu", tuple(range(8)))
@@ -115,13 +116,13 @@ def test_missing_torch_is_exit_3_with_the_install_hint(monkeypatch):
         importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a)
     )
     with pytest.raises(UnavailableError) as err:
-        cfg.require_torch()
+        devices.require_torch()
     assert err.value.exit_code == 3
     assert "gputopo[probe]" in err.value.hint
 
 
 def test_cpu_inventory_needs_no_gpu():
-    inv = cfg.detect_devices("cpu")
+    inv = devices.detect_devices("cpu")
     assert inv.device == "cpu" and inv.gpus == tuple(range(cfg.CPU_STAND_INS))
 
 

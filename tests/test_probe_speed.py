@@ -136,7 +136,7 @@ def test_doctor_times_the_recommended_sets_unless_skip_speed(monkeypatch, skip_s
     from gputopo import doctor
     from gputopo.probe import shared
     from gputopo.probe.plan import config as probe_config
-    from gputopo.probe.pool import runner
+    from gputopo.probe.pool import devices, runner
 
     plans = []
 
@@ -148,7 +148,7 @@ def test_doctor_times_the_recommended_sets_unless_skip_speed(monkeypatch, skip_s
         device, (0, 1, 2, 3), ("0", "1", "2", "3") if device == "cuda" else ()
     )
     monkeypatch.setattr(runner, "run_probe", fake_run_probe)
-    monkeypatch.setattr(probe_config, "detect_devices", lambda requested, **_options: inventory)
+    monkeypatch.setattr(devices, "detect_devices", lambda requested, **_options: inventory)
     machine = doctor.choose_machine("sample:quad-nv4-pairs-2socket")
     options = doctor.DoctorOptions(steps=2, skip_speed=skip_speed)
     doctor.probe_section(machine, [0, 1, 2, 3], [[0, 1], [0, 1, 2, 3]], options, None)

@@ -70,7 +70,7 @@ ProbeHook = Callable[[Any], AbstractContextManager[Any]]
 
 def choose_machine(spec: str | None, simulate: bool = False, nvml_timeout_s: float | None = None) -> Machine:
     """This machine when it has NVIDIA GPUs; otherwise a sample (or ``--input``), simulated on CPU."""
-    from gputopo.topology import load_topology
+    from gputopo.machine import load_topology
 
     if spec is not None:
         topo = load_topology(spec)
@@ -149,9 +149,10 @@ def probe_section(
 ) -> dict[str, Any] | None:
     """Every pair (short) and the recommended larger sets in one probe run (one pool of ranks, a fresh
     one only after a hang or crash); its ``gputopo/probe/v1`` document."""
-    from gputopo.probe.plan.config import build_config, detect_devices, require_torch
+    from gputopo.probe.plan.config import build_config
     from gputopo.probe.plan.options import Mode
     from gputopo.probe.plan.schedule import Job, make_plan
+    from gputopo.probe.pool.devices import detect_devices, require_torch
     from gputopo.probe.pool.runner import run_probe
     from gputopo.probe.report.document import to_document
 
@@ -389,8 +390,9 @@ def across_nodes(
 ) -> dict[str, Any]:
     """This node's part of the inter-node tests (every usable GPU a rank), added to its doctor document:
     ``nodes`` and ``internode`` as in a probe across nodes; any node failing makes the verdict problems."""
-    from gputopo.probe.plan.config import build_config, detect_devices, require_torch
+    from gputopo.probe.plan.config import build_config
     from gputopo.probe.plan.options import Mode
+    from gputopo.probe.pool.devices import detect_devices, require_torch
     from gputopo.probe.pool.multinode import gpu_nics, judge_outcome, run_cross
     from gputopo.probe.report.nodes import any_failed
 

@@ -55,7 +55,7 @@ def report_usage_error(exc: Exception) -> int:
 def read_topology(out: Output, spec: str | None, nvml_timeout_s: float | None = None) -> Topology:
     """The topology ``--input`` names (or this machine's, each NVML read within ``nvml_timeout_s``), its
     warnings said on stderr."""
-    from gputopo.topology import load_topology
+    from gputopo.machine import load_topology
 
     topo = load_topology(spec, nvml_timeout_s=nvml_timeout_s)
     out.warnings(topo.warnings)

@@ -165,14 +165,9 @@ def probe_command(
                 "drop --inject-gpus and --inject-rank, and name the node with --inject-node",
             )
     from gputopo.probe.judge.verdict import nothing_tested
-    from gputopo.probe.plan.config import (
-        build_config,
-        check_sets_in_topology,
-        detect_devices,
-        parse_size,
-        require_torch,
-    )
+    from gputopo.probe.plan.config import build_config, check_sets_in_topology, parse_size
     from gputopo.probe.plan.schedule import make_plan
+    from gputopo.probe.pool.devices import detect_devices, require_torch
     from gputopo.probe.pool.runner import run_probe
     from gputopo.probe.report.document import to_document, to_markdown
     from gputopo.report import ensure_report_dir, write_report
@@ -212,7 +207,7 @@ def probe_command(
         precisions=[p.value for p in precision or ()],
     )
     if input is not None:
-        from gputopo.topology import load_topology
+        from gputopo.machine import load_topology
 
         topo = load_topology(input)
         check_sets_in_topology(config.sets, topo.gpu_indices, topo.source)

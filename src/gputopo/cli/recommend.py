@@ -89,8 +89,8 @@ def recommend_command(
     json_out: bool = JSON_OPTION,
 ) -> None:
     """The best GPU sets for CUDA_VISIBLE_DEVICES: ranked by estimated all-reduce bandwidth, with reasons."""
+    from gputopo.machine import load_topology
     from gputopo.recommend import recommend, to_dict
-    from gputopo.topology import load_topology
     from gputopo.topology.bandwidth import Assumptions
 
     out = Output(json_mode=json_out)

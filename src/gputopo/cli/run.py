@@ -52,8 +52,8 @@ def run_command(
 ) -> None:
     """Choose the best free GPU set (as recommend does) and run CMD on it, passing its exit code through."""
     from gputopo.launch.line import SCHEMA, build_launch
+    from gputopo.machine import load_topology
     from gputopo.recommend import recommend
-    from gputopo.topology import load_topology
 
     out = Output(json_mode=json_out)
     if json_out and not dry_run:

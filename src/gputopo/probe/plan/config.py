@@ -1,24 +1,20 @@
 """The probe's options, checked and frozen before any GPU is touched.
 
 ``build_config`` is pure: it takes the command-line values and a ``DeviceInventory`` (what exists) and
-returns a ``ProbeConfig`` or raises ``UsageError``. ``detect_devices`` is the one place that asks torch
-what exists; it imports torch lazily so the rest of gputopo never pays for it.
+returns a ``ProbeConfig`` or raises ``UsageError``. ``pool.devices.detect_devices`` is the one place
+that asks the machine and torch what exists.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gputopo.errors import UnavailableError, UsageError
 from gputopo.probe.judge.precision import DEFAULT_PRECISION, PRECISIONS, expand_checks
-from gputopo.probe.plan.identity import GpuIdentity, allowed_gpus, check_requested
+from gputopo.probe.plan.identity import GpuIdentity, check_requested
 from gputopo.probe.plan.options import Fault, Mode
-
-INSTALL_HINT = "pip install 'gputopo[probe]'  (it brings torch and torchvision)"
 
 MODELS = ("resnet18", "resnet50", "tiny")
 
@@ -110,89 +106,6 @@ class ProbeConfig:
             return None
         by_index = dict(zip(inv.gpus, inv.visible_ids, strict=True))
         return ",".join(by_index[g] for g in gpus)
-
-
-def torch_installed() -> bool:
-    """True when torch and torchvision can be imported (checked without importing them)."""
-    return all(importlib.util.find_spec(name) is not None for name in ("torch", "torchvision"))
-
-
-def require_torch() -> None:
-    """Raise ``UnavailableError`` (exit 3) with the install hint when torch is missing."""
-    if not torch_installed():
-        raise UnavailableError(
-            "gputopo probe needs torch and torchvision, which are not installed", INSTALL_HINT
-        )
-
-
-def detect_devices(
-    requested: str | None, need_cuda: bool = True, nvml_timeout_s: float | None = None
-) -> DeviceInventory:
-    """What can be probed. ``requested`` is ``"cuda"``, ``"cpu"`` or ``None`` (CUDA if any).
-
-    GPUs come from NVML, numbered as nvidia-smi numbers them and narrowed by a preset
-    ``CUDA_VISIBLE_DEVICES`` (``identity``); ``need_cuda`` also asks torch whether it can drive them
-    (``probe --dry-run`` does not: it starts neither torch nor CUDA).
-    """
-    if requested == "cpu":
-        require_torch()
-        return DeviceInventory("cpu", tuple(range(CPU_STAND_INS)), note="CPU ranks stand in for GPUs")
-    inventory = nvml_inventory(nvml_timeout_s=nvml_timeout_s)
-    if need_cuda:
-        require_torch()
-        import torch
-
-        if not torch.cuda.is_available():
-            why = "no CUDA device is visible to torch"
-            if torch.version.cuda is None:
-                why = f"this torch ({torch.__version__}) is built without CUDA"
-            raise UnavailableError(f"--device cuda: {why}", _CPU_HINT)
-    return inventory
-
-
-_CPU_HINT = "run on CPU ranks with `--device cpu --gpus 0,1` (the same checks with gloo)"
-
-
-def nvml_inventory(
-    preset: str | None = None, device_order: str | None = None, nvml_timeout_s: float | None = None
-) -> DeviceInventory:
-    """The GPUs NVML lists, under the identity rule; ``preset`` and ``device_order`` default to this
-    process's ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``."""
-    from gputopo.topology import load_topology
-
-    if preset is None:
-        preset = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if device_order is None:
-        device_order = os.environ.get("CUDA_DEVICE_ORDER")
-    try:
-        topo = load_topology(None, nvml_timeout_s=nvml_timeout_s)
-    except UnavailableError as exc:
-        raise UnavailableError(f"--device cuda: {exc.message}", _CPU_HINT) from None
-    identities = tuple(
-        GpuIdentity(
-            index=g.index,
-            uuid=g.uuid,
-            bus_id=g.pci_bus_id,
-            name=g.name,
-            unavailable=g.unavailable_reason or (None if g.uuid else "NVML gives no UUID for it"),
-            mig_enabled=bool(g.mig_enabled),
-            mig_devices=g.mig_devices,
-        )
-        for g in topo.gpus
-    )
-    allowed = allowed_gpus(identities, preset, device_order)
-    uuids = {g.index: g.uuid or "" for g in identities}
-    note = (
-        f"CUDA_VISIBLE_DEVICES={preset} allows GPUs {describe_indices(allowed.indices)}" if preset else None
-    )
-    return DeviceInventory(
-        "cuda",
-        allowed.indices,
-        tuple(uuids[i] for i in allowed.indices),
-        note=note,
-        identities=identities,
-        why_not=allowed.why_not,
-    )
 
 
 def parse_gpu_list(text: str) -> tuple[int, ...]:

@@ -31,7 +31,7 @@ CPU_SPEED_NOTE = "CPU stand-ins carry gloo traffic, not the GPU links the estima
 
 def read_topology(config: ProbeConfig) -> TopologyView:
     """The topology for the bandwidth model: ``--input`` if given, live NVML on CUDA, none on CPU."""
-    from gputopo.topology import load_topology
+    from gputopo.machine import load_topology
 
     if config.topology_input is not None:
         return TopologyView(load_topology(config.topology_input))

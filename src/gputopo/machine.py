@@ -1,0 +1,89 @@
+"""Which machine a command looks at: ``--input`` (saved ``topo -m`` text, a JSON snapshot, NCCL topology
+XML, ``sample:NAME``) read through the pure parsers of ``topology/``, or this machine, live through
+``system/``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gputopo.errors import InputError
+from gputopo.model import Topology
+
+SAMPLE_PREFIX = "sample:"
+STDIN = "-"
+# How NCCL topology XML begins (a pasted `topo -m` can begin with HTML tags, so not just "<").
+NCCL_XML_STARTS = ("<?xml", "<system", "<graphs", "<!DOCTYPE")
+
+
+def load_topology(spec: str | None, nvml_timeout_s: float | None = None) -> Topology:
+    """The topology named by ``--input``, or this machine's when ``spec`` is ``None``.
+
+    ``spec`` is ``sample:NAME``, a path to a JSON snapshot (``gputopo topo --json``), NCCL topology XML
+    (``NCCL_TOPO_DUMP_FILE``: a ``.xml`` name or text starting ``<?xml``, ``<system``, ...), saved
+    ``nvidia-smi topo -m`` text, or ``-`` for any of them on stdin. Raises ``InputError`` (exit 2) for
+    anything unreadable and ``UnavailableError`` (exit 3) when reading live without an NVIDIA driver.
+    ``nvml_timeout_s`` bounds each live NVML read (``--nvml-timeout``; default
+    ``system.nvml_worker.DEFAULT_TIMEOUT_S``).
+    """
+    if spec is None:
+        from gputopo.system.inventory import read_live
+
+        return read_live() if nvml_timeout_s is None else read_live(nvml_timeout_s=nvml_timeout_s)
+    if spec.startswith(SAMPLE_PREFIX):
+        from gputopo.topology import samples
+
+        return samples.load(spec[len(SAMPLE_PREFIX) :])
+    if spec == STDIN:
+        return _from_text(_read_stdin(), "stdin")
+    path = Path(spec)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise InputError(
+            f"--input {spec}: no such file",
+            "give a saved `nvidia-smi topo -m` output, a JSON snapshot, "
+            "or sample:NAME (gputopo topo --list-samples)",
+        ) from None
+    except IsADirectoryError:
+        raise InputError(f"--input {spec}: is a folder, not a file", "name the file itself") from None
+    except OSError as exc:
+        raise InputError(
+            f"--input {spec}: cannot read ({exc.strerror})", "check the path and its permissions"
+        ) from None
+    return _from_text(decode(raw), str(path), xml_name=path.suffix.lower() == ".xml")
+
+
+def _read_stdin() -> str:
+    import sys
+
+    if sys.stdin is None or sys.stdin.isatty():
+        raise InputError(
+            "--input -: stdin is a terminal, not a saved output",
+            "pipe it in: nvidia-smi topo -m | gputopo topo --input -",
+        )
+    stream = getattr(sys.stdin, "buffer", None)
+    return decode(stream.read()) if stream is not None else sys.stdin.read()
+
+
+def _from_text(text: str, source: str, xml_name: bool = False) -> Topology:
+    """Read text as whichever input it is: NCCL XML, a JSON snapshot, or `topo -m` output."""
+    head = text.lstrip("\ufeff \t\r\n")
+    if xml_name or head.startswith(NCCL_XML_STARTS):
+        from gputopo.topology.nccl_xml import parse_nccl_xml  # NCCL_TOPO_DUMP_FILE output
+
+        return parse_nccl_xml(text, source=source)
+    if head.startswith("{"):
+        from gputopo.topology import snapshot
+
+        return snapshot.loads(text.lstrip("\ufeff"), source=source)
+    from gputopo.topology.parse_smi import parse_topo_text
+
+    return parse_topo_text(text, source=source)
+
+
+def decode(raw: bytes) -> str:
+    """Bytes of a saved output as text: UTF-16 with a byte-order mark (what PowerShell's ``>`` writes)
+    or UTF-8 (with or without one); bytes that are neither become U+FFFD, which the parser judges."""
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return raw.decode("utf-16", errors="replace")  # the codec reads the BOM and drops it
+    return raw.decode("utf-8-sig", errors="replace")
