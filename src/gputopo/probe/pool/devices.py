@@ -43,12 +43,10 @@ def detect_devices(
     inventory = nvml_inventory(nvml_timeout_s=nvml_timeout_s)
     if need_cuda:
         require_torch()
-        import torch
+        from gputopo.probe.ranks.cuda import cuda_unavailable
 
-        if not torch.cuda.is_available():
-            why = "no CUDA device is visible to torch"
-            if torch.version.cuda is None:
-                why = f"this torch ({torch.__version__}) is built without CUDA"
+        why = cuda_unavailable()
+        if why is not None:
             raise UnavailableError(f"--device cuda: {why}", _CPU_HINT)
     return inventory
 
