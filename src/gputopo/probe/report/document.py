@@ -13,7 +13,7 @@ from gputopo import __version__
 from gputopo.probe.judge.environment import describe_transports
 from gputopo.probe.judge.p2p import p2p_matrices
 from gputopo.probe.judge.verdict import FAIL, SKIPPED, SetResult
-from gputopo.probe.pool.runner import ProbeRun
+from gputopo.probe.shared import ProbeRun
 
 SCHEMA = "gputopo/probe/v1"
 SRC_DST = "src\\dst"
