@@ -10,8 +10,8 @@ past ``--timeout`` is ``hung``, a rank that dies makes its set ``crashed``; eith
 stopped (no process left behind) and a fresh pool runs the sets not yet judged, so a fault costs one
 set, not the run.
 
-Layout: ``config`` (frozen options, built without touching a GPU), ``plan`` (sets, checks, steps),
-``launch`` (the pool: the torch elastic launcher, timeouts and clean-up), ``worker`` and ``checks`` (run
-inside the ranks), ``verdict`` (pure judging), ``document`` (JSON and Markdown), ``runner`` (the service
-the CLI calls). torch is imported only inside functions here, so ``import gputopo.probe`` stays cheap.
+Layout, by where the code runs: ``plan/`` (what to run, pure), ``ranks/`` (inside torch's processes: the
+agent, the worker and the checks; the only torch importer), ``pool/`` (starting, watching and stopping
+ranks, on one node and across nodes), ``judge/`` (measurements -> verdicts, pure), ``report/`` (JSON and
+Markdown), and ``shared`` (what several of them hand around). ``import gputopo.probe`` stays cheap.
 """

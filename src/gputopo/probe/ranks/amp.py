@@ -1,6 +1,6 @@
 """Mixed precision inside the ranks: autocast, the GradScaler, and what they did at every step.
 
-Runs in rank processes only (it imports torch at the top, as ``checks`` does). ``AmpStep`` wraps the
+Runs in rank processes only (it imports torch at the top, as ``training`` does). ``AmpStep`` wraps the
 three places a training step touches precision: the forward pass (``autocast``), the backward pass
 (``backward``: scaled for fp16) and the optimizer step (``step``: through the GradScaler for fp16),
 recording per step the scale, whether the scaler skipped the step, and the first non-finite value.
