@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from gputopo.probe.judge import nodes
+from gputopo.probe.judge.progress import crash_findings, hang_findings
 
 FAIL, PASS = "fail", "pass"
 UNTESTED = "not tested"
@@ -92,7 +93,7 @@ def internode_section(
         return _unjudged_rows(nnodes, found, joined, progress), section
     if status == "hung":
         if int(options["node_rank"]) == 0:
-            found = progress.hang_findings(progress, float(options["timeout_s"]))
+            found = hang_findings(progress, float(options["timeout_s"]))
         else:
             found = [
                 {
@@ -109,7 +110,7 @@ def internode_section(
     last_line = message.strip().splitlines()[-1] if message.strip() else "no message"
     # gloo's and NCCL's messages go on with advice after the first sentence; the first names the error.
     last_line = last_line.split(". ")[0][:200]
-    found = progress.crash_findings(progress, last_line) if status == "failed" else []
+    found = crash_findings(progress, last_line) if status == "failed" else []
     if not found:
         found = [
             {
