@@ -69,6 +69,7 @@ class GpuHealth:
     name: str | None = None
     error: str | None = None
     state: str | None = None
+    vbios_version: str | None = None
     ecc_enabled: bool | None = None
     ecc_pending_enabled: bool | None = None
     ecc_volatile_corrected: int | None = None
