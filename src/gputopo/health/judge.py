@@ -168,6 +168,11 @@ def judge(
     return j.result()
 
 
+def _secs(window_s: float | None) -> str:
+    """A window as a reader wants it: ``2.0 s``, not ``2.00413 s``."""
+    return f"{window_s or 0:.1f} s"
+
+
 def _rise(a: int | None, b: int | None) -> int | None:
     """How much a counter rose; ``None`` if either value is unknown. A counter that went down was reset
     (``nvidia-smi -p 0``, a driver reload): its new value is the rise, as DCGM reads a reset counter."""
@@ -189,7 +194,7 @@ def _memory(j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | Non
     vol = g.ecc_volatile_uncorrected
     if vol is not None and vol > j.t.limit("ecc_volatile_uncorrected"):
         rise = _rise(g0.ecc_volatile_uncorrected, vol) if g0 is not None else None
-        moving = f", {rise} of them in the last {window_s:g} s" if rise else ""
+        moving = f", {rise} of them in the last {_secs(window_s)}" if rise else ""
         j.add(
             "ecc_volatile_uncorrected",
             label,
@@ -313,7 +318,7 @@ def _nvlink_counters(
             known = [v for v in values if v is not None]
             if known and sum(known) > 0:
                 rises[kind][n.link] = sum(known)
-    w = f"{window_s:g} s" if window_s else "the window"
+    w = _secs(window_s) if window_s else "the window"
     for kind, rule in (("replay", "nvlink_replay_rise"), ("recovery", "nvlink_recovery_rise")):
         total = sum(rises[kind].values())
         if total and total >= j.t.limit(rule):
@@ -442,7 +447,7 @@ def _pcie(j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | None,
             "pcie_replay_rate",
             label,
             i,
-            f"{label}: PCIe replays rose by {rise} in {window_s:g} s ({rise * 60 / window_s:.0f}/min; "
+            f"{label}: PCIe replays rose by {rise} in {_secs(window_s)} ({rise * 60 / window_s:.0f}/min; "
             f"a Gen{gen} x{width} link at BER {j.t.limit('pcie_replay_rate'):g} allows {per_min}/min)",
             "replays mean bit errors on the PCIe link: reseat the card or riser, check the slot; "
             "`nvidia-smi -q -d PCIE` shows the counter",

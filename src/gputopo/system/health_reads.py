@@ -104,7 +104,7 @@ def _read(dev: nvml.Device) -> GpuHealth:
         "uuid": dev.uuid(),
         "pci_bus_id": dev.pci_bus_id(),
     }
-    vbios = r.get("VBIOS version", "nvmlDeviceGetVbiosVersion")
+    vbios, _, _ = r.call("nvmlDeviceGetVbiosVersion")  # for baselines; not a health check
     values["vbios_version"] = vbios.decode() if isinstance(vbios, bytes) else vbios
     values.update(_memory(r))
     values.update(_clocks_power(r))
