@@ -355,8 +355,10 @@ def _nvlink_counters(
         )
 
 
-def _per_link(rises: Mapping[int, int]) -> str:
-    return ", ".join(f"link {k}: +{v}" for k, v in sorted(rises.items()))
+def _per_link(rises: Mapping[int, int], shown: int = 6) -> str:
+    parts = [f"link {k}: +{v}" for k, v in sorted(rises.items())]
+    more = f" and {len(parts) - shown} more links" if len(parts) > shown else ""
+    return ", ".join(parts[:shown]) + more
 
 
 _FABRIC_HEALTH = (
