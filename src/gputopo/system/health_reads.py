@@ -118,7 +118,9 @@ def _read(dev: nvml.Device) -> GpuHealth:
     values["recovery_action"] = _field(r, "driver recovery action", FIELD_GPU_RECOVERY_ACTION)
     ends = dev.nvlink_ends()
     values["nvlinks"] = tuple(_nvlink(r, end) for end in ends)
-    values.update(_fabric(r, any(end.remote_kind == "switch" for end in ends)))
+    # Fabric registration matters on NVSwitch systems: links to a switch, or links whose far end an older
+    # driver cannot name (it may be one).
+    values.update(_fabric(r, any(end.up and end.remote_kind in ("switch", None) for end in ends)))
     return GpuHealth(**values, unknown=tuple(r.unknown))
 
 
@@ -143,7 +145,7 @@ def _memory(r: _Reader) -> dict[str, Any]:
             out[key] = int(value) if value is not None else None
     else:
         r.note("ECC error counts", why or "")
-    rows, rows_code, rows_why = r.call("nvmlDeviceGetRemappedRows")
+    rows, _, rows_why = r.call("nvmlDeviceGetRemappedRows")
     if rows is not None:
         corr, unc, pending, failure = (int(v) for v in rows)
         out.update(
@@ -173,10 +175,6 @@ def _memory(r: _Reader) -> dict[str, Any]:
     if not has_rows and not has_pages:
         r.note("remapped rows", rows_why or "")
         r.note("retired pages", retired_why or pending_why or "")
-    elif not has_rows and rows_code not in (r.code("NVML_ERROR_NOT_SUPPORTED"),):
-        r.note("remapped rows", rows_why or "")
-    elif not has_pages and has_rows and retired_why and "Not Supported" not in retired_why:
-        r.note("retired pages", retired_why)
     return out
 
 
