@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 from gputopo.errors import InputError, UsageError
-from gputopo.findings import NOTE, PROBLEM, Finding
+from gputopo.findings import Finding
+from gputopo.health.rules import DEFAULT_THRESHOLDS, Thresholds
 
 # Kernel logs larger than this are refused (a user's file) or cut to their newest part (the machine's own).
 MAX_LOG_BYTES = 32 * 1024 * 1024
@@ -265,13 +266,20 @@ def classify(xid: int) -> XidClass | None:
 def xid_findings(
     found: XidScan,
     gpus: Iterable[tuple[int, str | None]],
-    problem_severity: str = PROBLEM,
-    application_severity: str = NOTE,
-    unknown_severity: str = NOTE,
+    thresholds: Thresholds = DEFAULT_THRESHOLDS,
 ) -> list[Finding]:
     """One finding per (GPU, Xid code): hardware Xids are problems on that GPU, application ones notes; an
-    Xid for a PCI address none of ``gpus`` (index, NVML bus id) has is a note pinned on no GPU. Severities
-    come from the thresholds table (rules ``xid_hardware``, ``xid_application``, ``xid_unknown``)."""
+    Xid for a PCI address none of ``gpus`` (index, NVML bus id) has is a note pinned on no GPU. Severities,
+    and whether each kind is reported at all, come from the thresholds table (rules ``xid_hardware``,
+    ``xid_application``, ``xid_unknown``)."""
+    hardware, application, unknown = (
+        thresholds[n] for n in ("xid_hardware", "xid_application", "xid_unknown")
+    )
+    problem_severity, application_severity, unknown_severity = (
+        hardware.severity,
+        application.severity,
+        unknown.severity,
+    )
     by_bus: dict[tuple[int, int, int], int] = {}
     for index, bus_id in gpus:
         key = bus_key(bus_id) if bus_id else None
@@ -293,6 +301,9 @@ def xid_findings(
             seen += f" ({unaged} of unknown age, counted as since boot)"
         stamp = f", last at {last.when}" if last.when else ""
         desc = f" ({cls.description})" if cls else ""
+        kind = unknown if gpu is None or cls is None else hardware if cls.kind == "hardware" else application
+        if not kind.enabled:
+            continue
         if gpu is None:
             out.append(
                 Finding(
