@@ -55,6 +55,15 @@ def check_command(
     baseline_file: Optional[Path] = typer.Option(  # noqa: UP045 (typer)
         None, "--baseline", metavar="FILE", help="Compare this node with a saved baseline."
     ),
+    drain: bool = typer.Option(
+        False, "--drain", help="On problems, drain this Slurm node (reason 'gputopo: ...')."
+    ),
+    resume_if_healthy: bool = typer.Option(
+        False, "--resume-if-healthy", help="When healthy, resume the node if gputopo drained it (never else)."
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="With --drain/--resume-if-healthy: print the command only."
+    ),
     fmt: str = typer.Option("text", "--format", metavar="text|json|nagios", help="Output format."),
     json_out: bool = JSON_OPTION,
     nvml_timeout: float = typer.Option(
@@ -87,17 +96,49 @@ def check_command(
     result = _run(
         started, deadline, sample_s, nvml_timeout, expect_gpus, rules, log, since_s, saved, save_baseline
     )
+    slurm = _slurm(result, drain, resume_if_healthy, dry_run)
     out = Output(json_mode=fmt == "json")
     if fmt == "json":
-        out.document(result.to_json())
+        doc = result.to_json()
+        if slurm is not None:
+            doc["slurm"] = slurm.to_json()
+        out.document(doc)
         raise typer.Exit(result.exit_code)
     if fmt == "nagios":
         code, line = result.nagios()
         out.line(line)
+        _say_slurm(out, slurm)
         raise typer.Exit(code)
     for line in _text_lines(result):
         out.line(line)
+    if slurm is not None and slurm.command and not slurm.done and slurm.error is None:
+        out.line(slurm.command)  # --dry-run: the command only
+    _say_slurm(out, slurm)
     raise typer.Exit(result.exit_code)
+
+
+def _slurm(result, drain: bool, resume: bool, dry_run: bool):  # type: ignore[no-untyped-def]
+    """Drain on problems, resume when healthy; nothing on unknown (a check that could not run proves
+    nothing) and nothing on bad input (that never gets here)."""
+    if not drain and not resume:
+        return None
+    from gputopo.health.check import HEALTHY, PROBLEMS, one_line
+    from gputopo.system import slurm_node
+
+    if drain and result.verdict == PROBLEMS:
+        return slurm_node.drain(one_line(result.reason, 120), dry_run)
+    if resume and result.verdict == HEALTHY:
+        return slurm_node.resume_if_ours(dry_run)
+    return None
+
+
+def _say_slurm(out: Output, slurm) -> None:  # type: ignore[no-untyped-def]
+    if slurm is None:
+        return
+    if slurm.error is not None:
+        out.warn(f"slurm: could not {slurm.action} this node: {slurm.error}")
+    elif slurm.done:
+        out.warn(f"slurm: {slurm.command}")
 
 
 def _load_baseline(path: Path) -> dict:
