@@ -285,7 +285,13 @@ def _toml_loads(text: str) -> dict[str, Any]:
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover - exercised on 3.10 only
-        import tomli as tomllib
+        try:
+            import tomli as tomllib
+        except ImportError:
+            raise UsageError(
+                "--thresholds: TOML needs Python 3.11 or later (or the tomli package) to read",
+                "write the thresholds file as JSON, e.g. {\"nvlink_crc_per_s\": 200}",
+            ) from None
     return tomllib.loads(text)
 
 
