@@ -98,81 +98,81 @@ def cluster() -> Iterator[Cluster]:
     root.chmod(0o755)
     node = socket.gethostname().split(".", 1)[0]
     c = Cluster(root, node)
-    munge_dir = root / "munge"
-    munge_dir.mkdir()
-    shutil.copy("/etc/munge/munge.key", munge_dir / "munge.key")
-    shutil.chown(munge_dir, "munge", "munge")
-    shutil.chown(munge_dir / "munge.key", "munge", "munge")
-    munge_dir.chmod(0o700)
-    (munge_dir / "munge.key").chmod(0o600)
-    sock_dir = root / "munge-socket"  # munged wants its socket's folder open to all (execute)
-    sock_dir.mkdir()
-    shutil.chown(sock_dir, "munge", "munge")
-    sock_dir.chmod(0o755)
-    sock = sock_dir / "munge.sock"
-    started = subprocess.run(
-        [
-            "runuser", "-u", "munge", "--", "/usr/sbin/munged",
-            f"--key-file={munge_dir / 'munge.key'}", f"--socket={sock}",
-            f"--pid-file={munge_dir / 'munged.pid'}",
-            f"--log-file={munge_dir / 'munged.log'}", f"--seed-file={munge_dir / 'munged.seed'}",
-        ],
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
-    if started.returncode != 0:
-        pytest.skip(f"munged does not start here: {started.stderr.strip()[:200]}")
-    lib = fake_driver.build(root / "driver")
-    c.write_machine(healthy(0))
-    hc = root / "healthcheck.sh"
-    hc.write_text(
-        "#!/bin/sh\n"
-        "# slurmd runs this with no PATH: everything by absolute path, the environment set here.\n"
-        f"export LD_LIBRARY_PATH={lib} FAKE_NVML_CONFIG={c.machine} PYTHONPATH={fake_driver.SRC} "
-        f"SLURM_CONF={root / 'slurm.conf'}\n"
-        f"exec {sys.executable} -m gputopo check --sample-s 0.2 --budget 15 --kernel-log /dev/null "
-        f"--drain --resume-if-healthy >> {root / 'healthcheck.log'} 2>&1\n"
-    )
-    hc.chmod(0o755)
-    spec = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, timeout=30).stdout.split()
-    fields = dict(p.split("=", 1) for p in spec if "=" in p)
-    memory = int(int(fields.get("RealMemory", "1024")) * 0.9)
-    hardware = " ".join(
-        f"{k}={fields[k]}"
-        for k in ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore")
-        if k in fields
-    )
-    for d in ("state", "spool"):
-        (root / d).mkdir()
-    (root / "slurm.conf").write_text(
-        f"""ClusterName=gputopotest
-SlurmctldHost={node}(127.0.0.1)
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
-AuthType=auth/munge
-AuthInfo=socket={sock}
-CredType=cred/munge
-SlurmUser=root
-SlurmdUser=root
-StateSaveLocation={root / "state"}
-SlurmdSpoolDir={root / "spool"}
-SlurmctldPidFile={root / "slurmctld.pid"}
-SlurmdPidFile={root / "slurmd.pid"}
-SlurmctldLogFile={root / "slurmctld.log"}
-SlurmdLogFile={root / "slurmd.log"}
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-ReturnToService=2
-MpiDefault=none
-MailProg=/bin/true
-HealthCheckProgram={hc}
-HealthCheckInterval={INTERVAL_S}
-HealthCheckNodeState=ANY
-NodeName={node} NodeAddr=127.0.0.1 {hardware} RealMemory={memory} State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
-"""
-    )
     try:
+        munge_dir = root / "munge"
+        munge_dir.mkdir()
+        shutil.copy("/etc/munge/munge.key", munge_dir / "munge.key")
+        shutil.chown(munge_dir, "munge", "munge")
+        shutil.chown(munge_dir / "munge.key", "munge", "munge")
+        munge_dir.chmod(0o700)
+        (munge_dir / "munge.key").chmod(0o600)
+        sock_dir = root / "munge-socket"  # munged wants its socket's folder open to all (execute)
+        sock_dir.mkdir()
+        shutil.chown(sock_dir, "munge", "munge")
+        sock_dir.chmod(0o755)
+        sock = sock_dir / "munge.sock"
+        started = subprocess.run(
+            [
+                "runuser", "-u", "munge", "--", "/usr/sbin/munged",
+                f"--key-file={munge_dir / 'munge.key'}", f"--socket={sock}",
+                f"--pid-file={munge_dir / 'munged.pid'}",
+                f"--log-file={munge_dir / 'munged.log'}", f"--seed-file={munge_dir / 'munged.seed'}",
+            ],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        if started.returncode != 0:
+            pytest.skip(f"munged does not start here: {started.stderr.strip()[:200]}")
+        lib = fake_driver.build(root / "driver")
+        c.write_machine(healthy(0))
+        hc = root / "healthcheck.sh"
+        hc.write_text(
+            "#!/bin/sh\n"
+            "# slurmd runs this with no PATH: everything by absolute path, the environment set here.\n"
+            f"export LD_LIBRARY_PATH={lib} FAKE_NVML_CONFIG={c.machine} PYTHONPATH={fake_driver.SRC} "
+            f"SLURM_CONF={root / 'slurm.conf'}\n"
+            f"exec {sys.executable} -m gputopo check --sample-s 0.2 --budget 15 --kernel-log /dev/null "
+            f"--drain --resume-if-healthy >> {root / 'healthcheck.log'} 2>&1\n"
+        )
+        hc.chmod(0o755)
+        spec = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, timeout=30).stdout.split()
+        fields = dict(p.split("=", 1) for p in spec if "=" in p)
+        memory = int(int(fields.get("RealMemory", "1024")) * 0.9)
+        hardware = " ".join(
+            f"{k}={fields[k]}"
+            for k in ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore")
+            if k in fields
+        )
+        for d in ("state", "spool"):
+            (root / d).mkdir()
+        (root / "slurm.conf").write_text(
+            f"""ClusterName=gputopotest
+    SlurmctldHost={node}(127.0.0.1)
+    SlurmctldPort={_free_port()}
+    SlurmdPort={_free_port()}
+    AuthType=auth/munge
+    AuthInfo=socket={sock}
+    CredType=cred/munge
+    SlurmUser=root
+    SlurmdUser=root
+    StateSaveLocation={root / "state"}
+    SlurmdSpoolDir={root / "spool"}
+    SlurmctldPidFile={root / "slurmctld.pid"}
+    SlurmdPidFile={root / "slurmd.pid"}
+    SlurmctldLogFile={root / "slurmctld.log"}
+    SlurmdLogFile={root / "slurmd.log"}
+    ProctrackType=proctrack/linuxproc
+    TaskPlugin=task/none
+    JobAcctGatherType=jobacct_gather/none
+    ReturnToService=2
+    MpiDefault=none
+    MailProg=/bin/true
+    HealthCheckProgram={hc}
+    HealthCheckInterval={INTERVAL_S}
+    HealthCheckNodeState=ANY
+    NodeName={node} NodeAddr=127.0.0.1 {hardware} RealMemory={memory} State=UNKNOWN
+    PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+    """
+        )
         for cmd in (["slurmctld", "-i", "-c"], ["slurmd"]):
             done = subprocess.run(cmd, env=c.env, capture_output=True, text=True, timeout=30)
             if done.returncode != 0:
