@@ -99,6 +99,21 @@ def test_a_hung_gpu_ends_within_the_budget_as_a_problem(driver: Path, tmp_path: 
     assert doc["gpus"][0]["health"]["ecc_enabled"] is True
 
 
+def test_a_budget_spent_before_any_gpu_is_read_is_unknown_exit_3(driver: Path, tmp_path: Path) -> None:
+    result = check(
+        driver,
+        machine(tmp_path, [*healthy(0)]),
+        "--sample-s",
+        "0",
+        "--budget",
+        "0.5",
+        "--kernel-log",
+        "/dev/null",
+    )
+    assert result.returncode == 3
+    assert result.stdout.splitlines()[0] == "unknown: the time budget ran out before any GPU was read"
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

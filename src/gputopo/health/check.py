@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from gputopo.errors import EXIT_OK, EXIT_PROBLEM, EXIT_UNAVAILABLE, UsageError
 from gputopo.findings import NOTE, PROBLEM, Finding
 from gputopo.health.judge import Judgement, NotChecked
-from gputopo.health.readings import HealthSample
+from gputopo.health.readings import NOT_READ, GpuHealth, HealthSample
 
 SCHEMA = "gputopo/check/v1"
 HEALTHY, PROBLEMS, UNKNOWN = "healthy", "problems", "unknown"
@@ -127,11 +127,8 @@ def summarize(
     return CheckResult(HEALTHY, ", ".join(parts), sample, tuple(findings), not_checked, elapsed_s)
 
 
-def _was_read(g: object) -> bool:
-    from gputopo.health.readings import GpuHealth
-
-    assert isinstance(g, GpuHealth)
-    return not any(u.what == "every health value" for u in g.unknown)
+def _was_read(g: GpuHealth) -> bool:
+    return not any(u.what == NOT_READ for u in g.unknown)
 
 
 def one_line(text: str, limit: int = REASON_CHARS) -> str:

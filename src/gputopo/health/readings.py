@@ -136,6 +136,9 @@ class HealthSample:
         return None
 
 
+# ``Unknown.what`` of a GPU that was not read at all (the check's time budget ran out first).
+NOT_READ = "every health value"
+
 # NVML's clocks event reason bits (pynvml: nvmlClocksEventReason* = nvmlClocksThrottleReason*, same values).
 CLOCKS_GPU_IDLE = 0x1
 CLOCKS_APPLICATIONS_SETTING = 0x2

@@ -290,7 +290,7 @@ def _toml_loads(text: str) -> dict[str, Any]:
         except ImportError:
             raise UsageError(
                 "--thresholds: TOML needs Python 3.11 or later (or the tomli package) to read",
-                "write the thresholds file as JSON, e.g. {\"nvlink_crc_per_s\": 200}",
+                'write the thresholds file as JSON, e.g. {"nvlink_crc_per_s": 200}',
             ) from None
     return tomllib.loads(text)
 

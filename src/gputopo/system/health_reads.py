@@ -26,6 +26,7 @@ from typing import Any
 
 from gputopo.health.readings import (
     FIELD_GPU_RECOVERY_ACTION,
+    NOT_READ,
     GpuHealth,
     HealthSample,
     NvlinkHealth,
@@ -375,7 +376,7 @@ class HealthReader:
         gpus = []
         for i in indices if indices is not None else range(self.count):
             if deadline is not None and clock() >= deadline:
-                gpus.append(GpuHealth(index=i, unknown=(Unknown("every health value", BUDGET_SPENT),)))
+                gpus.append(GpuHealth(index=i, unknown=(Unknown(NOT_READ, BUDGET_SPENT),)))
                 continue
             gpus.append(self.gpu(i))
         return HealthSample(tuple(gpus), taken, self.driver_version, self.cuda_driver_version)
