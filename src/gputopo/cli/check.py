@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from gputopo.cli import app
 from gputopo.cli.common import JSON_OPTION, examples, guarded
 from gputopo.ui.output import Output
+
+if TYPE_CHECKING:
+    from gputopo.health.check import CheckResult
+    from gputopo.system.slurm_node import SlurmAction
 
 FORMATS = ("text", "json", "nagios")
 
@@ -86,16 +90,18 @@ def check_command(
         raise UsageError(f"--nvml-timeout {nvml_timeout:g}: must be positive", "e.g. --nvml-timeout 5")
     since_s = parse_since(since)
     rules = load_thresholds(thresholds) if thresholds is not None else DEFAULT_THRESHOLDS
-    saved = _load_baseline(baseline_file) if baseline_file is not None else None
+    from gputopo.check import CheckOptions, load_baseline, run_check
+
+    saved = load_baseline(baseline_file) if baseline_file is not None else None
     log = None
     if kernel_log is not None:
         from gputopo.system.kernel_log import read_log_file
 
         log = read_log_file(kernel_log)
-    deadline = started + budget
-    result = _run(
-        started, deadline, sample_s, nvml_timeout, expect_gpus, rules, log, since_s, saved, save_baseline
+    options = CheckOptions(
+        sample_s, budget, nvml_timeout, expect_gpus, rules, since_s, log, saved, save_baseline
     )
+    result = run_check(options, started)
     slurm = _slurm(result, drain, resume_if_healthy, dry_run)
     out = Output(json_mode=fmt == "json")
     if fmt == "json":
@@ -117,7 +123,7 @@ def check_command(
     raise typer.Exit(result.exit_code)
 
 
-def _slurm(result, drain: bool, resume: bool, dry_run: bool):  # type: ignore[no-untyped-def]
+def _slurm(result: CheckResult, drain: bool, resume: bool, dry_run: bool) -> SlurmAction | None:
     """Drain on problems, resume when healthy; nothing on unknown (a check that could not run proves
     nothing) and nothing on bad input (that never gets here)."""
     if not drain and not resume:
@@ -132,7 +138,7 @@ def _slurm(result, drain: bool, resume: bool, dry_run: bool):  # type: ignore[no
     return None
 
 
-def _say_slurm(out: Output, slurm) -> None:  # type: ignore[no-untyped-def]
+def _say_slurm(out: Output, slurm: SlurmAction | None) -> None:
     if slurm is None:
         return
     if slurm.error is not None:
@@ -141,65 +147,9 @@ def _say_slurm(out: Output, slurm) -> None:  # type: ignore[no-untyped-def]
         out.warn(f"slurm: {slurm.command}")
 
 
-def _load_baseline(path: Path) -> dict:
-    from gputopo.errors import InputError
-    from gputopo.health import baseline
-
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise InputError(
-            f"--baseline {path}: cannot read it ({exc.strerror or exc})", "give a file from --save-baseline"
-        ) from None
-    return baseline.loads(data, str(path))
-
-
-def _run(started, deadline, sample_s, nvml_timeout, expect_gpus, rules, log, since_s, saved, save_to):  # type: ignore[no-untyped-def]
-    from gputopo.health import check as service
-    from gputopo.health.judge import NotChecked, judge
-    from gputopo.health.xid import scan, xid_findings
-    from gputopo.system import nvml
-    from gputopo.system.health_reads import read_two_samples
-    from gputopo.system.kernel_log import read_kernel_log
-
-    sample = judgement = None
-    unavailable = None
-    extra, not_checked = [], []
-    # A hung GPU costs one NVML deadline; keep that well inside the budget.
-    per_gpu_s = min(nvml_timeout, max(0.5, (deadline - time.monotonic()) / 4))
-    try:
-        first, sample = read_two_samples(sample_s, timeout_s=per_gpu_s, deadline=deadline - 1.0)
-        judgement = judge(first, sample, thresholds=rules, expect_gpus=expect_gpus)
-    except nvml.NvmlUnavailable as exc:
-        unavailable = exc.message
-    if log is None:
-        log = read_kernel_log(since_s, timeout_s=max(0.5, min(5.0, deadline - time.monotonic())))
-    if log.text is None:
-        not_checked.append(NotChecked("Xid", log.refused or "the kernel log could not be read"))
-    else:
-        found = scan(log.text, since_s, uptime_s=log.uptime_s)
-        gpus = [(g.index, g.pci_bus_id) for g in sample.gpus] if sample is not None else []
-        extra += xid_findings(found, gpus, rules)
-    if saved is not None or save_to is not None:
-        extra += _baseline(saved, save_to, sample, nvml_timeout)
-    return service.summarize(sample, judgement, extra, not_checked, time.monotonic() - started, unavailable)
-
-
-def _baseline(saved, save_to, sample, nvml_timeout):  # type: ignore[no-untyped-def]
-    from gputopo.errors import InputError
-    from gputopo.health import baseline
-    from gputopo.system.inventory import read_live
-
-    doc = baseline.baseline_from(read_live(nvml_timeout_s=nvml_timeout), sample)
-    if save_to is not None:
-        try:
-            save_to.write_text(baseline.dumps(doc))
-        except OSError as exc:
-            raise InputError(f"--save-baseline {save_to}: cannot write it ({exc.strerror or exc})") from None
-    return baseline.compare(saved, doc) if saved is not None else []
-
-
-def _text_lines(result) -> list[str]:  # type: ignore[no-untyped-def]
+def _text_lines(result: CheckResult) -> list[str]:
+    """The reason first (what a scheduler shows), then each finding with its remedy, then what was not
+    checked."""
     lines = [
         f"{result.verdict}: {result.reason}"
         if not result.reason.startswith(result.verdict)
