@@ -249,27 +249,45 @@ def _nvlink(r: _Reader, end: nvml.NvlinkEnd) -> NvlinkHealth:
     )
 
 
+# The fabric info structs as nvml.h lays them out, ours rather than the bindings': nvidia-ml-py 12.535
+# declares the v1 struct with an 80-byte clusterUuid (the device UUID buffer size), where nvml.h has 16
+# (NVML_GPU_FABRIC_UUID_LEN), so every field after it would be read from the wrong place.
+class _FabricInfoV1(ctypes.Structure):
+    _fields_ = [
+        ("clusterUuid", ctypes.c_uint8 * 16),
+        ("status", ctypes.c_int),
+        ("cliqueId", ctypes.c_uint32),  # "partitionId" in r525-r535's nvml.h: the same field
+        ("state", ctypes.c_uint32),
+    ]
+
+
+class _FabricInfoV2(ctypes.Structure):
+    _fields_ = [
+        ("version", ctypes.c_uint32),
+        ("clusterUuid", ctypes.c_uint8 * 16),
+        ("status", ctypes.c_int),
+        ("cliqueId", ctypes.c_uint32),
+        ("state", ctypes.c_uint32),
+        ("healthMask", ctypes.c_uint32),
+    ]
+
+
+# nvmlGpuFabricInfo_v2 = NVML_STRUCT_VERSION(GpuFabricInfo, 2): the struct's size | 2 << 24 (nvml.h).
+_FABRIC_INFO_V2 = ctypes.sizeof(_FabricInfoV2) | 2 << 24
+
+
 def _fabric(r: _Reader, on_switch: bool) -> dict[str, Any]:
     """The GPU's NVLink fabric registration (NVSwitch and NVL systems). Elsewhere the driver answers
     NOT_SUPPORTED (or lacks the call): that is no gap, so it is listed only for a GPU with switch links."""
-    e = r.e
-    why = None
-    struct = getattr(e, "c_nvmlGpuFabricInfo_v2_t", None)
-    if struct is not None:
-        info = struct()  # its constructor sets ``version``
-        _, code, why = r.call("nvmlDeviceGetGpuFabricInfoV", ctypes.byref(info))
+    v2 = _FabricInfoV2(version=_FABRIC_INFO_V2)
+    _, code, why = r.call("nvmlDeviceGetGpuFabricInfoV", ctypes.byref(v2))
+    if code is None:
+        return _fabric_values(v2, v2.healthMask)
+    if code in (_NOT_IN_BINDINGS, r.code("NVML_ERROR_FUNCTION_NOT_FOUND")):
+        v1 = _FabricInfoV1()
+        _, code, why = r.call("nvmlDeviceGetGpuFabricInfo", ctypes.byref(v1))
         if code is None:
-            return _fabric_values(info, getattr(info, "healthMask", None))
-        if code not in (_NOT_IN_BINDINGS, r.code("NVML_ERROR_FUNCTION_NOT_FOUND")):
-            if on_switch:
-                r.note("NVLink fabric state", why or "")
-            return {}
-    struct = getattr(e, "c_nvmlGpuFabricInfo_t", None)
-    if struct is not None:
-        info = struct()
-        _, code, why = r.call("nvmlDeviceGetGpuFabricInfo", ctypes.byref(info))
-        if code is None:
-            return _fabric_values(info, None)
+            return _fabric_values(v1, None)
     if on_switch:
         r.note("NVLink fabric state", why or "Function Not Found")
     return {}
