@@ -1,8 +1,9 @@
 """The fake NVIDIA driver (tests/fakedriver/fake_nvml.c) under the real nvidia-ml-py: build and machines.
 
 ``build(dir, old=...)`` compiles the C file with the system C compiler into ``dir/libnvidia-ml.so.1``
-(``old``: a driver that lacks memory v2, MIG, the NUMA node id, the remote NVLink type and the v3 process
-lists). ``run(...)`` starts ``python -m gputopo ...`` with ``LD_LIBRARY_PATH`` pointing there and
+(``old``: a driver that lacks memory v2, MIG, the NUMA node id, the remote NVLink type, the v3 process
+lists, the clocks event reasons name, remapped rows and the fabric info). ``run(...)`` starts
+``python -m gputopo ...`` with ``LD_LIBRARY_PATH`` pointing there and
 ``FAKE_NVML_CONFIG`` naming a machine file, so the real pynvml loads the fake library as it would load the
 driver's. The machine text format is described at the top of the C file.
 """
@@ -109,6 +110,20 @@ def build(directory: Path, old: bool = False) -> Path:
         cmd.insert(1, "-DOLD_DRIVER")
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     return directory
+
+
+def run_python(
+    lib_dir: Path, machine_file: Path, code: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``python -c CODE`` on the fake machine: for calling gputopo's API (not a command) over the real
+    pynvml and the fake driver, which only a fresh process can load."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env=env_for(lib_dir, machine_file),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def env_for(lib_dir: Path, machine_file: Path) -> dict[str, str]:

@@ -8,22 +8,69 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from gputopo.model import GPU_NOT_ACCESSIBLE, GPU_NOT_RESPONDING, LinkKind, Topology
 
 PROBLEM = "problem"
 NOTE = "note"
 
+SEVERITIES = (PROBLEM, NOTE)
+# What a finding is about (DESIGN.md, "finding"): the subsystem, so a reader can filter and a scheduler
+# can tell a bad GPU from a bad setting.
+CATEGORIES = (
+    "memory",
+    "nvlink",
+    "pcie",
+    "thermal",
+    "power",
+    "xid",
+    "driver",
+    "config",
+    "topology",
+    "process",
+)
+# What to do, from least to most disruptive: "monitor" keeps an eye on it, "reset" a GPU reset (or
+# reboot) clears it, "drain" take the node or GPU out of service now, "replace" hardware service,
+# "config" a setting to change. Named after DCGM's health-response actions and NVML's recovery actions.
+ACTIONS = ("none", "monitor", "reset", "drain", "replace", "config")
+
 
 @dataclass(frozen=True)
 class Finding:
-    """One thing wrong (``severity`` problem) or worth knowing (note), with its remedy in words."""
+    """One thing wrong (``severity`` problem) or worth knowing (note), with its remedy in words.
+
+    The one finding shape of every command that judges (DESIGN.md): ``where`` names the place
+    (``GPU3``, ``GPU0-GPU1``, ``NCCL_IB_HCA``), ``gpu`` the nvidia-smi index when the finding belongs to
+    one GPU (``None`` for a pair, the node or a setting), ``category`` one of ``CATEGORIES``, ``what`` the
+    evidence (counter values and window included), ``action`` one of ``ACTIONS``.
+    """
 
     where: str
     what: str
     remedy: str
     severity: str = PROBLEM
+    gpu: int | None = None
+    category: str = "topology"
+    action: str = "none"
+
+    def to_json(self) -> dict[str, Any]:
+        """The finding as the JSON object every output shows (the keys of DESIGN.md's finding shape)."""
+        return asdict(self)
+
+
+def finding_from_json(doc: dict[str, Any]) -> Finding:
+    """A finding read back from ``to_json``'s object (older documents without the newer keys too)."""
+    return Finding(
+        where=str(doc.get("where", "")),
+        what=str(doc.get("what", "")),
+        remedy=str(doc.get("remedy", "")),
+        severity=str(doc.get("severity", PROBLEM)),
+        gpu=doc.get("gpu") if isinstance(doc.get("gpu"), int) else None,
+        category=str(doc.get("category") or "topology"),
+        action=str(doc.get("action") or "none"),
+    )
 
 
 def link_findings(topo: Topology) -> list[Finding]:
@@ -37,6 +84,9 @@ def link_findings(topo: Topology) -> list[Finding]:
                     f"the GPU does not answer NVML ({g.error})",
                     "look for Xid errors in `dmesg`; drain the jobs and reset the GPU (`nvidia-smi -r -i "
                     f"{g.index}`) or reboot; if it keeps falling off the bus, reseat it or open an RMA",
+                    gpu=g.index,
+                    category="driver",
+                    action="reset",
                 )
             )
         elif g.state == GPU_NOT_RESPONDING:
@@ -46,6 +96,9 @@ def link_findings(topo: Topology) -> list[Finding]:
                     f"the GPU did not answer NVML in time ({g.error})",
                     "look for Xid errors in `dmesg` (79: fallen off the bus) and for processes stuck on the "
                     f"GPU; `nvidia-smi -i {g.index}` hanging too confirms it; a reset or reboot clears it",
+                    gpu=g.index,
+                    category="driver",
+                    action="reset",
                 )
             )
         elif g.state == GPU_NOT_ACCESSIBLE:
@@ -55,6 +108,8 @@ def link_findings(topo: Topology) -> list[Finding]:
                     f"not accessible from here ({g.error}): another job's or container's GPU",
                     "nothing to fix on the GPU; run where the GPU is allocated to you to check it",
                     severity=NOTE,
+                    gpu=g.index,
+                    category="config",
                 )
             )
         elif g.mig_enabled:
@@ -65,6 +120,8 @@ def link_findings(topo: Topology) -> list[Finding]:
                     "NCCL does not run on MIG devices; `nvidia-smi -i "
                     f"{g.index} -mig 0` (then a GPU reset) turns MIG off if the GPU is meant for training",
                     severity=NOTE,
+                    gpu=g.index,
+                    category="config",
                 )
             )
         elif g.pcie_below_max_while_busy and g.pcie is not None:
@@ -76,6 +133,9 @@ def link_findings(topo: Topology) -> list[Finding]:
                     f"Gen{p.gen_max} x{p.width_max}",
                     "check the slot and riser, and the BIOS PCIe speed setting; "
                     "`nvidia-smi -q -d PCIE` shows the link, and `lspci -vv` the slot",
+                    gpu=g.index,
+                    category="pcie",
+                    action="monitor",
                 )
             )
     for p in topo.nvlinks or ():
@@ -87,6 +147,8 @@ def link_findings(topo: Topology) -> list[Finding]:
                     "`nvidia-smi nvlink -s` and `nvidia-smi nvlink -e` show the state and error counters; "
                     "on NVSwitch systems check nvidia-fabricmanager; a reset or reseat usually brings links "
                     "back, persistent errors mean hardware service",
+                    category="nvlink",
+                    action="reset",
                 )
             )
     found.extend(_p2p_findings(topo))
@@ -119,6 +181,8 @@ def _p2p_findings(topo: Topology) -> list[Finding]:
                         f"P2P read/write reported {code} over {link.code}, where it should work",
                         "check that nvidia-fabricmanager runs (NVSwitch), that the driver is current, and "
                         "that the IOMMU/ACS is off for these GPUs; until then expect slower all-reduce here",
+                        category="config",
+                        action="config",
                     )
                 )
             else:
@@ -172,6 +236,8 @@ def nccl_env_findings(env: Mapping[str, str], nic_names: Sequence[str] = ()) -> 
                 f"{name}={value} {does}; NCCL lists it among the variables for debugging, not for production",
                 f"unset it (`unset {name}`) and remove it from job scripts, ~/.bashrc, /etc/nccl.conf and "
                 "container images, unless it is a deliberate, dated workaround",
+                category="config",
+                action="config",
             )
         )
     hca = env.get("NCCL_IB_HCA")
@@ -211,7 +277,8 @@ def _ib_hca_findings(value: str, nic_names: Sequence[str]) -> list[Finding]:
         severity = NOTE
     if inner_eq:
         what += f"; the '=' inside the list ({', '.join(inner_eq)}) is read as part of a name"
-    return [Finding("NCCL_IB_HCA", what, _ib_hca_remedy(exclude, entries, devices, nic_names), severity)]
+    remedy = _ib_hca_remedy(exclude, entries, devices, nic_names)
+    return [Finding("NCCL_IB_HCA", what, remedy, severity, category="config", action="config")]
 
 
 def _one_device(name: str, nic_names: Sequence[str]) -> bool:

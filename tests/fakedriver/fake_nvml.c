@@ -4,7 +4,8 @@
  * against a driver. Only the functions gputopo calls exist; pynvml answers FunctionNotFound for the rest
  * (its _nvmlGetFunctionPointer turns a missing symbol into NVML_ERROR_FUNCTION_NOT_FOUND). Built with
  * -DOLD_DRIVER it also lacks functions that older drivers lack (memory v2, MIG, NUMA node id, remote
- * NVLink device type, the v3 process lists).
+ * NVLink device type, the v3 process lists, the clocks *event* reasons name (it has the older throttle
+ * name), remapped rows, the GPU fabric info).
  *
  * The machine is described by the text file named in FAKE_NVML_CONFIG, read at nvmlInit; without it the
  * library answers DriverNotLoaded. One statement per line, '#' starts a comment:
@@ -22,6 +23,24 @@
  *   path A B LEVEL | p2p A B STATUS                 pair answers (default: SYSTEM, P2P OK)
  *   err I|* FUNCTION CODE                           FUNCTION fails with CODE for GPU I (or every GPU)
  *   hang I|* FUNCTION                               FUNCTION never returns for GPU I (or every GPU)
+ *
+ * Health (each unset value answers NotSupported):
+ *   ecc I CURRENT PENDING                           ECC mode (1 on, 0 off)
+ *   eccerr I VOL_CORR VOL_UNC AGG_CORR AGG_UNC      nvmlDeviceGetTotalEccErrors
+ *   retired I SBE DBE PENDING                       retired pages (counts) and pending status (pre-Ampere)
+ *   remap I CORR UNC PENDING FAILURE                nvmlDeviceGetRemappedRows (Ampere+)
+ *   clocks I HEXMASK                                clocks event reasons (0x8 HW slowdown, ...)
+ *   temp I C | power I MILLIWATTS LIMIT_MILLIWATTS | replay I N | persist I 0|1 | vbios I TEXT
+ *   nverr I L REPLAY RECOVERY CRC_FLIT CRC_DATA     NVLink error counters of link L
+ *   field I ID VALUE | fielderr I ID CODE           nvmlDeviceGetFieldValues: per-field value or return code
+ *                                                   (a field not set answers NotSupported in its own slot)
+ *   fabric I STATE STATUS CLIQUE HEALTHMASK         nvmlDeviceGetGpuFabricInfo(V)
+ *   rise I COUNTER STEP [L]                         COUNTER rises by STEP at each read: ecc_vol_corr,
+ *                                                   ecc_vol_unc, ecc_agg_corr, ecc_agg_unc, pcie_replay, or
+ *                                                   nvl_replay/nvl_recovery/nvl_crc_flit/nvl_crc_data of link L
+ *
+ * nvmlInit and nvmlShutdown are reference-counted as NVML's are: the machine file is read by the first
+ * nvmlInit and the library stays initialised until as many nvmlShutdown calls.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,8 +73,26 @@ typedef struct {
     char bus[32];
 } link_t;
 
+/* Counter ids for "rise": ECC 0-3, PCIe replays 4, NVLink 8 + link * 4 + kind. */
+#define NCOUNTERS (8 + MAXL * 4)
+#define MAXFIELDS 16
+
 typedef struct {
     int present, handle_err, minor, numaid, util;
+    /* health */
+    int has_ecc, ecc_cur, ecc_pend, has_eccerr, has_retired, has_remap, has_clocks, has_temp, has_power;
+    int has_replay, has_persist, persist, has_fabric, nfields;
+    unsigned long long eccerr[4], clocks;
+    unsigned retired[3], remap[4], temp, power_mw, limit_mw, replay;
+    unsigned fabric_state, fabric_clique, fabric_mask;
+    int fabric_status;
+    char vbios[64];
+    int has_nverr[MAXL];
+    unsigned long long nverr[MAXL][4];
+    long long rise[NCOUNTERS];
+    unsigned field_id[MAXFIELDS];
+    long long field_val[MAXFIELDS];
+    int field_ret[MAXFIELDS];
     char bus[32], uuid[96], name[96];
     unsigned gen_cur, gen_max, width_cur, width_max;
     unsigned long long total, used, reserved;
@@ -80,6 +117,8 @@ typedef struct {
 
 static gpu_t gpus[MAXG];
 static int ngpus, init_code, init_hang, inited;
+/* How often each counter was read: kept across nvmlInit/nvmlShutdown so counters rise between samples. */
+static unsigned long long reads[MAXG][NCOUNTERS];
 static char driver[80] = "550.54.15";
 static int cuda = 12040;
 static int path_level[MAXG][MAXG], p2p_status[MAXG][MAXG], path_set[MAXG][MAXG];
@@ -88,6 +127,69 @@ static int nrules;
 
 static void hang_forever(void) {
     for (;;) pause();
+}
+
+static int counter_id(const char *name, int link) {
+    static const char *names[] = {"ecc_vol_corr", "ecc_vol_unc", "ecc_agg_corr", "ecc_agg_unc", "pcie_replay"};
+    static const char *nvl[] = {"nvl_replay", "nvl_recovery", "nvl_crc_flit", "nvl_crc_data"};
+    for (int k = 0; k < 5; k++)
+        if (!strcmp(name, names[k])) return k;
+    for (int k = 0; k < 4; k++)
+        if (!strcmp(name, nvl[k]) && link >= 0 && link < MAXL) return 8 + link * 4 + k;
+    return -1;
+}
+
+/* The health statements of the machine file; 1 when the line was one. */
+static int parse_health(const char *key, const char *line) {
+    int i = -1, x = 0, y = 0, z = 0, w = 0, n = 0;
+    unsigned long long a = 0, b = 0, c = 0, d = 0;
+    char name[64];
+    if (sscanf(line, "%*s %d", &i) != 1 || i < 0 || i >= MAXG) return 0;
+    gpu_t *g = &gpus[i];
+    if (!strcmp(key, "ecc") && sscanf(line, "%*s %*d %d %d", &x, &y) == 2) {
+        g->has_ecc = 1, g->ecc_cur = x, g->ecc_pend = y;
+    } else if (!strcmp(key, "eccerr") && sscanf(line, "%*s %*d %llu %llu %llu %llu", &a, &b, &c, &d) == 4) {
+        g->has_eccerr = 1, g->eccerr[0] = a, g->eccerr[1] = b, g->eccerr[2] = c, g->eccerr[3] = d;
+    } else if (!strcmp(key, "retired") && sscanf(line, "%*s %*d %d %d %d", &x, &y, &z) == 3) {
+        g->has_retired = 1, g->retired[0] = x, g->retired[1] = y, g->retired[2] = z;
+    } else if (!strcmp(key, "remap") && sscanf(line, "%*s %*d %d %d %d %d", &x, &y, &z, &w) == 4) {
+        g->has_remap = 1, g->remap[0] = x, g->remap[1] = y, g->remap[2] = z, g->remap[3] = w;
+    } else if (!strcmp(key, "clocks") && sscanf(line, "%*s %*d %llx", &a) == 1) {
+        g->has_clocks = 1, g->clocks = a;
+    } else if (!strcmp(key, "temp") && sscanf(line, "%*s %*d %d", &x) == 1) {
+        g->has_temp = 1, g->temp = x;
+    } else if (!strcmp(key, "power") && sscanf(line, "%*s %*d %d %d", &x, &y) == 2) {
+        g->has_power = 1, g->power_mw = x, g->limit_mw = y;
+    } else if (!strcmp(key, "replay") && sscanf(line, "%*s %*d %d", &x) == 1) {
+        g->has_replay = 1, g->replay = x;
+    } else if (!strcmp(key, "persist") && sscanf(line, "%*s %*d %d", &x) == 1) {
+        g->has_persist = 1, g->persist = x;
+    } else if (!strcmp(key, "vbios") && sscanf(line, "%*s %*d %63s", name) == 1) {
+        snprintf(g->vbios, sizeof g->vbios, "%s", name);
+    } else if (!strcmp(key, "nverr") &&
+               sscanf(line, "%*s %*d %d %llu %llu %llu %llu", &x, &a, &b, &c, &d) == 5 && x >= 0 && x < MAXL) {
+        g->has_nverr[x] = 1;
+        g->nverr[x][0] = a, g->nverr[x][1] = b, g->nverr[x][2] = c, g->nverr[x][3] = d;
+    } else if ((!strcmp(key, "field") || !strcmp(key, "fielderr")) &&
+               sscanf(line, "%*s %*d %d %lld", &x, (long long *)&a) == 2 && g->nfields < MAXFIELDS) {
+        g->field_id[g->nfields] = x;
+        g->field_val[g->nfields] = !strcmp(key, "field") ? (long long)a : 0;
+        g->field_ret[g->nfields++] = !strcmp(key, "field") ? OK : (int)a;
+    } else if (!strcmp(key, "fabric") && sscanf(line, "%*s %*d %d %d %d %x", &x, &y, &z, &w) == 4) {
+        g->has_fabric = 1, g->fabric_state = x, g->fabric_status = y, g->fabric_clique = z;
+        g->fabric_mask = (unsigned)w;
+    } else if (!strcmp(key, "rise") && (n = sscanf(line, "%*s %*d %63s %d %d", name, &x, &y)) >= 2) {
+        int id = counter_id(name, n == 3 ? y : -1);
+        if (id >= 0) g->rise[id] = x;
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+/* A counter's value at this read: its base plus STEP for every earlier read ("rise"). */
+static unsigned long long counter(int index, int id, unsigned long long base) {
+    return base + (unsigned long long)gpus[index].rise[id] * reads[index][id]++;
 }
 
 static void load(const char *file) {
@@ -162,6 +264,7 @@ static void load(const char *file) {
             path_set[i][j] = path_set[j][i] = 1;
         } else if (!strcmp(key, "p2p") && sscanf(line, "%*s %d %d %d", &i, &j, &x) == 3) {
             p2p_status[i][j] = p2p_status[j][i] = x;
+        } else if (parse_health(key, line)) {
         } else if ((!strcmp(key, "err") || !strcmp(key, "hang")) && nrules < MAXRULES &&
                    sscanf(line, "%*s %95s %79s %d", a, rules[nrules].fn, &x) >= 2) {
             rules[nrules].gpu = strcmp(a, "*") ? atoi(a) : -1;
@@ -196,6 +299,10 @@ static nvmlReturn_t rule(const char *fn, int index) {
 
 nvmlReturn_t nvmlInitWithFlags(unsigned flags) {
     (void)flags;
+    if (inited) {
+        inited++;
+        return OK;
+    }
     load(getenv("FAKE_NVML_CONFIG") ? getenv("FAKE_NVML_CONFIG") : "");
     if (init_hang) hang_forever();
     if (init_code) return init_code;
@@ -205,7 +312,7 @@ nvmlReturn_t nvmlInitWithFlags(unsigned flags) {
 nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
 nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
 nvmlReturn_t nvmlShutdown(void) {
-    inited = 0;
+    if (inited) inited--;
     return OK;
 }
 
@@ -433,3 +540,166 @@ nvmlReturn_t nvmlDeviceGetP2PStatus(void *h1, void *h2, int cap, int *out) {
     *out = p2p_status[hd->index][other->index];
     return OK;
 }
+
+/* --- Health ------------------------------------------------------------------------------------------- */
+
+nvmlReturn_t nvmlDeviceGetVbiosVersion(void *h, char *out, unsigned len) {
+    GPU_OF(h);
+    if (!g->vbios[0]) return E_NOT_SUPPORTED;
+    snprintf(out, len, "%s", g->vbios);
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetEccMode(void *h, int *cur, int *pending) {
+    GPU_OF(h);
+    if (!g->has_ecc) return E_NOT_SUPPORTED;
+    *cur = g->ecc_cur;
+    *pending = g->ecc_pend;
+    return OK;
+}
+/* errorType 0 corrected / 1 uncorrected; counterType 0 volatile / 1 aggregate (nvml.h). */
+nvmlReturn_t nvmlDeviceGetTotalEccErrors(void *h, int error_type, int counter_type, unsigned long long *out) {
+    GPU_OF(h);
+    if (!g->has_eccerr) return E_NOT_SUPPORTED;
+    if (error_type < 0 || error_type > 1 || counter_type < 0 || counter_type > 1) return E_INVALID;
+    int id = counter_type * 2 + error_type; /* vol_corr, vol_unc, agg_corr, agg_unc */
+    *out = counter(hd->index, id, g->eccerr[id]);
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetRetiredPages(void *h, int cause, unsigned *count, unsigned long long *addresses) {
+    GPU_OF(h);
+    if (!g->has_retired) return E_NOT_SUPPORTED;
+    if (cause < 0 || cause > 1) return E_INVALID;
+    unsigned n = g->retired[cause];
+    if (!addresses || *count < n) {
+        *count = n;
+        return n ? E_INSUFFICIENT_SIZE : OK;
+    }
+    for (unsigned k = 0; k < n; k++) addresses[k] = 0x1000ULL * (k + 1) + cause;
+    *count = n;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(void *h, int *out) {
+    GPU_OF(h);
+    if (!g->has_retired) return E_NOT_SUPPORTED;
+    *out = g->retired[2] ? 1 : 0;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(void *h, unsigned long long *out) {
+    GPU_OF(h);
+    if (!g->has_clocks) return E_NOT_SUPPORTED;
+    *out = g->clocks;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetTemperature(void *h, int sensor, unsigned *out) {
+    GPU_OF(h);
+    if (!g->has_temp || sensor != 0) return E_NOT_SUPPORTED;
+    *out = g->temp;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetPowerUsage(void *h, unsigned *out) {
+    GPU_OF(h);
+    if (!g->has_power) return E_NOT_SUPPORTED;
+    *out = g->power_mw;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(void *h, unsigned *out) {
+    GPU_OF(h);
+    if (!g->has_power) return E_NOT_SUPPORTED;
+    *out = g->limit_mw;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetPcieReplayCounter(void *h, unsigned *out) {
+    GPU_OF(h);
+    if (!g->has_replay) return E_NOT_SUPPORTED;
+    *out = (unsigned)counter(hd->index, 4, g->replay);
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetPersistenceMode(void *h, int *out) {
+    GPU_OF(h);
+    if (!g->has_persist) return E_NOT_SUPPORTED;
+    *out = g->persist;
+    return OK;
+}
+/* counter: 0 replay, 1 recovery, 2 CRC flit, 3 CRC data (NVML_NVLINK_ERROR_DL_*). */
+nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(void *h, unsigned link, int kind, unsigned long long *out) {
+    GPU_OF(h);
+    if (link >= MAXL || !g->links[link].present) return E_INVALID;
+    if (!g->has_nverr[link] || kind < 0 || kind > 3) return E_NOT_SUPPORTED;
+    *out = counter(hd->index, 8 + (int)link * 4 + kind, g->nverr[link][kind]);
+    return OK;
+}
+
+typedef struct {
+    unsigned fieldId, scopeId;
+    long long timestamp, latencyUsec;
+    int valueType, nvmlReturn;
+    union {
+        double d;
+        unsigned ui;
+        unsigned long ul;
+        unsigned long long ull;
+        long long sll;
+        int si;
+        unsigned short us;
+    } value;
+} field_t;
+
+nvmlReturn_t nvmlDeviceGetFieldValues(void *h, int count, field_t *values) {
+    GPU_OF(h);
+    for (int k = 0; k < count; k++) {
+        field_t *v = &values[k];
+        v->nvmlReturn = E_NOT_SUPPORTED;
+        v->valueType = 3; /* unsigned long long */
+        v->value.ull = 0;
+        for (int f = 0; f < g->nfields; f++) {
+            if (g->field_id[f] != v->fieldId) continue;
+            v->nvmlReturn = g->field_ret[f];
+            v->value.ull = (unsigned long long)g->field_val[f];
+        }
+    }
+    return OK;
+}
+
+#ifndef OLD_DRIVER
+nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(void *h, unsigned long long *out) {
+    GPU_OF(h);
+    if (!g->has_clocks) return E_NOT_SUPPORTED;
+    *out = g->clocks;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetRemappedRows(void *h, unsigned *corr, unsigned *unc, unsigned *pending,
+                                       unsigned *failure) {
+    GPU_OF(h);
+    if (!g->has_remap) return E_NOT_SUPPORTED;
+    *corr = g->remap[0], *unc = g->remap[1], *pending = g->remap[2], *failure = g->remap[3];
+    return OK;
+}
+
+typedef struct {
+    unsigned char clusterUuid[16];
+    int status;
+    unsigned cliqueId, state;
+} fabric_v1_t;
+typedef struct {
+    unsigned version;
+    unsigned char clusterUuid[16];
+    int status;
+    unsigned cliqueId, state, healthMask;
+} fabric_v2_t;
+
+nvmlReturn_t nvmlDeviceGetGpuFabricInfo(void *h, fabric_v1_t *out) {
+    GPU_OF(h);
+    if (!g->has_fabric) return E_NOT_SUPPORTED;
+    memset(out, 0, sizeof *out);
+    out->status = g->fabric_status, out->cliqueId = g->fabric_clique, out->state = g->fabric_state;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(void *h, fabric_v2_t *out) {
+    GPU_OF(h);
+    if (out->version != 0x02000024) return 25; /* NVML_ERROR_ARGUMENT_VERSION_MISMATCH */
+    if (!g->has_fabric) return E_NOT_SUPPORTED;
+    out->status = g->fabric_status, out->cliqueId = g->fabric_clique, out->state = g->fabric_state;
+    out->healthMask = g->fabric_mask;
+    return OK;
+}
+#endif

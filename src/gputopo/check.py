@@ -1,0 +1,103 @@
+"""``gputopo check``'s service: read this node through ``system/`` (NVML twice, the kernel log, the
+topology for baselines) and judge it with the pure ``health`` package, within a time budget.
+
+The CLI parses and validates the options (bad input never reaches here, so it never drains), calls
+``run_check``, and renders the ``health.check.CheckResult``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gputopo.errors import InputError
+from gputopo.findings import Finding
+from gputopo.health import baseline
+from gputopo.health.check import CheckResult, summarize
+from gputopo.health.judge import Judgement, NotChecked, judge
+from gputopo.health.readings import HealthSample
+from gputopo.health.rules import DEFAULT_THRESHOLDS, Thresholds
+from gputopo.health.xid import scan, xid_findings
+from gputopo.system.kernel_log import KernelLog
+
+# Time kept back from the budget for what follows the NVML reads (kernel log, output).
+RESERVE_S = 1.0
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    """What ``gputopo check`` was asked, already validated. ``kernel_log`` is a log the user gave (``None``:
+    read this machine's); ``baseline`` a loaded baseline document to compare with."""
+
+    sample_s: float = 2.0
+    budget_s: float = 20.0
+    nvml_timeout_s: float = 5.0
+    expect_gpus: int | None = None
+    thresholds: Thresholds = DEFAULT_THRESHOLDS
+    since_s: float | None = 7200.0
+    kernel_log: KernelLog | None = None
+    baseline: dict[str, Any] | None = None
+    save_baseline: Path | None = None
+
+
+def run_check(options: CheckOptions, started: float | None = None) -> CheckResult:
+    """Check this node; ``started`` is the ``time.monotonic()`` reading the budget counts from."""
+    from gputopo.system import nvml
+    from gputopo.system.health_reads import read_two_samples
+    from gputopo.system.kernel_log import read_kernel_log
+
+    started = time.monotonic() if started is None else started
+    deadline = started + options.budget_s
+    sample: HealthSample | None = None
+    judgement: Judgement | None = None
+    unavailable = None
+    extra: list[Finding] = []
+    not_checked: list[NotChecked] = []
+    # A hung GPU costs one NVML deadline: keep that well inside the budget.
+    per_gpu_s = min(options.nvml_timeout_s, max(0.5, (deadline - time.monotonic()) / 4))
+    try:
+        first, sample = read_two_samples(options.sample_s, timeout_s=per_gpu_s, deadline=deadline - RESERVE_S)
+        judgement = judge(first, sample, thresholds=options.thresholds, expect_gpus=options.expect_gpus)
+    except nvml.NvmlUnavailable as exc:
+        unavailable = exc.message
+    log = options.kernel_log
+    if log is None:
+        log = read_kernel_log(options.since_s, timeout_s=max(0.5, min(5.0, deadline - time.monotonic())))
+    if log.text is None:
+        not_checked.append(NotChecked("Xid", log.refused or "the kernel log could not be read"))
+    else:
+        found = scan(log.text, options.since_s, uptime_s=log.uptime_s)
+        gpus = [(g.index, g.pci_bus_id) for g in sample.gpus] if sample is not None else []
+        extra += xid_findings(found, gpus, options.thresholds)
+    if options.baseline is not None or options.save_baseline is not None:
+        extra += _baseline(options, sample)
+    return summarize(sample, judgement, extra, not_checked, time.monotonic() - started, unavailable)
+
+
+def _baseline(options: CheckOptions, sample: HealthSample | None) -> list[Finding]:
+    """Save this node's baseline and/or compare it with the given one."""
+    from gputopo.system.inventory import read_live
+
+    doc = baseline.baseline_from(read_live(nvml_timeout_s=options.nvml_timeout_s), sample)
+    if options.save_baseline is not None:
+        try:
+            options.save_baseline.write_text(baseline.dumps(doc))
+        except OSError as exc:
+            raise InputError(
+                f"--save-baseline {options.save_baseline}: cannot write it ({exc.strerror or exc})",
+                "choose a folder you can write to",
+            ) from None
+    return baseline.compare(options.baseline, doc) if options.baseline is not None else []
+
+
+def load_baseline(path: Path) -> dict[str, Any]:
+    """The baseline document at ``path``; ``InputError`` (exit 2) when it cannot be read or is not one."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(
+            f"--baseline {path}: cannot read it ({exc.strerror or exc})", "give a file from --save-baseline"
+        ) from None
+    return baseline.loads(data, str(path))

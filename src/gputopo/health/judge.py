@@ -1,0 +1,533 @@
+"""Health readings -> findings (pure): the rules of ``health.rules`` applied to two samples.
+
+Counters are judged by how they move between the two samples (``window_s`` apart), not by their totals:
+a total since the driver loaded is history, a note at most. States (a pending row remap, a link down, the
+clocks event reasons, the recovery action) are judged on the second sample. What could not be read is
+listed in ``not_checked`` with the reason, never taken as healthy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from gputopo.findings import PROBLEM, Finding
+from gputopo.health.readings import (
+    CLOCKS_HW_POWER_BRAKE,
+    CLOCKS_HW_SLOWDOWN,
+    CLOCKS_HW_THERMAL,
+    CLOCKS_SW_THERMAL,
+    FABRIC_COMPLETED,
+    FABRIC_NOT_SUPPORTED,
+    FABRIC_STATES,
+    RECOVERY_ACTIONS,
+    RECOVERY_NONE,
+    GpuHealth,
+    HealthSample,
+    NvlinkHealth,
+)
+from gputopo.health.rules import DEFAULT_THRESHOLDS, Rule, Thresholds
+from gputopo.model import BUSY_UTILIZATION_PCT
+
+
+@dataclass(frozen=True)
+class NotChecked:
+    """A check that did not run: ``what`` (``GPU3: remapped rows``), ``why`` (NVML's words or ours)."""
+
+    what: str
+    why: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"what": self.what, "why": self.why}
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """The findings (problems first) and the checks that could not run."""
+
+    findings: tuple[Finding, ...]
+    not_checked: tuple[NotChecked, ...]
+
+    @property
+    def problems(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.severity == PROBLEM)
+
+    def unhealthy_gpus(self) -> dict[int, str]:
+        """GPU index -> the first problem found on it (what recommend/run put in ``excluded``)."""
+        out: dict[int, str] = {}
+        for f in self.problems:
+            if f.gpu is not None and f.gpu not in out:
+                out[f.gpu] = f.what
+        return out
+
+
+# PCIe signalling rate per lane in GT/s by generation (PCI-SIG; DCGM's table in GetExpectedPcieReplayRate).
+PCIE_GT_PER_S = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
+
+
+def expected_pcie_replays_per_min(gen: int, width: int, ber: float = 1e-12) -> int:
+    """Replays a healthy link may show per minute: one per bit error, at ``ber`` errors per bit, over every
+    lane, ceiled as DCGM does (Gen4 x16: 16/min, Gen5 x16: 31/min). Generations past the table are capped
+    at the fastest known, as DCGM caps them."""
+    gt = PCIE_GT_PER_S[min(max(gen, 1), max(PCIE_GT_PER_S))]
+    return math.ceil(gt * 1e9 * ber * 60 * width - 1e-9)
+
+
+class _Judge:
+    def __init__(self, thresholds: Thresholds) -> None:
+        self.t = thresholds
+        self.found: list[Finding] = []
+        self.not_checked: dict[tuple[str, str], list[str]] = {}
+
+    def add(self, rule_name: str, where: str, gpu: int | None, what: str, remedy: str, **kw: str) -> None:
+        rule: Rule = self.t[rule_name]
+        if not rule.enabled:
+            return
+        self.found.append(
+            Finding(
+                where,
+                what,
+                remedy,
+                kw.get("severity", rule.severity),
+                gpu=gpu,
+                category=rule.category,
+                action=kw.get("action", rule.action),
+            )
+        )
+
+    def skip(self, where: str, what: str, why: str) -> None:
+        self.not_checked.setdefault((what, why), []).append(where)
+
+    def result(self) -> Judgement:
+        found = sorted(self.found, key=lambda f: (f.severity != PROBLEM, f.gpu if f.gpu is not None else -1))
+        skipped = tuple(
+            NotChecked(f"{', '.join(wheres)}: {what}", why)
+            for (what, why), wheres in self.not_checked.items()
+        )
+        return Judgement(tuple(found), skipped)
+
+
+def judge(
+    sample0: HealthSample | None,
+    sample1: HealthSample,
+    window_s: float | None = None,
+    thresholds: Thresholds = DEFAULT_THRESHOLDS,
+    expect_gpus: int | None = None,
+    busy: Mapping[int, bool] | None = None,
+) -> Judgement:
+    """Judge ``sample1`` (states) and the rise from ``sample0`` to ``sample1`` (counters).
+
+    ``window_s`` is the time between the samples (default: their ``taken_s`` difference); without
+    ``sample0`` the counter rules are listed as not checked. ``busy`` says per GPU index whether it works
+    (default: NVML utilisation >= ``model.BUSY_UTILIZATION_PCT``). ``expect_gpus`` is the count the node
+    should have.
+    """
+    j = _Judge(thresholds)
+    if window_s is None and sample0 is not None:
+        window_s = sample1.taken_s - sample0.taken_s
+    if expect_gpus is not None and len(sample1.gpus) < expect_gpus:
+        j.add(
+            "expect_gpus",
+            "node",
+            None,
+            f"NVML sees {len(sample1.gpus)} GPUs, {expect_gpus} expected",
+            "a GPU fell off the bus or is not bound to the driver: look for Xid 79 in `dmesg` and at "
+            "`lspci -d 10de:`; a reboot or reseat brings it back, else hardware service",
+        )
+    for u in sample1.unknown:
+        j.skip("node", u.what, u.why)
+    for g1 in sample1.gpus:
+        g0 = sample0.gpu(g1.index) if sample0 is not None else None
+        if g1.error is not None:
+            j.add(
+                "gpu_unreadable",
+                g1.label,
+                g1.index,
+                f"{g1.label} could not be read ({g1.state + ': ' if g1.state else ''}{g1.error})",
+                "look for Xid errors in `dmesg`; drain the jobs and reset the GPU "
+                f"(`nvidia-smi -r -i {g1.index}`) or reboot",
+            )
+            continue
+        for u in g1.unknown:
+            j.skip(g1.label, u.what, u.why)
+        is_busy = busy.get(g1.index) if busy is not None else None
+        if is_busy is None:
+            is_busy = g1.utilization_pct is not None and g1.utilization_pct >= BUSY_UTILIZATION_PCT
+        usable = g0 is not None and g0.error is None and window_s is not None and window_s > 0
+        _memory(j, g1, g0 if usable else None, window_s)
+        _nvlink(j, g1, g0 if usable else None, window_s)
+        _pcie(j, g1, g0 if usable else None, window_s, is_busy)
+        _clocks(j, g1)
+        _driver(j, g1)
+        if not usable:
+            why = "one sample only" if g0 is None else "no time between the samples"
+            if g0 is not None and g0.error is not None:
+                why = f"the first sample could not read it ({g0.error})"
+            j.skip(g1.label, "error counters' rise", why)
+    return j.result()
+
+
+def _secs(window_s: float | None) -> str:
+    """A window as a reader wants it: ``2.0 s``, not ``2.00413 s``."""
+    return f"{window_s or 0:.1f} s"
+
+
+def _rise(a: int | None, b: int | None) -> int | None:
+    """How much a counter rose; ``None`` if either value is unknown. A counter that went down was reset
+    (``nvidia-smi -p 0``, a driver reload): its new value is the rise, as DCGM reads a reset counter."""
+    if a is None or b is None:
+        return None
+    return b - a if b >= a else b
+
+
+def _memory(j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | None) -> None:
+    label, i = g.label, g.index
+    if g.ecc_enabled is False:
+        j.add(
+            "ecc_off",
+            label,
+            i,
+            f"ECC is off on {label}" + (" (on after the next reset)" if g.ecc_pending_enabled else ""),
+            f"`nvidia-smi -i {i} -e 1` and a GPU reset turn it on, if the workload can spare the memory",
+        )
+    vol = g.ecc_volatile_uncorrected
+    if vol is not None and vol > j.t.limit("ecc_volatile_uncorrected"):
+        rise = _rise(g0.ecc_volatile_uncorrected, vol) if g0 is not None else None
+        moving = f", {rise} of them in the last {_secs(window_s)}" if rise else ""
+        j.add(
+            "ecc_volatile_uncorrected",
+            label,
+            i,
+            f"{vol} uncorrectable ECC errors on {label} since the driver loaded{moving}",
+            "drain the GPU; a GPU reset (`nvidia-smi -r`) retires or remaps the bad memory; if they return, "
+            "open an RMA",
+        )
+    agg = g.ecc_aggregate_uncorrected
+    if agg is not None and agg > j.t.limit("ecc_aggregate_uncorrected") and not (vol or 0):
+        j.add(
+            "ecc_aggregate_uncorrected",
+            label,
+            i,
+            f"{agg} uncorrectable ECC errors in {label}'s history (none since the driver loaded)",
+            "history only; watch the volatile count and the remapped rows",
+        )
+    if g.remapped_rows_failure:
+        j.add(
+            "row_remap_failure",
+            label,
+            i,
+            f"a row remapping failed on {label} ({g.remapped_rows_uncorrected} rows remapped for "
+            "uncorrectable errors)",
+            "the GPU cannot repair its memory any more: take it out of service and open an RMA",
+        )
+    if g.remapped_rows_pending:
+        j.add(
+            "row_remap_pending",
+            label,
+            i,
+            f"a row remapping is pending on {label}",
+            f"drain the GPU and reset it (`nvidia-smi -r -i {i}`) or reboot: the reset applies the remap",
+        )
+    unc = g.remapped_rows_uncorrected
+    if unc is not None and unc >= j.t.limit("remapped_rows_uncorrected"):
+        j.add(
+            "remapped_rows_uncorrected",
+            label,
+            i,
+            f"{unc} rows remapped for uncorrectable errors on {label} (limit "
+            f"{j.t.limit('remapped_rows_uncorrected'):g})",
+            "the memory is wearing out: plan to replace the GPU (RMA)",
+        )
+    if g.retired_pages_pending:
+        j.add(
+            "retired_pages_pending",
+            label,
+            i,
+            f"pages are pending retirement on {label}",
+            f"drain the GPU and reset it (`nvidia-smi -r -i {i}`) or reboot: the reset retires them",
+        )
+    if g.retired_pages_sbe is not None or g.retired_pages_dbe is not None:
+        total = (g.retired_pages_sbe or 0) + (g.retired_pages_dbe or 0)
+        if total >= j.t.limit("retired_pages"):
+            j.add(
+                "retired_pages",
+                label,
+                i,
+                f"{total} retired pages on {label} ({g.retired_pages_sbe} single-bit, {g.retired_pages_dbe} "
+                f"double-bit; limit {j.t.limit('retired_pages'):g})",
+                "the memory is wearing out: plan to replace the GPU (RMA)",
+            )
+
+
+_SWITCH_REMEDY = (
+    "`nvidia-smi nvlink -s -i {i}` and `nvidia-smi nvlink -e -i {i}` show the links; on NVSwitch systems "
+    "check nvidia-fabricmanager; a GPU reset or reseat usually brings a link back, errors that return mean "
+    "hardware service"
+)
+
+
+def _nvlink(j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | None) -> None:
+    label, i = g.label, g.index
+    remedy = _SWITCH_REMEDY.format(i=i)
+    if g.nvlinks:
+        # Links of a MIG GPU read down (DCGM MonitorNVLinkStatus, bug 200682374): not judged then.
+        # A GPU whose links are all down and name no far end has no bridge fitted: how it was built.
+        links = g.nvlinks
+        down = [n for n in links if n.up is False]
+        bridged = any(n.up for n in links) or any(n.remote_bus_id for n in links)
+        if down and not g.mig_enabled and bridged:
+            far = _far_ends(down)
+            j.add(
+                "nvlink_down",
+                label,
+                i,
+                f"{label}: {len(down)} of its {len(links)} NVLinks are down (link "
+                f"{', '.join(str(n.link) for n in down)}{far})",
+                remedy,
+            )
+        _nvlink_counters(j, g, g0, window_s, remedy)
+    _fabric(j, g)
+
+
+def _far_ends(links: Sequence[NvlinkHealth]) -> str:
+    kinds = {n.remote_kind for n in links if n.remote_kind}
+    if kinds == {"switch"}:
+        return ", to NVSwitches"
+    return ""
+
+
+def _nvlink_counters(
+    j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | None, remedy: str
+) -> None:
+    label, i = g.label, g.index
+    before = {n.link: n for n in (g0.nvlinks or ())} if g0 is not None else {}
+    rises: dict[str, dict[int, int]] = {"replay": {}, "recovery": {}, "crc": {}}
+    history = 0
+    for n in g.nvlinks or ():
+        history += (n.replay_errors or 0) + (n.recovery_errors or 0)
+        prev = before.get(n.link)
+        if prev is None:
+            continue
+        for kind, attrs in (
+            ("replay", ("replay_errors",)),
+            ("recovery", ("recovery_errors",)),
+            ("crc", ("crc_flit_errors", "crc_data_errors")),
+        ):
+            values = [_rise(getattr(prev, a), getattr(n, a)) for a in attrs]
+            known = [v for v in values if v is not None]
+            if known and sum(known) > 0:
+                rises[kind][n.link] = sum(known)
+    w = _secs(window_s) if window_s else "the window"
+    for kind, rule in (("replay", "nvlink_replay_rise"), ("recovery", "nvlink_recovery_rise")):
+        total = sum(rises[kind].values())
+        if total and total >= j.t.limit(rule):
+            what = f"{label}: NVLink {kind} errors rose by {total} in {w} ({_per_link(rises[kind])})"
+            j.add(rule, label, i, what, remedy)
+    crc = sum(rises["crc"].values())
+    if crc and window_s:
+        per_s = crc / window_s
+        if per_s >= j.t.limit("nvlink_crc_per_s"):
+            j.add(
+                "nvlink_crc_per_s",
+                label,
+                i,
+                f"{label}: NVLink CRC errors rose by {crc} in {w} ({per_s:.0f}/s; limit "
+                f"{j.t.limit('nvlink_crc_per_s'):g}/s; {_per_link(rises['crc'])})",
+                remedy,
+            )
+        elif crc >= j.t.limit("nvlink_crc_rise"):
+            j.add(
+                "nvlink_crc_rise",
+                label,
+                i,
+                f"{label}: NVLink CRC errors rose by {crc} in {w} ({per_s:.1f}/s, below "
+                f"{j.t.limit('nvlink_crc_per_s'):g}/s; {_per_link(rises['crc'])})",
+                "CRC errors are retried by the link; watch them, and look at the link if they climb",
+            )
+    if history > j.t.limit("nvlink_errors_history") and not rises["replay"] and not rises["recovery"]:
+        j.add(
+            "nvlink_errors_history",
+            label,
+            i,
+            f"{label}: {history} NVLink replay/recovery errors in the counters' history, none in {w}",
+            "history only; `nvidia-smi nvlink -e` shows them per link",
+        )
+
+
+def _per_link(rises: Mapping[int, int], shown: int = 6) -> str:
+    parts = [f"link {k}: +{v}" for k, v in sorted(rises.items())]
+    more = f" and {len(parts) - shown} more links" if len(parts) > shown else ""
+    return ", ".join(parts[:shown]) + more
+
+
+_FABRIC_HEALTH = (
+    # (shift, value that means bad, words) from NVML_GPU_FABRIC_HEALTH_MASK_* (2-bit fields: 1 = TRUE)
+    (0, 1, "bandwidth degraded"),
+    (2, 1, "route recovery in progress"),
+    (4, 1, "route unhealthy"),
+    (6, 1, "access timeout recovery"),
+)
+
+
+def _fabric(j: _Judge, g: GpuHealth) -> None:
+    label, i = g.label, g.index
+    if g.fabric_state is None or g.fabric_state == FABRIC_NOT_SUPPORTED:
+        return
+    remedy = (
+        "check that nvidia-fabricmanager (or the NVLink subnet manager on NVL systems) runs and its log "
+        f"(`systemctl status nvidia-fabricmanager`); then reset GPU {i} or reboot"
+    )
+    state = FABRIC_STATES.get(g.fabric_state, f"state {g.fabric_state}")
+    if g.fabric_state != FABRIC_COMPLETED:
+        j.add(
+            "fabric_not_ready",
+            label,
+            i,
+            f"{label}: NVLink fabric registration {state}: CUDA cannot start on it (error 802, 'system not "
+            "yet initialized') even while its NVLinks read up",
+            remedy,
+        )
+    elif g.fabric_status not in (None, 0):
+        j.add(
+            "fabric_not_ready",
+            label,
+            i,
+            f"{label}: NVLink fabric registration completed with NVML error {g.fabric_status}",
+            remedy,
+        )
+    mask = g.fabric_health_mask
+    if mask:
+        bad = [words for shift, value, words in _FABRIC_HEALTH if (mask >> shift) & 0x3 == value]
+        config = (mask >> 8) & 0xF
+        if config not in (0, 1):  # 0 not supported, 1 none; others name a configuration fault
+            bad.append(f"incorrect configuration (code {config})")
+        if bad:
+            j.add(
+                "fabric_unhealthy",
+                label,
+                i,
+                f"{label}: fabric health: {', '.join(bad)} (mask 0x{mask:x})",
+                remedy,
+            )
+
+
+def _pcie(j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | None, busy: bool) -> None:
+    label, i = g.label, g.index
+    wc, wm, gc, gm = g.pcie_width_current, g.pcie_width_max, g.pcie_gen_current, g.pcie_gen_max
+    link_remedy = (
+        "check the slot and riser (reseat the card), and the BIOS PCIe settings; `nvidia-smi -q -d PCIE` "
+        "shows the link and `lspci -vv` the slot; bandwidth estimates count this GPU at its current width"
+    )
+    if wc is not None and wm is not None and wc < wm:
+        rule = "pcie_width_busy" if busy else "pcie_width_idle"
+        state = "while busy" if busy else "(idle)"
+        j.add(rule, label, i, f"{label}: PCIe link trained at x{wc} of x{wm} {state}", link_remedy)
+    if busy and gc is not None and gm is not None and gc < gm:
+        j.add(
+            "pcie_gen_busy",
+            label,
+            i,
+            f"{label}: PCIe link at Gen{gc} of Gen{gm} while busy",
+            "check the BIOS PCIe speed setting and the slot; idle GPUs lower their link generation on "
+            "purpose, busy ones should not",
+        )
+    if g0 is None or window_s is None:
+        return
+    rise = _rise(g0.pcie_replays, g.pcie_replays)
+    gen = gc or gm
+    width = wc or wm
+    if rise is None or not rise:
+        return
+    if gen is None or width is None:
+        j.skip(label, "PCIe replay rate", "the link generation or width is unknown")
+        return
+    per_min = expected_pcie_replays_per_min(gen, width, j.t.limit("pcie_replay_rate"))
+    allowed = per_min * window_s / 60
+    if rise > allowed:
+        j.add(
+            "pcie_replay_rate",
+            label,
+            i,
+            f"{label}: PCIe replays rose by {rise} in {_secs(window_s)} ({rise * 60 / window_s:.0f}/min; "
+            f"a Gen{gen} x{width} link at BER {j.t.limit('pcie_replay_rate'):g} allows {per_min}/min)",
+            "replays mean bit errors on the PCIe link: reseat the card or riser, check the slot; "
+            "`nvidia-smi -q -d PCIE` shows the counter",
+        )
+
+
+_CLOCK_RULES: tuple[tuple[int, str, str], ...] = (
+    (CLOCKS_HW_SLOWDOWN, "clocks_hw_slowdown", "hardware slowdown"),
+    (CLOCKS_HW_THERMAL, "clocks_hw_thermal", "hardware thermal slowdown"),
+    (CLOCKS_SW_THERMAL, "clocks_sw_thermal", "software thermal slowdown"),
+    (CLOCKS_HW_POWER_BRAKE, "clocks_hw_power_brake", "hardware power brake"),
+)
+
+
+def _clocks(j: _Judge, g: GpuHealth) -> None:
+    reasons = g.clocks_event_reasons
+    if reasons is None:
+        return
+    label, i = g.label, g.index
+    evidence = _thermal_evidence(g)
+    for bit, rule, words in _CLOCK_RULES:
+        if reasons & bit:
+            j.add(
+                rule,
+                label,
+                i,
+                f"{label}: clocks held down by {words} (clocks event reasons 0x{reasons:x}{evidence})",
+                "check the cooling (fans, airflow, inlet temperature) and the power supply; "
+                f"`nvidia-smi -q -d PERFORMANCE -i {i}` shows the reasons; if it persists at normal "
+                "temperature, the GPU needs service",
+            )
+
+
+def _thermal_evidence(g: GpuHealth) -> str:
+    parts = []
+    if g.temperature_c is not None:
+        parts.append(f"{g.temperature_c} C")
+    if g.power_w is not None and g.power_limit_w is not None:
+        parts.append(f"{g.power_w:.0f} W of {g.power_limit_w:.0f} W")
+    return "; " + ", ".join(parts) if parts else ""
+
+
+_RECOVERY_FINDING: dict[int, tuple[str, str]] = {
+    # action: (finding action, remedy)
+    1: ("reset", "drain the GPU and reset it (`nvidia-smi -r -i {i}`)"),
+    2: ("reset", "drain the node and reboot it"),
+    3: ("drain", "drain peer-to-peer work off the GPU (NVLink/P2P jobs) until it is reset"),
+    4: ("drain", "drain the GPU, then reset it (`nvidia-smi -r -i {i}`)"),
+    5: ("drain", "recover the IMEX domain (restart nvidia-imex on its nodes)"),
+    6: ("reset", "drain the GPU and reset its PCIe bus (a node reboot does it too)"),
+    7: ("reset", "drain the node and reboot it (a full power cycle)"),
+}
+
+
+def _driver(j: _Judge, g: GpuHealth) -> None:
+    label, i = g.label, g.index
+    action = g.recovery_action
+    if action is not None and action != RECOVERY_NONE:
+        words = RECOVERY_ACTIONS.get(action, f"action {action}")
+        what_to_do, remedy = _RECOVERY_FINDING.get(action, ("drain", "drain the GPU and see `nvidia-smi -q`"))
+        j.add(
+            "recovery_action",
+            label,
+            i,
+            f"{label}: the driver asks for recovery: {words} (NVML recovery action {action})",
+            remedy.format(i=i),
+            action=what_to_do,
+        )
+    if g.persistence_mode is False:
+        j.add(
+            "persistence_off",
+            label,
+            i,
+            f"persistence mode is off on {label}",
+            "run nvidia-persistenced (or `nvidia-smi -pm 1`) so the driver keeps the GPU initialised",
+        )
+
+
+def judge_one(sample: HealthSample, **kw: object) -> Judgement:
+    """``judge`` on a single sample: states only; the counter rules are listed as not checked."""
+    return judge(None, sample, None, **kw)  # type: ignore[arg-type]

@@ -1,0 +1,173 @@
+"""What the driver told us about each GPU's health, at one moment (pure data, no NVML here).
+
+``system/health_reads.py`` fills these from NVML; tests build them by hand. Every value is optional: ``None``
+means unknown, and ``GpuHealth.unknown`` says why for each signal that could not be read (the driver lacks
+the function, the GPU does not support it, or permission was refused). Unknown is never healthy and never a
+fault: the judge lists it as not checked.
+
+Numeric codes are NVML's, so a reader can look them up: the clocks event reason bits
+(``nvmlClocksEventReason*``), the recovery action (``NVML_GPU_RECOVERY_ACTION_*``), the fabric state
+(``NVML_GPU_FABRIC_STATE_*``) and fabric status (an ``nvmlReturn_t``). Counters are NVML's totals: the
+judge compares two samples to see how they move.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+RemoteKind = Literal["gpu", "switch", "cpu"]
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """A signal that could not be read: ``what`` (``remapped rows``), ``why`` (NVML's words, e.g.
+    ``Not Supported``, ``Function Not Found``, ``Insufficient Permissions``)."""
+
+    what: str
+    why: str
+
+
+@dataclass(frozen=True)
+class NvlinkHealth:
+    """One NVLink of a GPU: whether it is up, what is on the far end, and its error counters (totals since
+    the driver loaded or the counters were reset; ``None`` where NVML has no such counter)."""
+
+    link: int
+    up: bool | None
+    remote_kind: RemoteKind | None = None
+    remote_bus_id: str | None = None
+    replay_errors: int | None = None
+    recovery_errors: int | None = None
+    crc_flit_errors: int | None = None
+    crc_data_errors: int | None = None
+
+
+# The NVLink counters the judge follows, by attribute name and the words a finding uses.
+NVLINK_COUNTERS = {
+    "replay_errors": "replay",
+    "recovery_errors": "recovery",
+    "crc_flit_errors": "CRC flit",
+    "crc_data_errors": "CRC data",
+}
+
+
+@dataclass(frozen=True)
+class GpuHealth:
+    """One GPU's health values at one moment. ``error`` is set when the GPU could not be read at all
+    (lost, refused, not responding); then every value is ``None``.
+
+    ECC counts are NVML's "total" counts: volatile since the driver loaded, aggregate over the GPU's life.
+    Retired pages and pending retirement are pre-Ampere page retirement; remapped rows are Ampere and later.
+    ``clocks_event_reasons`` is NVML's bitmask (``nvmlDeviceGetCurrentClocksEventReasons``, or
+    ``...ClocksThrottleReasons`` on older drivers). Power is in watts (NVML reports milliwatts).
+    """
+
+    index: int
+    pci_bus_id: str | None = None
+    uuid: str | None = None
+    name: str | None = None
+    error: str | None = None
+    state: str | None = None
+    vbios_version: str | None = None
+    ecc_enabled: bool | None = None
+    ecc_pending_enabled: bool | None = None
+    ecc_volatile_corrected: int | None = None
+    ecc_volatile_uncorrected: int | None = None
+    ecc_aggregate_corrected: int | None = None
+    ecc_aggregate_uncorrected: int | None = None
+    retired_pages_sbe: int | None = None
+    retired_pages_dbe: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_corrected: int | None = None
+    remapped_rows_uncorrected: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    clocks_event_reasons: int | None = None
+    temperature_c: int | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    pcie_gen_current: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width_current: int | None = None
+    pcie_width_max: int | None = None
+    pcie_replays: int | None = None
+    utilization_pct: int | None = None
+    persistence_mode: bool | None = None
+    mig_enabled: bool | None = None
+    recovery_action: int | None = None
+    fabric_state: int | None = None
+    fabric_status: int | None = None
+    fabric_clique_id: int | None = None
+    fabric_health_mask: int | None = None
+    nvlinks: tuple[NvlinkHealth, ...] | None = None
+    unknown: tuple[Unknown, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """``GPU<index>``, as every other gputopo output names a GPU."""
+        return f"GPU{self.index}"
+
+    def to_json(self) -> dict[str, Any]:
+        """The values as ``check --json`` shows them under ``health`` (unknown as ``null``)."""
+        doc = asdict(self)
+        for key in ("index", "pci_bus_id", "uuid", "name"):
+            doc.pop(key)
+        doc["unknown"] = [asdict(u) for u in self.unknown]
+        return doc
+
+
+@dataclass(frozen=True)
+class HealthSample:
+    """Every GPU's health at one moment. ``taken_s`` is a monotonic clock reading (seconds), used only to
+    measure the window between two samples; ``unknown`` holds what could not be read for the node."""
+
+    gpus: tuple[GpuHealth, ...]
+    taken_s: float
+    driver_version: str | None = None
+    cuda_driver_version: str | None = None
+    unknown: tuple[Unknown, ...] = field(default=())
+
+    def gpu(self, index: int) -> GpuHealth | None:
+        """The GPU with nvidia-smi index ``index``, or ``None`` when this sample lacks it."""
+        for g in self.gpus:
+            if g.index == index:
+                return g
+        return None
+
+
+# ``Unknown.what`` of a GPU that was not read at all (the check's time budget ran out first).
+NOT_READ = "every health value"
+
+# NVML's clocks event reason bits (pynvml: nvmlClocksEventReason* = nvmlClocksThrottleReason*, same values).
+CLOCKS_GPU_IDLE = 0x1
+CLOCKS_APPLICATIONS_SETTING = 0x2
+CLOCKS_SW_POWER_CAP = 0x4
+CLOCKS_HW_SLOWDOWN = 0x8
+CLOCKS_SYNC_BOOST = 0x10
+CLOCKS_SW_THERMAL = 0x20
+CLOCKS_HW_THERMAL = 0x40
+CLOCKS_HW_POWER_BRAKE = 0x80
+CLOCKS_DISPLAY_SETTING = 0x100
+
+# NVML_GPU_RECOVERY_ACTION_* (field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230, r570+), in the words of
+# nvml.h's nvmlDeviceGpuRecoveryAction_t; 5-7 are newer (pynvml 13).
+RECOVERY_NONE = 0
+RECOVERY_ACTIONS = {
+    0: "none",
+    1: "GPU reset",
+    2: "node reboot",
+    3: "drain P2P",
+    4: "drain and reset",
+    5: "recover IMEX domain",
+    6: "bus reset",
+    7: "system reboot",
+}
+FIELD_GPU_RECOVERY_ACTION = 230
+
+# NVML_GPU_FABRIC_STATE_* (nvmlDeviceGetGpuFabricInfo / ...InfoV).
+FABRIC_NOT_SUPPORTED = 0
+FABRIC_NOT_STARTED = 1
+FABRIC_IN_PROGRESS = 2
+FABRIC_COMPLETED = 3
+FABRIC_STATES = {0: "not supported", 1: "not started", 2: "in progress", 3: "completed"}

@@ -1,0 +1,361 @@
+"""Xid events from the kernel log (pure): parse, age, map to a GPU, classify.
+
+The NVIDIA driver logs each Xid as ``NVRM: Xid (PCI:0000:3b:00): 79, pid=..., <text>``; drivers before
+about r450 wrote ``NVRM: Xid (0000:03:00): 14, ...`` (no ``PCI:``). The address is domain:bus:device,
+with a 4-digit domain and lower case, where NVML says ``00000000:3B:00.0``: both are reduced to numbers
+before they are compared.
+
+Lines come with one of the timestamps people save or tools print: ``dmesg``'s seconds since boot
+(``[  123.456789]``), ``dmesg -T``'s local time (``[Wed Nov 25 10:00:00 2026]``), ``journalctl -o
+short-iso`` (``2026-11-25T10:00:00+0000 host kernel: ...``) or syslog's ``Nov 25 10:00:00 host kernel:``.
+Seconds since boot are aged with the machine's uptime; a line whose age cannot be known is counted as
+"since boot" and the finding says so.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+
+from gputopo.errors import InputError, UsageError
+from gputopo.findings import Finding
+from gputopo.health.rules import DEFAULT_THRESHOLDS, Thresholds
+
+# Kernel logs larger than this are refused (a user's file) or cut to their newest part (the machine's own).
+MAX_LOG_BYTES = 32 * 1024 * 1024
+# A kernel log line is at most about 1 KiB (printk's LOG_LINE_MAX); longer "lines" are not log lines.
+MAX_LINE_CHARS = 8192
+DEFAULT_SINCE = "2h"
+
+
+@dataclass(frozen=True)
+class XidClass:
+    """How an Xid is read: ``kind`` ``hardware`` (a problem on that GPU) or ``application`` (a program's
+    fault: a note), NVIDIA's short description, and what to do."""
+
+    kind: str
+    description: str
+    action: str
+    remedy: str
+
+
+_RESET = "drain the GPU and reset it (`nvidia-smi -r -i {i}`) or reboot; if it returns, open an RMA"
+_APP = "the program on the GPU faulted (bad memory access, killed job); check the application, not the GPU"
+
+# Classification after NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors, "Analyzing Xid Errors with
+# the Xid Catalog": the resolution buckets RESTART_APP vs RESET_GPU / RESTART_BM / CONTACT_SUPPORT) and
+# DCGM's BuildXidMappings (modules/health/DcgmHealthWatch.cpp: 48, 74, 79, 95, 119, 120, 140 fail).
+# fmt: off
+XID_TABLE: dict[int, XidClass] = {
+    13: XidClass("application", "graphics engine exception", "none", _APP),
+    31: XidClass("application", "GPU memory page fault (MMU error)", "none", _APP),
+    43: XidClass("application", "GPU stopped processing (channel reset)", "none", _APP),
+    45: XidClass("application", "preemptive cleanup after an earlier error (a killed context)", "none", _APP),
+    68: XidClass("application", "video decoder exception", "none", _APP),
+    69: XidClass("application", "graphics engine class error", "none", _APP),
+    109: XidClass("application", "context switch timeout", "none", _APP),
+    38: XidClass("hardware", "PCIe bus error (driver firmware)", "reset", _RESET),
+    48: XidClass("hardware", "double-bit ECC error", "reset", _RESET),
+    61: XidClass("hardware", "internal micro-controller breakpoint/warning", "reset", _RESET),
+    62: XidClass("hardware", "internal micro-controller halt", "reset", _RESET),
+    63: XidClass("hardware", "page retirement or row remapping recorded (reset to apply)", "reset", _RESET),
+    64: XidClass("hardware", "ECC page retirement or row remapping failure", "replace",
+                 "the GPU could not repair its memory: take it out of service and open an RMA"),
+    74: XidClass("hardware", "NVLink error", "reset", _RESET),
+    79: XidClass("hardware", "GPU has fallen off the bus", "drain",
+                 "drain the node; reboot it (a reset rarely brings the GPU back); if it returns, reseat "
+                 "the GPU and check power and the riser, then RMA"),
+    92: XidClass("hardware", "high single-bit ECC error rate", "monitor", _RESET),
+    94: XidClass("hardware", "contained ECC error (the application was stopped)", "reset", _RESET),
+    95: XidClass("hardware", "uncontained ECC error", "reset", _RESET),
+    119: XidClass("hardware", "GSP RPC timeout", "reset", _RESET),
+    120: XidClass("hardware", "GSP error", "reset", _RESET),
+    121: XidClass("hardware", "C2C link corrected error", "monitor", _RESET),
+    140: XidClass("hardware", "ECC unrecovered error", "reset", _RESET),
+    154: XidClass("hardware", "GPU recovery action changed", "reset",
+                  "the driver asks for a recovery action; `nvidia-smi -q` shows it; drain and follow it"),
+}
+# fmt: on
+
+_XID_RE = re.compile(
+    r"NVRM: Xid \((?:PCI:)?(?P<addr>[0-9a-fA-F]{1,8}:[0-9a-fA-F]{1,2}:[0-9a-fA-F]{1,2}(?:\.[0-7])?"
+    r"|[0-9a-fA-F]{1,2}:[0-9a-fA-F]{1,2}(?:\.[0-7])?)\): (?P<xid>\d{1,5})\b,?\s*(?P<rest>.*)$"
+)
+_PID_RE = re.compile(r"\bpid=(\d+)")
+_BOOT_STAMP = re.compile(r"\[\s*(\d+\.\d+)\]")
+_CTIME_STAMP = re.compile(r"^\[(\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4})\]")
+_ISO_STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)\s")
+_SYSLOG_STAMP = re.compile(r"^(\w{3} [ \d]\d \d\d:\d\d:\d\d)\s")
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """One Xid line: the code, the PCI address as logged and its numeric key (domain, bus, device), the
+    pid when logged, the age in seconds (``None``: unknown, counted as since boot), and the line's text
+    after the code."""
+
+    xid: int
+    address: str
+    bus_key: tuple[int, int, int]
+    pid: int | None
+    age_s: float | None
+    when: str | None
+    text: str
+
+
+@dataclass(frozen=True)
+class XidScan:
+    """The Xid events within the window, how many older ones were left out, and how many lines were read."""
+
+    events: tuple[XidEvent, ...]
+    older: int
+    lines: int
+    since_s: float | None
+
+
+def parse_since(text: str) -> float:
+    """``--since`` as seconds: ``90s``, ``30m``, ``2h``, ``1d`` (a positive number and a unit). Anything else
+    is a ``UsageError`` (exit 2)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", text or "")
+    value = float(m.group(1)) if m else 0.0
+    if not m or value <= 0:
+        raise UsageError(
+            f"--since {text}: not a duration", "a positive number and a unit: 90s, 30m, 2h or 1d (default 2h)"
+        )
+    return value * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+
+
+def bus_key(address: str) -> tuple[int, int, int] | None:
+    """A PCI address (``PCI:0000:3b:00``, ``0000:03:00``, ``00000000:3B:00.0``, ``3b:00``) as (domain, bus,
+    device) numbers; ``None`` if it is not one. The function number is dropped: the driver logs none."""
+    addr = address.strip()
+    if addr.upper().startswith("PCI:"):
+        addr = addr[4:]
+    addr = addr.split(".", 1)[0]
+    parts = addr.split(":")
+    if len(parts) == 2:
+        parts = ["0", *parts]
+    if len(parts) != 3:
+        return None
+    try:
+        domain, bus, device = (int(p, 16) for p in parts)
+    except ValueError:
+        return None
+    return domain, bus, device
+
+
+def decode_log(data: bytes, source: str) -> str:
+    """A user's kernel log file as text; ``InputError`` (exit 2) for one too large or not text."""
+    if len(data) > MAX_LOG_BYTES:
+        raise InputError(
+            f"--kernel-log {source}: {len(data)} bytes is more than a kernel log "
+            f"({MAX_LOG_BYTES} bytes at most)",
+            "save just the recent part: `dmesg | tail -n 100000 > FILE` or `journalctl -k --since -2h`",
+        )
+    if b"\x00" in data[:65536]:
+        raise InputError(
+            f"--kernel-log {source}: binary data, not a kernel log",
+            "pass the text of `dmesg`, `dmesg -T` or `journalctl -k -o short-iso`",
+        )
+    return data.decode("utf-8", errors="replace")
+
+
+def scan(
+    text: str,
+    since_s: float | None,
+    uptime_s: float | None = None,
+    now: datetime | None = None,
+) -> XidScan:
+    """The Xid events in ``text`` no older than ``since_s`` seconds (``None``: all of them).
+
+    ``uptime_s`` ages boot-relative stamps; ``now`` (aware, default the current time) ages wall-clock
+    stamps, read as local time when they carry no zone. Lines too long to be log lines are skipped.
+    """
+    now = now or datetime.now(timezone.utc).astimezone()
+    events: list[XidEvent] = []
+    older = lines = 0
+    for line in text.splitlines():
+        lines += 1
+        if len(line) > MAX_LINE_CHARS or "Xid" not in line:
+            continue
+        m = _XID_RE.search(line)
+        if m is None:
+            continue
+        key = bus_key(m.group("addr"))
+        if key is None:
+            continue
+        age, when = _age(line[: m.start()], uptime_s, now)
+        if since_s is not None and age is not None and age > since_s:
+            older += 1
+            continue
+        pid = _PID_RE.search(m.group("rest"))
+        events.append(
+            XidEvent(
+                xid=int(m.group("xid")),
+                address=m.group("addr"),
+                bus_key=key,
+                pid=int(pid.group(1)) if pid else None,
+                age_s=age,
+                when=when,
+                text=m.group("rest").strip()[:300],
+            )
+        )
+    return XidScan(tuple(events), older, lines, since_s)
+
+
+def _age(prefix: str, uptime_s: float | None, now: datetime) -> tuple[float | None, str | None]:
+    """(age in seconds, the stamp as written) from the text before ``NVRM:``."""
+    text = prefix.strip()
+    m = _ISO_STAMP.match(text)
+    if m:
+        stamp = m.group(1).replace(",", ".")
+        try:
+            t = datetime.fromisoformat(_colon_zone(stamp))
+        except ValueError:
+            return None, stamp
+        return _since(now, t), stamp
+    m = _CTIME_STAMP.match(text)
+    if m:
+        try:
+            t = datetime.strptime(" ".join(m.group(1).split()), "%a %b %d %H:%M:%S %Y")
+        except ValueError:
+            return None, m.group(1)
+        return _since(now, t), m.group(1)
+    m = _SYSLOG_STAMP.match(text)
+    if m:
+        stamp = " ".join(m.group(1).split())
+        try:
+            t = datetime.strptime(f"{now.year} {stamp}", "%Y %b %d %H:%M:%S")
+        except ValueError:
+            return None, stamp
+        if t.replace(tzinfo=now.tzinfo) > now + timedelta(days=1):  # syslog has no year: last year's line
+            t = t.replace(year=now.year - 1)
+        return _since(now, t), stamp
+    m = _BOOT_STAMP.search(text)
+    if m:
+        boot_s = float(m.group(1))
+        if uptime_s is None:
+            return None, f"{boot_s:.0f} s after boot"
+        return max(0.0, uptime_s - boot_s), f"{boot_s:.0f} s after boot"
+    return None, None
+
+
+def _colon_zone(stamp: str) -> str:
+    """``+0000`` -> ``+00:00`` and ``Z`` -> ``+00:00``: what ``fromisoformat`` takes on Python 3.10."""
+    if stamp.endswith("Z"):
+        return stamp[:-1] + "+00:00"
+    m = re.search(r"([+-]\d\d)(\d\d)$", stamp)
+    if m:
+        return stamp[: m.start()] + f"{m.group(1)}:{m.group(2)}"
+    return stamp
+
+
+def _since(now: datetime, t: datetime) -> float:
+    if t.tzinfo is None:  # local time, as dmesg -T and syslog write it
+        t = t.replace(tzinfo=now.tzinfo) if now.tzinfo is not None else t
+    return max(0.0, (now - t).total_seconds())
+
+
+def classify(xid: int) -> XidClass | None:
+    """NVIDIA's reading of an Xid code, or ``None`` when gputopo's table does not have it."""
+    return XID_TABLE.get(xid)
+
+
+def xid_findings(
+    found: XidScan,
+    gpus: Iterable[tuple[int, str | None]],
+    thresholds: Thresholds = DEFAULT_THRESHOLDS,
+) -> list[Finding]:
+    """One finding per (GPU, Xid code): hardware Xids are problems on that GPU, application ones notes; an
+    Xid for a PCI address none of ``gpus`` (index, NVML bus id) has is a note pinned on no GPU. Severities,
+    and whether each kind is reported at all, come from the thresholds table (rules ``xid_hardware``,
+    ``xid_application``, ``xid_unknown``)."""
+    hardware, application, unknown = (
+        thresholds[n] for n in ("xid_hardware", "xid_application", "xid_unknown")
+    )
+    problem_severity, application_severity, unknown_severity = (
+        hardware.severity,
+        application.severity,
+        unknown.severity,
+    )
+    by_bus: dict[tuple[int, int, int], int] = {}
+    for index, bus_id in gpus:
+        key = bus_key(bus_id) if bus_id else None
+        if key is not None:
+            by_bus[key] = index
+    groups: dict[tuple[int | None, str, int], list[XidEvent]] = {}
+    for e in found.events:
+        gpu = by_bus.get(e.bus_key)
+        groups.setdefault((gpu, e.address if gpu is None else "", e.xid), []).append(e)
+    window = _window_words(found.since_s)
+    out: list[Finding] = []
+    for (gpu, address, xid), events in sorted(groups.items(), key=lambda kv: (kv[0][0] is None, kv[0])):
+        cls = classify(xid)
+        times = len(events)
+        last = events[-1]
+        unaged = sum(1 for e in events if e.age_s is None)
+        seen = f"{times} time{'s' if times != 1 else ''} {window}"
+        if unaged:
+            seen += f" ({unaged} of unknown age, counted as since boot)"
+        stamp = f", last at {last.when}" if last.when else ""
+        desc = f" ({cls.description})" if cls else ""
+        kind = unknown if gpu is None or cls is None else hardware if cls.kind == "hardware" else application
+        if not kind.enabled:
+            continue
+        if gpu is None:
+            out.append(
+                Finding(
+                    f"PCI:{address}",
+                    f"Xid {xid}{desc} {seen}{stamp} for PCI {address}, which is none of this machine's GPUs "
+                    f"as NVML lists them: {last.text}",
+                    "a GPU that fell off the bus or is hidden from here (container, cgroup); compare with "
+                    "`nvidia-smi -L` and `lspci -d 10de:`",
+                    unknown_severity,
+                    gpu=None,
+                    category="xid",
+                    action="monitor",
+                )
+            )
+            continue
+        where = f"GPU{gpu}"
+        what = f"Xid {xid}{desc} on {where} {seen}{stamp}: {last.text}"
+        if cls is None:
+            out.append(
+                Finding(
+                    where,
+                    what,
+                    "look the code up in NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors)",
+                    unknown_severity,
+                    gpu=gpu,
+                    category="xid",
+                    action="monitor",
+                )
+            )
+        elif cls.kind == "hardware":
+            out.append(
+                Finding(
+                    where,
+                    what,
+                    cls.remedy.format(i=gpu),
+                    problem_severity,
+                    gpu=gpu,
+                    category="xid",
+                    action=cls.action,
+                )
+            )
+        else:
+            out.append(
+                Finding(where, what, cls.remedy, application_severity, gpu=gpu, category="xid", action="none")
+            )
+    return out
+
+
+def _window_words(since_s: float | None) -> str:
+    if since_s is None:
+        return "in the log"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if since_s >= size and since_s % size == 0:
+            return f"in the last {since_s / size:g}{unit}"
+    return f"in the last {since_s:g}s"

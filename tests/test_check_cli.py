@@ -1,0 +1,174 @@
+"""``gputopo check`` as a scheduler runs it: a real process on the fake driver, its exit code, its first line,
+its formats, bad input, and a baseline saved on one node and compared on a broken one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import fake_driver
+from test_health_reads import healthy
+
+pytestmark = pytest.mark.skipif(
+    fake_driver.compiler() is None, reason="no C compiler to build the fake driver"
+)
+
+FAST = ("--sample-s", "0.2", "--kernel-log", "/dev/null")
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return fake_driver.build(tmp_path_factory.mktemp("driver"))
+
+
+def machine(tmp_path: Path, lines: list[str], name: str = "machine.txt") -> Path:
+    path = tmp_path / name
+    path.write_text("\n".join(["driver 570.86.15", "cuda 12080", *lines]) + "\n")
+    return path
+
+
+def check(driver: Path, machine_file: Path, *args: str):  # type: ignore[no-untyped-def]
+    return fake_driver.run(driver, machine_file, "check", *args, timeout=60)
+
+
+def test_a_healthy_node_exits_0_with_the_reason_first(driver: Path, tmp_path: Path) -> None:
+    result = check(driver, machine(tmp_path, [*healthy(0), *healthy(1)]), *FAST)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == "healthy: 2 GPUs, no problems"
+
+
+def test_a_pending_row_remap_exits_1_and_names_it_first(driver: Path, tmp_path: Path) -> None:
+    result = check(driver, machine(tmp_path, [*healthy(0), *healthy(1), "remap 1 0 0 1 0"]), *FAST)
+    assert result.returncode == 1
+    assert result.stdout.splitlines()[0] == "problems: a row remapping is pending on GPU1"
+
+
+def test_json_document(driver: Path, tmp_path: Path) -> None:
+    result = check(
+        driver, machine(tmp_path, [*healthy(0), "clocks 0 8"]), *FAST, "--json", "--expect-gpus", "2"
+    )
+    assert result.returncode == 1
+    doc = json.loads(result.stdout)
+    assert doc["schema"] == "gputopo/check/v1" and doc["verdict"] == "problems"
+    assert {"where", "gpu", "category", "what", "remedy", "severity", "action"} == set(doc["findings"][0])
+    assert [f["what"] for f in doc["findings"] if f["severity"] == "problem"][:2] == [
+        "NVML sees 1 GPUs, 2 expected",
+        "GPU0: clocks held down by hardware slowdown (clocks event reasons 0x8; 34 C, 71 W of 700 W)",
+    ]
+    g = doc["gpus"][0]
+    assert (g["index"], g["pci_bus_id"], g["health"]["clocks_event_reasons"]) == (0, "00000000:18:00.0", 8)
+    assert doc["not_checked"] == [] and doc["elapsed_s"] > 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "code", "word"),
+    [([], 0, "OK"), (["persist 0 0"], 1, "WARNING"), (["field 0 230 2"], 2, "CRITICAL")],
+)
+def test_nagios_codes(driver: Path, tmp_path: Path, extra: list[str], code: int, word: str) -> None:
+    result = check(driver, machine(tmp_path, [*healthy(0), *extra]), *FAST, "--format", "nagios")
+    assert result.returncode == code
+    assert result.stdout.startswith(f"GPUTOPO {word} - ") and len(result.stdout.splitlines()) == 1
+
+
+def test_no_driver_is_unknown_exit_3(driver: Path, tmp_path: Path) -> None:
+    result = check(driver, tmp_path / "no-such-machine.txt", *FAST)  # the fake answers DriverNotLoaded
+    assert result.returncode == 3
+    assert result.stdout.splitlines()[0].startswith("unknown: NVML could not start")
+    nagios = check(driver, tmp_path / "no-such-machine.txt", *FAST, "--format", "nagios")
+    assert nagios.returncode == 3 and nagios.stdout.startswith("GPUTOPO UNKNOWN - ")
+
+
+def test_an_xid_in_the_kernel_log_is_pinned_on_its_gpu(driver: Path, tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("NVRM: Xid (PCI:0000:28:00): 79, pid=1, GPU has fallen off the bus.\n")
+    result = check(
+        driver, machine(tmp_path, [*healthy(0), *healthy(1)]), "--sample-s", "0.2", "--kernel-log", str(log)
+    )
+    assert result.returncode == 1
+    assert result.stdout.splitlines()[0].startswith("problems: Xid 79 (GPU has fallen off the bus) on GPU1")
+
+
+def test_a_hung_gpu_ends_within_the_budget_as_a_problem(driver: Path, tmp_path: Path) -> None:
+    lines = [*healthy(0), *healthy(1), "hang 1 nvmlDeviceGetTemperature"]
+    result = check(driver, machine(tmp_path, lines), *FAST, "--budget", "8", "--json")
+    assert result.returncode == 1  # the subprocess timeout (60 s) is the guard against a hang
+    doc = json.loads(result.stdout)
+    assert doc["gpus"][1]["health"]["state"] == "not responding"
+    assert doc["gpus"][0]["health"]["ecc_enabled"] is True
+
+
+def test_a_budget_spent_before_any_gpu_is_read_is_unknown_exit_3(driver: Path, tmp_path: Path) -> None:
+    result = check(
+        driver,
+        machine(tmp_path, [*healthy(0)]),
+        "--sample-s",
+        "0",
+        "--budget",
+        "0.5",
+        "--kernel-log",
+        "/dev/null",
+    )
+    assert result.returncode == 3
+    assert result.stdout.splitlines()[0] == "unknown: the time budget ran out before any GPU was read"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--since", "5x"], "--since 5x: not a duration"),
+        (["--budget", "0"], "--budget 0: must be more than 0 seconds"),
+        (["--expect-gpus", "-1"], "--expect-gpus -1: must be 0 or more"),
+        (["--sample-s", "30"], "--sample-s 30: must be at least 0 and less than --budget"),
+        (["--format", "xml"], "--format xml: not a format"),
+        (["--thresholds", "/nonexistent.toml"], "cannot read it"),
+        (["--baseline", "/nonexistent.json"], "cannot read it"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_nothing_read(
+    driver: Path, tmp_path: Path, args: list[str], message: str
+) -> None:
+    result = check(driver, machine(tmp_path, ["hang-init"]), *args)  # NVML would hang if it were touched
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert message in result.stderr.splitlines()[0]
+
+
+def test_bad_thresholds_file_is_exit_2(driver: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "t.toml"
+    bad.write_text("no_such_rule = 3\n")
+    result = check(driver, machine(tmp_path, ["hang-init"]), "--thresholds", str(bad))
+    assert result.returncode == 2 and "unknown rule 'no_such_rule'" in result.stderr
+
+
+def test_thresholds_file_changes_the_verdict(driver: Path, tmp_path: Path) -> None:
+    t = tmp_path / "t.toml"
+    t.write_text("[clocks_hw_slowdown]\nseverity = 'note'\n")
+    result = check(driver, machine(tmp_path, [*healthy(0), "clocks 0 8"]), *FAST, "--thresholds", str(t))
+    assert result.returncode == 0 and result.stdout.startswith("healthy: 1 GPU, no problems, 1 note")
+
+
+def test_baseline_saved_then_a_gpu_goes_missing(driver: Path, tmp_path: Path) -> None:
+    golden = tmp_path / "golden.json"
+    good = machine(tmp_path, [*healthy(0), *healthy(1), *healthy(2)], "good.txt")
+    saved = check(driver, good, *FAST, "--save-baseline", str(golden))
+    assert saved.returncode == 0, saved.stderr
+    assert json.loads(golden.read_text())["gpu_count"] == 3
+    same = check(driver, good, *FAST, "--baseline", str(golden))
+    assert same.returncode == 0, same.stdout
+    broken = machine(tmp_path, [*healthy(0), *healthy(1)], "broken.txt")
+    result = check(driver, broken, *FAST, "--baseline", str(golden))
+    assert result.returncode == 1
+    assert result.stdout.splitlines()[0] == "problems: 2 GPUs, the baseline has 3 (and 1 more problem)"
+    assert (
+        "the GPU at 00000000:38:00.0 (NVIDIA H100 80GB HBM3, GPU2 in the baseline) is missing"
+        in result.stdout
+    )
+
+
+def test_a_truncated_baseline_is_exit_2(driver: Path, tmp_path: Path) -> None:
+    cut = tmp_path / "cut.json"
+    cut.write_text('{"schema": "gputopo/baseline/v1", "gpu_count": 3, "gpus": [')
+    result = check(driver, machine(tmp_path, ["hang-init"]), "--baseline", str(cut))
+    assert result.returncode == 2 and "truncated" in result.stderr

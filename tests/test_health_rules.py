@@ -1,0 +1,422 @@
+"""The health judge over hand-built samples (pure): each rule, the thresholds file, and what is unknown.
+
+The machine in most tests is an HGX H100 node as the issue found it: healthy GPUs beside one with a pending
+row remap, one with an uncorrectable ECC error, one in hardware slowdown, one whose NVLink CRC errors still
+climb and one trained at x8 of x16.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from gputopo.errors import EXIT_USAGE, UsageError
+from gputopo.findings import NOTE, PROBLEM
+from gputopo.health.judge import expected_pcie_replays_per_min, judge, judge_one
+from gputopo.health.readings import GpuHealth, HealthSample, NvlinkHealth, Unknown
+from gputopo.health.rules import DEFAULT_THRESHOLDS, RULES, load_thresholds, parse_thresholds
+
+WINDOW_S = 2.0
+
+
+def switch_links(n: int = 18, down: tuple[int, ...] = (), **counters: int) -> tuple[NvlinkHealth, ...]:
+    """A GPU's NVLinks to NVSwitches, every counter at ``counters`` (default 0)."""
+    base = {"replay_errors": 0, "recovery_errors": 0, "crc_flit_errors": 0, "crc_data_errors": 0, **counters}
+    return tuple(NvlinkHealth(k, k not in down, "switch", None, **base) for k in range(n))
+
+
+def healthy(i: int, **kw: object) -> GpuHealth:
+    """An H100 SXM with nothing wrong: ECC on, no errors, Gen5 x16, persistence on, fabric registered."""
+    values: dict[str, object] = {
+        "pci_bus_id": f"00000000:{0x18 + 0x10 * i:02X}:00.0",
+        "name": "NVIDIA H100 80GB HBM3",
+        "ecc_enabled": True,
+        "ecc_pending_enabled": True,
+        "ecc_volatile_corrected": 0,
+        "ecc_volatile_uncorrected": 0,
+        "ecc_aggregate_corrected": 0,
+        "ecc_aggregate_uncorrected": 0,
+        "remapped_rows_corrected": 0,
+        "remapped_rows_uncorrected": 0,
+        "remapped_rows_pending": False,
+        "remapped_rows_failure": False,
+        "clocks_event_reasons": 0x1,  # idle
+        "temperature_c": 35,
+        "power_w": 70.0,
+        "power_limit_w": 700.0,
+        "pcie_gen_current": 5,
+        "pcie_gen_max": 5,
+        "pcie_width_current": 16,
+        "pcie_width_max": 16,
+        "pcie_replays": 0,
+        "utilization_pct": 0,
+        "persistence_mode": True,
+        "recovery_action": 0,
+        "fabric_state": 3,
+        "fabric_status": 0,
+        "nvlinks": switch_links(),
+    }
+    values.update(kw)
+    return GpuHealth(index=i, **values)  # type: ignore[arg-type]
+
+
+def samples(
+    before: dict[int, dict[str, object]] | None = None,
+    after: dict[int, dict[str, object]] | None = None,
+    n: int = 8,
+) -> tuple[HealthSample, HealthSample]:
+    before, after = before or {}, after or {}
+    s0 = HealthSample(tuple(healthy(i, **before.get(i, {})) for i in range(n)), 100.0)
+    s1 = HealthSample(tuple(healthy(i, **after.get(i, {})) for i in range(n)), 100.0 + WINDOW_S)
+    return s0, s1
+
+
+def found(before=None, after=None, **kw):  # type: ignore[no-untyped-def]
+    s0, s1 = samples(before, after)
+    return judge(s0, s1, **kw).findings
+
+
+def test_a_healthy_node_has_no_findings_and_nothing_unchecked() -> None:
+    s0, s1 = samples()
+    result = judge(s0, s1)
+    assert result.findings == () and result.not_checked == ()
+
+
+def test_the_sick_hgx_node_of_the_issue() -> None:
+    s0, s1 = samples(
+        before={3: {"nvlinks": switch_links(crc_flit_errors=1000)}},
+        after={
+            0: {"remapped_rows_pending": True},
+            1: {"ecc_volatile_uncorrected": 1, "ecc_aggregate_uncorrected": 1},
+            2: {"clocks_event_reasons": 0x8, "temperature_c": 88},
+            3: {"nvlinks": switch_links(crc_flit_errors=1300)},
+            4: {"pcie_width_current": 8},
+        },
+    )
+    result = judge(s0, s1, WINDOW_S)
+    problems = {f.gpu: f for f in result.findings if f.severity == PROBLEM}
+    assert sorted(problems) == [0, 1, 2, 3]
+    assert problems[0].category == "memory" and problems[0].action == "reset"
+    assert "row remapping is pending on GPU0" in problems[0].what
+    assert "1 uncorrectable ECC errors on GPU1" in problems[1].what
+    assert (
+        "hardware slowdown" in problems[2].what and "0x8" in problems[2].what and "88 C" in problems[2].what
+    )
+    assert problems[3].category == "nvlink" and "rose by 5400 in 2.0 s (2700/s" in problems[3].what
+    width = [f for f in result.findings if f.gpu == 4]
+    assert [(f.severity, f.category) for f in width] == [(NOTE, "pcie")]
+    assert "x8 of x16 (idle)" in width[0].what
+    assert result.unhealthy_gpus().keys() == {0, 1, 2, 3}
+    assert result.findings[0].severity == PROBLEM and result.findings[-1].severity == NOTE
+
+
+# --- memory -----------------------------------------------------------------------------------------------
+
+
+def test_volatile_uncorrectable_ecc_is_a_problem_history_alone_a_note() -> None:
+    f = found(after={5: {"ecc_volatile_uncorrected": 2}})
+    assert [(x.gpu, x.severity, x.category) for x in f] == [(5, PROBLEM, "memory")]
+    f = found(after={5: {"ecc_aggregate_uncorrected": 7}})
+    assert [(x.gpu, x.severity, x.action) for x in f] == [(5, NOTE, "monitor")]
+    assert "7 uncorrectable ECC errors in GPU5's history" in f[0].what
+
+
+def test_row_remap_failure_means_replace() -> None:
+    f = found(after={2: {"remapped_rows_failure": True, "remapped_rows_uncorrected": 40}})
+    assert [(x.gpu, x.severity, x.action) for x in f] == [(2, PROBLEM, "replace")]
+    assert "row remapping failed on GPU2" in f[0].what
+
+
+@pytest.mark.parametrize(("rows", "expected"), [(511, []), (512, [PROBLEM])])
+def test_uncorrectable_remapped_rows_against_dcgms_limit(rows: int, expected: list[str]) -> None:
+    f = found(after={0: {"remapped_rows_uncorrected": rows}})
+    assert [x.severity for x in f] == expected
+
+
+def test_retired_pages_pre_ampere() -> None:
+    volta = {"remapped_rows_pending": None, "remapped_rows_failure": None, "remapped_rows_uncorrected": None}
+    assert found(after={1: {**volta, "retired_pages_sbe": 40, "retired_pages_dbe": 22}}) == ()
+    f = found(after={1: {**volta, "retired_pages_sbe": 40, "retired_pages_dbe": 23}})
+    assert [(x.gpu, x.severity, x.action) for x in f] == [(1, PROBLEM, "replace")]
+    assert "63 retired pages on GPU1 (40 single-bit, 23 double-bit" in f[0].what
+    f = found(
+        after={1: {**volta, "retired_pages_sbe": 1, "retired_pages_dbe": 0, "retired_pages_pending": True}}
+    )
+    assert [(x.severity, x.action) for x in f] == [(PROBLEM, "reset")]
+    assert "pending retirement" in f[0].what
+
+
+def test_ecc_off_is_a_config_note() -> None:
+    f = found(after={6: {"ecc_enabled": False, "ecc_pending_enabled": False}})
+    assert [(x.gpu, x.severity, x.category, x.action) for x in f] == [(6, NOTE, "config", "config")]
+
+
+# --- NVLink -----------------------------------------------------------------------------------------------
+
+
+def test_links_down_are_pinned_on_the_gpu_that_reports_them() -> None:
+    f = found(after={3: {"nvlinks": switch_links(down=(4, 11))}})
+    assert [(x.where, x.gpu, x.severity) for x in f] == [("GPU3", 3, PROBLEM)]
+    assert f[0].what.startswith("GPU3: 2 of its 18 NVLinks are down (link 4, 11, to NVSwitches)")
+
+
+def test_links_of_a_mig_gpu_and_of_a_card_without_bridge_are_not_down() -> None:
+    assert found(after={3: {"nvlinks": switch_links(down=(4,)), "mig_enabled": True}}) == ()
+    bridgeless = tuple(NvlinkHealth(k, False, None, None) for k in range(4))
+    assert found(before={2: {"nvlinks": bridgeless}}, after={2: {"nvlinks": bridgeless}}) == ()
+
+
+@pytest.mark.parametrize("counter", ["replay_errors", "recovery_errors"])
+def test_any_rise_of_replay_or_recovery_errors_is_a_problem(counter: str) -> None:
+    f = found(
+        before={7: {"nvlinks": switch_links(**{counter: 5})}},
+        after={7: {"nvlinks": switch_links(**{counter: 6})}},
+    )
+    assert [(x.gpu, x.severity, x.category) for x in f] == [(7, PROBLEM, "nvlink")]
+    assert "rose by 18 in 2.0 s" in f[0].what  # one per link, 18 links
+
+
+def test_replay_totals_that_do_not_move_are_history() -> None:
+    links = switch_links(replay_errors=3)
+    f = found(before={7: {"nvlinks": links}}, after={7: {"nvlinks": links}})
+    assert [(x.severity, x.action) for x in f] == [(NOTE, "monitor")]
+    assert "54 NVLink replay/recovery errors in the counters' history, none in 2.0 s" in f[0].what
+
+
+def test_crc_errors_rising_slowly_are_a_note_fast_a_problem() -> None:
+    one_link = lambda v: tuple(  # noqa: E731
+        replace(n, crc_data_errors=v if n.link == 0 else 0) for n in switch_links()
+    )
+    f = found(before={1: {"nvlinks": one_link(0)}}, after={1: {"nvlinks": one_link(10)}})
+    assert [(x.severity, x.category) for x in f] == [(NOTE, "nvlink")]
+    assert "5.0/s, below 100/s; link 0: +10" in f[0].what
+    f = found(before={1: {"nvlinks": one_link(0)}}, after={1: {"nvlinks": one_link(200)}})
+    assert [x.severity for x in f] == [PROBLEM] and "(100/s; limit 100/s" in f[0].what
+
+
+def test_a_counter_that_went_down_was_reset_and_counts_from_zero() -> None:
+    f = found(after={0: {"pcie_replays": 3}}, before={0: {"pcie_replays": 1_000_000}})
+    assert [x.severity for x in f] == [PROBLEM] and "rose by 3" in f[0].what
+
+
+def test_fabric_registration_not_complete_is_a_problem() -> None:
+    for state, words in ((1, "not started"), (2, "in progress")):
+        f = found(after={4: {"fabric_state": state}})
+        assert [(x.gpu, x.severity, x.action) for x in f] == [(4, PROBLEM, "drain")]
+        assert f"registration {words}" in f[0].what and "802" in f[0].what
+    f = found(after={4: {"fabric_status": 999}})
+    assert "completed with NVML error 999" in f[0].what
+    assert found(after={4: {"fabric_state": 0, "nvlinks": ()}}) == ()  # not an NVSwitch system
+
+
+def test_fabric_health_mask_degraded_bandwidth() -> None:
+    f = found(after={4: {"fabric_health_mask": 0x1}})
+    assert [x.severity for x in f] == [PROBLEM] and "bandwidth degraded" in f[0].what
+    assert found(after={4: {"fabric_health_mask": 0x2 | 0x100}}) == ()  # FALSE and "no incorrect config"
+
+
+# --- PCIe -------------------------------------------------------------------------------------------------
+
+
+def test_expected_replay_rate_matches_dcgms_table() -> None:
+    assert expected_pcie_replays_per_min(4, 16) == 16
+    assert expected_pcie_replays_per_min(5, 16) == 31
+    assert expected_pcie_replays_per_min(4, 8) == 8
+    assert expected_pcie_replays_per_min(9, 16) == expected_pcie_replays_per_min(6, 16)  # capped as DCGM
+
+
+def test_pcie_replays_scaled_to_the_window_gen_and_width() -> None:
+    gen4 = {"pcie_gen_current": 4, "pcie_gen_max": 4}
+    s0 = HealthSample((healthy(0, **gen4, pcie_replays=100),), 0.0)
+    ok = HealthSample((healthy(0, **gen4, pcie_replays=116),), 60.0)  # 16/min on Gen4 x16: allowed
+    bad = HealthSample((healthy(0, **gen4, pcie_replays=117),), 60.0)
+    assert judge(s0, ok).findings == ()
+    f = judge(s0, bad).findings
+    assert [(x.severity, x.category) for x in f] == [(PROBLEM, "pcie")]
+    assert "a Gen4 x16 link at BER 1e-12 allows 16/min" in f[0].what
+    # Over the default 2 s window a Gen5 x16 link may replay once (31/min); twice is too many.
+    assert found(after={0: {"pcie_replays": 1}}) == ()
+    assert [x.category for x in found(after={0: {"pcie_replays": 2}})] == ["pcie"]
+
+
+def test_width_below_max_is_a_note_idle_and_a_problem_busy_gen_below_max_idle_is_fine() -> None:
+    assert found(after={2: {"pcie_gen_current": 1}}) == ()  # idle power saving
+    idle = found(after={2: {"pcie_width_current": 8}})
+    assert [(x.severity, x.action) for x in idle] == [(NOTE, "monitor")]
+    busy = found(after={2: {"pcie_width_current": 8, "utilization_pct": 97}})
+    assert [(x.severity, x.action) for x in busy] == [(PROBLEM, "replace")]
+    assert "x8 of x16 while busy" in busy[0].what
+    s0, s1 = samples(after={2: {"pcie_width_current": 8}})
+    assert [x.severity for x in judge(s0, s1, busy={2: True}).findings] == [PROBLEM]
+    gen = found(after={2: {"pcie_gen_current": 3, "utilization_pct": 97}})
+    assert [(x.severity, x.what) for x in gen] == [(PROBLEM, "GPU2: PCIe link at Gen3 of Gen5 while busy")]
+
+
+# --- clocks, driver, node ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mask", "words", "category"),
+    [
+        (0x8, "hardware slowdown", "power"),
+        (0x20, "software thermal slowdown", "thermal"),
+        (0x40, "hardware thermal slowdown", "thermal"),
+        (0x80, "hardware power brake", "power"),
+    ],
+)
+def test_clocks_held_by_hardware_thermal_or_power_brake(mask: int, words: str, category: str) -> None:
+    f = found(after={6: {"clocks_event_reasons": mask | 0x1}})
+    assert [(x.gpu, x.severity, x.category) for x in f] == [(6, PROBLEM, category)]
+    assert f"clocks held down by {words}" in f[0].what
+
+
+def test_software_power_cap_idle_and_boost_are_not_faults() -> None:
+    assert found(after={6: {"clocks_event_reasons": 0x1 | 0x2 | 0x4 | 0x10 | 0x100}}) == ()
+
+
+@pytest.mark.parametrize(
+    ("action", "words", "what_to_do"),
+    [
+        (1, "GPU reset", "reset"),
+        (2, "node reboot", "reset"),
+        (3, "drain P2P", "drain"),
+        (4, "drain and reset", "drain"),
+    ],
+)
+def test_the_drivers_recovery_action_in_its_words(action: int, words: str, what_to_do: str) -> None:
+    f = found(after={5: {"recovery_action": action}})
+    assert [(x.gpu, x.severity, x.category, x.action) for x in f] == [(5, PROBLEM, "driver", what_to_do)]
+    assert f"the driver asks for recovery: {words} (NVML recovery action {action})" in f[0].what
+
+
+def test_persistence_off_is_a_note() -> None:
+    f = found(after={0: {"persistence_mode": False}})
+    assert [(x.severity, x.category) for x in f] == [(NOTE, "config")]
+
+
+def test_fewer_gpus_than_expected() -> None:
+    s0, s1 = samples(n=7)
+    f = judge(s0, s1, expect_gpus=8).findings
+    assert [(x.where, x.gpu, x.severity, x.action) for x in f] == [("node", None, PROBLEM, "drain")]
+    assert "NVML sees 7 GPUs, 8 expected" in f[0].what
+    assert judge(s0, s1, expect_gpus=7).findings == ()
+
+
+def test_a_gpu_that_cannot_be_read_is_a_problem_not_healthy() -> None:
+    s0, s1 = samples()
+    lost = GpuHealth(index=3, error="GPU is lost", state="failing")
+    s1 = replace(s1, gpus=(*s1.gpus[:3], lost, *s1.gpus[4:]))
+    f = judge(s0, s1).findings
+    assert [(x.gpu, x.severity, x.category) for x in f] == [(3, PROBLEM, "driver")]
+    assert "GPU3 could not be read (failing: GPU is lost)" in f[0].what
+
+
+# --- unknown ----------------------------------------------------------------------------------------------
+
+
+def test_unknown_signals_are_not_checked_with_why_grouped_over_gpus() -> None:
+    blank = {"remapped_rows_pending": None, "remapped_rows_failure": None, "remapped_rows_uncorrected": None}
+    why = (Unknown("remapped rows", "Function Not Found"), Unknown("clocks event reasons", "Not Supported"))
+    s0, s1 = samples(after={i: {**blank, "unknown": why} for i in (1, 2)})
+    result = judge(s0, s1)
+    assert result.findings == ()
+    assert [(n.what, n.why) for n in result.not_checked] == [
+        ("GPU1, GPU2: remapped rows", "Function Not Found"),
+        ("GPU1, GPU2: clocks event reasons", "Not Supported"),
+    ]
+
+
+def test_one_sample_checks_states_and_lists_the_counters_as_not_checked() -> None:
+    _, s1 = samples(after={0: {"remapped_rows_pending": True, "pcie_replays": 10_000}}, n=2)
+    result = judge_one(s1)
+    assert [(f.gpu, f.category) for f in result.findings] == [(0, "memory")]
+    assert [(n.what, n.why) for n in result.not_checked] == [
+        ("GPU0, GPU1: error counters' rise", "one sample only")
+    ]
+
+
+# --- thresholds -------------------------------------------------------------------------------------------
+
+
+def test_every_rule_names_its_source_and_a_valid_severity_and_action() -> None:
+    from gputopo.findings import ACTIONS, CATEGORIES
+
+    for rule in RULES.values():
+        assert rule.source and rule.meaning
+        assert rule.severity in (PROBLEM, NOTE) and rule.action in ACTIONS and rule.category in CATEGORIES
+
+
+def test_thresholds_file_in_toml_raises_the_crc_limit_and_silences_a_rule(tmp_path: Path) -> None:
+    path = tmp_path / "thresholds.toml"
+    path.write_text(
+        "nvlink_crc_per_s = 1000\n[persistence_off]\nenabled = false\n"
+        '[pcie_width_idle]\nseverity = "problem"\n'
+    )
+    t = load_thresholds(path)
+    s0, s1 = samples(
+        before={3: {"nvlinks": switch_links(crc_flit_errors=0)}},
+        after={
+            3: {"nvlinks": switch_links(crc_flit_errors=50)},  # 18 links x 50 in 2 s: 450/s
+            0: {"persistence_mode": False},
+            4: {"pcie_width_current": 8},
+        },
+    )
+    assert {(f.gpu, f.severity) for f in judge(s0, s1).findings} == {(3, PROBLEM), (0, NOTE), (4, NOTE)}
+    assert {(f.gpu, f.severity) for f in judge(s0, s1, thresholds=t).findings} == {(3, NOTE), (4, PROBLEM)}
+
+
+def test_thresholds_file_in_json(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"remapped_rows_uncorrected": {"limit": 10, "action": "drain"}}))
+    t = load_thresholds(path)
+    f = found(after={0: {"remapped_rows_uncorrected": 10}}, thresholds=t)
+    assert [(x.severity, x.action) for x in f] == [(PROBLEM, "drain")]
+    assert DEFAULT_THRESHOLDS["remapped_rows_uncorrected"].limit == 512  # the defaults are untouched
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("nvlink_crc_per_sec = 5\n", "unknown rule 'nvlink_crc_per_sec'"),
+        ("nvlink_crc_per_s = \n", "not valid TOML"),
+        ('{"nvlink_crc_per_s": }', "not valid JSON"),
+        ('nvlink_crc_per_s = "lots"\n', "limit must be a number >= 0"),
+        ("nvlink_crc_per_s = -1\n", "limit must be a number >= 0"),
+        ("[nvlink_down]\nlimit = 3\n", "this rule has no limit"),
+        ('[nvlink_down]\nseverity = "critical"\n', "severity must be problem or note"),
+        ('[nvlink_down]\naction = "panic"\n', "action must be one of"),
+        ("[nvlink_down]\nenabled = 1\n", "enabled must be true or false"),
+        ("[nvlink_down]\nlevel = 1\n", "unknown key 'level'"),
+        ("[1, 2]", "not valid TOML"),
+    ],
+)
+def test_a_bad_thresholds_file_is_one_line_and_exit_2(text: str, message: str) -> None:
+    with pytest.raises(UsageError) as err:
+        parse_thresholds(text, "t.toml")
+    assert message in err.value.message and "\n" not in err.value.message
+    assert err.value.exit_code == EXIT_USAGE
+
+
+def test_thresholds_file_that_cannot_be_read(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="cannot read it"):
+        load_thresholds(tmp_path / "missing.toml")
+    binary = tmp_path / "t.toml"
+    binary.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(UsageError, match="not UTF-8"):
+        load_thresholds(binary)
+
+
+def test_finding_json_has_the_one_shape() -> None:
+    f = found(after={1: {"ecc_volatile_uncorrected": 1}})[0]
+    assert f.to_json() == {
+        "where": "GPU1",
+        "gpu": 1,
+        "category": "memory",
+        "what": f.what,
+        "remedy": f.remedy,
+        "severity": "problem",
+        "action": "reset",
+    }
