@@ -26,7 +26,8 @@ RDZV_ENDPOINT_OPTION: Any = typer.Option(
     None,
     "--rdzv-endpoint",
     metavar="HOST:PORT",
-    help="Where the nodes meet (torchrun's c10d rendezvous; port 29400 if left out). Slurm: the first host.",
+    help="Where the nodes meet (torchrun's c10d rendezvous; port 29400 if left out). "
+    "Slurm: the first node's NodeAddr, on a port from the job id.",
     rich_help_panel=NODES_PANEL,
 )
 RDZV_ID_OPTION: Any = typer.Option(
