@@ -156,6 +156,28 @@ def test_a_corrupting_node_under_srun_is_named(slurm_cluster, tmp_path):
 
 
 @pytest.mark.slow
+def test_doctor_across_nodes_runs_under_srun(slurm_cluster, tmp_path):
+    pytest.importorskip("torch")
+    argv = [
+        sys.executable, "-m", "gputopo", "doctor", "--input", "sample:workstation-2gpu-nvlink",
+        "--skip-probe", "--rdzv-timeout", "60", "--report-dir", str(tmp_path / "reports"), "--json",
+    ]  # fmt: skip
+    done = srun(
+        slurm_cluster, 2, "--output", str(tmp_path / "out-%t"), "--error", str(tmp_path / "err-%t"), *argv,
+        timeout_s=300, env=task_env(slurm_cluster),
+    )  # fmt: skip
+    errs = [(tmp_path / f"err-{t}").read_text() for t in range(2)]
+    assert done.returncode == 0, "\n".join(errs)
+    doc = json.loads((tmp_path / "out-0").read_text())
+    assert doc["verdict"] == "healthy"
+    assert [(n["node_rank"], n["host"], n["verdict"]) for n in doc["nodes"]] == [
+        (0, "node1", "pass"),
+        (1, "node2", "pass"),
+    ]
+    assert doc["internode"]["endpoint"].startswith("127.0.0.1:")
+
+
+@pytest.mark.slow
 def test_without_node_0s_address_every_node_fails_at_once_in_one_line(slurm_cluster, tmp_path):
     # No scontrol on PATH: node 0's address cannot be asked, its name stands in and does not resolve.
     # Before the check every node waited the whole --rdzv-timeout for it.
