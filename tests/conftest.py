@@ -50,3 +50,7 @@ def check_golden(name: str, text: str) -> None:
     assert text == path.read_text(), (
         f"output differs from {path}; rerun with GPUTOPO_UPDATE_GOLDEN=1 if intended"
     )
+
+
+# A real Slurm cluster on this machine for the tests that ask for it (tests/slurm_cluster.py).
+from slurm_cluster import slurm_cluster  # noqa: E402, F401

@@ -95,7 +95,7 @@ def doctor_command(
     Across nodes (--nnodes, or under srun), every node checks itself, then all of them run the inter-node
     tests together; node rank 0 writes the one report and every node exits with the run's verdict.
     """
-    from gputopo.cli.nodes import node_options, progress_printer
+    from gputopo.cli.nodes import check_rendezvous, node_options, progress_printer
     from gputopo.doctor import DoctorOptions, run_doctor
     from gputopo.probe.plan.config import MODELS
     from gputopo.report import ensure_report_dir, write_report
@@ -128,6 +128,8 @@ def doctor_command(
 
         return ProbeProgress(out.err, plan)
 
+    if node is not None:
+        check_rendezvous(node)
     doc = run_doctor(options, probe_hook=None if json_out else progress)
     out.warnings(doc.get("warnings") or ())
     if doc["why_simulated"] and json_out:  # the human view prints it at the top itself

@@ -26,7 +26,8 @@ RDZV_ENDPOINT_OPTION: Any = typer.Option(
     None,
     "--rdzv-endpoint",
     metavar="HOST:PORT",
-    help="Where the nodes meet (torchrun's c10d rendezvous; port 29400 if left out). Slurm: the first host.",
+    help="Where the nodes meet (torchrun's c10d rendezvous; port 29400 if left out). "
+    "Slurm: the first node's NodeAddr, on a port from the job id.",
     rich_help_panel=NODES_PANEL,
 )
 RDZV_ID_OPTION: Any = typer.Option(
@@ -52,11 +53,11 @@ INJECT_NODE_OPTION: Any = typer.Option(
 def slurm_job() -> Any:
     """The Slurm job this runs in (its defaults for --nnodes and the rendezvous), or ``None``."""
     from gputopo.launch.slurm import slurm_job as read_job
-    from gputopo.system.scontrol import hostnames
+    from gputopo.system.scontrol import hostnames, node_addr
 
     if "SLURM_JOB_ID" not in os.environ and "SLURM_JOBID" not in os.environ:
         return None
-    return read_job(os.environ, hostnames=hostnames)
+    return read_job(os.environ, hostnames=hostnames, node_addr=node_addr)
 
 
 def node_options(
@@ -75,7 +76,10 @@ def node_options(
     from gputopo.probe.plan.nodes import resolve_nodes
     from gputopo.probe.plan.options import ACROSS_NODE_FAULTS, Fault
 
-    node = resolve_nodes(nnodes, node_rank, endpoint, rdzv_id, rdzv_timeout, inject_node, slurm_job())
+    job = slurm_job()
+    node = resolve_nodes(nnodes, node_rank, endpoint, rdzv_id, rdzv_timeout, inject_node, job)
+    if node is not None and node.source == "slurm":
+        node = _from_slurm(node, job, endpoint)
     if node is None:
         if inject is Fault.SLOW:
             raise UsageError(
@@ -92,6 +96,48 @@ def node_options(
     if inject is not None and inject_node is None:
         node = replace(node, inject_node=node.nnodes - 1)
     return node
+
+
+def _from_slurm(node: Any, job: Any, endpoint: str | None) -> Any:
+    """Under ``srun``: name this node as Slurm does (every node of a one-machine test cluster shares one
+    host name, and a site's host names need not be its node names), and, unless ``--rdzv-endpoint`` was
+    given, meet at node 0's address (its ``NodeAddr``, not its name) on the job's own port. Node 0 hosts
+    the store there, so a port that something already holds on it is an error now, not a silent join of
+    another job's store."""
+    from dataclasses import replace
+
+    from gputopo.system.net import port_taken
+
+    node = replace(node, hostname=job.this_host)
+    if endpoint is not None:
+        return node
+    node = replace(node, host=job.rendezvous_host, port=job.rendezvous_port)
+    if node.node_rank == 0 and port_taken(node.port):
+        raise UsageError(
+            f"port {node.port}, Slurm job {job.job_id}'s rendezvous port, is already taken on this node "
+            f"({job.this_host}): another job's rendezvous, or another service",
+            f"pass --rdzv-endpoint {job.rendezvous_host}:PORT with a free port (the same on every node)",
+        )
+    return node
+
+
+def check_rendezvous(node: Any) -> None:
+    """Refuse, in one line, a rendezvous host that does not resolve: torch would wait for it for the
+    whole ``--rdzv-timeout`` on every node. Called just before the run, after every other option check."""
+    from gputopo.system.net import resolves
+
+    if resolves(node.host):
+        return
+    if node.source == "slurm":
+        hint = (
+            "`scontrol show node` should give node 0's NodeAddr; or pass "
+            f"--rdzv-endpoint ADDRESS:{node.port} with an address every node can reach"
+        )
+    else:
+        hint = "give --rdzv-endpoint a host name or address every node can reach (usually node rank 0's)"
+    raise UsageError(
+        f"the rendezvous host {node.host!r} (--rdzv-endpoint {node.endpoint}) does not resolve", hint
+    )
 
 
 def progress_printer(out: Any, node: Any, json_out: bool) -> Any:

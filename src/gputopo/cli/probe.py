@@ -20,6 +20,7 @@ from gputopo.cli.nodes import (
     RDZV_ENDPOINT_OPTION,
     RDZV_ID_OPTION,
     RDZV_TIMEOUT_OPTION,
+    check_rendezvous,
     node_options,
     progress_printer,
     warn_internode,
@@ -264,6 +265,7 @@ def run_across_nodes(config: Any, node: Any, out: Output, json_out: bool) -> Non
     from gputopo.probe.report.nodes import nodes_markdown
     from gputopo.report import write_report
 
+    check_rendezvous(node)
     on_row = progress_printer(out, node, json_out)
     doc = run_nodes(config, node, on_row=on_row)
     if node.node_rank == 0:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -30,6 +31,16 @@ from gputopo.errors import UsageError
 # ``parse_rendezvous_endpoint(params.endpoint, default_port=DEFAULT_PORT)``; torch/distributed/run.py's help
 # says the same: "If no port number is specified HOST_NODE_ADDR defaults to 29400").
 DEFAULT_RDZV_PORT = 29400
+
+# Under Slurm the rendezvous port comes from the job id instead (``rendezvous_port``): every node of the
+# job computes the same one, and two jobs whose first node is the same machine do not meet on 29400, where
+# torch's store would make the second job a client of the first's (c10d_rendezvous_backend.py,
+# ``_create_tcp_store``: when hosting fails it retries as a client) and die when that job ends. The range
+# starts above torch's two defaults (29400 here, 29500 for MASTER_PORT in torch/distributed/run.py) and
+# ends below Linux's ephemeral ports (``ip_local_port_range`` defaults to 32768-60999,
+# Documentation/networking/ip-sysctl.rst), so an outgoing connection never holds it by chance.
+SLURM_RDZV_PORT_LOW = 29501
+SLURM_RDZV_PORT_HIGH = 32767  # inclusive
 
 # Slurm refuses ranges of more than 64K hosts (src/common/hostlist.c, MAX_RANGE); so do we, so that a typo
 # such as ``n[0-999999999]`` is an error, not a list that fills the memory.
@@ -178,6 +189,8 @@ class SlurmJob:
     # Tasks of the step (SLURM_STEP_NUM_TASKS, else SLURM_NTASKS): gputopo wants one per node, since
     # each node's gputopo starts a rank per GPU itself.
     ntasks: int | None = None
+    # The address Slurm has for node 0 (``scontrol show node NAME``: ``NodeAddr``), when asked and known.
+    first_addr: str | None = None
 
     @property
     def first_host(self) -> str:
@@ -185,14 +198,70 @@ class SlurmJob:
         return self.hosts[0]
 
     @property
+    def rendezvous_host(self) -> str:
+        """Where the nodes meet: node 0's ``NodeAddr``, else its name. A node's name need not be the
+        address to connect to: on a cluster whose ``slurm.conf`` sets ``NodeAddr`` the name may not resolve
+        at all (or resolve to another network)."""
+        return self.first_addr or self.first_host
+
+    @property
+    def rendezvous_port(self) -> int:
+        """The job's own rendezvous port (``rendezvous_port``)."""
+        return rendezvous_port(self.job_id)
+
+    @property
+    def rendezvous_endpoint(self) -> str:
+        """``HOST:PORT`` (an IPv6 address in brackets) for torchrun's ``--rdzv-endpoint``."""
+        host = self.rendezvous_host
+        return f"[{host}]:{self.rendezvous_port}" if ":" in host else f"{host}:{self.rendezvous_port}"
+
+    @property
     def this_host(self) -> str:
         """This node's host name as Slurm lists it."""
         return self.hosts[self.node_id]
 
 
+def rendezvous_port(job_id: str) -> int:
+    """The rendezvous port of Slurm job ``job_id``: ``SLURM_RDZV_PORT_LOW + job_id % span``, span being
+    the size of ``SLURM_RDZV_PORT_LOW..SLURM_RDZV_PORT_HIGH`` (3267 ports).
+
+    The same on every node of the job (it depends on nothing else), and different for any two jobs whose
+    ids differ by less than the span, which consecutive jobs on one node do. A job id that is not a
+    number (Slurm's are) is hashed with CRC-32, which is the same in every Python process.
+    """
+    span = SLURM_RDZV_PORT_HIGH - SLURM_RDZV_PORT_LOW + 1
+    text = job_id.strip()
+    number = int(text) if _DIGITS.fullmatch(text) else zlib.crc32(text.encode())
+    return SLURM_RDZV_PORT_LOW + number % span
+
+
+_NODE_ADDR = re.compile(r"(?:^|\s)NodeAddr=(\S+)")
+_NODE_NAME = re.compile(r"(?:^|\s)NodeName=(\S+)")
+
+
+def node_addr_from_show_node(text: str, name: str) -> str | None:
+    """``NodeAddr`` of node ``name`` in what ``scontrol show node NAME`` (or ``scontrol -o show node``)
+    printed; ``None`` when the node is not there or has no address (Slurm prints ``(null)``).
+
+    The output is ``Key=Value`` pairs, a record per node starting with ``NodeName=`` (one line each with
+    ``-o``, else a paragraph): ``NodeAddr=10.1.0.7 NodeHostName=gpu-a07 Port=6818 ...``.
+    """
+    records = re.split(r"(?=(?:^|\s)NodeName=)", text)
+    for record in records:
+        found = _NODE_NAME.search(record)
+        if found is None or found.group(1) != name:
+            continue
+        addr = _NODE_ADDR.search(record)
+        if addr is None or addr.group(1) in ("(null)", "n/a", ""):
+            return None
+        return addr.group(1)
+    return None
+
+
 def slurm_job(
     environ: Mapping[str, str],
     hostnames: Callable[[str], list[str] | None] | None = None,
+    node_addr: Callable[[str], str | None] | None = None,
 ) -> SlurmJob | None:
     """The Slurm job described by ``environ``, or ``None`` outside Slurm (no ``SLURM_JOB_ID``).
 
@@ -201,7 +270,9 @@ def slurm_job(
     ``SLURM_NNODES``); this node is ``SLURM_STEP_NODEID``, else ``SLURM_NODEID`` (why the step's come first:
     the module docstring). Hosts come from ``hostnames(nodelist)`` (the system's ``scontrol show
     hostnames``, which knows every syntax the installed Slurm does) and from ``expand_hostlist`` when it
-    is not given or answers ``None``.
+    is not given or answers ``None``. With more than one node, ``node_addr(name)`` (the system's
+    ``scontrol show node``) gives the address Slurm has for node 0, where the nodes meet
+    (``SlurmJob.rendezvous_host``); not asked, or answering ``None``, node 0's name stands in.
 
     GPUs: ``SLURM_STEP_GPUS`` inside a step, ``SLURM_JOB_GPUS`` outside one. Slurm's man pages (OUTPUT
     ENVIRONMENT VARIABLES, Slurm 23): ``SLURM_JOB_GPUS`` holds "the global GPU IDs of the GPUs allocated to
@@ -274,6 +345,7 @@ def slurm_job(
     ntasks = _whole_number(tasks_name, tasks_text) if tasks_text is not None and in_step else None
     gpus_name = "SLURM_STEP_GPUS" if in_step else "SLURM_JOB_GPUS"
     gpus = _gpu_list(gpus_name, environ.get(gpus_name))
+    first_addr = node_addr(hosts[0]) if node_addr is not None and nnodes > 1 else None
     return SlurmJob(
         job_id=job_id,
         nnodes=nnodes,
@@ -282,6 +354,7 @@ def slurm_job(
         hosts=tuple(hosts),
         gpus=gpus,
         ntasks=ntasks,
+        first_addr=first_addr or None,
     )
 
 
