@@ -47,6 +47,7 @@ def _root(
 # other way (tests, `import gputopo.cli`), every command is there.
 COMMAND_MODULES = {
     "doctor": "doctor",
+    "hang": "hang",
     "report": "doctor",
     "probe": "probe",
     "recommend": "recommend",

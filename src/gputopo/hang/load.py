@@ -237,7 +237,9 @@ def _as_dump(rank: int, path: Path, fmt: str, doc: Any) -> Dump | Skipped:
         path=path,
         format=fmt,
         version=str(doc.get("version", "")),
-        comm_lib_version=doc.get("comm_lib_version") if isinstance(doc.get("comm_lib_version"), str) else None,
+        comm_lib_version=doc.get("comm_lib_version")
+        if isinstance(doc.get("comm_lib_version"), str)
+        else None,
         pg_config=pg_config,
         pg_status=pg_status,
         entries=doc["entries"],

@@ -116,9 +116,12 @@ class MatchResult:
     world: tuple[int, ...]
     healthy_groups: tuple[str, ...]
     notes: tuple[str, ...]
+    members: dict[str, tuple[str, tuple[int, ...]]]  # every group seen: name -> (desc, global ranks)
 
 
-def match_dumps(dumps: Iterable[Dump], world_size: int | None = None, unusable: Iterable[int] = ()) -> MatchResult:
+def match_dumps(
+    dumps: Iterable[Dump], world_size: int | None = None, unusable: Iterable[int] = ()
+) -> MatchResult:
     """Match the dumps' collectives. ``world_size`` (from a run record) bounds the world; ranks in
     ``unusable`` had a dump that could not be read (they count as having none)."""
     dumps = sorted(dumps, key=lambda d: d.rank)
@@ -131,9 +134,11 @@ def match_dumps(dumps: Iterable[Dump], world_size: int | None = None, unusable: 
             pgs.setdefault(name, desc)
     groups: list[GroupResult] = []
     healthy: list[str] = []
+    all_members: dict[str, tuple[str, tuple[int, ...]]] = {}
     for name in sorted(pgs, key=_pg_sort_key):
         desc = pgs[name]
         members, how = _members(name, desc, dumps, index, world)
+        all_members[name] = (desc, tuple(members))
         if how:
             notes.append(f"group {name} ({desc}): {how}")
         result = _match_group(name, desc, members, how or "pg_config", dumps, index)
@@ -141,7 +146,7 @@ def match_dumps(dumps: Iterable[Dump], world_size: int | None = None, unusable: 
             healthy.append(name)
         else:
             groups.append(result)
-    return MatchResult(tuple(groups), tuple(world), tuple(healthy), tuple(notes))
+    return MatchResult(tuple(groups), tuple(world), tuple(healthy), tuple(notes), all_members)
 
 
 def _pg_sort_key(name: str) -> tuple[int, int | str]:
@@ -240,7 +245,9 @@ def _call(e: dict[str, Any]) -> Call:
 
 
 def _sig(entries: list[dict[str, Any]]) -> tuple[Any, ...]:
-    return tuple((e.get("profiling_name"), repr(e.get("input_sizes")), repr(e.get("input_dtypes"))) for e in entries)
+    return tuple(
+        (e.get("profiling_name"), repr(e.get("input_sizes")), repr(e.get("input_dtypes"))) for e in entries
+    )
 
 
 def _tracked(entries: list[dict[str, Any]]) -> bool:
@@ -356,7 +363,9 @@ def _suspects(
     for r in absent:
         mine = seqs[r]
         last = _call(mine[max(mine)][-1]) if mine else _last_any(by_rank[r])
-        seen = f"last seen in {last.op} seq {last.seq} of group {last.pg}" if last else "no collective recorded"
+        seen = (
+            f"last seen in {last.op} seq {last.seq} of group {last.pg}" if last else "no collective recorded"
+        )
         out.append(Suspect(r, NEVER_ENTERED, last, f"never entered the collective ({seen})"))
     for m in mismatches:
         out.append(Suspect(m.rank, MISMATCH, _call(present[m.rank][-1]), m.what))
