@@ -9,8 +9,8 @@ What a dump says, and how it is read here (torch 2.14, FlightRecorderDetail.hpp 
   ``scheduled``. NCCL records CUDA events, so its states are real. gloo records no events: its entries
   stay ``scheduled`` forever, and ``retired`` is set whenever the work finishes, by success or by timeout
   (measured), so neither says whether a gloo collective completed. For gloo a collective counts as
-  completed on a rank when the rank has gone on to a later one, or when every rank of the group entered
-  it alike (then nothing in the dumps says it hung);
+  completed when some rank of the group has gone on to a later one (it could not have without the
+  others), or when every rank of the group entered it alike (then nothing in the dumps says it hung);
 - ``pg_config`` maps a group's name to its ranks. Under gloo, torch 2.14 records every group under the
   name ``''`` (each overwriting the last), while the entries name the group ``'0'``, ``'1'``...; this is
   why ``torchfrtrace`` raises ``KeyError: ('0', 0)`` on gloo dumps. Here the default group (``desc``
@@ -304,8 +304,9 @@ def _match_group(
         for r, es in present.items():
             if _done(es):
                 completed.append(r)
-            elif not _tracked(es) and (s < last[r] or alike):
-                completed.append(r)  # gloo: went on, or everyone entered alike
+            elif not _tracked(es) and (s < hi or alike) and not mism:
+                # gloo: some rank went on past s (so s finished), or everyone entered it alike
+                completed.append(r)
             else:
                 inside.append(r)
         if not absent and not mism and not inside:

@@ -134,10 +134,12 @@ def compare(opinion: TorchOpinion, ours: MatchResult, missing: set[int]) -> list
     diffs: list[str] = []
     for g in ours.groups:
         theirs = opinion.problems.get((g.pg, g.collective.seq))
+        our_ranks = set(g.never_entered) | {m.rank for m in g.mismatches}
+        if theirs is None and not our_ranks:
+            continue  # ours names only ranks without a dump; torch's cannot decide without them
         if theirs is None:
             diffs.append(f"group {g.pg}: torch's analyzer finds nothing wrong at seq {g.collective.seq}")
             continue
-        our_ranks = set(g.never_entered) | {m.rank for m in g.mismatches}
         their_ranks = (set(theirs["missing_ranks"]) | set(theirs["culprits"])) - missing
         if our_ranks != their_ranks:
             diffs.append(
