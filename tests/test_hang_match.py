@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gputopo.hang.load import Dump, load_dumps
+from gputopo.hang.load import Dump, index_entries, load_dumps
 from gputopo.hang.match import match_dumps
 from gputopo.hang.triage import triage
 from hang_dumps import real_dumps
@@ -134,7 +134,17 @@ def _as_nccl(dump: Dump, states: dict[int, str]) -> Dump:
         e["profiling_name"] = "nccl:" + e["profiling_name"].split(":", 1)[1]
         e["state"] = states.get(e["collective_seq_id"], "completed")
         entries.append(e)
-    return Dump(dump.rank, dump.path, dump.format, dump.version, dump.comm_lib_version, {}, {}, entries)
+    return Dump(
+        dump.rank,
+        dump.path,
+        dump.format,
+        dump.version,
+        dump.comm_lib_version,
+        {},
+        {},
+        entries,
+        index_entries(entries),
+    )
 
 
 def test_nccl_states_name_the_rank_stuck_inside_and_join_its_gpu_health(base: Path) -> None:

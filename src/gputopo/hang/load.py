@@ -15,10 +15,13 @@ for a class is refused outright (``UnsafeDumpError``, exit 2): nothing it names 
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import pickle
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +40,10 @@ _DUMP_NAME = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d+)(?P<ext>\.json|\.pkl|\.pi
 _NOT_DUMPS = re.compile(r"^(gputopo-|run-record|ras)", re.IGNORECASE)
 
 
+# pg name -> (desc, collective_seq_id -> the entries with that id), collectives only
+GroupIndex = dict[str, tuple[str, dict[int, list[dict[str, Any]]]]]
+
+
 class UnsafeDumpError(InputError):
     """A pickle that asks to import or call something: refused, nothing in it ran (exit 2)."""
 
@@ -53,6 +60,7 @@ class Dump:
     pg_config: dict[str, Any]
     pg_status: dict[str, Any]
     entries: list[dict[str, Any]]
+    groups: GroupIndex = field(default_factory=dict)  # index_entries(entries)
     host: str | None = None  # torch 2.14's dumps carry neither; kept for dumps that do
     pid: int | None = None
 
@@ -101,7 +109,9 @@ def safe_loads(data: bytes, path: Path) -> Any:
     Raises ``UnsafeDumpError`` naming ``path`` and what was asked for; ``pickle.UnpicklingError``,
     ``EOFError`` and friends for a truncated or corrupt file."""
     try:
-        return _PlainUnpickler(io.BytesIO(data)).load()
+        # BufferedReader, not a bare BytesIO: the C unpickler prefetches through ``peek``, which BytesIO
+        # lacks; without it every opcode is a read() call and loading is 8x slower (measured).
+        return _PlainUnpickler(io.BufferedReader(io.BytesIO(data), buffer_size=1 << 20)).load()
     except _Refused as exc:
         raise UnsafeDumpError(
             f"{path}: the pickle asks for {exc} (a Flight Recorder dump holds only plain data): refused, "
@@ -159,14 +169,13 @@ def load_dumps(specs: list[Path], max_bytes: int = MAX_DUMP_BYTES) -> Loaded:
     dumps: list[Dump] = []
     skipped: list[Skipped] = []
     notes: list[str] = []
-    for rank in sorted(by_rank):
-        paths = by_rank[rank]
-        chosen = _choose(rank, paths, notes)
-        result = load_one(rank, chosen, max_bytes)
-        if isinstance(result, Skipped):
-            skipped.append(result)
-        else:
-            dumps.append(result)
+    with paused_gc():
+        for rank in sorted(by_rank):
+            result = load_one(rank, _choose(rank, by_rank[rank], notes), max_bytes)
+            if isinstance(result, Skipped):
+                skipped.append(result)
+            else:
+                dumps.append(result)
     versions = {d.version for d in dumps}
     if len(versions) > 1:
         groups = {v: [d.rank for d in dumps if d.version == v] for v in sorted(versions)}
@@ -227,8 +236,8 @@ def _as_dump(rank: int, path: Path, fmt: str, doc: Any) -> Dump | Skipped:
         return Skipped(path, rank, "not a Flight Recorder dump (no 'entries' list)")
     pg_config = doc.get("pg_config") if isinstance(doc.get("pg_config"), dict) else {}
     pg_status = doc.get("pg_status") if isinstance(doc.get("pg_status"), dict) else {}
-    bad = next((e for e in doc["entries"] if not _entry_ok(e)), None)
-    if bad is not None:
+    groups = index_entries(doc["entries"])
+    if groups is None:
         return Skipped(path, rank, "not a Flight Recorder dump (an entry lacks its group or sequence id)")
     host = doc.get("hostname") or doc.get("host_name")
     pid = doc.get("pid")
@@ -243,23 +252,49 @@ def _as_dump(rank: int, path: Path, fmt: str, doc: Any) -> Dump | Skipped:
         pg_config=pg_config,
         pg_status=pg_status,
         entries=doc["entries"],
+        groups=groups,
         host=host if isinstance(host, str) else None,
         pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
     )
 
 
-def _entry_ok(e: Any) -> bool:
-    """The few fields the matching cannot do without (the rest are read with defaults)."""
-    if not isinstance(e, dict):
-        return False
-    pg = e.get("process_group")
-    seq = e.get("collective_seq_id")
-    return (
-        isinstance(pg, (list, tuple))
-        and len(pg) == 2
-        and isinstance(seq, int)
-        and isinstance(e.get("profiling_name", ""), str)
-    )
+def index_entries(entries: list[Any]) -> GroupIndex | None:
+    """The entries by group and sequence id (point-to-point ops left out), or ``None`` when an entry
+    lacks what the matching cannot do without: a ``(name, desc)`` group and an integer sequence id.
+    One pass, since a job's dumps hold 100 000s of entries."""
+    out: GroupIndex = {}
+    try:
+        for e in entries:
+            if e.get("is_p2p"):
+                continue
+            name, desc = e["process_group"]
+            seq = e["collective_seq_id"]
+            if seq.__class__ is not int or name.__class__ is not str:
+                return None
+            slot = out.get(name)
+            if slot is None:
+                slot = out[name] = (str(desc), {})
+            same = slot[1].get(seq)
+            if same is None:
+                slot[1][seq] = [e]
+            else:
+                same.append(e)
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
+    return out
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """No garbage collection while 100 000s of dicts are made and kept: each collection would walk
+    them all again (torch's own loader does the same, flight_recorder/components/loader.py)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _ranks(ranks: list[int]) -> str:

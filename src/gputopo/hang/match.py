@@ -24,13 +24,14 @@ sequence id has completed that sequence.
 from __future__ import annotations
 
 import ast
+import heapq
 import json
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gputopo.hang.load import Dump
+from gputopo.hang.load import Dump, paused_gc
 
 NEVER_ENTERED = "never_entered"
 STUCK_INSIDE = "stuck_inside"
@@ -124,10 +125,14 @@ def match_dumps(
 ) -> MatchResult:
     """Match the dumps' collectives. ``world_size`` (from a run record) bounds the world; ranks in
     ``unusable`` had a dump that could not be read (they count as having none)."""
-    dumps = sorted(dumps, key=lambda d: d.rank)
+    with paused_gc():
+        return _match_dumps(sorted(dumps, key=lambda d: d.rank), world_size, set(unusable))
+
+
+def _match_dumps(dumps: list[Dump], world_size: int | None, unusable: set[int]) -> MatchResult:
     notes: list[str] = []
-    world = _world(dumps, world_size, set(unusable))
-    index = {d.rank: _index(d) for d in dumps}
+    world = _world(dumps, world_size, unusable)
+    index = {d.rank: d.groups for d in dumps}
     pgs: dict[str, str] = {}
     for per_pg in index.values():
         for name, (desc, _) in per_pg.items():
@@ -165,20 +170,6 @@ def _world(dumps: list[Dump], world_size: int | None, unusable: set[int]) -> lis
             if ranks:
                 top = max(top, max(ranks) + 1)
     return list(range(top))
-
-
-def _index(d: Dump) -> dict[str, tuple[str, dict[int, list[dict[str, Any]]]]]:
-    """pg name -> (desc, seq -> the entries with that seq), collectives only."""
-    out: dict[str, tuple[str, dict[int, list[dict[str, Any]]]]] = {}
-    for e in d.entries:
-        if e.get("is_p2p"):
-            continue
-        name, desc = e["process_group"]
-        slot = out.get(name)
-        if slot is None:
-            slot = out[name] = (desc, {})
-        slot[1].setdefault(e["collective_seq_id"], []).append(e)
-    return out
 
 
 def _parse_ranks(raw: Any) -> list[int] | None:
@@ -250,6 +241,22 @@ def _sig(entries: list[dict[str, Any]]) -> tuple[Any, ...]:
     )
 
 
+def _same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+    """Whether two ranks' calls at one sequence id agree on op, input sizes and dtypes."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if x is y:
+            continue
+        if (
+            x.get("profiling_name") != y.get("profiling_name")
+            or x.get("input_sizes") != y.get("input_sizes")
+            or x.get("input_dtypes") != y.get("input_dtypes")
+        ):
+            return False
+    return True
+
+
 def _tracked(entries: list[dict[str, Any]]) -> bool:
     """Whether the backend records real start/end events (NCCL does; gloo does not)."""
     return any(str(e.get("profiling_name", "")).startswith("nccl:") for e in entries)
@@ -276,7 +283,13 @@ def _match_group(
     if not starts:
         return None
     hi = max(last.values())
-    for s in range(min(starts), hi + 1):
+    candidates = _candidates(seqs, last, hi, bool(no_dump))
+    tried: set[int] = set()
+    while candidates:
+        s = heapq.heappop(candidates)
+        if s in tried or s > hi:
+            continue
+        tried.add(s)
         present: dict[int, list[dict[str, Any]]] = {}
         absent: list[int] = []
         passed: list[int] = []
@@ -293,6 +306,7 @@ def _match_group(
                 else:
                     present[r] = got
         if not present:
+            heapq.heappush(candidates, s + 1)  # nobody recorded s: the next one may be where it stops
             continue
         sigs = {r: _sig(es) for r, es in present.items()}
         counts = Counter(sigs.values())
@@ -334,6 +348,38 @@ def _match_group(
             state_tracked=tracked,
         )
     return None
+
+
+def _candidates(
+    seqs: dict[int, dict[int, list[dict[str, Any]]]], last: dict[int, int], hi: int, dumps_missing: bool
+) -> list[int]:
+    """The sequence ids where a group can stop (a heap), found in one pass over every rank's entries, so
+    that only those get the full look: where two ranks' calls differ, the first one some rank never
+    entered, the last one when a rank has no dump (gloo cannot show it completed), and the first one a
+    rank with real states (NCCL) has not completed."""
+    found: set[int] = set()
+    first_at: dict[int, list[dict[str, Any]]] = {}
+    for r, by_seq in seqs.items():
+        tracked = bool(by_seq) and _tracked(by_seq[last[r]])
+        undone = None
+        for s, es in by_seq.items():
+            f = first_at.get(s)
+            if f is None:
+                first_at[s] = es
+            elif not _same(es, f):
+                found.add(s)
+            if tracked and undone is None and not _done(es):
+                undone = s
+        if undone is not None:
+            found.add(undone)
+    lowest_last = min(last.values(), default=hi)
+    if lowest_last < hi:
+        found.add(lowest_last + 1)
+    if dumps_missing:
+        found.add(hi)
+    out = sorted(found)
+    heapq.heapify(out)
+    return out
 
 
 def _mismatch(rank: int, mine: list[dict[str, Any]], ref: list[dict[str, Any]]) -> Mismatch:
