@@ -87,7 +87,7 @@ def main() -> None:
         job = make_job(Path(tmp), args.ranks, args.entries)
         files = sorted(str(p) for p in job.iterdir())
         size_mib = sum(os.path.getsize(f) for f in files) / 2**20
-        print(f"# {args.ranks} ranks x {args.entries} entries, {size_mib:.1f} MiB of pickle dumps from a real one")
+        print(f"# {args.ranks} ranks x {args.entries} entries: {size_mib:.1f} MiB of pickle from a real dump")
         gputopo = [sys.executable, "-m", "gputopo", "hang", str(job), "--json"]
         bare = [sys.executable, "-c", BARE, *files]
         ours_s, bare_s = [], []
