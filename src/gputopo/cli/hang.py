@@ -53,18 +53,20 @@ def hang_command(
     """Name the collective a hung job is stuck in, the ranks that never joined or called it differently,
     and where they ran. Exit 0 no hang, 1 a hang or mismatch, 2 bad input, 3 nothing (conclusive) to
     analyse."""
+    from gputopo.hang.load import paused_gc
     from gputopo.hang.render import render_text
     from gputopo.hang.service import analyse
 
     out = Output(json_mode=json_out)
-    report = analyse(
-        list(paths or []),
-        run_records=list(run_record or []),
-        ras_json=ras_json,
-        ask_local_ras=ras,
-        torch_check=torch_check,
-        health=_local_health,
-    )
+    with paused_gc(freeze=True):  # one process, one report: the dumps' dicts need no collecting
+        report = analyse(
+            list(paths or []),
+            run_records=list(run_record or []),
+            ras_json=ras_json,
+            ask_local_ras=ras,
+            torch_check=torch_check,
+            health=_local_health,
+        )
     out.document(report.document())
     for line in render_text(report):
         out.line(line)

@@ -285,14 +285,18 @@ def index_entries(entries: list[Any]) -> GroupIndex | None:
 
 
 @contextmanager
-def paused_gc() -> Iterator[None]:
+def paused_gc(freeze: bool = False) -> Iterator[None]:
     """No garbage collection while 100 000s of dicts are made and kept: each collection would walk
-    them all again (torch's own loader does the same, flight_recorder/components/loader.py)."""
+    them all again (torch's own loader does the same, flight_recorder/components/loader.py). With
+    ``freeze``, what was made is moved out of the collector's sight before it runs again (``gc.freeze``:
+    for a process that exits after the report; dumps hold no reference cycles)."""
     was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        if freeze:
+            gc.freeze()
         if was:
             gc.enable()
 
