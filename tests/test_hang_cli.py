@@ -259,3 +259,37 @@ def test_ras_asks_the_port_like_ncclras(fake_ras: tuple[int, list[str]]) -> None
 def test_nothing_to_analyse_is_a_usage_error() -> None:
     result = invoke("hang")
     assert result.exit_code == 2 and "nothing to analyse" in result.output
+
+
+def test_a_suspect_on_this_machine_gets_its_gpu_health(base: Path, tmp_path: Path, monkeypatch) -> None:
+    """The suspect ran here: this machine's topology (a sample standing in, GPU 1 lost) joins the report."""
+    import dataclasses
+    import socket
+
+    import gputopo.topology as topology
+    from gputopo.topology import load_topology
+
+    here = socket.gethostname()
+    sample = load_topology("sample:workstation-2gpu-nvlink")
+    gpus = tuple(dataclasses.replace(g, error="GPU is lost") if g.index == 1 else g for g in sample.gpus)
+    sick = dataclasses.replace(sample, gpus=gpus)
+    monkeypatch.setattr(topology, "load_topology", lambda spec, **kw: sick)
+    folder = copy_dumps(real_dumps("never", base), tmp_path / "run")
+    record = {
+        "schema": "gputopo/run-record/v1",
+        "host": here,
+        "world_size": 3,
+        "gpus": [{"local_rank": i, "index": i % 2, "uuid": UUIDS[i]} for i in range(3)],
+        "ranks": [{"rank": i, "local_rank": i, "pid": 100 + i} for i in range(3)],
+    }
+    (folder / "run-record.json").write_text(json.dumps(record))
+    doc = json.loads(invoke("hang", str(folder), "--json").stdout)
+    suspect = doc["groups"][0]["suspects"][0]
+    assert (suspect["rank"], suspect["host"], suspect["gpu"]["index"]) == (2, here, 0)
+    assert suspect["health"] == []  # rank 2 ran on GPU 0, which is fine
+    record["gpus"][2]["index"] = 1  # now rank 2 ran on the lost GPU
+    (folder / "run-record.json").write_text(json.dumps(record))
+    doc = json.loads(invoke("hang", str(folder), "--json").stdout)
+    (health,) = doc["groups"][0]["suspects"][0]["health"]
+    assert health["gpu"] == 1 and "does not answer NVML" in health["what"] and health["severity"] == "problem"
+    assert any(f["gpu"] == 1 and "does not answer NVML" in f["what"] for f in doc["findings"])

@@ -171,3 +171,14 @@ def test_importing_the_hang_package_does_not_import_torch() -> None:
 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_dump_cut_anywhere_is_loaded_or_skipped_never_a_crash(never: Path, tmp_path: Path) -> None:
+    """A rank killed while dumping leaves a file cut at any byte; each cut is read or named and skipped."""
+    for name in (f"{PREFIX}0", f"json/{PREFIX}0.json"):
+        whole = (never / name).read_bytes()
+        target = tmp_path / Path(name).name
+        for cut in sorted({*range(0, len(whole), max(1, len(whole) // 97)), len(whole) - 1}):
+            target.write_bytes(whole[:cut])
+            result = load_one(0, target)
+            assert hasattr(result, "why") or result.entries, cut
