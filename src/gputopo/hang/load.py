@@ -225,9 +225,10 @@ def load_one(rank: int, path: Path, max_bytes: int = MAX_DUMP_BYTES) -> Dump | S
         raise
     except json.JSONDecodeError as exc:
         return Skipped(path, rank, f"not valid JSON (truncated?) at byte {exc.pos}")
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, MemoryError) as exc:
+    except Exception as exc:  # noqa: BLE001 -- any way a damaged file fails to load means: skip it, say why
         what = "truncated" if isinstance(exc, EOFError) or "truncated" in str(exc) else "corrupt"
-        return Skipped(path, rank, f"{what} pickle ({type(exc).__name__}: {str(exc)[:80]})")
+        kind = "JSON" if is_json else "pickle"
+        return Skipped(path, rank, f"{what} {kind} ({type(exc).__name__}: {str(exc)[:80]})")
     return _as_dump(rank, path, "json" if is_json else "pickle", doc)
 
 
