@@ -293,3 +293,17 @@ def test_a_suspect_on_this_machine_gets_its_gpu_health(base: Path, tmp_path: Pat
     (health,) = doc["groups"][0]["suspects"][0]["health"]
     assert health["gpu"] == 1 and "does not answer NVML" in health["what"] and health["severity"] == "problem"
     assert any(f["gpu"] == 1 and "does not answer NVML" in f["what"] for f in doc["findings"])
+
+
+def test_html_report_draws_the_ranks_per_host(base: Path, tmp_path: Path) -> None:
+    folder = copy_dumps(real_dumps("never", base), tmp_path / "run")
+    _records(folder)
+    page = tmp_path / "hang.html"
+    result = invoke("hang", str(folder), "--html", str(page))
+    assert result.exit_code == 1
+    html = page.read_text()
+    assert "<b>node-a</b>" in html and "<b>node-b</b>" in html
+    assert "class='rank never' title='rank 2 GPU 5: never entered'>2<" in html
+    assert "class='rank inside' title='rank 0 GPU 0: entered, waiting inside'>0<" in html
+    bad = invoke("hang", str(folder), "--html", str(tmp_path / "no" / "such" / "dir.html"))
+    assert bad.exit_code == 2 and "cannot write" in bad.output

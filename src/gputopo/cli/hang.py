@@ -21,6 +21,7 @@ from gputopo.ui.output import Output
         "gputopo hang dumps/ --run-record node0.json --run-record node1.json",
         "gputopo hang dumps/ --ras                          # also ask this node's NCCL RAS",
         "gputopo hang --ras-json ras.json                   # a saved `ncclras -f json`",
+        "gputopo hang dumps/ --html hang.html               # the ranks drawn per host and group",
     ),
 )
 @guarded
@@ -43,6 +44,9 @@ def hang_command(
         metavar="FILE",
         help="A run record (gputopo/run-record/v1) mapping ranks to hosts and GPUs; repeatable. "
         "Default: run-record*.json beside the dumps.",
+    ),
+    html: Optional[Path] = typer.Option(  # noqa: UP045 (typer)
+        None, "--html", metavar="FILE", help="Also write an HTML report: the ranks drawn per host and group."
     ),
     torch_check: bool = typer.Option(
         False,
@@ -67,11 +71,26 @@ def hang_command(
             torch_check=torch_check,
             health=_local_health,
         )
+    if html is not None:
+        _write_html(html, report)
+        out.hint(f"HTML report: {html}")
     out.document(report.document())
     for line in render_text(report):
         out.line(line)
     if report.exit_code:
         raise typer.Exit(report.exit_code)
+
+
+def _write_html(path: Path, report: object) -> None:
+    from gputopo.errors import InputError
+    from gputopo.hang.html import render_html
+
+    try:
+        path.write_text(render_html(report), encoding="utf-8")  # type: ignore[arg-type]
+    except OSError as exc:
+        raise InputError(
+            f"--html {path}: cannot write ({exc.strerror or exc})", "give a writable path"
+        ) from None
 
 
 def _local_health(hosts: set[str]) -> dict[tuple[str, int], list[dict[str, object]]]:
