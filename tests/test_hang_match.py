@@ -176,3 +176,48 @@ def test_nccl_states_name_the_rank_stuck_inside_and_join_its_gpu_health(base: Pa
     # without health readings it is still named, as a process to watch, and says it knows no health
     bare = triage(loaded, match, place).findings[0]
     assert bare["action"] == "monitor" and "no health readings" in bare["what"]
+
+
+def test_a_wrapped_ring_buffer_still_finds_the_hang(base: Path) -> None:
+    """TORCH_FR_BUFFER_SIZE keeps the last N entries: a rank whose oldest entries are gone went past them."""
+    loaded = load_dumps([real_dumps("never", base)])
+    wrapped = []
+    for d in loaded.dumps:
+        entries = d.entries[2:] if d.rank == 0 else d.entries  # rank 0 lost seq 1 and 2 to the ring
+        wrapped.append(
+            Dump(d.rank, d.path, d.format, d.version, None, {}, {}, entries, index_entries(entries))
+        )
+    (group,) = match_dumps(wrapped).groups
+    assert group.collective.seq == 5 and group.never_entered == (2,)
+
+
+def test_dumps_gathered_from_two_nodes(base: Path, tmp_path: Path) -> None:
+    """Each node's folder holds its own ranks' dumps and its run record; both folders are given."""
+    import json
+    import shutil
+
+    from conftest import invoke
+
+    src = real_dumps("never", base)
+    for host, ranks in (("node-a", (0, 1)), ("node-b", (2,))):
+        folder = tmp_path / host
+        folder.mkdir()
+        for r in ranks:
+            shutil.copy(src / f"rank_trace{r}", folder / f"rank_trace{r}")
+        record = {
+            "schema": "gputopo/run-record/v1",
+            "host": host,
+            "gpus": [{"local_rank": i, "index": i, "uuid": f"GPU-{host}-{i}"} for i in range(len(ranks))],
+            "ranks": [{"rank": r, "local_rank": i, "pid": 1000 + r} for i, r in enumerate(ranks)],
+        }
+        (folder / "run-record.json").write_text(json.dumps(record))
+    result = invoke("hang", str(tmp_path / "node-a"), str(tmp_path / "node-b"), "--json")
+    doc = json.loads(result.stdout)
+    (suspect,) = doc["groups"][0]["suspects"]
+    assert (suspect["rank"], suspect["host"], suspect["gpu"]["uuid"], suspect["pid"]) == (
+        2,
+        "node-b",
+        "GPU-node-b-0",
+        1002,
+    )
+    assert doc["missing_dumps"] == [] and doc["dumps"]["count"] == 3
