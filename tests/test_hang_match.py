@@ -18,6 +18,7 @@ EXPECTED = {
     "never": ("hang", {2: "never_entered"}, "all_reduce", 5, None),
     "op": ("mismatch", {2: "mismatch"}, "all_reduce", 5, "op"),
     "size": ("mismatch", {1: "no_dump", 2: "mismatch"}, "all_reduce", 5, "size"),
+    "size_small": ("hang", {2: "no_dump"}, "all_reduce", 5, None),
     "dtype": ("mismatch", {2: "mismatch"}, "all_reduce", 5, "dtype"),
     "crash": ("hang", {2: "no_dump"}, "all_reduce", 5, None),
     "subgroup": ("hang", {1: "never_entered"}, "all_reduce", 1, None),

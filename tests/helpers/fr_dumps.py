@@ -14,6 +14,9 @@ How each fault behaves under gloo, measured with torch 2.14.1:
 - ``size``: the last rank all-reduces twice as many elements. gloo's receiving neighbour aborts the
   process (``EnforceNotMet ... Received data size doesn't match``: SIGABRT, no dump), the others see the
   connection close and dump. So a size mismatch under gloo always comes with a missing dump.
+- ``size_small``: the last rank all-reduces half as many elements; now that rank itself aborts
+  (``EnforceNotMet ... 8 vs 4``) and leaves no dump: the culprit's dump is the one missing
+  (pytorch#196968), and only "rank 2: no dump" while the others wait can point at it.
 - ``dtype``: the last rank all-reduces int32 where the others use float32, same byte count: gloo does not
   notice and the collective completes (with garbage); only the recorder shows it.
 - ``crash``: the last rank exits (code 3) before the collective: no dump; the others see the connection
@@ -32,7 +35,7 @@ import time
 from pathlib import Path
 
 COLLECTIVE_TIMEOUT_S = 2
-SCENARIOS = ("never", "op", "size", "dtype", "crash", "ok", "subgroup")
+SCENARIOS = ("never", "op", "size", "size_small", "dtype", "crash", "ok", "subgroup")
 PREFIX = "rank_trace"
 WARMUP_STEPS = 3
 
@@ -76,6 +79,8 @@ def _rank_main(rank: int, world: int, scenario: str, out: str, store_file: str) 
             wrong_op_broadcast(dist, t)
         elif scenario == "size" and last:
             train_step(dist, torch, torch.ones(16))
+        elif scenario == "size_small" and last:
+            train_step(dist, torch, torch.ones(4))
         elif scenario == "dtype" and last:
             train_step(dist, torch, torch.ones(8, dtype=torch.int32))
         elif scenario == "crash" and last:
