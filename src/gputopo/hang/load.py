@@ -32,6 +32,10 @@ from gputopo.errors import InputError
 # real one and still loads in seconds. Bigger files are named and skipped, never read.
 MAX_DUMP_BYTES = 256 * 1024 * 1024
 
+# No job has a million ranks; a larger rank number (in a file name or a dump's group record) is damage,
+# and believing it would make a world of that many ranks.
+MAX_RANKS = 1 << 20
+
 # torch names the default dumps TORCH_FR_DUMP_TEMP_FILE<rank> (and its loader takes the trailing digits
 # as the rank: torch/distributed/flight_recorder/components/loader.py, read_dump); JSON dumps are named
 # by whoever wrote them, so ``<prefix><rank>.json`` is accepted too.
@@ -147,7 +151,7 @@ def find_dump_files(spec: Path) -> list[tuple[int, Path]]:
         if _NOT_DUMPS.match(p.name) and prefix is None:
             continue
         m = _DUMP_NAME.match(p.name)
-        if m is None or (prefix is not None and m["prefix"] != prefix):
+        if m is None or (prefix is not None and m["prefix"] != prefix) or int(m["rank"]) >= MAX_RANKS:
             continue
         found.append((int(m["rank"]), p))
     return found

@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gputopo.hang.load import Dump, paused_gc
+from gputopo.hang.load import MAX_RANKS, Dump, paused_gc
 
 NEVER_ENTERED = "never_entered"
 STUCK_INSIDE = "stuck_inside"
@@ -163,7 +163,7 @@ def _world(dumps: list[Dump], world_size: int | None, unusable: set[int]) -> lis
     ranks that have (or had) a dump."""
     top = max([d.rank for d in dumps] + list(unusable), default=-1) + 1
     if world_size:
-        top = max(top, world_size)
+        top = max(top, min(world_size, MAX_RANKS))
     for d in dumps:
         for cfg in d.pg_config.values():
             ranks = _parse_ranks(cfg.get("ranks") if isinstance(cfg, dict) else None)
@@ -175,7 +175,7 @@ def _world(dumps: list[Dump], world_size: int | None, unusable: set[int]) -> lis
 def _parse_ranks(raw: Any) -> list[int] | None:
     """pg_config's ``ranks``: a string like ``'[0, 1, 2]'`` (torch writes it so) or a list."""
     if isinstance(raw, list):
-        return [r for r in raw if isinstance(r, int)]
+        return [r for r in raw if isinstance(r, int) and 0 <= r < MAX_RANKS]
     if not isinstance(raw, str):
         return None
     try:
@@ -185,7 +185,7 @@ def _parse_ranks(raw: Any) -> list[int] | None:
             value = ast.literal_eval(raw)
         except (ValueError, SyntaxError):
             return None
-    if isinstance(value, (list, tuple)) and all(isinstance(r, int) for r in value):
+    if isinstance(value, (list, tuple)) and all(isinstance(r, int) and 0 <= r < MAX_RANKS for r in value):
         return list(value)
     return None
 
