@@ -48,6 +48,7 @@ def _root(
 COMMAND_MODULES = {
     "check": "check",
     "doctor": "doctor",
+    "hang": "hang",
     "report": "doctor",
     "probe": "probe",
     "recommend": "recommend",

@@ -1,0 +1,131 @@
+"""CLI: ``gputopo hang``: a hung job's Flight Recorder dumps (and NCCL RAS) -> the stuck collective, the
+ranks that never joined, their host, GPU and health."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from gputopo.cli import app
+from gputopo.cli.common import JSON_OPTION, examples, guarded
+from gputopo.ui.output import Output
+
+
+@app.command(
+    "hang",
+    epilog=examples(
+        "gputopo hang reports/run-20260101-1200/fr          # the dumps of a run launched by gputopo run",
+        "gputopo hang /tmp/nccl_trace_rank_                 # a dump prefix (TORCH_FR_DUMP_TEMP_FILE)",
+        "gputopo hang dumps/ --run-record node0.json --run-record node1.json",
+        "gputopo hang dumps/ --ras                          # also ask this node's NCCL RAS",
+        "gputopo hang --ras-json ras.json                   # a saved `ncclras -f json`",
+        "gputopo hang dumps/ --html hang.html               # the ranks drawn per host and group",
+    ),
+)
+@guarded
+def hang_command(
+    paths: Optional[list[Path]] = typer.Argument(  # noqa: UP045 (typer)
+        None,
+        metavar="PATH...",
+        help="Folders or file prefixes of Flight Recorder dumps (pickle or JSON), from one node or many.",
+    ),
+    json_out: bool = JSON_OPTION,
+    ras: bool = typer.Option(
+        False, "--ras", help="Ask this node's NCCL RAS port too (NCCL_RAS_ADDR, default localhost:28028)."
+    ),
+    ras_json: Optional[Path] = typer.Option(  # noqa: UP045 (typer)
+        None, "--ras-json", metavar="FILE", help="Read a saved `ncclras -f json` output."
+    ),
+    run_record: Optional[list[Path]] = typer.Option(  # noqa: UP045 (typer)
+        None,
+        "--run-record",
+        metavar="FILE",
+        help="A run record (gputopo/run-record/v1) mapping ranks to hosts and GPUs; repeatable. "
+        "Default: run-record*.json beside the dumps.",
+    ),
+    html: Optional[Path] = typer.Option(  # noqa: UP045 (typer)
+        None, "--html", metavar="FILE", help="Also write an HTML report: the ranks drawn per host and group."
+    ),
+    torch_check: bool = typer.Option(
+        False,
+        "--torch-check",
+        help="Also run torch's own analyzer (torch.distributed.flight_recorder) and say where it disagrees.",
+    ),
+) -> None:
+    """Name the collective a hung job is stuck in, the ranks that never joined or called it differently,
+    and where they ran. Exit 0 no hang, 1 a hang or mismatch, 2 bad input, 3 nothing (conclusive) to
+    analyse."""
+    from gputopo.hang.load import paused_gc
+    from gputopo.hang.render import render_text
+    from gputopo.hang.service import analyse
+
+    out = Output(json_mode=json_out)
+    with paused_gc(freeze=True):  # one process, one report: the dumps' dicts need no collecting
+        report = analyse(
+            list(paths or []),
+            run_records=list(run_record or []),
+            ras_json=ras_json,
+            ask_local_ras=ras,
+            torch_check=torch_check,
+            health=_local_health,
+        )
+    if html is not None:
+        _write_html(html, report)
+        out.hint(f"HTML report: {html}")
+    out.document(report.document())
+    for line in render_text(report):
+        out.line(line)
+    if report.exit_code:
+        raise typer.Exit(report.exit_code)
+
+
+def _write_html(path: Path, report: object) -> None:
+    from gputopo.errors import InputError
+    from gputopo.hang.html import render_html
+
+    try:
+        path.write_text(render_html(report), encoding="utf-8")  # type: ignore[arg-type]
+    except OSError as exc:
+        raise InputError(
+            f"--html {path}: cannot write ({exc.strerror or exc})", "give a writable path"
+        ) from None
+
+
+def _local_health(hosts: set[str]) -> dict[tuple[str, int], list[dict[str, object]]]:
+    """Health findings of this machine's GPUs, when a suspect ran here; nothing when NVML is not there."""
+    import re
+    import socket
+
+    from gputopo.errors import GputopoError
+
+    here = socket.gethostname()
+    if here not in hosts:
+        return {}
+    try:
+        from gputopo.findings import link_findings
+        from gputopo.topology import load_topology
+
+        topo = load_topology(None, nvml_timeout_s=5.0)
+    except GputopoError:
+        return {}
+    found: dict[tuple[str, int], list[dict[str, object]]] = {}
+    for f in link_findings(topo):
+        m = re.match(r"GPU(\d+)\b", f.where)
+        if not m:
+            continue
+        what = f.what.lower()
+        category = "nvlink" if "nvlink" in what else "pcie" if "pcie" in what else "driver"
+        found.setdefault((here, int(m.group(1))), []).append(
+            {
+                "where": f"{here} {f.where}",
+                "gpu": int(m.group(1)),
+                "category": category,
+                "what": f.what,
+                "remedy": f.remedy,
+                "severity": f.severity,
+                "action": "drain" if f.severity == "problem" else "none",
+            }
+        )
+    return found

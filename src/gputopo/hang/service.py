@@ -1,0 +1,80 @@
+"""``gputopo hang`` as one call: dumps, run records, RAS and (optionally) torch's analyzer in, a
+``HangReport`` out. Reads the files it is pointed at; reaches the machine only through ``ras.ask_ras``
+(``ask_ras=True``) and the ``health`` callback the caller passes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from gputopo.errors import UsageError
+from gputopo.hang import record as rec
+from gputopo.hang.load import Loaded, NothingToAnalyse, load_dumps
+from gputopo.hang.match import match_dumps
+from gputopo.hang.ras import RasReport, ask_ras, read_ras_file
+from gputopo.hang.triage import HangReport, Health, triage
+
+HealthReader = Callable[[set[str]], Health]
+
+
+def analyse(
+    paths: Sequence[Path],
+    run_records: Sequence[Path] = (),
+    ras_json: Path | None = None,
+    ask_local_ras: bool = False,
+    torch_check: bool = False,
+    health: HealthReader | None = None,
+) -> HangReport:
+    """Everything ``gputopo hang`` reports. ``health(hosts)`` returns health findings per (host, GPU
+    index) for whichever of ``hosts`` it can read (this machine's, for now)."""
+    if not paths and ras_json is None and not ask_local_ras:
+        raise UsageError(
+            "nothing to analyse: no dump folder, --ras or --ras-json", "e.g. gputopo hang reports/run-*/fr"
+        )
+    loaded: Loaded | None = load_dumps(list(paths)) if paths else None
+    folders = {p if p.is_dir() else p.parent for p in paths}
+    record_paths = list(run_records) or rec.find_records(sorted(folders))
+    records = [rec.read_record(p) for p in record_paths]
+    placement, assumed = rec.place_ranks(records)
+    ras: RasReport | None = None
+    if ras_json is not None:
+        ras = read_ras_file(ras_json)
+    elif ask_local_ras:
+        ras = ask_ras()
+    match = None
+    notes: list[str] = list(loaded.notes) if loaded else []
+    if record_paths:
+        notes.append("run records: " + ", ".join(str(p) for p in record_paths))
+    if loaded is not None:
+        if not loaded.dumps:
+            raise NothingToAnalyse(
+                "no dump could be read: " + "; ".join(f"{s.path}: {s.why}" for s in loaded.skipped),
+                "the dumps are truncated or corrupt; a rank killed while dumping leaves a partial file",
+            )
+        match = match_dumps(
+            loaded.dumps, rec.world_size(records), [s.rank for s in loaded.skipped if s.rank is not None]
+        )
+    opinion = None
+    if torch_check and loaded is not None and match is not None:
+        from gputopo.hang.torch_check import ask_torch, compare
+
+        told = ask_torch(list(loaded.dumps), match)
+        have = {d.rank for d in loaded.dumps}
+        diffs = compare(told, match, {r for r in match.world if r not in have})
+        opinion = {
+            **told.as_dict(),
+            "agrees": told.ran and not told.error and not diffs,
+            "differences": diffs,
+        }
+    hosts = {p.host for p in placement.values() if p.host}
+    found_health = health(hosts) if health is not None and hosts else None
+    return triage(
+        loaded,
+        match,
+        placement,
+        assumed,
+        ras=ras,
+        health=found_health,
+        torch_analyzer=opinion,
+        notes=notes,
+    )

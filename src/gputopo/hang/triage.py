@@ -1,0 +1,417 @@
+"""Verdicts, findings and the ``gputopo/hang/v1`` document (pure): the matching's stuck groups joined
+with where each rank ran (run records, NCCL RAS) and what gputopo knows of that GPU's health.
+
+Verdicts: ``mismatch`` (ranks called different collectives, sizes or dtypes), ``hang`` (a group waits
+on ranks that never entered, died without a dump, or are stuck inside), ``no_hang`` (every rank
+completed everything it recorded and every rank has a dump), ``incomplete`` (nothing stuck in the dumps
+there are, but dumps are missing or RAS names troubled ranks: the dumps cannot rule a hang out).
+Exit codes: 0 no_hang, 1 hang or mismatch, 3 incomplete or nothing to analyse (2 is bad input, raised
+before a report exists).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gputopo.hang.load import Loaded
+from gputopo.hang.match import (
+    MISMATCH,
+    NEVER_ENTERED,
+    NO_DUMP,
+    STUCK_INSIDE,
+    GroupResult,
+    MatchResult,
+    Suspect,
+)
+from gputopo.hang.ras import RasReport
+from gputopo.hang.record import Placement
+
+SCHEMA = "gputopo/hang/v1"
+HANG, MISMATCHED, NO_HANG, INCOMPLETE = "hang", "mismatch", "no_hang", "incomplete"
+EXIT_CODES = {NO_HANG: 0, HANG: 1, MISMATCHED: 1, INCOMPLETE: 3}
+
+# Health findings, finding-shaped dicts, per (host, GPU index): filled by whoever can read that host's
+# GPUs (this machine's, or a future gathered ``gputopo check`` per node).
+Health = Mapping[tuple[str, int], Sequence[Mapping[str, Any]]]
+
+_REMEDY = {
+    NEVER_ENTERED: (
+        "a rank that never entered the collective took another code path (a collective under a condition, "
+        "an exception caught and swallowed, a rank that ran out of data first) or its process is stalled "
+        "or dead: read that rank's log and live stack (`py-spy dump --pid PID` on its host), and make every "
+        "rank call the same collectives in the same order"
+    ),
+    MISMATCH: (
+        "every rank must call the same collective with the same sizes and dtypes in the same order; the "
+        "code differs between ranks (a shape from the rank's own data, a cast on one path). "
+        "TORCH_DISTRIBUTED_DEBUG=DETAIL checks each collective's shapes while the job runs"
+    ),
+    STUCK_INSIDE: (
+        "every rank entered and this one did not finish: with no code difference left, look at the GPU and "
+        "its links (`gputopo check` on that host; NVLink errors or an Xid mean the hardware: drain the "
+        "node), then at the network between the hosts (NCCL_DEBUG=INFO, `ncclras`)"
+    ),
+    NO_DUMP: (
+        "the process died or could not write its dump: look for its exit code, the OOM killer (`dmesg`), an "
+        "Xid on its GPU; with NCCL set TORCH_NCCL_DUMP_ON_TIMEOUT=1 and a writable TORCH_FR_DUMP_TEMP_FILE "
+        "folder (`gputopo run` does both)"
+    ),
+}
+_HARDWARE_CATEGORIES = {"memory", "nvlink", "pcie", "thermal", "power", "xid", "driver"}
+
+
+@dataclass(frozen=True)
+class HangReport:
+    """The analysis of one hung job, ready to print or to write as JSON."""
+
+    verdict: str
+    reason: str
+    match: MatchResult | None
+    placement: dict[int, Placement]
+    placement_source: str
+    assumed: tuple[str, ...]
+    missing_dumps: tuple[int, ...]
+    loaded: Loaded | None
+    ras: RasReport | None
+    findings: tuple[dict[str, Any], ...]
+    health: dict[tuple[str, int], list[dict[str, Any]]] = field(default_factory=dict)
+    torch_analyzer: dict[str, Any] | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.verdict]
+
+    def document(self) -> dict[str, Any]:
+        """The ``gputopo/hang/v1`` JSON document."""
+        groups = [self._group_doc(g) for g in (self.match.groups if self.match else ())]
+        dumps = self.loaded.dumps if self.loaded else ()
+        return {
+            "schema": SCHEMA,
+            "verdict": self.verdict,
+            "reason": self.reason,
+            "groups": groups,
+            "missing_dumps": list(self.missing_dumps),
+            "skipped_dumps": [
+                {"rank": s.rank, "path": str(s.path), "why": s.why}
+                for s in (self.loaded.skipped if self.loaded else ())
+            ],
+            "dumps": {
+                "count": len(dumps),
+                "ranks": [d.rank for d in dumps],
+                "formats": sorted({d.format for d in dumps}),
+                "recorder_version": dumps[0].version if dumps else None,
+                "comm_lib_version": next((d.comm_lib_version for d in dumps if d.comm_lib_version), None),
+                "world": list(self.match.world) if self.match else [],
+                "healthy_groups": list(self.match.healthy_groups) if self.match else [],
+            },
+            "placement": {"source": self.placement_source, "assumed": list(self.assumed)},
+            "ras": self._ras_doc(),
+            "torch_analyzer": self.torch_analyzer,
+            "findings": list(self.findings),
+            "notes": list(self.notes),
+        }
+
+    def _group_doc(self, g: GroupResult) -> dict[str, Any]:
+        c = g.collective
+        return {
+            "pg": g.pg,
+            "desc": g.desc,
+            "ranks": list(g.ranks),
+            "membership": g.membership,
+            "kind": g.kind,
+            "collective": {
+                "seq": c.seq,
+                "op": c.op,
+                "sizes": c.sizes,
+                "dtype": c.dtype,
+                "backend": c.backend,
+            },
+            "completed": list(g.completed),
+            "inside": list(g.entered),
+            "never_entered": list(g.never_entered),
+            "states": {str(r): s for r, s in g.states.items()},
+            "state_tracked": g.state_tracked,
+            "mismatches": [{"rank": m.rank, "kind": m.kind, "what": m.what} for m in g.mismatches],
+            "suspects": [self._suspect_doc(s) for s in g.suspects],
+        }
+
+    def _suspect_doc(self, s: Suspect) -> dict[str, Any]:
+        p = self.placement.get(s.rank)
+        gpu = None
+        if p is not None and (p.gpu_index is not None or p.gpu_uuid is not None):
+            gpu = {"index": p.gpu_index, "uuid": p.gpu_uuid}
+        health = (
+            self.health.get((p.host, p.gpu_index), []) if p and p.host and p.gpu_index is not None else []
+        )
+        return {
+            "rank": s.rank,
+            "why": s.why,
+            "what": s.what,
+            "host": p.host if p else None,
+            "local_rank": p.local_rank if p else None,
+            "gpu": gpu,
+            "pid": p.pid if p else None,
+            "placed_from": p.source if p else None,
+            "last_collective": s.last_collective.as_dict() if s.last_collective else None,
+            "stack": list(s.last_collective.stack) if s.last_collective and s.last_collective.stack else None,
+            "health": list(health),
+        }
+
+    def _ras_doc(self) -> dict[str, Any] | None:
+        if self.ras is None:
+            return None
+        return {
+            "source": self.ras.source,
+            "nccl_version": self.ras.nccl_version,
+            "communicators": self.ras.communicators,
+            "timeouts": self.ras.timeouts,
+            "troubled": [r.as_dict() for r in self.ras.troubled],
+        }
+
+
+def triage(
+    loaded: Loaded | None,
+    match: MatchResult | None,
+    placement: dict[int, Placement] | None = None,
+    assumed: Sequence[str] = (),
+    ras: RasReport | None = None,
+    health: Health | None = None,
+    torch_analyzer: dict[str, Any] | None = None,
+    notes: Sequence[str] = (),
+) -> HangReport:
+    """Judge the matching (and RAS), place each suspect, and write the findings."""
+    placement = dict(placement or {})
+    assumed = list(assumed)
+    source = "run-record" if placement else "none"
+    if loaded is not None:
+        for d in loaded.dumps:
+            if d.rank not in placement and (d.host or d.pid):
+                placement[d.rank] = Placement(d.rank, d.host, None, None, None, None, d.pid, "dump")
+                source = "dump" if source == "none" else source
+    if ras is not None:
+        _place_from_ras(ras, match, placement)
+        if source == "none" and placement:
+            source = "ras"
+    if source == "none" and loaded is not None:
+        assumed.append(
+            "no run record beside the dumps (--run-record FILE): hosts, GPUs and PIDs unknown "
+            f"(Flight Recorder {loaded.dumps[0].version if loaded.dumps else ''} dumps carry none of them); "
+            "ranks are the numbers at the end of the dump file names"
+        )
+    health_map = {k: [dict(f) for f in v] for k, v in (health or {}).items()}
+    world = match.world if match else ()
+    have = {d.rank for d in loaded.dumps} if loaded else set()
+    missing = tuple(r for r in world if r not in have)
+    findings: list[dict[str, Any]] = []
+    groups = match.groups if match else ()
+    for g in groups:
+        for s in g.suspects:
+            findings.extend(_suspect_findings(g, s, placement.get(s.rank), health_map))
+    for r in missing:
+        if not any(r in g.no_dump for g in groups):
+            findings.append(
+                _finding(_where(r, placement.get(r)), None, "process", "no dump", _REMEDY[NO_DUMP], "note")
+            )
+    if ras is not None:
+        for rr in ras.troubled:
+            gpu = f", GPU {rr.nvml_dev}" if rr.nvml_dev is not None else ""
+            host = rr.host or "unknown host"
+            findings.append(
+                _finding(
+                    f"rank {rr.rank} ({host}{gpu}, pid {rr.pid if rr.pid else '?'})",
+                    rr.nvml_dev,
+                    "process",
+                    f"NCCL RAS: rank {rr.rank} of communicator {rr.comm} is {rr.trouble}",
+                    "a dead or unresponsive rank stops every collective of its communicator: look at that "
+                    "process and host first (exit code, `dmesg`, Xid); `ncclras -v` shows the detail",
+                    "problem",
+                    "none",
+                )
+            )
+    verdict, reason = _verdict(groups, missing, ras, loaded)
+    return HangReport(
+        verdict=verdict,
+        reason=reason,
+        match=match,
+        placement=placement,
+        placement_source=source,
+        assumed=tuple(dict.fromkeys(assumed)),
+        missing_dumps=missing,
+        loaded=loaded,
+        ras=ras,
+        findings=tuple(sorted(findings, key=lambda f: f["severity"] != "problem")),
+        health=health_map,
+        torch_analyzer=torch_analyzer,
+        notes=tuple(notes) + (match.notes if match else ()),
+    )
+
+
+def _place_from_ras(ras: RasReport, match: MatchResult | None, placement: dict[int, Placement]) -> None:
+    """A communicator as large as the world numbers its ranks as the global ranks: RAS then says each
+    rank's host (IP), PID and NVML index, for ranks no run record placed."""
+    world = len(match.world) if match else 0
+    sizes: dict[str, int] = {}
+    for r in ras.ranks:
+        sizes[r.comm] = max(sizes.get(r.comm, 0), r.rank + 1)
+    for r in ras.ranks:
+        if r.rank < 0 or r.rank in placement or (world and sizes[r.comm] != world):
+            continue
+        placement[r.rank] = Placement(r.rank, r.host, None, None, r.nvml_dev, None, r.pid, "ras")
+
+
+def _verdict(
+    groups: Sequence[GroupResult], missing: Sequence[int], ras: RasReport | None, loaded: Loaded | None
+) -> tuple[str, str]:
+    if groups:
+        g = next((x for x in groups if x.mismatches), groups[0])
+        c = g.collective
+        at = f"{c.op} (seq {c.seq}) of group {g.pg} ({g.desc})"
+        if g.mismatches:
+            ranks = ",".join(str(m.rank) for m in g.mismatches)
+            return MISMATCHED, f"rank(s) {ranks} called {at} differently: {g.mismatches[0].what}"
+        lead = g.suspects[0] if g.suspects else None
+        if g.never_entered:
+            waiting = ",".join(str(r) for r in g.entered) or "none"
+            return HANG, (
+                f"rank(s) {_ranks(g.never_entered)} never entered {at}; rank(s) {waiting} wait inside it"
+            )
+        if g.no_dump:
+            return HANG, f"rank(s) {_ranks(g.no_dump)} left no dump while the others wait in {at}"
+        return (
+            HANG,
+            f"rank(s) {_ranks(s.rank for s in g.suspects)} stuck inside {at}" if lead else f"stuck in {at}",
+        )
+    troubled = ras.troubled if ras else ()
+    if loaded is None:
+        if troubled:
+            return HANG, f"NCCL RAS names {len(troubled)} troubled rank(s): " + ", ".join(
+                f"{r.rank} ({r.trouble})" for r in troubled[:5]
+            )
+        return NO_HANG, "NCCL RAS: every rank of every communicator is present and healthy"
+    if missing:
+        return INCOMPLETE, (
+            f"nothing is stuck in the dumps there are, but rank(s) {_ranks(missing)} have none: "
+            "the missing ones may be where it hangs"
+        )
+    if troubled:
+        return INCOMPLETE, (
+            "every rank completed everything its dump recorded, yet NCCL RAS names troubled ranks "
+            "(the dumps may predate the hang)"
+        )
+    return NO_HANG, "every rank completed every collective its dump recorded"
+
+
+def _suspect_findings(
+    g: GroupResult, s: Suspect, p: Placement | None, health: dict[tuple[str, int], list[dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    c = g.collective
+    at = f"{c.op} (seq {c.seq}, sizes {c.sizes}, {'/'.join(c.dtype) or '?'}) of group {g.pg} ({g.desc})"
+    gpu = p.gpu_index if p else None
+    where = _where(s.rank, p)
+    on_gpu = health.get((p.host, gpu), []) if p and p.host and gpu is not None else []
+    hw = [f for f in on_gpu if f.get("severity") == "problem" and f.get("category") in _HARDWARE_CATEGORIES]
+    out: list[dict[str, Any]] = []
+    if s.why == NEVER_ENTERED:
+        last = s.last_collective
+        seen = f"; last seen in {last.op} seq {last.seq} of group {last.pg}" if last else ""
+        frame = _user_frame(last.stack) if last and last.stack else None
+        waiting = f"; rank(s) {_ranks(g.entered)} wait inside it" if g.entered else ""
+        what = f"never entered {at}{waiting}{seen}" + (f", called from {frame}" if frame else "")
+        out.append(_finding(where, gpu, "process", what, _REMEDY[NEVER_ENTERED], "problem", "none"))
+    elif s.why == MISMATCH:
+        out.append(_finding(where, gpu, "config", f"{s.what} ({at})", _REMEDY[MISMATCH], "problem", "config"))
+    elif s.why == NO_DUMP:
+        out.append(
+            _finding(
+                where,
+                gpu,
+                "process",
+                f"no dump, while the others wait in {at}",
+                _REMEDY[NO_DUMP],
+                "problem",
+                "none",
+            )
+        )
+    elif s.why == STUCK_INSIDE:
+        if hw:
+            evidence = "; ".join(str(f.get("what")) for f in hw)
+            out.append(
+                _finding(
+                    where,
+                    gpu,
+                    str(hw[0].get("category")),
+                    f"stuck inside {at} on a GPU that reports: {evidence}",
+                    "the hardware: drain the node and service that GPU ("
+                    + str(hw[0].get("remedy", ""))
+                    + ")",
+                    "problem",
+                    "drain",
+                )
+            )
+        else:
+            known = "" if on_gpu else " (gputopo has no health readings for that GPU here)"
+            out.append(
+                _finding(
+                    where,
+                    gpu,
+                    "process",
+                    f"stuck inside {at}{known}",
+                    _REMEDY[STUCK_INSIDE],
+                    "problem",
+                    "monitor",
+                )
+            )
+    if s.why != STUCK_INSIDE:
+        out.extend(dict(f) for f in on_gpu)
+    return out
+
+
+def _finding(
+    where: str, gpu: int | None, category: str, what: str, remedy: str, severity: str, action: str = "none"
+) -> dict[str, Any]:
+    """A finding in the one shape every command uses (DESIGN.md); a dict until findings.Finding has
+    the gpu/category/action fields."""
+    return {
+        "where": where,
+        "gpu": gpu,
+        "category": category,
+        "what": what,
+        "remedy": remedy,
+        "severity": severity,
+        "action": action,
+    }
+
+
+def _where(rank: int, p: Placement | None) -> str:
+    if p is None or (p.host is None and p.gpu_index is None):
+        return f"rank {rank}"
+    bits = [p.host or "unknown host"]
+    if p.gpu_index is not None:
+        bits.append(f"GPU {p.gpu_index}")
+    if p.pid is not None:
+        bits.append(f"pid {p.pid}")
+    return f"rank {rank} ({', '.join(bits)})"
+
+
+_TORCH_FRAME = re.compile(r"[/\\](torch|multiprocessing|threading\.py|runpy\.py)[/\\]?")
+
+
+def _user_frame(stack: Sequence[str]) -> str | None:
+    """The innermost frame that is not torch's or the launcher's: where the user's code called it."""
+    for frame in stack:
+        if not _TORCH_FRAME.search(frame) and "(<string>" not in frame:
+            return frame
+    return None
+
+
+def _ranks(ranks: Any) -> str:
+    return ",".join(str(r) for r in ranks)
+
+
+def user_frame(stack: Sequence[str]) -> str | None:
+    """Public alias for the text renderer."""
+    return _user_frame(stack)

@@ -1,0 +1,132 @@
+"""Real Flight Recorder dumps from real CPU ranks (gloo), one scenario per run.
+
+Run as a script: ``python tests/helpers/fr_dumps.py SCENARIO OUT_DIR [WORLD]``. It starts WORLD ranks
+(spawned processes, gloo over a FileStore, ``TORCH_FR_BUFFER_SIZE`` set), lets them run a few
+collectives and then the scenario's fault, and each rank that is still alive writes its own dump with
+torch's dump API: ``OUT_DIR/rank_trace<rank>`` (pickle, the default dump's shape, what
+``TORCH_FR_DUMP_TEMP_FILE<rank>`` holds) and ``OUT_DIR/json/rank_trace<rank>.json``
+(``_dump_fr_trace_json``, which carries no stacks).
+
+How each fault behaves under gloo, measured with torch 2.14.1:
+- ``never``: the last rank never calls the collective (it "stalls in the data loader"); the others wait
+  in ``all_reduce`` until gloo's timeout (``COLLECTIVE_TIMEOUT_S``) raises, then dump.
+- ``op``: the last rank calls ``broadcast`` where the others call ``all_reduce``; all time out.
+- ``size``: the last rank all-reduces twice as many elements. gloo's receiving neighbour aborts the
+  process (``EnforceNotMet ... Received data size doesn't match``: SIGABRT, no dump), the others see the
+  connection close and dump. So a size mismatch under gloo always comes with a missing dump.
+- ``size_small``: the last rank all-reduces half as many elements; now that rank itself aborts
+  (``EnforceNotMet ... 8 vs 4``) and leaves no dump: the culprit's dump is the one missing
+  (pytorch#196968), and only "rank 2: no dump" while the others wait can point at it.
+- ``dtype``: the last rank all-reduces int32 where the others use float32, same byte count: gloo does not
+  notice and the collective completes (with garbage); only the recorder shows it.
+- ``crash``: the last rank exits (code 3) before the collective: no dump; the others see the connection
+  reset and dump.
+- ``ok``: everybody completes everything.
+- ``subgroup``: ranks 0 and 1 form a second group; rank 1 never calls its all_reduce there, while the
+  default group is fine.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import time
+from pathlib import Path
+
+COLLECTIVE_TIMEOUT_S = 2
+SCENARIOS = ("never", "op", "size", "size_small", "dtype", "crash", "ok", "subgroup")
+PREFIX = "rank_trace"
+WARMUP_STEPS = 3
+
+
+def train_step(dist, torch, t):
+    """The collective every healthy rank calls (named so the recorded stack says so)."""
+    dist.all_reduce(t)
+
+
+def stall_in_data_loader(seconds):
+    """The rank that never enters the collective: busy elsewhere."""
+    time.sleep(seconds)
+
+
+def wrong_op_broadcast(dist, t):
+    dist.broadcast(t, 0)
+
+
+def _rank_main(rank: int, world: int, scenario: str, out: str, store_file: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import _dump_fr_trace, _dump_fr_trace_json
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{store_file}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+    )
+    t = torch.ones(8)
+    for _ in range(WARMUP_STEPS):
+        train_step(dist, torch, t)
+    dist.broadcast(t, 0)
+    last = rank == world - 1
+    sub = dist.new_group([0, 1]) if scenario == "subgroup" else None
+    try:
+        if scenario == "never" and last:
+            stall_in_data_loader(COLLECTIVE_TIMEOUT_S + 2)
+        elif scenario == "op" and last:
+            wrong_op_broadcast(dist, t)
+        elif scenario == "size" and last:
+            train_step(dist, torch, torch.ones(16))
+        elif scenario == "size_small" and last:
+            train_step(dist, torch, torch.ones(4))
+        elif scenario == "dtype" and last:
+            train_step(dist, torch, torch.ones(8, dtype=torch.int32))
+        elif scenario == "crash" and last:
+            os._exit(3)
+        elif scenario == "subgroup":
+            train_step(dist, torch, t)  # the default group completes
+            if rank == 0:
+                dist.all_reduce(t, group=sub)
+            elif rank == 1:
+                stall_in_data_loader(COLLECTIVE_TIMEOUT_S + 2)
+        else:
+            train_step(dist, torch, t)
+    except RuntimeError:
+        pass  # gloo's timeout or a peer gone: the moment a real job would dump
+    Path(out, PREFIX + str(rank)).write_bytes(_dump_fr_trace())
+    Path(out, "json", f"{PREFIX}{rank}.json").write_bytes(_dump_fr_trace_json())
+    os._exit(0)  # skip gloo's teardown, which can wait on peers that are gone
+
+
+def make_dumps(scenario: str, out: str | Path, world: int = 3) -> list[int | None]:
+    """Run ``scenario`` on ``world`` CPU ranks; dumps land in ``out``. Returns each rank's exit code."""
+    import multiprocessing
+
+    if scenario not in SCENARIOS:
+        raise ValueError(f"unknown scenario {scenario}")
+    out = Path(out)
+    (out / "json").mkdir(parents=True, exist_ok=True)
+    os.environ["TORCH_FR_BUFFER_SIZE"] = "2000"
+    store = out / ".store"
+    store.unlink(missing_ok=True)
+    ctx = multiprocessing.get_context("spawn")
+    procs = [
+        ctx.Process(target=_rank_main, args=(r, world, scenario, str(out), str(store))) for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    store.unlink(missing_ok=True)
+    return [p.exitcode for p in procs]
+
+
+if __name__ == "__main__":
+    codes = make_dumps(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 3)
+    print(" ".join(str(c) for c in codes))

@@ -1,0 +1,309 @@
+"""``gputopo hang`` end to end: the JSON document, exit codes, run records mapping ranks to hosts, GPUs
+and PIDs, and NCCL RAS from a file and from a RAS port."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import invoke
+from gputopo.hang.ras import parse_ras_json
+from hang_dumps import copy_dumps, real_dumps
+
+UUIDS = ["GPU-1f2e3d4c-0000-0000-0000-00000000000" + str(i) for i in range(8)]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("fr")
+
+
+def _records(folder: Path) -> None:
+    """Two nodes: node-a runs ranks 0-1 (placed by node rank, no PIDs), node-b rank 2 (explicit, with PID)."""
+    node_a = {
+        "schema": "gputopo/run-record/v1",
+        "host": "node-a",
+        "node_rank": 0,
+        "nnodes": 2,
+        "ranks_per_node": 2,
+        "world_size": 3,
+        "cuda_visible_devices": UUIDS[:2],
+        "gpus": [{"local_rank": i, "index": i, "uuid": UUIDS[i]} for i in range(2)],
+        "versions": {"nccl": "2.27.5", "torch": "2.14.1"},
+        "env": {"NCCL_DEBUG": "WARN"},
+    }
+    node_b = {
+        "schema": "gputopo/run-record/v1",
+        "host": "node-b",
+        "node_rank": 1,
+        "ranks_per_node": 1,
+        "world_size": 3,
+        "cuda_visible_devices": [UUIDS[5]],
+        "gpus": [{"local_rank": 0, "index": 5, "uuid": UUIDS[5]}],
+        "ranks": [{"rank": 2, "local_rank": 0, "pid": 4242}],
+    }
+    (folder / "run-record-node-a.json").write_text(json.dumps(node_a))
+    (folder / "run-record-node-b.json").write_text(json.dumps(node_b))
+
+
+def test_json_document_has_the_issue_keys_and_exit_1(base: Path) -> None:
+    result = invoke("hang", str(real_dumps("never", base)), "--json")
+    assert result.exit_code == 1
+    doc = json.loads(result.stdout)
+    assert doc["schema"] == "gputopo/hang/v1" and doc["verdict"] == "hang"
+    assert set(doc) >= {"schema", "verdict", "groups", "missing_dumps", "findings"}
+    (group,) = doc["groups"]
+    assert set(group) >= {"pg", "ranks", "collective", "completed", "mismatches", "suspects"}
+    assert set(group["collective"]) >= {"seq", "op", "sizes", "dtype"}
+    (suspect,) = group["suspects"]
+    assert set(suspect) >= {"rank", "why", "host", "local_rank", "gpu", "pid", "last_collective", "stack"}
+    assert suspect["host"] is None and suspect["gpu"] is None  # no run record: unknown, not made up
+    assert any("no run record" in a for a in doc["placement"]["assumed"])
+    f = doc["findings"][0]
+    assert set(f) == {"where", "gpu", "category", "what", "remedy", "severity", "action"}
+    assert f["category"] == "process" and f["severity"] == "problem"
+
+
+def test_run_records_beside_the_dumps_place_the_suspect(base: Path, tmp_path: Path) -> None:
+    folder = copy_dumps(real_dumps("never", base), tmp_path / "run")
+    _records(folder)
+    result = invoke("hang", str(folder), "--json")
+    doc = json.loads(result.stdout)
+    suspect = doc["groups"][0]["suspects"][0]
+    assert (suspect["rank"], suspect["host"], suspect["local_rank"], suspect["pid"]) == (2, "node-b", 0, 4242)
+    assert suspect["gpu"] == {"index": 5, "uuid": UUIDS[5]}
+    assert doc["placement"]["source"] == "run-record"
+    assert any("node-a: global rank = node_rank 0" in a for a in doc["placement"]["assumed"])
+    assert doc["findings"][0]["where"] == "rank 2 (node-b, GPU 5, pid 4242)"
+    text = invoke("hang", str(folder)).output
+    assert "host node-b  local rank 0  GPU 5 (" + UUIDS[5] + ")  pid 4242" in text
+
+
+def test_a_run_record_that_does_not_parse_is_exit_2(base: Path, tmp_path: Path) -> None:
+    folder = copy_dumps(real_dumps("never", base), tmp_path / "run")
+    (folder / "run-record.json").write_text("{not json")
+    result = invoke("hang", str(folder))
+    assert result.exit_code == 2
+    assert "run record" in result.output and "not JSON" in result.output
+    other = tmp_path / "rec.json"
+    other.write_text(json.dumps({"schema": "something/else"}))
+    result = invoke("hang", str(real_dumps("never", base)), "--run-record", str(other))
+    assert result.exit_code == 2 and "gputopo/run-record/v1" in result.output
+
+
+def test_no_hang_is_exit_0_and_a_lost_dump_makes_its_rank_the_suspect(base: Path, tmp_path: Path) -> None:
+    ok = real_dumps("ok", base)
+    assert invoke("hang", str(ok)).exit_code == 0
+    folder = copy_dumps(ok, tmp_path / "d")
+    (folder / "rank_trace2").unlink()
+    _records(folder)  # the records say the world is 3 ranks
+    result = invoke("hang", str(folder), "--json")
+    doc = json.loads(result.stdout)
+    # gloo records no completion: ranks 0 and 1 ended in the same all_reduce, which nothing shows
+    # completed without rank 2, so rank 2 (no dump) is the suspect, placed on node-b.
+    assert doc["missing_dumps"] == [2] and doc["verdict"] == "hang" and result.exit_code == 1
+    (suspect,) = doc["groups"][0]["suspects"]
+    assert (suspect["rank"], suspect["why"], suspect["host"]) == (2, "no_dump", "node-b")
+
+
+# --- NCCL RAS -------------------------------------------------------------------------------------------
+
+# Written in the shape of NCCL 2.30.7's rasDumpCommsToJSON (src/ras/client_support.cc): two ranks
+# present on 10.0.0.1, rank 2 missing and considered dead on 10.0.0.2 (NVML index 5).
+RAS_JSON = """{
+  "nccl_version": "2.30.7",
+  "cuda_runtime_version": 13000,
+  "cuda_driver_version": 13000,
+  "timestamp": "2026-11-25 18:00:00",
+  "communicators_count": 1,
+  "communicators": [
+    {
+      "hash": "0x5a1e",
+      "secondary_hash": "0x1:0x2",
+      "size": 3,
+      "ranks_count": 2,
+      "missing_ranks_count": 1,
+      "ranks": [
+        {
+          "rank": 0, "host": "10.0.0.1", "pid": 1000, "cuda_dev": 0, "nvml_dev": 0,
+          "status": {"init_state": 0, "async_error": 0, "finalize_called": false, "destroy_flag": false,
+                     "abort_flag": false},
+          "collective_counts": {"Broadcast": 1, "Reduce": 0, "AllGather": 0, "ReduceScatter": 0,
+                                "AllReduce": 5}
+        },
+        {
+          "rank": 1, "host": "10.0.0.1", "pid": 1001, "cuda_dev": 1, "nvml_dev": 1,
+          "status": {"init_state": 0, "async_error": 0, "finalize_called": false, "destroy_flag": false,
+                     "abort_flag": false},
+          "collective_counts": {"Broadcast": 1, "Reduce": 0, "AllGather": 0, "ReduceScatter": 0,
+                                "AllReduce": 5}
+        }
+      ],
+      "missing_ranks": [
+        {
+          "rank": 2, "host": "10.0.0.2", "pid": 2002, "cuda_dev": 0, "nvml_dev": 5,
+          "status": {"unresponsive": true, "considered_dead": true}
+        }
+      ]
+    }
+  ],
+  "ras": {"collection_time_sec": 5.002, "timeouts_count": 1}
+}
+"""
+
+
+def test_ras_json_lists_the_dead_rank_with_host_pid_and_gpu(tmp_path: Path, base: Path) -> None:
+    ras = tmp_path / "ras.json"
+    ras.write_text(RAS_JSON)
+    result = invoke("hang", "--ras-json", str(ras), "--json")
+    doc = json.loads(result.stdout)
+    assert result.exit_code == 1 and doc["verdict"] == "hang"
+    (dead,) = doc["ras"]["troubled"]
+    assert (dead["rank"], dead["host"], dead["pid"], dead["gpu"]["index"]) == (2, "10.0.0.2", 2002, 5)
+    assert dead["trouble"] == "considered dead by RAS"
+    # With the dumps: RAS places the suspect (host, PID, NVML index) when no run record does.
+    result = invoke("hang", str(real_dumps("never", base)), "--ras-json", str(ras), "--json")
+    suspect = json.loads(result.stdout)["groups"][0]["suspects"][0]
+    assert (suspect["host"], suspect["pid"], suspect["gpu"]["index"], suspect["placed_from"]) == (
+        "10.0.0.2",
+        2002,
+        5,
+        "ras",
+    )
+
+
+def test_dumps_that_say_no_hang_while_ras_names_a_dead_rank_are_incomplete(
+    base: Path, tmp_path: Path
+) -> None:
+    ras = tmp_path / "ras.json"
+    ras.write_text(RAS_JSON)
+    result = invoke("hang", str(real_dumps("ok", base)), "--ras-json", str(ras), "--json")
+    doc = json.loads(result.stdout)
+    assert doc["verdict"] == "incomplete" and result.exit_code == 3
+    assert any("NCCL RAS: rank 2" in f["what"] for f in doc["findings"])
+
+
+def test_ras_json_of_nccl_2_28_7_without_missing_rank_status() -> None:
+    old = RAS_JSON.replace(
+        ',\n          "status": {"unresponsive": true, "considered_dead": true}', ""
+    ).replace('"nccl_version": "2.30.7"', '"nccl_version": "2.28.7"')
+    report = parse_ras_json(old, "old.json")
+    assert [(r.rank, r.trouble) for r in report.troubled] == [(2, "missing from its communicator")]
+
+
+def test_ras_json_that_is_not_ras_is_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "ras.json"
+    bad.write_text('{"hello": 1}')
+    result = invoke("hang", "--ras-json", str(bad))
+    assert result.exit_code == 2 and "not NCCL RAS JSON" in result.output
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ras_with_nothing_listening_is_one_line_and_exit_3() -> None:
+    port = _free_port()
+    result = invoke("hang", "--ras", env={"NCCL_RAS_ADDR": f"127.0.0.1:{port}"})
+    assert result.exit_code == 3
+    lines = [ln for ln in result.output.splitlines() if ln.startswith("error:")]
+    assert lines == [lines[0]] and f"no NCCL RAS listening at 127.0.0.1:{port}" in lines[0]
+
+
+@pytest.fixture
+def fake_ras() -> Iterator[tuple[int, list[str]]]:
+    """A RAS port speaking NCCL's client protocol (client.cc / client_support.cc), answering RAS_JSON."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    heard: list[str] = []
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            f = conn.makefile("rb")
+            for line in f:
+                cmd = line.decode().strip()
+                heard.append(cmd)
+                if cmd.upper().startswith("CLIENT PROTOCOL"):
+                    conn.sendall(b"SERVER PROTOCOL 2\n")
+                elif cmd.upper().startswith("SET FORMAT"):
+                    conn.sendall(b"OK\n")
+                elif cmd.upper() == "STATUS":
+                    conn.sendall(RAS_JSON.encode())
+                    break
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1], heard
+    thread.join(5)
+    server.close()
+
+
+def test_ras_asks_the_port_like_ncclras(fake_ras: tuple[int, list[str]]) -> None:
+    port, heard = fake_ras
+    result = invoke("hang", "--ras", "--json", env={"NCCL_RAS_ADDR": f"127.0.0.1:{port}"})
+    assert heard == ["CLIENT PROTOCOL 2", "SET FORMAT json", "STATUS"]
+    doc = json.loads(result.stdout)
+    assert doc["ras"]["nccl_version"] == "2.30.7" and doc["ras"]["troubled"][0]["rank"] == 2
+    assert result.exit_code == 1
+
+
+def test_nothing_to_analyse_is_a_usage_error() -> None:
+    result = invoke("hang")
+    assert result.exit_code == 2 and "nothing to analyse" in result.output
+
+
+def test_a_suspect_on_this_machine_gets_its_gpu_health(base: Path, tmp_path: Path, monkeypatch) -> None:
+    """The suspect ran here: this machine's topology (a sample standing in, GPU 1 lost) joins the report."""
+    import dataclasses
+    import socket
+
+    import gputopo.topology as topology
+    from gputopo.topology import load_topology
+
+    here = socket.gethostname()
+    sample = load_topology("sample:workstation-2gpu-nvlink")
+    gpus = tuple(dataclasses.replace(g, error="GPU is lost") if g.index == 1 else g for g in sample.gpus)
+    sick = dataclasses.replace(sample, gpus=gpus)
+    monkeypatch.setattr(topology, "load_topology", lambda spec, **kw: sick)
+    folder = copy_dumps(real_dumps("never", base), tmp_path / "run")
+    record = {
+        "schema": "gputopo/run-record/v1",
+        "host": here,
+        "world_size": 3,
+        "gpus": [{"local_rank": i, "index": i % 2, "uuid": UUIDS[i]} for i in range(3)],
+        "ranks": [{"rank": i, "local_rank": i, "pid": 100 + i} for i in range(3)],
+    }
+    (folder / "run-record.json").write_text(json.dumps(record))
+    doc = json.loads(invoke("hang", str(folder), "--json").stdout)
+    suspect = doc["groups"][0]["suspects"][0]
+    assert (suspect["rank"], suspect["host"], suspect["gpu"]["index"]) == (2, here, 0)
+    assert suspect["health"] == []  # rank 2 ran on GPU 0, which is fine
+    record["gpus"][2]["index"] = 1  # now rank 2 ran on the lost GPU
+    (folder / "run-record.json").write_text(json.dumps(record))
+    doc = json.loads(invoke("hang", str(folder), "--json").stdout)
+    (health,) = doc["groups"][0]["suspects"][0]["health"]
+    assert health["gpu"] == 1 and "does not answer NVML" in health["what"] and health["severity"] == "problem"
+    assert any(f["gpu"] == 1 and "does not answer NVML" in f["what"] for f in doc["findings"])
+
+
+def test_html_report_draws_the_ranks_per_host(base: Path, tmp_path: Path) -> None:
+    folder = copy_dumps(real_dumps("never", base), tmp_path / "run")
+    _records(folder)
+    page = tmp_path / "hang.html"
+    result = invoke("hang", str(folder), "--html", str(page))
+    assert result.exit_code == 1
+    html = page.read_text()
+    assert "<b>node-a</b>" in html and "<b>node-b</b>" in html
+    assert "class='rank never' title='rank 2 GPU 5: never entered'>2<" in html
+    assert "class='rank inside' title='rank 0 GPU 0: entered, waiting inside'>0<" in html
+    bad = invoke("hang", str(folder), "--html", str(tmp_path / "no" / "such" / "dir.html"))
+    assert bad.exit_code == 2 and "cannot write" in bad.output
