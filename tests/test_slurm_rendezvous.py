@@ -22,11 +22,11 @@ from gputopo.errors import UsageError
 from gputopo.launch.slurm import (
     SLURM_RDZV_PORT_HIGH,
     SLURM_RDZV_PORT_LOW,
-    node_addr_from_show_node,
     rendezvous_port,
     slurm_job,
 )
 from gputopo.system import net, scontrol
+from gputopo.system.scontrol import node_addr_from_show_node
 
 skip_on_windows = pytest.mark.skipif(sys.platform == "win32", reason="shell-script fakes")
 

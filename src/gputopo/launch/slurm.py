@@ -235,29 +235,6 @@ def rendezvous_port(job_id: str) -> int:
     return SLURM_RDZV_PORT_LOW + number % span
 
 
-_NODE_ADDR = re.compile(r"(?:^|\s)NodeAddr=(\S+)")
-_NODE_NAME = re.compile(r"(?:^|\s)NodeName=(\S+)")
-
-
-def node_addr_from_show_node(text: str, name: str) -> str | None:
-    """``NodeAddr`` of node ``name`` in what ``scontrol show node NAME`` (or ``scontrol -o show node``)
-    printed; ``None`` when the node is not there or has no address (Slurm prints ``(null)``).
-
-    The output is ``Key=Value`` pairs, a record per node starting with ``NodeName=`` (one line each with
-    ``-o``, else a paragraph): ``NodeAddr=10.1.0.7 NodeHostName=gpu-a07 Port=6818 ...``.
-    """
-    records = re.split(r"(?=(?:^|\s)NodeName=)", text)
-    for record in records:
-        found = _NODE_NAME.search(record)
-        if found is None or found.group(1) != name:
-            continue
-        addr = _NODE_ADDR.search(record)
-        if addr is None or addr.group(1) in ("(null)", "n/a", ""):
-            return None
-        return addr.group(1)
-    return None
-
-
 def slurm_job(
     environ: Mapping[str, str],
     hostnames: Callable[[str], list[str] | None] | None = None,

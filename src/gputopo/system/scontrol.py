@@ -1,20 +1,23 @@
 """Asking Slurm itself: ``scontrol show hostnames NODELIST`` and ``scontrol show node NAME``.
 
-The installed Slurm knows every hostlist form it writes (including ones ``gputopo.launch.slurm.expand_hostlist``
-may not), so ``gputopo.launch.slurm.slurm_job`` asks it first and expands the list itself only when this answers
-``None``; and it knows the address to reach a node at (``NodeAddr``), which need not be the node's name.
+The installed Slurm knows every hostlist form it writes (including ones that
+``gputopo.launch.slurm.expand_hostlist`` may not), so ``gputopo.launch.slurm.slurm_job`` asks it first and
+expands the list itself only when this answers ``None``; and it knows the address to reach a node at
+(``NodeAddr``), which need not be the node's name.
 ``scontrol`` is looked up on ``PATH`` at call time, so tests put a fake one there.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 
-from gputopo.launch.slurm import node_addr_from_show_node
-
 DEFAULT_TIMEOUT_S = 5.0
+
+_NODE_ADDR = re.compile(r"(?:^|\s)NodeAddr=(\S+)")
+_NODE_NAME = re.compile(r"(?:^|\s)NodeName=(\S+)")
 
 # Where scontrol lives when there is no PATH at all: slurmd runs a HealthCheckProgram with nothing in its
 # environment but SLURMD_NODENAME (and PWD); measured on Slurm 22.05 (tests/test_slurm_real.py), and so
@@ -61,6 +64,25 @@ def node_addr(name: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> str | None:
     """
     text = _run(["-o", "show", "node", name], timeout_s)
     return node_addr_from_show_node(text, name) if text else None
+
+
+def node_addr_from_show_node(text: str, name: str) -> str | None:
+    """``NodeAddr`` of node ``name`` in what ``scontrol show node NAME`` (or ``scontrol -o show node``)
+    printed; ``None`` when the node is not there or has no address (Slurm prints ``(null)``).
+
+    The output is ``Key=Value`` pairs, a record per node starting with ``NodeName=`` (one line each with
+    ``-o``, else a paragraph): ``NodeAddr=10.1.0.7 NodeHostName=gpu-a07 Port=6818 ...``.
+    """
+    records = re.split(r"(?=(?:^|\s)NodeName=)", text)
+    for record in records:
+        found = _NODE_NAME.search(record)
+        if found is None or found.group(1) != name:
+            continue
+        addr = _NODE_ADDR.search(record)
+        if addr is None or addr.group(1) in ("(null)", "n/a", ""):
+            return None
+        return addr.group(1)
+    return None
 
 
 def hostnames(nodelist: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[str] | None:
