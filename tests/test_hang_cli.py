@@ -307,3 +307,13 @@ def test_html_report_draws_the_ranks_per_host(base: Path, tmp_path: Path) -> Non
     assert "class='rank inside' title='rank 0 GPU 0: entered, waiting inside'>0<" in html
     bad = invoke("hang", str(folder), "--html", str(tmp_path / "no" / "such" / "dir.html"))
     assert bad.exit_code == 2 and "cannot write" in bad.output
+
+
+def test_nodes_with_different_nccl_are_noted(base: Path, tmp_path: Path) -> None:
+    folder = copy_dumps(real_dumps("never", base), tmp_path / "run")
+    _records(folder)
+    rec_b = json.loads((folder / "run-record-node-b.json").read_text())
+    rec_b["versions"] = {"nccl": "2.21.5", "torch": "2.14.1"}
+    (folder / "run-record-node-b.json").write_text(json.dumps(rec_b))
+    doc = json.loads(invoke("hang", str(folder), "--json").stdout)
+    assert "nccl differs between nodes: 2.27.5 on node-a; 2.21.5 on node-b" in doc["notes"]

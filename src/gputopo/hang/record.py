@@ -178,6 +178,23 @@ def place_ranks(records: list[RunRecord]) -> tuple[dict[int, Placement], list[st
     return placed, assumed
 
 
+def version_drift(records: list[RunRecord]) -> list[str]:
+    """Versions that differ between the nodes' records, as "name: value on hosts; ..." lines (one
+    node's other NCCL is a known cause of hangs, nccl#1634)."""
+    out: list[str] = []
+    names = sorted({k for r in records for k in r.versions})
+    for name in names:
+        by_value: dict[str, list[str]] = {}
+        for r in records:
+            by_value.setdefault(str(r.versions.get(name)), []).append(r.host)
+        if len(by_value) > 1:
+            out.append(
+                f"{name} differs between nodes: "
+                + "; ".join(f"{v} on {', '.join(h)}" for v, h in by_value.items())
+            )
+    return out
+
+
 def world_size(records: list[RunRecord]) -> int | None:
     """The largest world size any record states."""
     sizes = [r.world_size for r in records if r.world_size]

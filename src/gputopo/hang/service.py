@@ -45,6 +45,7 @@ def analyse(
     notes: list[str] = list(loaded.notes) if loaded else []
     if record_paths:
         notes.append("run records: " + ", ".join(str(p) for p in record_paths))
+        notes.extend(rec.version_drift(records))
     if loaded is not None:
         if not loaded.dumps:
             raise NothingToAnalyse(

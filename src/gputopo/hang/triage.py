@@ -192,9 +192,12 @@ def triage(
             if d.rank not in placement and (d.host or d.pid):
                 placement[d.rank] = Placement(d.rank, d.host, None, None, None, None, d.pid, "dump")
                 source = "dump" if source == "none" else source
-    if ras is not None:
-        _place_from_ras(ras, match, placement)
-        if source == "none" and placement:
+    if ras is not None and _place_from_ras(ras, match, placement):
+        assumed.append(
+            "NCCL RAS placed ranks no record did: a communicator as large as the world numbers its ranks "
+            "as the global ranks; its host is the IP address RAS reports"
+        )
+        if source == "none":
             source = "ras"
     if source == "none" and loaded is not None:
         assumed.append(
@@ -250,17 +253,20 @@ def triage(
     )
 
 
-def _place_from_ras(ras: RasReport, match: MatchResult | None, placement: dict[int, Placement]) -> None:
+def _place_from_ras(ras: RasReport, match: MatchResult | None, placement: dict[int, Placement]) -> int:
     """A communicator as large as the world numbers its ranks as the global ranks: RAS then says each
     rank's host (IP), PID and NVML index, for ranks no run record placed."""
     world = len(match.world) if match else 0
     sizes: dict[str, int] = {}
     for r in ras.ranks:
         sizes[r.comm] = max(sizes.get(r.comm, 0), r.rank + 1)
+    placed = 0
     for r in ras.ranks:
         if r.rank < 0 or r.rank in placement or (world and sizes[r.comm] != world):
             continue
         placement[r.rank] = Placement(r.rank, r.host, None, None, r.nvml_dev, None, r.pid, "ras")
+        placed += 1
+    return placed
 
 
 def _verdict(
