@@ -267,7 +267,7 @@ def test_a_suspect_on_this_machine_gets_its_gpu_health(base: Path, tmp_path: Pat
     import socket
 
     import gputopo.topology as topology
-    from gputopo.topology import load_topology
+    from gputopo.machine import load_topology
 
     here = socket.gethostname()
     sample = load_topology("sample:workstation-2gpu-nvlink")

@@ -105,7 +105,7 @@ def _local_health(hosts: set[str]) -> dict[tuple[str, int], list[dict[str, objec
         return {}
     try:
         from gputopo.findings import link_findings
-        from gputopo.topology import load_topology
+        from gputopo.machine import load_topology
 
         topo = load_topology(None, nvml_timeout_s=5.0)
     except GputopoError:
