@@ -156,6 +156,20 @@ def test_a_corrupting_node_under_srun_is_named(slurm_cluster, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_slow_node_under_srun_is_named_by_its_slurm_name(slurm_cluster, tmp_path):
+    pytest.importorskip("torch")
+    done, docs, errs = run_probe(slurm_cluster, tmp_path, 3, "--inject", "slow", "--inject-node", "2")
+    assert done.returncode != 0
+    doc = docs[0]
+    assert doc is not None and doc["verdict"] == "fail", errs[0]
+    found = [(f["kind"], f["nodes"]) for n in doc["nodes"] for f in n["findings"]]
+    assert found == [("straggler", [2])]
+    assert "node 2 (node3)" in doc["nodes"][2]["findings"][0]["detail"]
+    # Every node shares this machine's host name; the document goes by Slurm's.
+    assert doc["environment"]["hostname"] == "node1"
+
+
+@pytest.mark.slow
 def test_doctor_across_nodes_runs_under_srun(slurm_cluster, tmp_path):
     pytest.importorskip("torch")
     argv = [

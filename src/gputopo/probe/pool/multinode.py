@@ -318,6 +318,9 @@ def run_nodes(
         local = local_summary(node.node_rank, None, "one GPU: no link within the node to check")
     outcome = run_cross(config, node, local, gpu_nics(view.topology, gpus), on_row)
     doc = to_document(local_run)
+    if node.source == "slurm":
+        # The ranks wrote gethostname(); a node of a Slurm job goes by Slurm's name for it.
+        doc["environment"] = {**(doc.get("environment") or {}), "hostname": node.hostname}
     doc["wall_s"] = round(time.monotonic() - started, 3)
     doc["config"]["inject"] = config.inject.value if config.inject else None
     return add_nodes(doc, *judge_outcome(node, config, outcome))
