@@ -70,6 +70,7 @@ def within_preset(
             uuid=g.uuid,
             bus_id=g.pci_bus_id,
             name=g.name,
+            unavailable=g.unavailable_reason,
             mig_enabled=bool(g.mig_enabled),
             mig_devices=g.mig_devices,
         )
@@ -80,9 +81,12 @@ def within_preset(
     allowed = allowed_gpus(gpus, preset, order, bus_ids, why)
     if allowed.note:
         warn(allowed.note)
+    # A GPU the preset names but that cannot be used keeps its own reason (failing, MIG...), not this one.
+    outside = f"not in CUDA_VISIBLE_DEVICES={preset}"
+    named = {*allowed.indices, *(i for i, why in allowed.why_not.items() if why != outside)}
     return replace(
         constraints,
-        allowed=allowed.indices,
+        allowed=tuple(sorted(named)),
         outside_allowed=f"not in CUDA_VISIBLE_DEVICES={preset} (a scheduler's allocation? "
         "--ignore-visible-devices chooses among all)",
     )
