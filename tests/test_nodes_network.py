@@ -19,7 +19,7 @@ from gputopo.probe.judge.network import (
     transport_name,
 )
 from gputopo.probe.pool.multinode import nccl_net_lines
-from gputopo.probe.report.nodes import add_nodes, internode_section
+from gputopo.probe.report.nodes import add_nodes, internode_section, nodes_markdown
 from gputopo.system.net import read_nics
 
 MIB = 1 << 20
@@ -176,6 +176,7 @@ def test_a_socket_fallback_fails_the_run_and_every_node_in_the_document() -> Non
     assert section["network"]["transport"] == "NET/Socket"
     doc = add_nodes({"verdict": "pass"}, rows, section)
     assert doc["verdict"] == "fail"
+    assert "- network between nodes: NET/Socket, line rate 0.1 GB/s (1 rails)" in nodes_markdown(doc)
     # The same run over gloo passes, with the note.
     rows, section = internode_section(options, "ok", record, {}, {}, "", {"device": "cpu", "nccl_lines": []})
     assert [r["verdict"] for r in rows] == ["pass", "pass"]

@@ -238,6 +238,15 @@ def nodes_markdown(doc: dict[str, Any]) -> list[str]:
     ]
     if section.get("message"):
         out.append(f"- {section['message']}")
+    net = section.get("network") or {}
+    if net.get("transport") and net.get("transport") != "gloo":
+        rate = (
+            f", line rate {net['line_rate_gbs']:.1f} GB/s ({net.get('rails')} rails)"
+            if net.get("judged")
+            else ""
+        )
+        gdr = " with GPUDirect RDMA" if net.get("gdr") else ""
+        out.append(f"- network between nodes: {net['transport']}{gdr}{rate}")
     out += [f"- note: {n}" for n in section.get("notes") or []]
     out += ["", "| " + " | ".join(NODE_HEADER) + " |", "|---" * len(NODE_HEADER) + "|"]
     out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in node_rows(doc)]
