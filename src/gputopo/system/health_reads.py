@@ -25,6 +25,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from gputopo.health.readings import (
+    BUDGET_SPENT,
     FIELD_GPU_RECOVERY_ACTION,
     NOT_READ,
     GpuHealth,
@@ -37,7 +38,6 @@ from gputopo.system import nvml, nvml_worker
 
 _NOT_IN_BINDINGS = -1  # our code for "this nvidia-ml-py has no such function": read as the driver lacking it
 _MW_PER_W = 1000.0
-BUDGET_SPENT = "the time budget ran out before it was read"
 
 
 class _Reader:
@@ -371,7 +371,10 @@ class HealthReader:
         if index in self._hung:
             return GpuHealth(index=index, error=self._hung[index], state=GPU_NOT_RESPONDING)
         if self._session is not None:
-            return read_gpu_health(self._session, index)
+            try:
+                return read_gpu_health(self._session, index)
+            except Exception as exc:  # a surprise in one GPU's answer must not end the whole check
+                return _read_failed(index, exc)
         assert self._worker is not None
         try:
             answer = self._worker.call(("call", __name__, "worker_read_gpu", (index,), {}), f"GPU{index}")
@@ -379,7 +382,7 @@ class HealthReader:
             self._hung[index] = exc.what
             return GpuHealth(index=index, error=exc.what, state=GPU_NOT_RESPONDING)
         if answer[0] == "raise":
-            raise answer[1]
+            return _read_failed(index, answer[1])
         return answer[1]  # type: ignore[no-any-return]
 
     def sample(
@@ -398,6 +401,13 @@ class HealthReader:
                 continue
             gpus.append(self.gpu(i))
         return HealthSample(tuple(gpus), taken, self.driver_version, self.cuda_driver_version)
+
+
+def _read_failed(index: int, exc: BaseException) -> GpuHealth:
+    """A GPU whose read raised something NVML's error rule does not cover (an answer the bindings could
+    not decode, a bug): every value unknown, with what happened, so the other GPUs are still judged."""
+    why = f"reading it failed: {type(exc).__name__}: {exc}"
+    return GpuHealth(index=index, unknown=(Unknown(NOT_READ, " ".join(why.split())[:200]),))
 
 
 def read_two_samples(
