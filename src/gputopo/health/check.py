@@ -77,7 +77,8 @@ def validate_options(sample_s: float, budget_s: float, expect_gpus: int | None) 
     """The numbers of ``check``'s options; ``UsageError`` (exit 2) for one that makes no sense."""
     if not 0 < budget_s < math.inf:
         raise UsageError(
-            f"--budget {budget_s:g}: must be more than 0 seconds (and finite)", "e.g. --budget 20 (the default)"
+            f"--budget {budget_s:g}: must be more than 0 seconds (and finite)",
+            "e.g. --budget 20 (the default)",
         )
     if not 0 <= sample_s < budget_s:  # NaN fails every comparison, so it lands here too
         raise UsageError(
