@@ -120,6 +120,23 @@ def test_a_gpu_whose_answer_breaks_the_bindings_is_unknown_and_the_others_are_ju
     assert alone.stdout.splitlines()[0] == "unknown: no GPU could be read"
 
 
+def test_gpus_that_all_hang_cost_the_budget_once_and_the_rest_are_not_read(
+    driver: Path, tmp_path: Path
+) -> None:
+    # Every GPU hangs. Each hang costs one NVML deadline (a quarter of the budget here) until the budget is
+    # near; the GPU then being read gets only what is left, and is "not read", not "not responding".
+    lines = [*(line for i in range(6) for line in healthy(i)), "hang * nvmlDeviceGetTemperature"]
+    result = check(driver, machine(tmp_path, lines), *FAST, "--budget", "6", "--json")
+    assert result.returncode == 1, result.stderr
+    doc = json.loads(result.stdout)
+    states = [g["health"]["state"] for g in doc["gpus"]]
+    hung = states.count("not responding")
+    assert 1 <= hung < 6 and states[:hung] == ["not responding"] * hung
+    assert all(state is None for state in states[hung:])
+    budget = [n["what"] for n in doc["not_checked"] if "time budget ran out" in n["why"]]
+    assert budget == [", ".join(f"GPU{i}" for i in range(hung, 6)) + ": every health value"]
+
+
 def test_a_budget_spent_before_any_gpu_is_read_is_unknown_exit_3(driver: Path, tmp_path: Path) -> None:
     result = check(
         driver,
