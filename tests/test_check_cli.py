@@ -213,3 +213,18 @@ def test_a_truncated_baseline_is_exit_2(driver: Path, tmp_path: Path) -> None:
     cut.write_text('{"schema": "gputopo/baseline/v1", "gpu_count": 3, "gpus": [')
     result = check(driver, machine(tmp_path, ["hang-init"]), "--baseline", str(cut))
     assert result.returncode == 2 and "truncated" in result.stderr
+
+
+def test_a_hung_gpu_skips_the_baseline_comparison_rather_than_wait_on_it_again(
+    driver: Path, tmp_path: Path
+) -> None:
+    golden = tmp_path / "golden.json"
+    good = machine(tmp_path, [*healthy(0), *healthy(1)], "good.txt")
+    assert check(driver, good, *FAST, "--save-baseline", str(golden)).returncode == 0
+    hung = machine(tmp_path, [*healthy(0), *healthy(1), "hang 1 nvmlDeviceGetTemperature"], "hung.txt")
+    result = check(driver, hung, *FAST, "--budget", "8", "--baseline", str(golden), "--json")
+    assert result.returncode == 1, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["gpus"][1]["health"]["state"] == "not responding"
+    [skipped] = [n for n in doc["not_checked"] if n["what"] == "baseline comparison"]
+    assert skipped["why"].startswith("GPU1 did not answer NVML")
