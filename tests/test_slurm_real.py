@@ -139,6 +139,9 @@ def test_the_multinode_probe_runs_under_srun(slurm_cluster, tmp_path):
     host, port = section["endpoint"].rsplit(":", 1)
     assert host == "127.0.0.1" and 29500 < int(port) < 32768
     assert all(t["wrong"] == 0 for t in section["tests"])
+    # CPU ranks talk gloo, not NCCL: no transport or line rate to judge, and the report says so.
+    assert section["network"] == {"transport": "gloo", "judged": False}
+    assert any("not judged (gloo" in n for n in section["notes"])
     assert not net.port_taken(int(port))  # nothing of the run is left holding the job's port
 
 
