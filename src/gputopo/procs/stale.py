@@ -406,8 +406,6 @@ def settle(
             settled.append(HolderOutcome(a, "listed", None, None, None))
             continue
         detail = outcome.detail
-        if a.target.pid != a.holder.pid:
-            detail = f"acted on its parent {a.target.pid}: {detail}"
         freed = memory_freed_mib(before, after, a.holder.pid) if outcome.result.gone else None
         settled.append(HolderOutcome(a, _ACTION[outcome.result], outcome.result, detail, freed))
     return tuple(settled)
