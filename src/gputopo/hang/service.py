@@ -1,6 +1,6 @@
 """``gputopo hang`` as one call: dumps, run records, RAS and (optionally) torch's analyzer in, a
-``HangReport`` out. Reads the files it is pointed at; reaches the machine only through ``ras.ask_ras``
-(``ask_ras=True``) and the ``health`` callback the caller passes."""
+``HangReport`` out. Reads the files it is pointed at; reaches the machine only through ``system.nccl_ras``
+(``ask_local_ras=True``) and the ``health`` callback the caller passes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from gputopo.errors import UsageError
 from gputopo.hang import record as rec
 from gputopo.hang.load import Loaded, NothingToAnalyse, load_dumps
 from gputopo.hang.match import match_dumps
-from gputopo.hang.ras import RasReport, ask_ras, read_ras_file
+from gputopo.hang.ras import RasReport, parse_ras_json, ras_address, read_ras_file
 from gputopo.hang.triage import HangReport, Health, triage
 
 HealthReader = Callable[[set[str]], Health]
@@ -40,7 +40,10 @@ def analyse(
     if ras_json is not None:
         ras = read_ras_file(ras_json)
     elif ask_local_ras:
-        ras = ask_ras()
+        from gputopo.system.nccl_ras import ask_ras_text
+
+        host, port = ras_address()
+        ras = parse_ras_json(ask_ras_text(host, port), f"RAS at {host}:{port}")
     match = None
     notes: list[str] = list(loaded.notes) if loaded else []
     if record_paths:
