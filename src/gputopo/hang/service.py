@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from gputopo.errors import UsageError
@@ -48,7 +49,7 @@ def analyse(
     notes: list[str] = list(loaded.notes) if loaded else []
     if record_paths:
         notes.append("run records: " + ", ".join(str(p) for p in record_paths))
-        notes.extend(rec.version_drift(records))
+    drift = [f.to_json() for f in rec.config_drift(records)]
     if loaded is not None:
         if not loaded.dumps:
             raise NothingToAnalyse(
@@ -72,7 +73,7 @@ def analyse(
         }
     hosts = {p.host for p in placement.values() if p.host}
     found_health = health(hosts) if health is not None and hosts else None
-    return triage(
+    report = triage(
         loaded,
         match,
         placement,
@@ -82,3 +83,7 @@ def analyse(
         torch_analyzer=opinion,
         notes=notes,
     )
+    if not drift:
+        return report
+    found = sorted([*report.findings, *drift], key=lambda f: f["severity"] != "problem")
+    return replace(report, findings=tuple(found))

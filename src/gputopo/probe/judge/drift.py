@@ -101,7 +101,7 @@ def compare(facts_by_node: Mapping[str, Mapping[str, Any]]) -> list[Drift]:
         for node, value in values.items():
             by_value.setdefault(value, []).append(node)
         if len(by_value) > 1:
-            groups = sorted(by_value.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+            groups = sorted(by_value.items(), key=lambda kv: -len(kv[1]))  # ties: in node order
             out.append(Drift(key, tuple((v, tuple(n)) for v, n in groups)))
     return out
 
