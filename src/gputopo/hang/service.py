@@ -25,12 +25,14 @@ def analyse(
     ask_local_ras: bool = False,
     torch_check: bool = False,
     health: HealthReader | None = None,
+    nccl_log: Path | None = None,
 ) -> HangReport:
     """Everything ``gputopo hang`` reports. ``health(hosts)`` returns health findings per (host, GPU
     index) for whichever of ``hosts`` it can read (this machine's, for now)."""
-    if not paths and ras_json is None and not ask_local_ras:
+    if not paths and ras_json is None and not ask_local_ras and nccl_log is None:
         raise UsageError(
-            "nothing to analyse: no dump folder, --ras or --ras-json", "e.g. gputopo hang reports/run-*/fr"
+            "nothing to analyse: no dump folder, --ras, --ras-json or --nccl-log",
+            "e.g. gputopo hang reports/run-*/fr",
         )
     loaded: Loaded | None = load_dumps(list(paths)) if paths else None
     folders = {p if p.is_dir() else p.parent for p in paths}
@@ -50,6 +52,12 @@ def analyse(
     if record_paths:
         notes.append("run records: " + ", ".join(str(p) for p in record_paths))
     drift = [f.to_json() for f in rec.config_drift(records)]
+    if nccl_log is not None:
+        from gputopo.hang.nccl_diag import diag_findings, read_diag
+
+        diag, diag_notes = diag_findings(read_diag(nccl_log), str(nccl_log))
+        drift += diag
+        notes.extend(diag_notes)
     if loaded is not None:
         if not loaded.dumps:
             raise NothingToAnalyse(
@@ -83,6 +91,13 @@ def analyse(
         torch_analyzer=opinion,
         notes=notes,
     )
+    if loaded is None and ras is None:
+        # Only a log: it can say what NCCL's diagnostics found, not whether the job hangs.
+        report = replace(
+            report,
+            verdict="incomplete",
+            reason="only an NCCL log: no Flight Recorder dumps or RAS output to say whether the job hangs",
+        )
     if not drift:
         return report
     found = sorted([*report.findings, *drift], key=lambda f: f["severity"] != "problem")
