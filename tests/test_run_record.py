@@ -21,10 +21,14 @@ from gputopo.system.run_facts import version_from_code
 
 HERE = Path(__file__).resolve().parent
 SRC = str(HERE.parent / "src")
+# Each rank writes what it got to env-<LOCAL_RANK>.json beside the script (not stdout, which torchrun's
+# children share).
 PRINT_ENV = (
-    "import os; "
-    "print('ENV', os.environ['LOCAL_RANK'], *(f'{k}={os.environ[k]}' for k in sorted(os.environ) "
-    "if k.startswith(('TORCH_FR_', 'TORCH_NCCL_DUMP', 'TORCH_NCCL_DEBUG_INFO', 'NCCL_RUN'))))"
+    "import json, os, pathlib; "
+    "keep = ('TORCH_FR_', 'TORCH_NCCL_DUMP', 'TORCH_NCCL_DEBUG_INFO', 'TORCH_NCCL_TRACE', 'NCCL_RUN'); "
+    "env = {k: v for k, v in os.environ.items() if k.startswith(keep)}; "
+    "out = pathlib.Path(__file__).with_name('env-' + os.environ['LOCAL_RANK'] + '.json'); "
+    "out.write_text(json.dumps(env))"
 )
 
 
@@ -55,13 +59,8 @@ def _run_print_env(tmp_path: Path, *options: str, env: dict[str, str] | None = N
     )  # fmt: skip
 
 
-def _rank_env(stdout: str) -> dict[int, dict[str, str]]:
-    out: dict[int, dict[str, str]] = {}
-    for line in stdout.splitlines():
-        if line.startswith("ENV "):
-            _, rank, *pairs = line.split()
-            out[int(rank)] = dict(p.split("=", 1) for p in pairs)
-    return out
+def _rank_env(folder: Path) -> dict[int, dict[str, str]]:
+    return {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in folder.glob("env-*.json")}
 
 
 def _record(folder: Path) -> dict:
@@ -75,7 +74,7 @@ def test_run_arms_the_flight_recorder_and_writes_the_run_record(tmp_path: Path) 
     assert done.returncode == 0, done.stderr[-2000:]
     (folder,) = (tmp_path / "reports").glob("run-*")
     prefix = str(folder.resolve() / "fr-dump-")
-    envs = _rank_env(done.stdout)
+    envs = _rank_env(tmp_path)
     assert sorted(envs) == [0, 1], (done.stdout, done.stderr)
     for env in envs.values():
         assert env == {
@@ -116,7 +115,9 @@ def test_values_the_user_set_are_kept_and_said(tmp_path: Path) -> None:
         env={"TORCH_NCCL_TRACE_BUFFER_SIZE": "50", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": old_prefix},
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    for env in _rank_env(done.stdout).values():
+    envs = _rank_env(tmp_path)
+    assert sorted(envs) == [0, 1]
+    for env in envs.values():
         # torch reads the new name first: setting it would have overridden the user's older one.
         assert "TORCH_FR_BUFFER_SIZE" not in env and "TORCH_FR_DUMP_TEMP_FILE" not in env
         assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == old_prefix
@@ -133,7 +134,7 @@ def test_no_flight_recorder_sets_nothing_but_still_records(tmp_path: Path) -> No
     pytest.importorskip("torch")
     done = _run_print_env(tmp_path, "--no-flight-recorder", "--run-dir", str(tmp_path / "run"))
     assert done.returncode == 0, done.stderr[-2000:]
-    assert all(env == {} for env in _rank_env(done.stdout).values())
+    assert _rank_env(tmp_path) == {0: {}, 1: {}}
     rec = _record(tmp_path / "run")
     assert rec["flight_recorder"] is None and rec["ranks_per_node"] == 2
 
@@ -142,7 +143,8 @@ def test_nccl_diagnostics_sets_the_variable_and_says_when_nccl_is_too_old(tmp_pa
     pytest.importorskip("torch")
     done = _run_print_env(tmp_path, "--nccl-diagnostics", "--run-dir", str(tmp_path / "run"))
     assert done.returncode == 0, done.stderr[-2000:]
-    assert all(env["NCCL_RUN_DIAGNOSTICS"] == "1" for env in _rank_env(done.stdout).values())
+    envs = _rank_env(tmp_path)
+    assert sorted(envs) == [0, 1] and all(env["NCCL_RUN_DIAGNOSTICS"] == "1" for env in envs.values())
     nccl = _record(tmp_path / "run")["versions"]["nccl"]
     if nccl and tuple(int(x) for x in nccl.split(".")[:2]) < (2, 31):
         assert f"NCCL {nccl} has no NCCL_RUN_DIAGNOSTICS" in done.stderr
