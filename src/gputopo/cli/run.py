@@ -12,10 +12,12 @@ from gputopo.cli import app
 from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, examples, guarded
 from gputopo.cli.options import (
     ALLOW_BUSY_OPTION,
+    ALLOW_UNHEALTHY_OPTION,
     EXCLUDE_OPTION,
     MAX_USED_OPTION,
     REPORT_OPTION,
     set_constraints,
+    with_health,
 )
 from gputopo.errors import UnavailableError, UsageError
 from gputopo.launch.line import LaunchTools
@@ -44,6 +46,7 @@ def run_command(
     input: str | None = typer.Option(None, "--input", "-i", metavar=INPUT_METAVAR, help=INPUT_HELP),
     exclude: str | None = EXCLUDE_OPTION,
     allow_busy: bool = ALLOW_BUSY_OPTION,
+    allow_unhealthy: bool = ALLOW_UNHEALTHY_OPTION,
     max_used_mib: int = MAX_USED_OPTION,
     from_report: Path | None = REPORT_OPTION,
     json_out: bool = typer.Option(
@@ -60,10 +63,15 @@ def run_command(
         raise UsageError("--json goes with --dry-run", "the command's own output goes to stdout when it runs")
     if not command:
         raise UsageError("no command given", "put it after --, e.g. gputopo run --n 2 -- python train.py")
-    constraints = set_constraints(n, exclude, allow_busy, max_used_mib, from_report, top=1)
+    constraints = set_constraints(n, exclude, allow_busy, max_used_mib, from_report, allow_unhealthy, top=1)
     topo = load_topology(input)
+    constraints, health = with_health(constraints, input)  # live: one health sample
     rec = recommend(topo, constraints)
     out.warnings(rec.warnings)  # the topology's warnings too
+    if not json_out:
+        for e in rec.excluded:
+            if "health: " in e.why:
+                out.warn(f"left out GPU{e.gpu}: {e.why} (--allow-unhealthy counts it in)")
     tools = LaunchTools(torchrun=None)
     if torchrun:
         from gputopo.system.launcher import detect_tools
@@ -81,6 +89,8 @@ def run_command(
         if json_out:
             doc = {"schema": SCHEMA, "source": topo.source, "launch": plan.to_dict()}
             doc["findings"] = [asdict(f) for f in findings]
+            doc["excluded"] = [{"gpu": e.gpu, "why": e.why} for e in rec.excluded]
+            doc["health"] = health
             doc["warnings"] = list(rec.warnings)
             out.document(doc)
             return

@@ -61,6 +61,14 @@ class Judgement:
                 out[f.gpu] = f.what
         return out
 
+    def to_json(self) -> dict[str, object]:
+        """The health section every command's JSON carries: findings, not checked, unhealthy GPUs."""
+        return {
+            "findings": [f.to_json() for f in self.findings],
+            "not_checked": [n.to_json() for n in self.not_checked],
+            "unhealthy": [{"gpu": g, "why": why} for g, why in sorted(self.unhealthy_gpus().items())],
+        }
+
 
 # PCIe signalling rate per lane in GT/s by generation (PCI-SIG; DCGM's table in GetExpectedPcieReplayRate).
 PCIE_GT_PER_S = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}

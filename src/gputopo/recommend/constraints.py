@@ -29,6 +29,10 @@ class Constraints:
     top: int = DEFAULT_TOP
     assumptions: Assumptions = field(default_factory=Assumptions)
     evidence: ProbeEvidence | None = None
+    # GPUs with a health problem (``health.judge.Judgement.unhealthy_gpus``), each with the problem in
+    # words; left out unless ``allow_unhealthy``. Empty when health was not read (``--input``).
+    unhealthy: tuple[tuple[int, str], ...] = ()
+    allow_unhealthy: bool = False
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,7 @@ class Exclusion:
 
 def exclusions(topo: Topology, constraints: Constraints) -> tuple[Exclusion, ...]:
     """GPUs no set may use, each with its reasons: ``--exclude``, failing, not accessible, not responding,
-    MIG enabled, busy, failed alone in a probe."""
+    MIG enabled, a health problem (unless ``allow_unhealthy``), busy, failed alone in a probe."""
     known = set(topo.gpu_indices)
     for g in constraints.exclude:
         if g not in known:
@@ -53,6 +57,7 @@ def exclusions(topo: Topology, constraints: Constraints) -> tuple[Exclusion, ...
         for f in (constraints.evidence.failed if constraints.evidence else ())
         if len(f.gpus) == 1
     }
+    sick = dict(constraints.unhealthy)
     out = []
     for gpu in sorted(topo.gpus, key=lambda g: g.index):
         why = []
@@ -65,6 +70,8 @@ def exclusions(topo: Topology, constraints: Constraints) -> tuple[Exclusion, ...
             why.append(unavailable)
         if gpu.index in alone:
             why.append(alone[gpu.index])
+        if gpu.index in sick and not constraints.allow_unhealthy and not unavailable:
+            why.append(f"health: {sick[gpu.index]}")
         if not constraints.allow_busy:
             if gpu.compute_pids:
                 pids = ", ".join(str(pid) for pid in gpu.compute_pids[:4]) + (
