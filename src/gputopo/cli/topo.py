@@ -55,7 +55,9 @@ def topo_command(
         return
     topo = read_topology(out, input, nvml_timeout_s=nvml_timeout)
     health = None
-    if input is None and topo.live and not no_health:
+    # The JSON snapshot stays the topology alone, so it reads back equal (`gputopo check --json` has the
+    # health document).
+    if input is None and topo.live and not no_health and not json_out:
         # Health only where it is this machine's: never for --input files or samples.
         from gputopo.cli.options import TOPO_HEALTH_SOURCE, health_doc
         from gputopo.machine import read_live_health
@@ -64,10 +66,7 @@ def topo_command(
     if json_out:
         from gputopo.topology import snapshot
 
-        doc = snapshot.to_dict(topo)
-        if health is not None:
-            doc["health"] = health
-        out.document(doc)
+        out.document(snapshot.to_dict(topo))
         return
     from gputopo.ui.topo_view import render_topology
 

@@ -70,8 +70,6 @@ def exclusions(topo: Topology, constraints: Constraints) -> tuple[Exclusion, ...
             why.append(unavailable)
         if gpu.index in alone:
             why.append(alone[gpu.index])
-        if gpu.index in sick and not constraints.allow_unhealthy and not unavailable:
-            why.append(f"health: {sick[gpu.index]}")
         if not constraints.allow_busy:
             if gpu.compute_pids:
                 pids = ", ".join(str(pid) for pid in gpu.compute_pids[:4]) + (
@@ -83,6 +81,8 @@ def exclusions(topo: Topology, constraints: Constraints) -> tuple[Exclusion, ...
                 why.append(
                     f"busy: {gpu.memory_used_mib} MiB in use (over --max-used-mib {constraints.max_used_mib})"
                 )
+        if gpu.index in sick and not constraints.allow_unhealthy and not unavailable:
+            why.append(f"health: {sick[gpu.index]}")
         if why:
             out.append(Exclusion(gpu.index, "; ".join(why)))
     return tuple(out)

@@ -63,8 +63,15 @@ def health_marks(health: Mapping[str, Any], indices: Sequence[int]) -> dict[int,
     """Per GPU: ``PROBLEM`` (a health problem), ``ok`` (none found), ``?`` (health not read)."""
     if not health.get("checked"):
         return {i: "?" for i in indices}
+    from gputopo.health.readings import NOT_READ  # only with health: topo's start-up stays light
+
     sick = {u["gpu"] for u in health.get("unhealthy") or ()}
-    return {i: "PROBLEM" if i in sick else "ok" for i in indices}
+    unread: set[int] = set()
+    for n in health.get("not_checked") or ():
+        wheres, _, what = str(n.get("what", "")).rpartition(": ")
+        if what == NOT_READ:  # "GPU4, GPU6: every health value" (refused, or out of time)
+            unread |= {int(w[3:]) for w in wheres.split(", ") if w.startswith("GPU") and w[3:].isdigit()}
+    return {i: "PROBLEM" if i in sick else "?" if i in unread else "ok" for i in indices}
 
 
 def health_blocks(health: Mapping[str, Any]) -> list[RenderableType]:
@@ -81,9 +88,13 @@ def health_blocks(health: Mapping[str, Any]) -> list[RenderableType]:
         parts.append(findings_table(findings, f"Health ({source})"))
     else:
         parts.append(Text(f"Health: no problems found ({source})", style="green"))
-    skipped = not_checked_lines(health.get("not_checked") or ())
-    if skipped:
-        parts.append(Text("health not checked: " + "; ".join(skipped), style="dim"))
+    # The signals only, once each: which GPUs and why is `gputopo check`'s long form.
+    signals = list(
+        dict.fromkeys(str(n.get("what", "")).split(": ", 1)[-1] for n in health.get("not_checked") or ())
+    )
+    if signals:
+        shown = ", ".join(signals[:8]) + (f" and {len(signals) - 8} more" if len(signals) > 8 else "")
+        parts.append(Text(f"health not checked: {shown} (`gputopo check` says why)", style="dim"))
     return parts
 
 
