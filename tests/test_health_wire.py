@@ -273,3 +273,38 @@ def test_topo_marks_each_gpu_and_lists_health_findings_under_the_tables(
     # --input is not this machine: no health read, no column.
     saved = fake_driver.run(driver, sick_node, "topo", "--input", "sample:seed-8gpu-nv4").stdout
     assert "PROBLEM" not in saved and "Health (" not in saved
+
+
+def test_a_busy_link_below_max_is_named_once_by_health_when_health_ran(driver: Path, tmp_path: Path) -> None:
+    # The eight-GPU machine: GPU7 busy at Gen3 of Gen5 (both health's pcie_gen_busy and the topology's
+    # busy-link finding see it); GPU1 idle at x8 of x16. GPU3 lost, GPU4 refused, GPU6 hung.
+    path = tmp_path / "machine.txt"
+    path.write_text(fake_driver.eight_gpu_machine())
+    args = ("doctor", "--skip-probe", "--json", "--sample-s", "0", "--nvml-timeout", "2")
+    result = fake_driver.run(driver, path, *args, "--report-dir", str(tmp_path))
+    assert result.returncode == 1, result.stderr
+    doc = json.loads(result.stdout)
+    pcie7 = [f for f in doc["findings"] if f["gpu"] == 7 and f["category"] == "pcie"]
+    assert [f["what"] for f in pcie7] == ["GPU7: PCIe link at Gen3 of Gen5 while busy"]
+    assert pcie7[0] in doc["health"]["findings"]
+    assert [f["severity"] for f in doc["findings"] if f["gpu"] == 1] == ["note"]  # x8 of x16, idle
+    # A GPU the topology could not read keeps the topology's finding only (one per GPU), and one refused
+    # for permission stays a note: health lists it as not checked.
+    assert len([f for f in doc["findings"] if f["gpu"] == 3]) == 1
+    assert [f["severity"] for f in doc["findings"] if f["gpu"] == 4] == ["note"]
+    assert any(n["what"] == "GPU4: every health value" for n in doc["health"]["not_checked"])
+
+
+def test_without_health_the_topology_keeps_its_busy_link_finding() -> None:
+    from gputopo.doctor import HealthStep, machine_findings
+
+    busy = Gpu(
+        index=0,
+        utilization_pct=90,
+        pcie=PcieLink(gen_current=3, gen_max=5, width_current=16, width_max=16),
+    )
+    topo = Topology("test", (busy,), (), Matrix(("GPU0",), (("X",),)))
+    kept = machine_findings(topo, {}, HealthStep(False, None, "health: not checked (simulated)"))
+    assert [f.category for f in kept] == ["pcie"]
+    ran = HealthStep(True, "healthy", "health: healthy")
+    assert machine_findings(topo, {}, ran) == []
