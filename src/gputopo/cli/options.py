@@ -15,6 +15,7 @@ from gputopo.errors import UsageError
 from gputopo.gpulist import parse_gpu_list
 
 if TYPE_CHECKING:
+    from gputopo.health.judge import Judgement
     from gputopo.model import Topology
     from gputopo.recommend import Constraints
 
@@ -32,6 +33,13 @@ ALLOW_BUSY_OPTION = typer.Option(False, "--allow-busy", help="Count GPUs in use 
 
 MAX_USED_OPTION = typer.Option(
     DEFAULT_MAX_USED_MIB, "--max-used-mib", help="A GPU with more memory in use than this is busy."
+)
+
+
+ALLOW_UNHEALTHY_OPTION = typer.Option(
+    False,
+    "--allow-unhealthy",
+    help="Count GPUs with a health problem (uncorrectable ECC, pending row remap, slowdown, ...) in.",
 )
 
 
@@ -98,6 +106,7 @@ def set_constraints(
     allow_busy: bool,
     max_used_mib: int,
     from_report: Path | None,
+    allow_unhealthy: bool = False,
     **more: Any,
 ) -> Constraints:
     """What ``recommend`` and ``run`` choose a set by, from their shared options (checked here, once)."""
@@ -116,5 +125,42 @@ def set_constraints(
         allow_busy=allow_busy,
         max_used_mib=max_used_mib,
         evidence=evidence,
+        allow_unhealthy=allow_unhealthy,
         **more,
     )
+
+
+# What recommend and run say about the health they judged by (JSON ``health.source``).
+LIVE_HEALTH_SOURCE = (
+    "one live NVML sample: states judged (ECC, row remaps, clocks, PCIe width, recovery action); "
+    "counters' rise not sampled (`gputopo check` samples it)"
+)
+
+TOPO_HEALTH_SOURCE = (
+    "one live NVML sample: states judged; counters' rise not sampled (`gputopo check` samples it)"
+)
+
+
+def with_health(
+    constraints: Constraints, input: str | None, nvml_timeout_s: float | None = None
+) -> tuple[Constraints, dict[str, Any]]:
+    """``constraints`` with this machine's unhealthy GPUs (read live, one sample) and the health section
+    of the JSON document. Reading ``--input`` there is no health to read: said so, nothing left out."""
+    from dataclasses import replace
+
+    if input is not None:
+        source = f"not checked (--input {input}: not this machine)"
+        return constraints, {"checked": False, "source": source, "findings": [], "not_checked": []}
+    from gputopo.machine import read_live_health
+
+    judgement = read_live_health(nvml_timeout_s)
+    sick = judgement.unhealthy_gpus()
+    section = health_doc(judgement, LIVE_HEALTH_SOURCE)
+    section["allowed"] = constraints.allow_unhealthy
+    return replace(constraints, unhealthy=tuple(sorted(sick.items()))), section
+
+
+def health_doc(judgement: Judgement, source: str) -> dict[str, Any]:
+    """The ``health`` section of a command's JSON: whether it was read, how, and what it found."""
+    unread = any(n.what == "health" for n in judgement.not_checked)
+    return {"checked": not unread, "source": source, **judgement.to_json()}

@@ -14,11 +14,13 @@ from gputopo.cli import app
 from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, examples, guarded
 from gputopo.cli.options import (
     ALLOW_BUSY_OPTION,
+    ALLOW_UNHEALTHY_OPTION,
     EXCLUDE_OPTION,
     IGNORE_VISIBLE_OPTION,
     MAX_USED_OPTION,
     REPORT_OPTION,
     set_constraints,
+    with_health,
     within_preset,
 )
 from gputopo.errors import UnavailableError, UsageError
@@ -51,6 +53,7 @@ def run_command(
     input: str | None = typer.Option(None, "--input", "-i", metavar=INPUT_METAVAR, help=INPUT_HELP),
     exclude: str | None = EXCLUDE_OPTION,
     allow_busy: bool = ALLOW_BUSY_OPTION,
+    allow_unhealthy: bool = ALLOW_UNHEALTHY_OPTION,
     max_used_mib: int = MAX_USED_OPTION,
     from_report: Path | None = REPORT_OPTION,
     ignore_visible: bool = IGNORE_VISIBLE_OPTION,
@@ -87,11 +90,16 @@ def run_command(
         raise UsageError("--json goes with --dry-run", "the command's own output goes to stdout when it runs")
     if not command:
         raise UsageError("no command given", "put it after --, e.g. gputopo run --n 2 -- python train.py")
-    constraints = set_constraints(n, exclude, allow_busy, max_used_mib, from_report, top=1)
+    constraints = set_constraints(n, exclude, allow_busy, max_used_mib, from_report, allow_unhealthy, top=1)
     topo = load_topology(input)
     constraints = within_preset(constraints, topo, ignore_visible, input is not None, out.warn)
+    constraints, health = with_health(constraints, input)  # live: one health sample
     rec = recommend(topo, constraints)
     out.warnings(rec.warnings)  # the topology's warnings too
+    if not json_out:
+        for e in rec.excluded:
+            if "health: " in e.why:
+                out.warn(f"left out GPU{e.gpu}: {e.why} (--allow-unhealthy counts it in)")
     tools = LaunchTools(torchrun=None)
     if torchrun:
         from gputopo.system.launcher import detect_tools
@@ -109,6 +117,8 @@ def run_command(
         if json_out:
             doc = {"schema": SCHEMA, "source": topo.source, "launch": plan.to_dict()}
             doc["findings"] = [asdict(f) for f in findings]
+            doc["excluded"] = [{"gpu": e.gpu, "why": e.why} for e in rec.excluded]
+            doc["health"] = health
             doc["warnings"] = list(rec.warnings)
             out.document(doc)
             return
