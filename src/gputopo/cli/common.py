@@ -5,14 +5,16 @@ from __future__ import annotations
 import functools
 import os
 import re
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
-from gputopo.errors import GputopoError, InputError
+from gputopo.errors import GputopoError, InputError, Interrupted
 from gputopo.ui.output import Output
 
 if TYPE_CHECKING:
@@ -67,14 +69,75 @@ def debug_enabled() -> bool:
     return os.environ.get("GPUTOPO_DEBUG", "") not in ("", "0")
 
 
+# What schedulers and people send to stop a command: `timeout`, scancel, docker stop, Kubernetes and systemd
+# send SIGTERM; a dropped ssh session SIGHUP; Ctrl-C SIGINT; Ctrl-\\ SIGQUIT.
+STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+_stopping: list[int] = []
+
+
+def _on_stop_signal(signum: int, frame: object) -> None:
+    """Raise ``Interrupted`` where the program is, so every ``finally`` on the way out stops what it
+    started (rank pools, a supervised command) and removes its temp files. A second signal while that
+    cleanup runs (a few seconds at most) is ignored, so it cannot cut the cleanup short."""
+    if _stopping:
+        return
+    _stopping.append(signum)
+    raise Interrupted(signum, signal.Signals(signum).name)
+
+
+def install_stop_signals() -> dict[int, Any]:
+    """Route every stop signal through ``_on_stop_signal``; return the handlers it replaced.
+
+    A signal that is ignored stays ignored (``nohup`` ignores SIGHUP, a shell's background job SIGINT);
+    only the main thread may set handlers (in-process tests from another thread keep the defaults).
+    """
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is not threading.main_thread():
+        return previous
+    _stopping.clear()
+    for name in STOP_SIGNALS:
+        sig = getattr(signal, name, None)
+        if sig is None or signal.getsignal(sig) == signal.SIG_IGN:
+            continue
+        previous[sig] = signal.signal(sig, _on_stop_signal)
+    return previous
+
+
+def restore_signals(previous: dict[int, Any]) -> None:
+    """Put back the handlers ``install_stop_signals`` replaced (tests run many commands in one process)."""
+    for sig, handler in previous.items():
+        signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+def stopped_line(exc: KeyboardInterrupt) -> tuple[str, int]:
+    """The one line for a command a signal stopped, and its exit code (128 + the signal's number)."""
+    if not isinstance(exc, Interrupted):
+        exc = Interrupted(signal.SIGINT, "SIGINT")
+    note = getattr(exc, "note", None) or "nothing it started is left running"
+    return f"stopped by {exc.name}: interrupted; {note}", exc.exit_code
+
+
 def guarded(func: F) -> F:
     """Turn ``GputopoError`` into one line on stderr, a hint, and the error's exit code.
 
+    A stop signal (``STOP_SIGNALS``) becomes ``Interrupted`` where the program is; once everything it
+    started is stopped, one line says which signal, and the exit code is 128 + its number.
     Unexpected exceptions are bugs: one line saying so, and the traceback only with ``GPUTOPO_DEBUG=1``.
     """
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        previous = install_stop_signals()
+        try:
+            return _run_guarded(func, args, kwargs)
+        finally:
+            restore_signals(previous)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _run_guarded(func: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    try:
         try:
             return func(*args, **kwargs)
         except (typer.Exit, typer.Abort):
@@ -84,9 +147,10 @@ def guarded(func: F) -> F:
                 traceback.print_exc()
             Output().error(exc.message, exc.hint)
             raise typer.Exit(exc.exit_code) from None
-        except KeyboardInterrupt:
-            Output().error("interrupted")
-            raise typer.Exit(130) from None
+        except KeyboardInterrupt as exc:
+            line, code = stopped_line(exc)
+            Output().error(line)
+            raise typer.Exit(code) from None
         except Exception as exc:  # a bug: say so in one line; the traceback is for GPUTOPO_DEBUG=1
             if debug_enabled():
                 raise
@@ -95,8 +159,10 @@ def guarded(func: F) -> F:
                 "rerun with GPUTOPO_DEBUG=1 for the traceback, and report it",
             )
             raise typer.Exit(1) from None
-
-    return wrapper  # type: ignore[return-value]
+    except KeyboardInterrupt as exc:  # a signal while an error above was being reported
+        line, code = stopped_line(exc)
+        Output().error(line)
+        raise typer.Exit(code) from None
 
 
 def read_json_file(path: Path, label: str, hint: str) -> object:

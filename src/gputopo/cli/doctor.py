@@ -19,7 +19,7 @@ from gputopo.cli.nodes import (
     warn_internode,
 )
 from gputopo.cli.topo import NVML_TIMEOUT_OPTION
-from gputopo.errors import EXIT_PROBLEM, InputError, UnavailableError, UsageError
+from gputopo.errors import EXIT_PROBLEM, InputError, Interrupted, UnavailableError, UsageError
 from gputopo.probe.plan.options import Fault
 from gputopo.ui.output import Output
 
@@ -130,7 +130,13 @@ def doctor_command(
 
     if node is not None:
         check_rendezvous(node)
-    doc = run_doctor(options, probe_hook=None if json_out else progress)
+    try:
+        doc = run_doctor(options, probe_hook=None if json_out else progress)
+    except Interrupted as exc:
+        if isinstance(exc.partial, dict) and (node is None or node.node_rank == 0):
+            paths = write_report("doctor", exc.partial, to_markdown(exc.partial), report_dir)
+            exc.note = f"the report so far, marked interrupted, is {paths['json']}"
+        raise
     out.warnings(doc.get("warnings") or ())
     if doc["why_simulated"] and json_out:  # the human view prints it at the top itself
         out.warn(doc["why_simulated"])

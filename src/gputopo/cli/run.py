@@ -60,6 +60,10 @@ def run_command(
         raise UsageError("--json goes with --dry-run", "the command's own output goes to stdout when it runs")
     if not command:
         raise UsageError("no command given", "put it after --, e.g. gputopo run --n 2 -- python train.py")
+    if not dry_run:
+        from gputopo.launch.command import check_command
+
+        check_command(command, torchrun)
     constraints = set_constraints(n, exclude, allow_busy, max_used_mib, from_report, top=1)
     topo = load_topology(input)
     rec = recommend(topo, constraints)
@@ -101,6 +105,6 @@ def run_command(
     gpus = ",".join(str(g) for g in plan.gpus)
     out.err.print(f"gputopo run: GPUs {gpus}: {plan.command}", markup=False, highlight=False, soft_wrap=True)
     from gputopo.launch.line import merged_env
-    from gputopo.system.launcher import exec_command
+    from gputopo.system.launcher import run_supervised
 
-    exec_command(plan.argv, merged_env(os.environ, plan))
+    raise typer.Exit(run_supervised(plan.argv, merged_env(os.environ, plan)))
