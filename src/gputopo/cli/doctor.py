@@ -244,9 +244,16 @@ def read_report(path: Path) -> tuple[dict, str]:
 
 
 def _check_html_target(html: Path) -> None:
-    """Refuse an ``--html`` path that can't be written before any work: a folder, or a missing folder."""
+    """Refuse an ``--html`` path that can't be written before any work: a folder, a device, a fifo (never
+    replaced by a file), or a missing folder. A symbolic link is written through."""
+    from gputopo.report import NotRegularFile, write_target
+
     if html.is_dir():
         raise UsageError(f"--html {html}: is a folder", "name the file to write, e.g. --html report.html")
+    try:
+        write_target(html)
+    except NotRegularFile as exc:
+        raise NotRegularFile(f"--html {exc.message}", exc.hint) from None
     parent = html.parent if str(html.parent) else Path(".")
     if not parent.is_dir():
         raise UsageError(
