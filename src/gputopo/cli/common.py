@@ -136,9 +136,22 @@ def guarded(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def check_finite(kwargs: dict[str, Any]) -> None:
+    """Refuse a number option given as ``inf`` or ``nan`` (a timeout of ``inf`` never fires, ``nan``
+    compares false with everything): ``UsageError`` naming the option as it was typed."""
+    import math
+
+    bad = [k for k, v in kwargs.items() if isinstance(v, float) and not math.isfinite(v)]
+    if not bad:
+        return
+    name = "--" + bad[0].replace("_", "-")  # typer names each parameter after its option
+    raise InputError(f"{name} {kwargs[bad[0]]}: must be a finite number", f"e.g. {name} 60")
+
+
 def _run_guarded(func: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     try:
         try:
+            check_finite(kwargs)
             return func(*args, **kwargs)
         except (typer.Exit, typer.Abort):
             raise
@@ -168,18 +181,13 @@ def _run_guarded(func: Callable[..., Any], args: Any, kwargs: Any) -> Any:
 def read_json_file(path: Path, label: str, hint: str) -> object:
     """The JSON document at ``path``; every way it can be unreadable is an ``InputError`` in plain words
     that starts with ``label`` (the option and path as the user wrote them)."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise InputError(f"{label}: no such file", hint) from None
-    except IsADirectoryError:
-        raise InputError(f"{label}: is a folder, not a report", hint) from None
-    except OSError as exc:
-        raise InputError(f"{label}: cannot read ({exc.strerror or exc})", "check the path") from None
     import json  # only reports need it; kept out of start-up
 
+    from gputopo.inputs import loads_bounded, read_capped
+
+    raw = read_capped(path, label, hint=hint)
     try:
-        return json.loads(raw.decode("utf-8-sig"))
+        return loads_bounded(raw.decode("utf-8-sig"), label)
     except UnicodeDecodeError:
         raise InputError(f"{label}: binary data, not a JSON report", hint) from None
     except json.JSONDecodeError as exc:

@@ -240,7 +240,19 @@ def read_report(path: Path) -> tuple[dict, str]:
     if schema not in REPORT_SCHEMAS:
         found = f"its schema is {schema!r}" if schema else "it has no schema field"
         raise InputError(f"{path}: not a gputopo doctor or probe report ({found})", REPORT_HINT)
-    return doc, REPORT_SCHEMAS[schema]
+    kind = REPORT_SCHEMAS[schema]
+    probe = doc if kind == "probe" else doc.get("probe")
+    for entry in (probe.get("sets") if isinstance(probe, dict) else None) or ():
+        gpus = entry.get("gpus") if isinstance(entry, dict) else None
+        if not isinstance(gpus, list) or not all(_is_index(g) for g in gpus):
+            shown = gpus if isinstance(gpus, list) else entry
+            raise InputError(f"{path}: a probed set's GPUs are not GPU indices: {shown!r:.60}", REPORT_HINT)
+    return doc, kind
+
+
+def _is_index(value: object) -> bool:
+    """A GPU index as NVML numbers them: a whole number from 0 (JSON's true/false are not)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1024
 
 
 def _check_html_target(html: Path) -> None:
