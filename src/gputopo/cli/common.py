@@ -148,7 +148,77 @@ def check_finite(kwargs: dict[str, Any]) -> None:
     raise InputError(f"{name} {kwargs[bad[0]]}: must be a finite number", f"e.g. {name} 60")
 
 
+def _stdout_closed() -> bool:
+    """True when the reader of stdout has gone (``gputopo topo | head -1``): the pipe reports an error."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return True  # no way to ask: a broken pipe here is most likely stdout's
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so what is still buffered cannot fail again when Python exits."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _flush_stdout() -> None:
+    """Write out stdout now, so a closed pipe or a full disk is met here and not at exit."""
+    stdout = sys.stdout
+    if stdout is not None:
+        stdout.flush()
+
+
+BUG_HINT = "rerun with GPUTOPO_DEBUG=1 for the traceback, and report it"
+# Writing failed because the disk (or the quota) is full: the destination the user chose cannot take it,
+# like an unwritable --report-dir, so it is bad usage (exit 2), not a missing tool (3).
+_NO_SPACE = {28, 122}  # ENOSPC, EDQUOT
+
+
 def _run_guarded(func: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    try:
+        return _run_and_flush(func, args, kwargs)
+    except BrokenPipeError as exc:
+        if not _stdout_closed():  # another pipe broke (a helper process died): a bug, said as one
+            if debug_enabled():
+                raise
+            Output().error(
+                f"internal error: {exc}", "rerun with GPUTOPO_DEBUG=1 for the traceback, and report it"
+            )
+            raise typer.Exit(1) from None
+        # The reader chose to stop reading (`| head -1`): nothing is wrong, and nothing more to say.
+        _silence_stdout()
+        raise typer.Exit(0) from None
+    except OSError as exc:
+        if exc.errno not in _NO_SPACE:
+            raise
+        where = exc.filename or "the output"
+        _silence_stdout()
+        Output().error(
+            f"no space left on device: cannot write {where}", "free some space, or write elsewhere"
+        )
+        raise typer.Exit(2) from None
+
+
+def _run_and_flush(func: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    try:
+        result = _run_command(func, args, kwargs)
+    except typer.Exit:
+        _flush_stdout()
+        raise
+    _flush_stdout()
+    return result
+
+
+def _run_command(func: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     try:
         try:
             check_finite(kwargs)
@@ -165,12 +235,11 @@ def _run_guarded(func: Callable[..., Any], args: Any, kwargs: Any) -> Any:
             Output().error(line)
             raise typer.Exit(code) from None
         except Exception as exc:  # a bug: say so in one line; the traceback is for GPUTOPO_DEBUG=1
+            if isinstance(exc, BrokenPipeError) or getattr(exc, "errno", None) in _NO_SPACE:
+                raise  # not a bug: _run_guarded says what it is
             if debug_enabled():
                 raise
-            Output().error(
-                f"internal error: {type(exc).__name__}: {exc}",
-                "rerun with GPUTOPO_DEBUG=1 for the traceback, and report it",
-            )
+            Output().error(f"internal error: {type(exc).__name__}: {exc}", BUG_HINT)
             raise typer.Exit(1) from None
     except KeyboardInterrupt as exc:  # a signal while an error above was being reported
         line, code = stopped_line(exc)
