@@ -233,8 +233,10 @@ def run_cross(
         launch.start()
         return launch.wait(on_row)
     finally:
-        launch.stop()
-        launch.cleanup()
+        try:
+            launch.stop()
+        finally:
+            launch.cleanup()
 
 
 # --- options and the whole run ------------------------------------------------------------------------
