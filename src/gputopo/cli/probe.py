@@ -228,12 +228,12 @@ def probe_command(
     plan = make_plan(config)
     try:
         if json_out:
-            run = run_probe(config, plan=plan)
+            run = run_probe(config, plan=plan, on_warning=out.warn)
         else:
             from gputopo.ui.probe_view import ProbeProgress
 
             with ProbeProgress(out.err, plan) as bars:
-                run = run_probe(config, bars.update, plan=plan)
+                run = run_probe(config, bars.update, plan=plan, on_warning=out.warn)
     except Interrupted as exc:
         if exc.partial is not None:  # what was judged before the signal, marked interrupted
             doc = {**to_document(exc.partial), "verdict": "interrupted", "interrupted": exc.name}
