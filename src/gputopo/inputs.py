@@ -11,7 +11,6 @@ raises ``RecursionError`` on very deep nesting, caught here) and then refused wh
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from pathlib import Path
@@ -105,6 +104,8 @@ def parse_json(text: str | bytes, label: str, hint: str, max_depth: int = MAX_JS
     """``text`` parsed as JSON; ``InputError`` for text that is not JSON or nests deeper than
     ``max_depth``. ``json.JSONDecodeError`` is a ``ValueError``: callers that word it themselves catch it
     first by calling ``json.loads`` through ``loads_bounded``."""
+    import json
+
     try:
         return loads_bounded(text, label, max_depth)
     except json.JSONDecodeError as exc:
@@ -114,6 +115,8 @@ def parse_json(text: str | bytes, label: str, hint: str, max_depth: int = MAX_JS
 def loads_bounded(text: str | bytes, label: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """``json.loads`` with the size and depth caps: ``InputError`` when too large or too deep;
     ``json.JSONDecodeError`` (for the caller to word) when not JSON."""
+    import json  # only JSON inputs need it; `topo --input FILE.txt` starts without it
+
     if len(text) > MAX_INPUT_BYTES:
         raise _too_large(label, MAX_INPUT_BYTES)
     try:
