@@ -3,6 +3,8 @@ and the one place that turns them into constraints."""
 
 from __future__ import annotations
 
+import os
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +15,7 @@ from gputopo.errors import UsageError
 from gputopo.gpulist import parse_gpu_list
 
 if TYPE_CHECKING:
+    from gputopo.model import Topology
     from gputopo.recommend import Constraints
 
 
@@ -35,6 +38,58 @@ MAX_USED_OPTION = typer.Option(
 REPORT_OPTION = typer.Option(
     None, "--from-report", metavar="PATH", help="A probe report: keep failing pairs apart, use measurements."
 )
+
+
+IGNORE_VISIBLE_OPTION = typer.Option(
+    False,
+    "--ignore-visible-devices",
+    help="Choose among every GPU here, not only those a preset CUDA_VISIBLE_DEVICES (a scheduler's "
+    "allocation) allows.",
+)
+
+
+def within_preset(
+    constraints: Constraints, topo: Topology, ignore: bool, from_input: bool, warn: Any
+) -> Constraints:
+    """``constraints`` narrowed to the GPUs a preset ``CUDA_VISIBLE_DEVICES`` allows, as ``probe`` does
+    (``probe.plan.identity``: UUIDs, MIG ids, integers resolved by CUDA's own answer); unchanged when
+    nothing is preset, with ``--ignore-visible-devices``, or for a topology read from a file (the preset
+    describes this machine, not that one)."""
+    preset = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if preset is None or ignore:
+        return constraints
+    if from_input:
+        warn(f"CUDA_VISIBLE_DEVICES={preset} describes this machine, not {topo.source}: not applied")
+        return constraints
+    from gputopo.probe.plan.identity import GpuIdentity, allowed_gpus
+    from gputopo.probe.pool.devices import cuda_numbering
+
+    gpus = [
+        GpuIdentity(
+            index=g.index,
+            uuid=g.uuid,
+            bus_id=g.pci_bus_id,
+            name=g.name,
+            unavailable=g.unavailable_reason,
+            mig_enabled=bool(g.mig_enabled),
+            mig_devices=g.mig_devices,
+        )
+        for g in topo.gpus
+    ]
+    order = os.environ.get("CUDA_DEVICE_ORDER")
+    bus_ids, why = cuda_numbering(preset, order)
+    allowed = allowed_gpus(gpus, preset, order, bus_ids, why)
+    if allowed.note:
+        warn(allowed.note)
+    # A GPU the preset names but that cannot be used keeps its own reason (failing, MIG...), not this one.
+    outside = f"not in CUDA_VISIBLE_DEVICES={preset}"
+    named = {*allowed.indices, *(i for i, why in allowed.why_not.items() if why != outside)}
+    return replace(
+        constraints,
+        allowed=tuple(sorted(named)),
+        outside_allowed=f"not in CUDA_VISIBLE_DEVICES={preset} (a scheduler's allocation? "
+        "--ignore-visible-devices chooses among all)",
+    )
 
 
 def set_constraints(

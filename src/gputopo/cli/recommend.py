@@ -13,9 +13,11 @@ from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, examples,
 from gputopo.cli.options import (
     ALLOW_BUSY_OPTION,
     EXCLUDE_OPTION,
+    IGNORE_VISIBLE_OPTION,
     MAX_USED_OPTION,
     REPORT_OPTION,
     set_constraints,
+    within_preset,
 )
 from gputopo.cli.topo import NVML_TIMEOUT_OPTION
 from gputopo.errors import UsageError
@@ -86,6 +88,7 @@ def recommend_command(
         help="With --launch: machines in the job (sets NCCL_IB_HCA when above 1).",
     ),
     nvml_timeout: float = NVML_TIMEOUT_OPTION,
+    ignore_visible: bool = IGNORE_VISIBLE_OPTION,
     json_out: bool = JSON_OPTION,
 ) -> None:
     """The best GPU sets for CUDA_VISIBLE_DEVICES: ranked by estimated all-reduce bandwidth, with reasons."""
@@ -100,6 +103,7 @@ def recommend_command(
     )
     # its warnings come back in rec.warnings, said once below
     topo = load_topology(input, nvml_timeout_s=nvml_timeout)
+    constraints = within_preset(constraints, topo, ignore_visible, input is not None, out.warn)
     rec = recommend(topo, constraints)
     doc = to_dict(rec, id_format.value)  # builds every env first: a --format uuid error comes before output
     plan = None

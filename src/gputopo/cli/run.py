@@ -15,9 +15,11 @@ from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, examples, guarded
 from gputopo.cli.options import (
     ALLOW_BUSY_OPTION,
     EXCLUDE_OPTION,
+    IGNORE_VISIBLE_OPTION,
     MAX_USED_OPTION,
     REPORT_OPTION,
     set_constraints,
+    within_preset,
 )
 from gputopo.errors import UnavailableError, UsageError
 from gputopo.launch.line import LaunchPlan, LaunchTools
@@ -51,6 +53,7 @@ def run_command(
     allow_busy: bool = ALLOW_BUSY_OPTION,
     max_used_mib: int = MAX_USED_OPTION,
     from_report: Path | None = REPORT_OPTION,
+    ignore_visible: bool = IGNORE_VISIBLE_OPTION,
     json_out: bool = typer.Option(
         False, "--json", help="With --dry-run: print the launch as one JSON document."
     ),
@@ -90,6 +93,7 @@ def run_command(
         check_command(command, torchrun)
     constraints = set_constraints(n, exclude, allow_busy, max_used_mib, from_report, top=1)
     topo = load_topology(input)
+    constraints = within_preset(constraints, topo, ignore_visible, input is not None, out.warn)
     rec = recommend(topo, constraints)
     out.warnings(rec.warnings)  # the topology's warnings too
     tools = LaunchTools(torchrun=None)
@@ -120,10 +124,8 @@ def run_command(
         out.hint(note)
     inherited = os.environ.get("CUDA_VISIBLE_DEVICES")
     if inherited is not None and inherited != plan.env["CUDA_VISIBLE_DEVICES"]:
-        out.warn(
-            f"CUDA_VISIBLE_DEVICES={inherited} was set (a scheduler's allocation?); it is replaced by the "
-            "chosen set, so use --exclude to stay inside an allocation"
-        )
+        # The set was chosen inside it (within_preset), unless --ignore-visible-devices or --input.
+        out.hint(f"CUDA_VISIBLE_DEVICES={inherited} was set; the command gets the chosen set's UUIDs")
     if input is not None:
         out.warn(f"the set was chosen from {topo.source}, not read from this machine")
     gpus = ",".join(str(g) for g in plan.gpus)

@@ -29,6 +29,10 @@ class Constraints:
     top: int = DEFAULT_TOP
     assumptions: Assumptions = field(default_factory=Assumptions)
     evidence: ProbeEvidence | None = None
+    # The GPUs a scheduler's preset CUDA_VISIBLE_DEVICES allows (nvidia-smi numbering), and the reason
+    # every other GPU is left out; ``None`` when nothing is preset (or --ignore-visible-devices).
+    allowed: tuple[int, ...] | None = None
+    outside_allowed: str = "outside CUDA_VISIBLE_DEVICES"
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,8 @@ def exclusions(topo: Topology, constraints: Constraints) -> tuple[Exclusion, ...
         why = []
         if gpu.index in constraints.exclude:
             why.append("excluded by --exclude")
+        if constraints.allowed is not None and gpu.index not in constraints.allowed:
+            why.append(constraints.outside_allowed)
         # Failing, not accessible from here, not responding, or MIG enabled (CUDA sees MIG devices, not
         # the GPU, and NCCL does not run on them): no set can use it.
         unavailable = gpu.unavailable_reason
