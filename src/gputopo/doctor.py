@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gputopo import __version__
-from gputopo.errors import GputopoError, UnavailableError, UsageError
+from gputopo.errors import GputopoError, Interrupted, UnavailableError, UsageError
 from gputopo.findings import PROBLEM, Finding, link_findings, nccl_env_findings
 from gputopo.model import Topology
 
@@ -262,12 +262,39 @@ def run_doctor(options: DoctorOptions, probe_hook: ProbeHook | None = None) -> d
     health = check_health(machine, options)  # node health first: its sick GPUs are left out below
     findings = machine_findings(machine.topology, options.env, health)  # links and NCCL settings, judged
     sets = choose_sets(machine.topology, health.unhealthy)  # usable GPUs, sizes to probe, best sets
-    probe = run_probes(machine, sets, options, probe_hook)  # probe plan -> one probe run
+    try:
+        probe = run_probes(machine, sets, options, probe_hook)  # probe plan -> one probe run
+    except Interrupted as exc:  # a stop signal: what was complete goes up with it, marked interrupted
+        exc.partial = interrupted_document(machine, sets, findings, exc, health)
+        raise
     judged = judge(machine.topology, sets, findings, probe)  # probe findings; sets chosen again
     doc = to_document(machine, sets, judged, probe, health)  # the report document
     if options.node is not None:
         doc = across_nodes(doc, machine, sets.usable, options)  # this node's part of the run across nodes
     return doc
+
+
+def interrupted_document(
+    machine: Machine, sets: Sets, findings: list[Finding], exc: Interrupted, health: HealthStep
+) -> dict[str, Any]:
+    """The document of a doctor run a signal stopped during the probes: topology, findings and sets as
+    judged before it, the probe checks done so far (the rest say "not reached"), marked ``interrupted``."""
+    from gputopo.probe.report.document import to_document as probe_document
+
+    note = f"interrupted by {exc.name}"
+    probe = ProbeStep(probe_document(exc.partial) if exc.partial is not None else None, note)
+    try:
+        judged = judge(machine.topology, sets, findings, probe)
+    except Exception:  # a partial probe must never cost the rest of the report
+        probe = ProbeStep(None, note)
+        judged = judge(machine.topology, sets, findings, probe)
+    doc = to_document(machine, sets, judged, probe, health)
+    return {
+        **doc,
+        "verdict": "interrupted",
+        "interrupted": exc.name,
+        "headline": f"{note}; {doc['headline']}",
+    }
 
 
 def check_options(options: DoctorOptions) -> None:

@@ -39,21 +39,15 @@ def load_topology(spec: str | None, nvml_timeout_s: float | None = None) -> Topo
         return samples.load(spec[len(SAMPLE_PREFIX) :])
     if spec == STDIN:
         return _from_text(_read_stdin(), "stdin")
+    from gputopo.inputs import read_capped
+
     path = Path(spec)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise InputError(
-            f"--input {spec}: no such file",
-            "give a saved `nvidia-smi topo -m` output, a JSON snapshot, "
-            "or sample:NAME (gputopo topo --list-samples)",
-        ) from None
-    except IsADirectoryError:
-        raise InputError(f"--input {spec}: is a folder, not a file", "name the file itself") from None
-    except OSError as exc:
-        raise InputError(
-            f"--input {spec}: cannot read ({exc.strerror})", "check the path and its permissions"
-        ) from None
+    raw = read_capped(
+        path,
+        f"--input {spec}",
+        hint="give a saved `nvidia-smi topo -m` output, a JSON snapshot, "
+        "or sample:NAME (gputopo topo --list-samples)",
+    )
     return _from_text(decode(raw), str(path), xml_name=path.suffix.lower() == ".xml")
 
 
@@ -65,8 +59,10 @@ def _read_stdin() -> str:
             "--input -: stdin is a terminal, not a saved output",
             "pipe it in: nvidia-smi topo -m | gputopo topo --input -",
         )
-    stream = getattr(sys.stdin, "buffer", None)
-    return decode(stream.read()) if stream is not None else sys.stdin.read()
+    from gputopo.inputs import read_stream_capped
+
+    stream = getattr(sys.stdin, "buffer", None) or sys.stdin
+    return decode(read_stream_capped(stream, "--input -"))
 
 
 def _from_text(text: str, source: str, xml_name: bool = False) -> Topology:

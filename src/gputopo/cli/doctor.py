@@ -19,7 +19,7 @@ from gputopo.cli.nodes import (
     warn_internode,
 )
 from gputopo.cli.topo import NVML_TIMEOUT_OPTION
-from gputopo.errors import EXIT_PROBLEM, InputError, UnavailableError, UsageError
+from gputopo.errors import EXIT_PROBLEM, InputError, Interrupted, UnavailableError, UsageError
 from gputopo.probe.plan.options import Fault
 from gputopo.ui.output import Output
 
@@ -142,7 +142,13 @@ def doctor_command(
 
     if node is not None:
         check_rendezvous(node)
-    doc = run_doctor(options, probe_hook=None if json_out else progress)
+    try:
+        doc = run_doctor(options, probe_hook=None if json_out else progress)
+    except Interrupted as exc:
+        if isinstance(exc.partial, dict) and (node is None or node.node_rank == 0):
+            paths = write_report("doctor", exc.partial, to_markdown(exc.partial), report_dir)
+            exc.note = f"the report so far, marked interrupted, is {paths['json']}"
+        raise
     out.warnings(doc.get("warnings") or ())
     if doc["why_simulated"] and json_out:  # the human view prints it at the top itself
         out.warn(doc["why_simulated"])
@@ -246,13 +252,32 @@ def read_report(path: Path) -> tuple[dict, str]:
     if schema not in REPORT_SCHEMAS:
         found = f"its schema is {schema!r}" if schema else "it has no schema field"
         raise InputError(f"{path}: not a gputopo doctor or probe report ({found})", REPORT_HINT)
-    return doc, REPORT_SCHEMAS[schema]
+    kind = REPORT_SCHEMAS[schema]
+    probe = doc if kind == "probe" else doc.get("probe")
+    for entry in (probe.get("sets") if isinstance(probe, dict) else None) or ():
+        gpus = entry.get("gpus") if isinstance(entry, dict) else None
+        if not isinstance(gpus, list) or not all(_is_index(g) for g in gpus):
+            shown = gpus if isinstance(gpus, list) else entry
+            raise InputError(f"{path}: a probed set's GPUs are not GPU indices: {shown!r:.60}", REPORT_HINT)
+    return doc, kind
+
+
+def _is_index(value: object) -> bool:
+    """A GPU index as NVML numbers them: a whole number from 0 (JSON's true/false are not)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1024
 
 
 def _check_html_target(html: Path) -> None:
-    """Refuse an ``--html`` path that can't be written before any work: a folder, or a missing folder."""
+    """Refuse an ``--html`` path that can't be written before any work: a folder, a device, a fifo (never
+    replaced by a file), or a missing folder. A symbolic link is written through."""
+    from gputopo.report import NotRegularFile, write_target
+
     if html.is_dir():
         raise UsageError(f"--html {html}: is a folder", "name the file to write, e.g. --html report.html")
+    try:
+        write_target(html)
+    except NotRegularFile as exc:
+        raise NotRegularFile(f"--html {exc.message}", exc.hint) from None
     parent = html.parent if str(html.parent) else Path(".")
     if not parent.is_dir():
         raise UsageError(

@@ -90,6 +90,10 @@ def run_command(
         raise UsageError("--json goes with --dry-run", "the command's own output goes to stdout when it runs")
     if not command:
         raise UsageError("no command given", "put it after --, e.g. gputopo run --n 2 -- python train.py")
+    if not dry_run:
+        from gputopo.launch.command import check_command
+
+        check_command(command, torchrun)
     constraints = set_constraints(n, exclude, allow_busy, max_used_mib, from_report, allow_unhealthy, top=1)
     topo = load_topology(input)
     constraints = within_preset(constraints, topo, ignore_visible, input is not None, out.warn)
@@ -137,11 +141,11 @@ def run_command(
     gpus = ",".join(str(g) for g in plan.gpus)
     out.err.print(f"gputopo run: GPUs {gpus}: {plan.command}", markup=False, highlight=False, soft_wrap=True)
     from gputopo.launch.line import merged_env
-    from gputopo.system.launcher import exec_command
+    from gputopo.system.launcher import run_supervised
 
     env = merged_env(os.environ, plan)
     env.update(_arm(out, topo, plan, env, flight_recorder, nccl_diagnostics, run_dir))
-    exec_command(plan.argv, env)
+    raise typer.Exit(run_supervised(plan.argv, env))
 
 
 def _arm(

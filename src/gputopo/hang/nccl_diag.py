@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gputopo.errors import InputError
+from gputopo.inputs import read_capped
 
 MAX_LOG_BYTES = 1024 * 1024 * 1024
 _LINE = re.compile(
@@ -70,7 +71,8 @@ def read_diag(path: Path) -> list[DiagLine]:
     try:
         if path.stat().st_size > MAX_LOG_BYTES:
             raise InputError(f"--nccl-log {path}: over {MAX_LOG_BYTES // 2**30} GiB", _HINT)
-        text = path.read_text(encoding="utf-8", errors="replace")
+        # A job log may be large (its own cap, MAX_LOG_BYTES); a fifo or /dev/zero still ends there.
+        text = read_capped(path, f"--nccl-log {path}", MAX_LOG_BYTES, _HINT).decode("utf-8", "replace")
     except FileNotFoundError:
         raise InputError(f"--nccl-log {path}: no such file", _HINT) from None
     except IsADirectoryError:

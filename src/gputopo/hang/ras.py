@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gputopo.errors import InputError
+from gputopo.inputs import read_capped
 
 DEFAULT_RAS_ADDR = "localhost:28028"
 MAX_RAS_BYTES = 64 * 1024 * 1024
@@ -146,7 +147,7 @@ def read_ras_file(path: Path) -> RasReport:
     try:
         if path.stat().st_size > MAX_RAS_BYTES:
             raise InputError(f"--ras-json {path}: over {MAX_RAS_BYTES // 2**20} MiB", _HINT)
-        text = path.read_text(encoding="utf-8", errors="replace")
+        text = read_capped(path, f"--ras-json {path}", MAX_RAS_BYTES, _HINT).decode("utf-8", "replace")
     except FileNotFoundError:
         raise InputError(f"--ras-json {path}: no such file", _HINT) from None
     except OSError as exc:

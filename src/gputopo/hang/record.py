@@ -39,6 +39,7 @@ from typing import Any
 
 from gputopo.errors import InputError
 from gputopo.findings import Finding
+from gputopo.inputs import read_capped
 
 SCHEMA = "gputopo/run-record/v1"
 RECORD_GLOBS = ("run-record*.json", "gputopo-run-record*.json")
@@ -108,7 +109,7 @@ def read_record(path: Path) -> RunRecord:
     try:
         if path.stat().st_size > MAX_RECORD_BYTES:
             raise InputError(f"{label}: over {MAX_RECORD_BYTES // 2**20} MiB, not a run record", _HINT)
-        doc = json.loads(path.read_bytes().decode("utf-8-sig"))
+        doc = json.loads(read_capped(path, label, MAX_RECORD_BYTES, _HINT).decode("utf-8-sig"))
     except FileNotFoundError:
         raise InputError(f"{label}: no such file", _HINT) from None
     except OSError as exc:

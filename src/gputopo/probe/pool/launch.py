@@ -160,6 +160,18 @@ class Launch:
     def stop(self) -> int:
         """Stop the launcher and every rank; return how many processes still had to be stopped.
 
+        A stop signal that arrives while stopping (``errors.Interrupted``, raised once per run) does not
+        cut it short: the stop runs again to the end, then the interrupt goes on.
+        """
+        try:
+            return self._stop()
+        except KeyboardInterrupt:
+            self._stop()
+            raise
+
+    def _stop(self) -> int:
+        """Stop the launcher and every rank; return how many processes still had to be stopped.
+
         Safe to call more than once. Ranks are found three ways: children of the launcher now, every
         descendant seen while polling, and any process carrying this launch's marker (an orphaned rank
         is reparented and no longer a descendant).

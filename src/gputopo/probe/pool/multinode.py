@@ -238,8 +238,10 @@ def run_cross(
         outcome.nccl_lines = nccl_net_lines(launch.dir)  # before cleanup removes the logs
         return outcome
     finally:
-        launch.stop()
-        launch.cleanup()
+        try:
+            launch.stop()
+        finally:
+            launch.cleanup()
 
 
 # Lines of NCCL's INIT log that say which network carried what (judge.network); a log is read up to this.
