@@ -370,6 +370,7 @@ def to_document(machine: Machine, sets: Sets, judged: Judged, probe: ProbeStep) 
         "simulated": machine.simulated,
         "why_simulated": machine.why_simulated,
         "device": device,
+        "machine": _machine_record(machine, device),
         "verdict": "problems" if problems else "healthy",
         "headline": headline(topo, machine.simulated, problems, sets.usable, probe.doc, probe.note)
         + (f"; {len(topo.warnings)} warning(s) about the input" if topo.warnings else ""),
@@ -383,6 +384,15 @@ def to_document(machine: Machine, sets: Sets, judged: Judged, probe: ProbeStep) 
         "probe_note": probe.note,
         "pairs": pair_rows(topo, probe.doc),
     }
+
+
+def _machine_record(machine: Machine, device: str) -> dict[str, Any]:
+    """Which machine this report is about (``--from-report`` refuses it on another one)."""
+    import platform
+
+    from gputopo.topology.identity import topology_record
+
+    return topology_record(machine.topology, platform.node(), device, live=not machine.simulated)
 
 
 def across_nodes(

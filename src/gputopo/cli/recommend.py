@@ -13,8 +13,10 @@ from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, examples,
 from gputopo.cli.options import (
     ALLOW_BUSY_OPTION,
     EXCLUDE_OPTION,
+    FORCE_REPORT_OPTION,
     MAX_USED_OPTION,
     REPORT_OPTION,
+    check_report_machine,
     set_constraints,
 )
 from gputopo.cli.topo import NVML_TIMEOUT_OPTION
@@ -58,6 +60,7 @@ def recommend_command(
     allow_busy: bool = ALLOW_BUSY_OPTION,
     max_used_mib: int = MAX_USED_OPTION,
     from_report: Path | None = REPORT_OPTION,
+    force_report: bool = FORCE_REPORT_OPTION,
     nvlink_gbps: float | None = typer.Option(
         None, "--nvlink-gbps", help="NVLink GB/s per link per direction (default: by GPU model, else 20)."
     ),
@@ -100,6 +103,7 @@ def recommend_command(
     )
     # its warnings come back in rec.warnings, said once below
     topo = load_topology(input, nvml_timeout_s=nvml_timeout)
+    check_report_machine(constraints, topo, input is None, force_report, out.warn)
     rec = recommend(topo, constraints)
     doc = to_dict(rec, id_format.value)  # builds every env first: a --format uuid error comes before output
     plan = None

@@ -13,8 +13,10 @@ from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, examples, guarded
 from gputopo.cli.options import (
     ALLOW_BUSY_OPTION,
     EXCLUDE_OPTION,
+    FORCE_REPORT_OPTION,
     MAX_USED_OPTION,
     REPORT_OPTION,
+    check_report_machine,
     set_constraints,
 )
 from gputopo.errors import UnavailableError, UsageError
@@ -46,6 +48,7 @@ def run_command(
     allow_busy: bool = ALLOW_BUSY_OPTION,
     max_used_mib: int = MAX_USED_OPTION,
     from_report: Path | None = REPORT_OPTION,
+    force_report: bool = FORCE_REPORT_OPTION,
     json_out: bool = typer.Option(
         False, "--json", help="With --dry-run: print the launch as one JSON document."
     ),
@@ -62,6 +65,7 @@ def run_command(
         raise UsageError("no command given", "put it after --, e.g. gputopo run --n 2 -- python train.py")
     constraints = set_constraints(n, exclude, allow_busy, max_used_mib, from_report, top=1)
     topo = load_topology(input)
+    check_report_machine(constraints, topo, input is None, force_report, out.warn)
     rec = recommend(topo, constraints)
     out.warnings(rec.warnings)  # the topology's warnings too
     tools = LaunchTools(torchrun=None)
