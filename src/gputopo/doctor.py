@@ -454,6 +454,11 @@ def across_nodes(
     return doc
 
 
+# The title of the table of problems in every view (terminal, Markdown, HTML). The headline is printed
+# last in the terminal and first in the files, so it names the table, not a direction.
+REMEDIES_TITLE = "Problems and remedies"
+
+
 def headline(
     topo: Topology,
     simulated: bool,
@@ -473,6 +478,7 @@ def headline(
     )
     if problems:
         return (
-            f"{prefix}{len(problems)} problem(s) found on {topo.source} ({checked}); see the remedies below"
+            f"{prefix}{len(problems)} problem(s) found on {topo.source} ({checked}); "
+            f"their remedies are under {REMEDIES_TITLE!r}"
         )
     return f"{prefix}healthy: {len(usable)} of {len(topo.gpus)} GPUs usable, no problems found ({checked})"

@@ -106,7 +106,7 @@ def probe_command(
         ),
     ] = None,
     report_dir: Annotated[
-        Path, typer.Option(metavar="PATH", help="Where the JSON and Markdown reports go.")
+        Path, typer.Option(metavar="PATH", help="Where the JSON, Markdown and HTML reports go.")
     ] = Path("reports"),
     input: Annotated[
         Optional[str],  # noqa: UP045 (typer)

@@ -78,7 +78,7 @@ def render_html(doc: dict[str, Any]) -> str:
 
     findings = doc.get("findings") or []
     if findings:
-        parts.append("<h2>What is wrong, and what to do</h2>")
+        parts.append("<h2>Problems and remedies</h2>")  # the name the headline gives it
         rows = [[_e(f.get("where")), _e(f.get("what")), _e(f.get("remedy"))] for f in findings]
         parts.append(_table(["where", "problem", "remedy"], rows))
 
