@@ -54,7 +54,9 @@ def doctor_command(
         "with no NVIDIA driver still shows the simulation but exits 3).",
     ),
     steps: int = typer.Option(5, help="Training steps of each probe's dp and ddp checks."),
-    timeout: float = typer.Option(120.0, help="Seconds each probed set may take before it counts as hung."),
+    timeout: float = typer.Option(
+        120.0, help="Seconds a probed set may go without progress before it counts as hung."
+    ),
     skip_probe: bool = typer.Option(
         False,
         "--skip-probe",
@@ -95,6 +97,12 @@ def doctor_command(
     Across nodes (--nnodes, or under srun), every node checks itself, then all of them run the inter-node
     tests together; node rank 0 writes the one report and every node exits with the run's verdict.
     """
+    out = Output(json_mode=json_out)
+    if not json_out:
+        # Said before the slow part (imports, NVML, the ranks' torch start-up), so the first run is not
+        # silent on a terminal or a pipe; rich's console flushes stderr after each print.
+        what = "reading the machine" + ("" if skip_probe else ", then probing its GPU sets")
+        out.err.print(f"gputopo doctor: {what}", markup=False, highlight=False, soft_wrap=True)
     from gputopo.cli.nodes import check_rendezvous, node_options, progress_printer
     from gputopo.doctor import DoctorOptions, run_doctor
     from gputopo.probe.plan.config import MODELS
@@ -105,7 +113,6 @@ def doctor_command(
 
     if model is not None and model not in MODELS:
         raise UsageError(f"--model {model}: unknown model", f"choose one of {', '.join(MODELS)}")
-    out = Output(json_mode=json_out)
     ensure_report_dir(report_dir)
     options = DoctorOptions(
         input,
@@ -126,6 +133,14 @@ def doctor_command(
     def progress(plan):
         from gputopo.ui.probe_view import ProbeProgress
 
+        sets, ranks = len(plan.sets), len(plan.gpus)
+        out.err.print(
+            f"gputopo doctor: probing {sets} GPU set(s) with one pool of {ranks} ranks "
+            "(each imports torch first)",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
         return ProbeProgress(out.err, plan)
 
     if node is not None:
