@@ -28,6 +28,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from gputopo.probe.ranks.compat import new_group_in_order
 from gputopo.probe.shared import COLLECTIVE_TIMEOUT_GRACE_S
 
 
@@ -218,7 +219,7 @@ def run_schedule(spec: dict[str, Any], rank: int, device: Any, log: Any) -> None
             if key not in groups:
                 # A set's order is its ranks' order (--gpus 6,5: GPU 6 is rank 0), so the group must not
                 # sort them (new_group sorts by default; sort_ranks=False keeps the list's order).
-                groups[key] = dist.new_group(list(key), sort_ranks=False)
+                groups[key] = new_group_in_order(key)
                 if rank in key and dist.get_group_rank(groups[key], rank) != key.index(rank):
                     raise RuntimeError(f"group {key}: rank {rank} is not rank {key.index(rank)} in it")
         for job in step:
