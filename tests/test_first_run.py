@@ -23,7 +23,8 @@ from gputopo.ui.probe_view import ProbeProgress
 
 
 def test_doctor_says_its_first_line_before_reading_the_machine(tmp_path):
-    # The first stderr line is the start line, so it is out before imports, NVML and the ranks.
+    # The first stderr line is the start line, said once the machine is read, before health reads and the
+    # ranks (a bad option or input is still one error line and a hint: tests/test_bad_input.py).
     env = {**os.environ, **plain_env()}
     done = subprocess.run(
         [
@@ -42,7 +43,11 @@ def test_doctor_says_its_first_line_before_reading_the_machine(tmp_path):
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stderr.splitlines()[0] == "gputopo doctor: reading the machine"
+    first = done.stderr.splitlines()[0]
+    assert first == (
+        "gputopo doctor: sample:quad-nv4-pairs-2socket, 4 GPU(s), simulated on CPU ranks: "
+        "health, links and processes"
+    )
 
 
 def test_plain_progress_has_real_times_and_one_set_done_per_set():

@@ -53,6 +53,7 @@ class DoctorOptions:
     # tests; ``inject`` then goes into them (on ``node.inject_node``), not into this machine's probes.
     node: Any = None
     on_row: Any = None  # prints the inter-node progress
+    on_start: Any = None  # called with the ``Machine`` once it is read, before anything slow (a first line)
 
 
 @dataclass(frozen=True)
@@ -250,6 +251,8 @@ def run_doctor(options: DoctorOptions, probe_hook: ProbeHook | None = None) -> d
     """
     check_options(options)
     machine = read_machine(options)  # the topology: this machine, or a sample simulated on CPU
+    if options.on_start is not None:
+        options.on_start(machine)
     # Node health (DESIGN.md "Node health", ``gputopo/health/``) goes here, before anything below uses a
     # GPU: its findings come first and its sick GPUs are left out of the sets. Nothing runs here yet.
     findings = machine_findings(machine.topology, options.env)  # links and NCCL settings, judged

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -98,11 +98,6 @@ def doctor_command(
     tests together; node rank 0 writes the one report and every node exits with the run's verdict.
     """
     out = Output(json_mode=json_out)
-    if not json_out:
-        # Said before the slow part (imports, NVML, the ranks' torch start-up), so the first run is not
-        # silent on a terminal or a pipe; rich's console flushes stderr after each print.
-        what = "reading the machine" + ("" if skip_probe else ", then probing its GPU sets")
-        out.err.print(f"gputopo doctor: {what}", markup=False, highlight=False, soft_wrap=True)
     from gputopo.cli.nodes import check_rendezvous, node_options, progress_printer
     from gputopo.doctor import DoctorOptions, run_doctor
     from gputopo.probe.plan.config import MODELS
@@ -128,6 +123,7 @@ def doctor_command(
         skip_speed=skip_speed,
         node=node,
         on_row=progress_printer(out, node, json_out) if node is not None else None,
+        on_start=None if json_out else lambda machine: _say_start(out, machine, skip_probe),
     )
 
     def progress(plan):
@@ -181,6 +177,16 @@ def doctor_command(
         )
     if doc["verdict"] != "healthy":
         raise typer.Exit(EXIT_PROBLEM)
+
+
+def _say_start(out: Output, machine: Any, skip_probe: bool) -> None:
+    """The first line, said once the machine is read and before the slow part (health reads, the ranks'
+    torch start-up), so a first run is not silent on a terminal or a pipe (rich flushes each print)."""
+    topo = machine.topology
+    where = f"{topo.source}, {len(topo.gpus)} GPU(s)"
+    where += ", simulated on CPU ranks" if machine.simulated else ""
+    then = "health, links and processes" + ("" if skip_probe else ", then probes of its GPU sets")
+    out.err.print(f"gputopo doctor: {where}: {then}", markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command(
