@@ -129,3 +129,20 @@ def test_a_step_that_keeps_moving_is_still_stopped_at_the_load_cap(monkeypatch):
     now[0] = LOAD_CAP * 10.0 + 1
     job.last_row = now[0]
     assert pool._overdue()
+
+
+def test_only_the_silent_set_of_a_step_is_hung_the_moving_one_runs_again(monkeypatch):
+    config = build_config(DeviceInventory("cpu", (0, 1, 2, 3)), ["0,1", "2,3"], timeout_s=30.0)
+    quiet, busy = Job((0, 1), ("ddp",)), Job((2, 3), ("ddp",))
+    pool = Pool(config, [((quiet, ("ddp",)), (busy, ("ddp",)))])
+    shutil.rmtree(pool.dir, ignore_errors=True)
+    pool.joined = {0, 1, 2, 3}
+    pool.step_seen = dict.fromkeys(range(4), 0)
+    pool.step_clock = {0: 0.0}
+    now = [0.0]
+    monkeypatch.setattr(pool_module.time, "monotonic", lambda: now[0])
+    stalled_job, moving_job = pool.jobs
+    stalled_job.last_row = 5.0
+    moving_job.last_row = 34.0
+    now[0] = 36.0
+    assert pool._overdue() and pool.stalled == {stalled_job.id}

@@ -394,7 +394,7 @@ def hung(name: str, timeout_s: float, progress: dict[int, dict[str, Any]], now: 
     ages = [now - float(row["t"]) for row in progress.values() if isinstance(row.get("t"), (int, float))]
     if ages and min(ages) < timeout_s:
         # A rank reported progress within --timeout of the stop: the pool stopped a set that was still
-        # moving (its cap on a step's time), which is a machine too loaded for the run, not a hang.
+        # moving (its cap on a step's time, pool.LOAD_CAP), a machine too loaded for the run, not a hang.
         detail = f"slow under load: still making progress when the run's time ran out; {silent}"
         return fail(name, "slow", detail, _SLOW_UNDER_LOAD_REMEDY, metrics)
     detail = f"no progress within --timeout {timeout_s:g} s; {silent}"

@@ -90,6 +90,10 @@ class Pool(Launch):
         self.started = 0.0
         self.ended: float | None = None
         self.timed_out = False
+        # The jobs that went silent past --timeout when the pool was stopped (empty: the load cap, or the
+        # start-up, stopped it). Only they are hung; a job of the same step that was still moving is left
+        # unjudged, so a fresh pool runs it again.
+        self.stalled: set[str] = set()
         self.leftovers_killed = 0
         self.joined: set[int] = set()
         self.step_seen: dict[int, int] = {}  # pool rank -> the step it last entered
@@ -167,7 +171,10 @@ class Pool(Launch):
         began = self.step_clock[step]
         if now - began > LOAD_CAP * self.config.timeout_s:
             return True
-        return any(now - max(began, j.last_row or began) > self.config.timeout_s for j in unfinished)
+        self.stalled = {
+            j.id for j in unfinished if now - max(began, j.last_row or began) > self.config.timeout_s
+        }
+        return bool(self.stalled)
 
     def _read_progress(self) -> list[tuple[Job, dict[str, Any]]]:
         rows = []
@@ -251,6 +258,8 @@ class Pool(Launch):
                 ended_by.append({"gpus": list(j.job.gpus), "kind": kind})
         elif status == "timeout":
             for j in self.unfinished(step):
+                if self.stalled and j.id not in self.stalled:
+                    continue  # still moving when another set of its step hung: a fresh pool reruns it
                 judged[j.id] = self._job_outcome(j, "timeout")
                 ended_by.append({"gpus": list(j.job.gpus), "kind": "hung"})
         elif status == "failed":
