@@ -16,6 +16,7 @@ the agent and every rank on this node are stopped, as a single-node pool is.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -302,7 +303,9 @@ def run_nodes(
     from gputopo.probe.plan.schedule import make_plan
     from gputopo.probe.pool.runner import ProbeRun, read_topology, run_probe
     from gputopo.probe.report.document import to_document
+    from gputopo.probe.report.drift import add_drift
     from gputopo.probe.report.nodes import add_nodes, local_summary
+    from gputopo.system.run_facts import config_facts
 
     started_utc = datetime.now(timezone.utc)
     started = time.monotonic()
@@ -316,8 +319,10 @@ def run_nodes(
         notes = ("one GPU on this node: no link within it to check; only the inter-node tests ran",)
         local_run = ProbeRun(config, (), {"hostname": node.hostname}, notes, started_utc, 0.0)
         local = local_summary(node.node_rank, None, "one GPU: no link within the node to check")
+    # Configuration drift: this node's versions, plugin, GPUs and NCCL variables travel with its summary.
+    local = {**local, "config": config_facts(view.topology, gpus, os.environ)}
     outcome = run_cross(config, node, local, gpu_nics(view.topology, gpus), on_row)
     doc = to_document(local_run)
     doc["wall_s"] = round(time.monotonic() - started, 3)
     doc["config"]["inject"] = config.inject.value if config.inject else None
-    return add_nodes(doc, *judge_outcome(node, config, outcome))
+    return add_drift(add_nodes(doc, *judge_outcome(node, config, outcome)), outcome.record)
