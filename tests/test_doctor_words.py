@@ -70,3 +70,15 @@ def test_checks_say_failures_are_explained_above_only_when_some_failed(tmp_path)
     healthy = _terminal(healthy_doc)
     assert "Checks" in healthy and "failures are explained above" not in healthy
     assert "Problems and remedies" not in healthy
+
+
+def test_health_problems_point_at_the_health_section():
+    from gputopo.findings import Finding
+
+    topo = samples.load("quad-nv4-pairs-2socket")
+    sick = Finding("GPU0", "a row remapping is pending on GPU0", "drain the GPU and reset it")
+    link = Finding("GPUs 0,1", "p2p check failed (corrupt)", "set NCCL_P2P_DISABLE=1")
+    only_health = headline(topo, False, [sick], [1, 2, 3], None, "skipped", (sick,))
+    assert only_health.endswith("their remedies are under 'Health'")
+    both = headline(topo, False, [sick, link], [1, 2, 3], None, "skipped", (sick,))
+    assert both.endswith(f"their remedies are under 'Health' and '{REMEDIES_TITLE}'")

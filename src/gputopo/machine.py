@@ -5,9 +5,13 @@ XML, ``sample:NAME``) read through the pure parsers of ``topology/``, or this ma
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gputopo.errors import InputError
 from gputopo.model import Topology
+
+if TYPE_CHECKING:
+    from gputopo.health.judge import Judgement
 
 SAMPLE_PREFIX = "sample:"
 STDIN = "-"
@@ -87,3 +91,25 @@ def decode(raw: bytes) -> str:
     if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
         return raw.decode("utf-16", errors="replace")  # the codec reads the BOM and drops it
     return raw.decode("utf-8-sig", errors="replace")
+
+
+def read_live_health(nvml_timeout_s: float | None = None, sample_s: float = 0.0) -> Judgement:
+    """This machine's health as ``topo`` and ``recommend`` use it: one NVML health sample judged by its
+    states (ECC, row remaps, clocks, link width, recovery action, ...); with ``sample_s`` above 0, two
+    samples that far apart, so rising counters are judged too. Never raises for a machine that cannot
+    be read: NVML missing or failing comes back as one ``not_checked`` entry (health unknown, never
+    healthy).
+    """
+    from gputopo.health.judge import Judgement, NotChecked, judge, judge_one
+    from gputopo.system import nvml
+    from gputopo.system.health_reads import HealthReader, read_two_samples
+
+    timeout_s = nvml_timeout_s if nvml_timeout_s is not None else 5.0
+    try:
+        if sample_s > 0:
+            first, second = read_two_samples(sample_s, timeout_s=timeout_s)
+            return judge(first, second)
+        with HealthReader(timeout_s) as reader:
+            return judge_one(reader.sample())
+    except nvml.NvmlUnavailable as exc:
+        return Judgement((), (NotChecked("health", exc.message),))

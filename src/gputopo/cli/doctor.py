@@ -90,9 +90,16 @@ def doctor_command(
     rdzv_timeout: Optional[float] = RDZV_TIMEOUT_OPTION,  # noqa: UP045 (typer)
     inject_node: Optional[int] = INJECT_NODE_OPTION,  # noqa: UP045 (typer)
     nvml_timeout: float = NVML_TIMEOUT_OPTION,
+    sample_s: float = typer.Option(
+        2.0,
+        "--sample-s",
+        metavar="SECONDS",
+        help="The health check's window: error counters are read twice this far apart and judged by "
+        "their rise (as `gputopo check --sample-s`).",
+    ),
     json_out: bool = JSON_OPTION,
 ) -> None:
-    """Check this machine end to end (topology, links, stale processes, probes) and write a report.
+    """Check this machine end to end (health, topology, links, stale processes, probes), write a report.
 
     Across nodes (--nnodes, or under srun), every node checks itself, then all of them run the inter-node
     tests together; node rank 0 writes the one report and every node exits with the run's verdict.
@@ -108,6 +115,10 @@ def doctor_command(
 
     if model is not None and model not in MODELS:
         raise UsageError(f"--model {model}: unknown model", f"choose one of {', '.join(MODELS)}")
+    if not 0 <= sample_s <= 60:
+        raise UsageError(
+            f"--sample-s {sample_s:g}: must be 0 to 60 seconds", "e.g. --sample-s 2 (the default)"
+        )
     ensure_report_dir(report_dir)
     options = DoctorOptions(
         input,
@@ -120,6 +131,7 @@ def doctor_command(
         inject=inject,
         inject_gpus=inject_gpus,
         nvml_timeout_s=nvml_timeout,
+        health_sample_s=sample_s,
         skip_speed=skip_speed,
         node=node,
         on_row=progress_printer(out, node, json_out) if node is not None else None,

@@ -14,12 +14,16 @@ from gputopo.cli import app
 from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, examples, guarded
 from gputopo.cli.options import (
     ALLOW_BUSY_OPTION,
+    ALLOW_UNHEALTHY_OPTION,
     EXCLUDE_OPTION,
     FORCE_REPORT_OPTION,
+    IGNORE_VISIBLE_OPTION,
     MAX_USED_OPTION,
     REPORT_OPTION,
     check_report_machine,
     set_constraints,
+    with_health,
+    within_preset,
 )
 from gputopo.errors import UnavailableError, UsageError
 from gputopo.launch.line import LaunchPlan, LaunchTools
@@ -51,9 +55,11 @@ def run_command(
     input: str | None = typer.Option(None, "--input", "-i", metavar=INPUT_METAVAR, help=INPUT_HELP),
     exclude: str | None = EXCLUDE_OPTION,
     allow_busy: bool = ALLOW_BUSY_OPTION,
+    allow_unhealthy: bool = ALLOW_UNHEALTHY_OPTION,
     max_used_mib: int = MAX_USED_OPTION,
     from_report: Path | None = REPORT_OPTION,
     force_report: bool = FORCE_REPORT_OPTION,
+    ignore_visible: bool = IGNORE_VISIBLE_OPTION,
     json_out: bool = typer.Option(
         False, "--json", help="With --dry-run: print the launch as one JSON document."
     ),
@@ -87,11 +93,17 @@ def run_command(
         raise UsageError("--json goes with --dry-run", "the command's own output goes to stdout when it runs")
     if not command:
         raise UsageError("no command given", "put it after --, e.g. gputopo run --n 2 -- python train.py")
-    constraints = set_constraints(n, exclude, allow_busy, max_used_mib, from_report, top=1)
+    constraints = set_constraints(n, exclude, allow_busy, max_used_mib, from_report, allow_unhealthy, top=1)
     topo = load_topology(input)
     check_report_machine(constraints, topo, input is None, force_report, out.warn)
+    constraints = within_preset(constraints, topo, ignore_visible, input is not None, out.warn)
+    constraints, health = with_health(constraints, input)  # live: one health sample
     rec = recommend(topo, constraints)
     out.warnings(rec.warnings)  # the topology's warnings too
+    if not json_out:
+        for e in rec.excluded:
+            if "health: " in e.why:
+                out.warn(f"left out GPU{e.gpu}: {e.why} (--allow-unhealthy counts it in)")
     tools = LaunchTools(torchrun=None)
     if torchrun:
         from gputopo.system.launcher import detect_tools
@@ -109,6 +121,8 @@ def run_command(
         if json_out:
             doc = {"schema": SCHEMA, "source": topo.source, "launch": plan.to_dict()}
             doc["findings"] = [asdict(f) for f in findings]
+            doc["excluded"] = [{"gpu": e.gpu, "why": e.why} for e in rec.excluded]
+            doc["health"] = health
             doc["warnings"] = list(rec.warnings)
             out.document(doc)
             return
@@ -120,10 +134,8 @@ def run_command(
         out.hint(note)
     inherited = os.environ.get("CUDA_VISIBLE_DEVICES")
     if inherited is not None and inherited != plan.env["CUDA_VISIBLE_DEVICES"]:
-        out.warn(
-            f"CUDA_VISIBLE_DEVICES={inherited} was set (a scheduler's allocation?); it is replaced by the "
-            "chosen set, so use --exclude to stay inside an allocation"
-        )
+        # The set was chosen inside it (within_preset), unless --ignore-visible-devices or --input.
+        out.hint(f"CUDA_VISIBLE_DEVICES={inherited} was set; the command gets the chosen set's UUIDs")
     if input is not None:
         out.warn(f"the set was chosen from {topo.source}, not read from this machine")
     gpus = ",".join(str(g) for g in plan.gpus)

@@ -230,3 +230,37 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
+
+
+# Importing torch and initialising CUDA in the child: seconds, more on a loaded machine.
+CUDA_ASK_TIMEOUT_S = 120.0
+
+
+def ask_cuda_bus_ids(
+    env: dict[str, str], timeout_s: float = CUDA_ASK_TIMEOUT_S
+) -> tuple[tuple[str, ...] | None, str]:
+    """CUDA's visible devices' PCI bus ids, by ordinal, from a short child (``python -m
+    gputopo.probe.ranks.cuda``) run with ``env``; ``(None, why)`` when CUDA cannot answer."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "gputopo.probe.ranks.cuda"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return None, f"CUDA did not answer within {timeout_s:g} s"
+    except OSError as exc:
+        return None, exc.strerror or str(exc)
+    lines = [line for line in done.stdout.splitlines() if line.strip().startswith("{")]
+    try:
+        answer = json.loads(lines[-1]) if lines else {}
+    except ValueError:
+        answer = {}
+    if "bus_ids" in answer:
+        return tuple(str(b) for b in answer["bus_ids"]), ""
+    why = answer.get("error") or (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+    return None, str(why)[:200]
