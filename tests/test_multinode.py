@@ -10,15 +10,15 @@ joined, with no process left behind.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
+
+from own_procs import marked_env, wait_for_none_left
 
 pytest.importorskip("torch")
 
@@ -43,7 +43,7 @@ def run_nodes(
     """Start one `gputopo probe --json` per node in ``start``; wait for all; (exit code, doc, stderr)."""
     port = free_port()
     procs = {}
-    env = {**os.environ, "GPUTOPO_DEBUG": "0"}
+    env = {**marked_env(_marker(tmp_path)), "GPUTOPO_DEBUG": "0"}
     for r in start:
         argv = [
             sys.executable, "-m", "gputopo", "probe", "--device", "cpu", "--gpus", "0", "--mode", "allreduce",
@@ -59,13 +59,14 @@ def run_nodes(
     return out
 
 
-def probe_processes() -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if "gputopo.probe.ranks.agent" in cmd or "gputopo.probe.ranks.worker" in cmd:
-            found.append(p)
-    return found
+def _marker(tmp_path: Path) -> str:
+    # One marker per test (its tmp_path is its own), inherited by every node's launcher and ranks.
+    return f"multinode:{tmp_path}"
+
+
+def probe_processes(tmp_path: Path) -> list[str]:
+    """What is left of the nodes this test started (never another run on the machine: issue 23 item 7)."""
+    return wait_for_none_left(_marker(tmp_path))
 
 
 def test_four_healthy_nodes_pass_and_node_0_reports_all_of_them(tmp_path: Path) -> None:
@@ -89,7 +90,7 @@ def test_four_healthy_nodes_pass_and_node_0_reports_all_of_them(tmp_path: Path) 
     assert not any(
         (tmp_path / f"node{r}").exists() and any((tmp_path / f"node{r}").iterdir()) for r in (1, 2, 3)
     )
-    assert probe_processes() == []
+    assert probe_processes(tmp_path) == []
 
 
 def findings_of(doc: dict[str, Any] | None) -> list[tuple[str, list[int]]]:
@@ -122,7 +123,7 @@ def test_a_node_that_never_starts_ends_the_run_after_the_rendezvous_timeout(tmp_
         assert doc is not None and doc["internode"]["status"] == "rendezvous"
     doc = results[0][1]
     assert doc is not None and [n["verdict"] for n in doc["nodes"]][2] == "fail"
-    assert probe_processes() == []
+    assert probe_processes(tmp_path) == []
 
 
 def test_a_hung_node_is_named_from_the_rendezvous_store(tmp_path: Path) -> None:
@@ -133,7 +134,7 @@ def test_a_hung_node_is_named_from_the_rendezvous_store(tmp_path: Path) -> None:
     doc = results[0][1]
     assert findings_of(doc) == [("hung", [2])]
     assert "node rank 0's report names the node" in results[3][2]
-    assert probe_processes() == []
+    assert probe_processes(tmp_path) == []
 
 
 def run_doctors(tmp_path: Path, *extra: str) -> dict[int, tuple[int, dict[str, Any] | None, str]]:
@@ -201,4 +202,4 @@ def test_a_crashed_node_is_named_by_node_rank_0(tmp_path: Path) -> None:
     assert {r: code for r, (code, _, _) in results.items()} == {0: 1, 1: 1, 2: 1}
     assert findings_of(results[0][1]) == [("crashed", [1])]
     assert "injected crash" in results[1][2]
-    assert probe_processes() == []
+    assert probe_processes(tmp_path) == []

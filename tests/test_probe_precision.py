@@ -132,9 +132,26 @@ def test_a_set_whose_scaler_keeps_skipping_ends_overflow_with_the_set_remedy():
     m["first_nonfinite"] = {"step": 2, "where": "gradients", "value": "inf"}
     result = P.judge_precision("ddp@fp16", m)
     assert result.verdict == "fail" and result.kind == "overflow" and result.name == "ddp@fp16"
-    assert "inf in the gradients at step 2" in result.detail and "reference did not" in result.detail
+    assert "inf in the gradients at step 2" in result.detail and "reference skipped no step" in result.detail
     assert "also diverged" in result.detail  # the weights stopped moving, so the curve left the reference
     assert "p2p" in result.remedy
+
+
+def test_a_reference_with_one_back_off_is_described_as_it_was_not_as_clean():
+    # Issue 23 item 7: the reference skipped step 2 and the detail said "the reference did not
+    # (1 of 3 steps skipped)". It kept training (one skip is a back-off), and the words must say so.
+    ref = {"scales": [256.0, 256.0, 128.0], "skipped_steps": [2]}
+    broken = {"scales": [256.0, 128.0, 64.0], "skipped_steps": [1, 2]}
+    result = P.judge_precision("ddp@fp16", _run([2.3, 2.2, 2.2], broken, ref))
+    assert result.kind == "overflow" and "p2p" in result.remedy
+    assert "did not" not in result.detail
+    assert "reference kept training: it skipped only step 2 (1 of 3, scale 128)" in result.detail
+
+
+def test_the_calibrated_start_leaves_room_for_gradients_that_grow_8x():
+    # On the test's tiny batches the first-step limit was 2**10 and the third step's 2**8 (measured):
+    # the start must sit below the later limit, not on it.
+    assert 10 - P.CALIBRATION_HEADROOM_HALVINGS < 8
 
 
 def test_overflow_in_the_reference_too_points_at_the_training_setup():
@@ -265,7 +282,12 @@ def test_fp16_with_overflow_injected_ends_overflow_exit_1(tmp_path):
     c = _checks(tmp_path, done)["ddp@fp16"]
     assert c["verdict"] == "fail" and c["kind"] == "overflow", c["detail"]
     assert c["metrics"]["scaler"]["skipped_steps"] == [1, 2]  # from the middle step on
-    assert c["metrics"]["ref_scaler"]["skipped_steps"] == []
+    # The healthy reference: not overflow by the same rule, and never skipping the step the fault hit
+    # (the calibrated start leaves room for the tiny batch's growing gradients on any CPU's fp16 kernels).
+    ref = c["metrics"]["ref_scaler"]
+    assert not P.judge_scaler(ref["scales"], ref["skipped_steps"], 3).overflow
+    assert 1 not in ref["skipped_steps"]
+    assert "did not" not in c["detail"] and "reference" in c["detail"]
     assert "overflow" in done.stdout
 
 

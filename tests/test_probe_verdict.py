@@ -189,9 +189,10 @@ def test_hung_names_where_each_rank_stopped():
         0: {"t": 100.0, "rank": 0, "check": "ddp", "stage": "step", "done": 3, "total": 20},
         1: {"t": 95.0, "rank": 1, "check": "ddp", "stage": "injected-hang", "done": 0, "total": 0},
     }
-    result = verdict.hung("ddp", 30.0, progress, now=110.0)
+    # Stopped after 5 s without progress (the pool's deadline runs from each set's last row).
+    result = verdict.hung("ddp", 5.0, progress, now=110.0)
     assert result.kind == "hung"
-    assert "--timeout 30 s" in result.detail
+    assert "--timeout 5 s" in result.detail
     assert "rank 0 last at ddp step 3/20 (10.0 s before)" in result.detail
     assert "rank 1 last at ddp injected-hang (15.0 s before)" in result.detail
 

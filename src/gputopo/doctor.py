@@ -54,6 +54,7 @@ class DoctorOptions:
     # tests; ``inject`` then goes into them (on ``node.inject_node``), not into this machine's probes.
     node: Any = None
     on_row: Any = None  # prints the inter-node progress
+    on_start: Any = None  # called with the ``Machine`` once it is read, before anything slow (a first line)
 
 
 @dataclass(frozen=True)
@@ -259,6 +260,8 @@ def run_doctor(options: DoctorOptions, probe_hook: ProbeHook | None = None) -> d
     """
     check_options(options)
     machine = read_machine(options)  # the topology: this machine, or a sample simulated on CPU
+    if options.on_start is not None:
+        options.on_start(machine)
     health = check_health(machine, options)  # node health first: its sick GPUs are left out below
     findings = machine_findings(machine.topology, options.env, health)  # links and NCCL settings, judged
     sets = choose_sets(machine.topology, health.unhealthy)  # usable GPUs, sizes to probe, best sets
@@ -486,8 +489,11 @@ def to_document(
         "simulated": machine.simulated,
         "why_simulated": machine.why_simulated,
         "device": device,
+        "machine": _machine_record(machine, device),
         "verdict": "problems" if problems else "healthy",
-        "headline": headline(topo, machine.simulated, problems, sets.usable, probe.doc, probe.note)
+        "headline": headline(
+            topo, machine.simulated, problems, sets.usable, probe.doc, probe.note, health_findings(health)
+        )
         + _sick_words(health)
         + (f"; {len(topo.warnings)} warning(s) about the input" if topo.warnings else ""),
         "warnings": list(topo.warnings),
@@ -501,6 +507,15 @@ def to_document(
         "probe_note": probe.note,
         "pairs": pair_rows(topo, probe.doc),
     }
+
+
+def _machine_record(machine: Machine, device: str) -> dict[str, Any]:
+    """Which machine this report is about (``--from-report`` refuses it on another one)."""
+    import platform
+
+    from gputopo.topology.identity import topology_record
+
+    return topology_record(machine.topology, platform.node(), device, live=not machine.simulated)
 
 
 def _sick_words(health: HealthStep | None) -> str:
@@ -570,6 +585,22 @@ def across_nodes(
     return doc
 
 
+# The title of the table of problems in every view (terminal, Markdown, HTML). The headline is printed
+# last in the terminal and first in the files, so it names the table, not a direction.
+REMEDIES_TITLE = "Problems and remedies"
+HEALTH_TITLE = "Health"  # the health check's findings, in their own section first
+
+
+def health_findings(health: HealthStep | None) -> tuple[Finding, ...]:
+    """The findings the health section shows (``()`` without a health step)."""
+    return tuple(health.findings) if health is not None else ()
+
+
+def _remedy_titles(problems: list[Finding], from_health: tuple[Finding, ...]) -> list[str]:
+    titles = [HEALTH_TITLE] if any(p in from_health for p in problems) else []
+    return titles + ([REMEDIES_TITLE] if any(p not in from_health for p in problems) else [])
+
+
 def headline(
     topo: Topology,
     simulated: bool,
@@ -577,8 +608,10 @@ def headline(
     usable: list[int],
     probe: dict[str, Any] | None,
     probe_note: str | None,
+    from_health: tuple[Finding, ...] = (),
 ) -> str:
-    """One sentence: healthy or not, and how much was checked."""
+    """One sentence: healthy or not, how much was checked, and under which title the remedies are
+    (``from_health``: the problems the health section shows, under its own title)."""
     prefix = "SIMULATED: " if simulated else ""
     checked = (
         f"{len(probe['sets'])} GPU set(s) probed"
@@ -589,6 +622,7 @@ def headline(
     )
     if problems:
         return (
-            f"{prefix}{len(problems)} problem(s) found on {topo.source} ({checked}); see the remedies below"
+            f"{prefix}{len(problems)} problem(s) found on {topo.source} ({checked}); "
+            f"their remedies are under {' and '.join(repr(t) for t in _remedy_titles(problems, from_health))}"
         )
     return f"{prefix}healthy: {len(usable)} of {len(topo.gpus)} GPUs usable, no problems found ({checked})"

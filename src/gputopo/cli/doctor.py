@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -54,7 +54,9 @@ def doctor_command(
         "with no NVIDIA driver still shows the simulation but exits 3).",
     ),
     steps: int = typer.Option(5, help="Training steps of each probe's dp and ddp checks."),
-    timeout: float = typer.Option(120.0, help="Seconds each probed set may take before it counts as hung."),
+    timeout: float = typer.Option(
+        120.0, help="Seconds a probed set may go without progress before it counts as hung."
+    ),
     skip_probe: bool = typer.Option(
         False,
         "--skip-probe",
@@ -102,6 +104,7 @@ def doctor_command(
     Across nodes (--nnodes, or under srun), every node checks itself, then all of them run the inter-node
     tests together; node rank 0 writes the one report and every node exits with the run's verdict.
     """
+    out = Output(json_mode=json_out)
     from gputopo.cli.nodes import check_rendezvous, node_options, progress_printer
     from gputopo.doctor import DoctorOptions, run_doctor
     from gputopo.probe.plan.config import MODELS
@@ -116,7 +119,6 @@ def doctor_command(
         raise UsageError(
             f"--sample-s {sample_s:g}: must be 0 to 60 seconds", "e.g. --sample-s 2 (the default)"
         )
-    out = Output(json_mode=json_out)
     ensure_report_dir(report_dir)
     options = DoctorOptions(
         input,
@@ -133,11 +135,20 @@ def doctor_command(
         skip_speed=skip_speed,
         node=node,
         on_row=progress_printer(out, node, json_out) if node is not None else None,
+        on_start=None if json_out else lambda machine: _say_start(out, machine, skip_probe),
     )
 
     def progress(plan):
         from gputopo.ui.probe_view import ProbeProgress
 
+        sets, ranks = len(plan.sets), len(plan.gpus)
+        out.err.print(
+            f"gputopo doctor: probing {sets} GPU set(s) with one pool of {ranks} ranks "
+            "(each imports torch first)",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
         return ProbeProgress(out.err, plan)
 
     if node is not None:
@@ -184,6 +195,16 @@ def doctor_command(
         )
     if doc["verdict"] != "healthy":
         raise typer.Exit(EXIT_PROBLEM)
+
+
+def _say_start(out: Output, machine: Any, skip_probe: bool) -> None:
+    """The first line, said once the machine is read and before the slow part (health reads, the ranks'
+    torch start-up), so a first run is not silent on a terminal or a pipe (rich flushes each print)."""
+    topo = machine.topology
+    where = f"{topo.source}, {len(topo.gpus)} GPU(s)"
+    where += ", simulated on CPU ranks" if machine.simulated else ""
+    then = "health, links and processes" + ("" if skip_probe else ", then probes of its GPU sets")
+    out.err.print(f"gputopo doctor: {where}: {then}", markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command(

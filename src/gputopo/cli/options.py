@@ -44,7 +44,17 @@ ALLOW_UNHEALTHY_OPTION = typer.Option(
 
 
 REPORT_OPTION = typer.Option(
-    None, "--from-report", metavar="PATH", help="A probe report: keep failing pairs apart, use measurements."
+    None,
+    "--from-report",
+    metavar="PATH",
+    help="A probe or doctor report (JSON) from this machine: keep failing pairs apart, use measurements.",
+)
+
+
+FORCE_REPORT_OPTION = typer.Option(
+    False,
+    "--force-report",
+    help="Use --from-report even when it was written on another machine or on CPU stand-ins.",
 )
 
 
@@ -117,7 +127,9 @@ def set_constraints(
     evidence = None
     if from_report is not None:
         label = f"--from-report {from_report}"
-        doc = read_json_file(from_report, label, "give the .json report `gputopo probe` wrote under reports/")
+        doc = read_json_file(
+            from_report, label, "give the .json report `gputopo probe` or `doctor` wrote under reports/"
+        )
         evidence = evidence_from_report(doc, str(from_report))
     return Constraints(
         n=n,
@@ -127,6 +139,28 @@ def set_constraints(
         evidence=evidence,
         allow_unhealthy=allow_unhealthy,
         **more,
+    )
+
+
+def check_report_machine(
+    constraints: Constraints, topo: Topology, live: bool, force: bool, warn: Any
+) -> None:
+    """Refuse ``--from-report`` written on another machine (or on CPU stand-ins, for a live one): its
+    GPU numbers would point at other GPUs here. ``--force-report`` turns the refusal into a warning."""
+    from gputopo.topology.identity import report_mismatch
+
+    evidence = constraints.evidence
+    if evidence is None:
+        return
+    why = report_mismatch(evidence.machine, evidence.device, topo, live)
+    if why is None:
+        return
+    if force:
+        warn(f"--from-report {evidence.source}: {why}; used anyway (--force-report)")
+        return
+    raise UsageError(
+        f"--from-report {evidence.source}: not this machine's report: {why}",
+        "probe this machine (gputopo doctor, or gputopo probe), or add --force-report to use it anyway",
     )
 
 

@@ -80,7 +80,9 @@ def probe_command(
     steps: Annotated[int, typer.Option(help="Training steps of the dp and ddp checks.")] = 20,
     lr: Annotated[float, typer.Option(help="SGD learning rate (momentum 0.9).")] = 0.05,
     seed: Annotated[int, typer.Option(help="Seed of the weights and the synthetic data.")] = 0,
-    timeout: Annotated[float, typer.Option(help="Seconds each set may take before it is hung.")] = 300.0,
+    timeout: Annotated[
+        float, typer.Option(help="Seconds a set may go without progress before it is hung.")
+    ] = 300.0,
     precision: Annotated[
         Optional[list[Precision]],  # noqa: UP045 (typer)
         typer.Option(
@@ -106,7 +108,7 @@ def probe_command(
         ),
     ] = None,
     report_dir: Annotated[
-        Path, typer.Option(metavar="PATH", help="Where the JSON and Markdown reports go.")
+        Path, typer.Option(metavar="PATH", help="Where the JSON, Markdown and HTML reports go.")
     ] = Path("reports"),
     input: Annotated[
         Optional[str],  # noqa: UP045 (typer)

@@ -14,9 +14,11 @@ from gputopo.cli.options import (
     ALLOW_BUSY_OPTION,
     ALLOW_UNHEALTHY_OPTION,
     EXCLUDE_OPTION,
+    FORCE_REPORT_OPTION,
     IGNORE_VISIBLE_OPTION,
     MAX_USED_OPTION,
     REPORT_OPTION,
+    check_report_machine,
     set_constraints,
     with_health,
     within_preset,
@@ -63,6 +65,7 @@ def recommend_command(
     allow_unhealthy: bool = ALLOW_UNHEALTHY_OPTION,
     max_used_mib: int = MAX_USED_OPTION,
     from_report: Path | None = REPORT_OPTION,
+    force_report: bool = FORCE_REPORT_OPTION,
     nvlink_gbps: float | None = typer.Option(
         None, "--nvlink-gbps", help="NVLink GB/s per link per direction (default: by GPU model, else 20)."
     ),
@@ -114,6 +117,7 @@ def recommend_command(
     )
     # its warnings come back in rec.warnings, said once below
     topo = load_topology(input, nvml_timeout_s=nvml_timeout)
+    check_report_machine(constraints, topo, input is None, force_report, out.warn)
     constraints = within_preset(constraints, topo, ignore_visible, input is not None, out.warn)
     constraints, health = with_health(constraints, input, nvml_timeout)  # live: one health sample
     rec = recommend(topo, constraints)

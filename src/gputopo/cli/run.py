@@ -16,9 +16,11 @@ from gputopo.cli.options import (
     ALLOW_BUSY_OPTION,
     ALLOW_UNHEALTHY_OPTION,
     EXCLUDE_OPTION,
+    FORCE_REPORT_OPTION,
     IGNORE_VISIBLE_OPTION,
     MAX_USED_OPTION,
     REPORT_OPTION,
+    check_report_machine,
     set_constraints,
     with_health,
     within_preset,
@@ -56,6 +58,7 @@ def run_command(
     allow_unhealthy: bool = ALLOW_UNHEALTHY_OPTION,
     max_used_mib: int = MAX_USED_OPTION,
     from_report: Path | None = REPORT_OPTION,
+    force_report: bool = FORCE_REPORT_OPTION,
     ignore_visible: bool = IGNORE_VISIBLE_OPTION,
     json_out: bool = typer.Option(
         False, "--json", help="With --dry-run: print the launch as one JSON document."
@@ -96,6 +99,7 @@ def run_command(
         check_command(command, torchrun)
     constraints = set_constraints(n, exclude, allow_busy, max_used_mib, from_report, allow_unhealthy, top=1)
     topo = load_topology(input)
+    check_report_machine(constraints, topo, input is None, force_report, out.warn)
     constraints = within_preset(constraints, topo, ignore_visible, input is not None, out.warn)
     constraints, health = with_health(constraints, input)  # live: one health sample
     rec = recommend(topo, constraints)

@@ -1,15 +1,18 @@
-"""Probe evidence for recommend: a probe report read into the GPU groups that failed together (kept
-apart) and the pair bandwidths it measured (used instead of the model's)."""
+"""Probe evidence for recommend: a probe report (or the probe section of a doctor report) read into the
+GPU groups that failed together (kept apart) and the pair bandwidths it measured (used instead of the
+model's), with the machine the report was written on (``topology.identity`` judges whether it is this
+one)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gputopo.errors import InputError
 
 PROBE_SCHEMA = "gputopo/probe/v1"
+DOCTOR_SCHEMA = "gputopo/doctor/v1"  # mirrors gputopo.doctor.SCHEMA (doctor sits floors above)
 
 
 # A probe finding of "slow" is about bandwidth, which the measured figure already carries; every other
@@ -41,10 +44,14 @@ class ProbeEvidence:
     failed: tuple[FailedGroup, ...] = ()
     measured: tuple[Measurement, ...] = ()
     warnings: tuple[str, ...] = ()
+    # The report's ``machine`` record (``None``: an older report without one) and its device.
+    machine: Mapping[str, Any] | None = field(default=None, hash=False, compare=False)
+    device: str | None = None
 
 
 def evidence_from_report(doc: Any, source: str) -> ProbeEvidence:
-    """Read a probe report (schema ``gputopo/probe/v1``, already parsed from JSON).
+    """Read a probe report (schema ``gputopo/probe/v1``, already parsed from JSON), or a doctor report
+    (``gputopo/doctor/v1``), whose probe document sits under ``probe``.
 
     A failed check (other than ``slow``) on a set of two GPUs keeps that pair apart; on a larger set it
     keeps the pairs in ``metrics.failed_pairs`` (``[[a, b], ...]``) apart when the check names them, and
@@ -56,13 +63,25 @@ def evidence_from_report(doc: Any, source: str) -> ProbeEvidence:
     def bad(what: str) -> InputError:
         return InputError(
             f"--from-report {source}: {what}",
-            "give the JSON report that `gputopo probe` wrote under reports/",
+            "give the JSON report that `gputopo probe` or `gputopo doctor` wrote under reports/",
         )
 
+    outer_machine = None
+    if isinstance(doc, Mapping) and doc.get("schema") == DOCTOR_SCHEMA:
+        outer_machine = doc.get("machine") if isinstance(doc.get("machine"), Mapping) else None
+        if doc.get("probe") is None:
+            raise bad(
+                "a doctor report without a probe section (it ran with --skip-probe or found no GPU to "
+                "probe): nothing was measured"
+            )
+        doc = doc["probe"]
     if not isinstance(doc, Mapping) or doc.get("schema") != PROBE_SCHEMA:
         schema = doc.get("schema") if isinstance(doc, Mapping) else None
         found = f"its schema is {schema!r}" if schema else "it has no schema field"
-        raise bad(f"not a gputopo probe report ({found}; a probe report's is {PROBE_SCHEMA!r})")
+        raise bad(
+            f"not a gputopo probe or doctor report ({found}; "
+            f"theirs are {PROBE_SCHEMA!r} and {DOCTOR_SCHEMA!r})"
+        )
     sets = doc.get("sets")
     if not isinstance(sets, list):
         raise bad("no 'sets' list")
@@ -99,7 +118,11 @@ def evidence_from_report(doc: Any, source: str) -> ProbeEvidence:
             f"{source} ran on {doc.get('device')!s} ranks: its bandwidth says nothing about GPU links, "
             "so the model's estimates stand",
         )
-    return ProbeEvidence(source, tuple(dict.fromkeys(failed)), tuple(measured), warnings)
+    machine = doc.get("machine") if isinstance(doc.get("machine"), Mapping) else outer_machine
+    device = doc.get("device") if isinstance(doc.get("device"), str) else None
+    return ProbeEvidence(
+        source, tuple(dict.fromkeys(failed)), tuple(measured), warnings, machine=machine, device=device
+    )
 
 
 def _is_index(value: Any) -> bool:

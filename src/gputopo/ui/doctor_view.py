@@ -50,7 +50,9 @@ def render_doctor(doc: dict[str, Any]) -> RenderableType:
             for n in ("p2p", "dp", "ddp", "allreduce")
             if any(c["name"] == n for s in probe["sets"] for c in s["checks"])
         ]
-        t = Table(title="Checks (failures are explained above)", title_justify="left", header_style="bold")
+        failed = any(c["verdict"] == "fail" for s in probe["sets"] for c in s["checks"])
+        title = "Checks (failures are explained above)" if failed and others else "Checks"
+        t = Table(title=title, title_justify="left", header_style="bold")
         t.add_column("GPUs")
         for n in names:
             t.add_column(n)

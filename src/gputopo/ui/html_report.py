@@ -88,7 +88,7 @@ def render_html(doc: dict[str, Any]) -> str:
 
     findings = other_findings(doc)
     if findings:
-        parts.append("<h2>What is wrong, and what to do</h2>")
+        parts.append("<h2>Problems and remedies</h2>")  # the name the headline gives it
         parts.append(findings_html(findings))
 
     parts.append("<h2>Which GPUs to use</h2>")

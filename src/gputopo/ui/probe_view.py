@@ -40,7 +40,6 @@ class ProbeProgress:
         # Not a terminal (a log, CI): no bar can be drawn, so one plain line per finished stage instead.
         self.plain = not console.is_terminal
         self.console = console
-        self.started: dict[Job, float] = {}
         self.progress = Progress(
             TextColumn("{task.fields[label]:<12}"),
             TextColumn("{task.description:<28}"),
@@ -52,6 +51,11 @@ class ProbeProgress:
         )
         self.tasks: dict[Job, TaskID] = {}
         self.labels: dict[Job, str] = {}
+        # A set's checks come from several jobs (the pool runs dp/ddp, allreduce and speed as separate
+        # steps): the set is done with the last check of its last job, once.
+        self.last_job = {job.gpus: job for job in plan.jobs}
+        self.mark: dict[Job, float] = {}  # when the job's previous check ended (or its first row came)
+        self.announced: set[tuple[int, ...]] = set()
         for job in plan.jobs:
             label = f"set {set_label(job.gpus)}"
             self.labels[job] = label
@@ -86,19 +90,24 @@ class ProbeProgress:
             self.progress.update(task, description="done", total=1, completed=1)
 
     def _line(self, job: Job, row: dict[str, Any]) -> None:
-        """The plain form: a line when a set's ranks start and when each of its checks finishes."""
+        """The plain form: a line when a set starts and when each of its checks finishes, with how long
+        the check took by the rank's own clock (rows are read in batches, so the reading time is not it)."""
         import time
 
         check, stage = row.get("check", ""), row.get("stage", "")
-        now = time.monotonic()
+        t = row.get("t")
+        now = float(t) if isinstance(t, (int, float)) else time.time()
+        self.mark.setdefault(job, now)
+        if job.gpus not in self.announced:
+            self.announced.add(job.gpus)
+            words = "starting ranks" if check == "setup" and stage == "join" else "started"
+            self.console.print(f"{self.labels[job]}: {words}", markup=False, highlight=False, soft_wrap=True)
         if check == "setup" and stage == "join":
-            if job in self.started:
-                return
-            self.started[job] = now
-            text = f"{self.labels[job]}: starting ranks"
-        elif stage == "done" and check != "setup":
-            elapsed = now - self.started.get(job, now)
-            last = " (set done)" if check == job.checks[-1] else ""
+            return
+        if stage == "done" and check != "setup":
+            elapsed = max(0.0, now - self.mark[job])
+            self.mark[job] = now
+            last = " (set done)" if job == self.last_job.get(job.gpus) and check == job.checks[-1] else ""
             text = f"{self.labels[job]}: {check} done{last} [{elapsed:.1f} s]"
         elif stage.startswith("injected-"):
             text = f"{self.labels[job]}: {check}: {_STAGE_WORDS.get(stage, stage)}"

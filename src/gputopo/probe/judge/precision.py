@@ -47,6 +47,13 @@ INIT_SCALE = 65536.0
 # Below a scale of 1 the scaler no longer lifts small fp16 gradients at all, and it only got there by
 # halving 16 times from 2**16: the gradients are non-finite whatever the scale, not merely out of range.
 SCALE_FLOOR = 1.0
+# The ranks calibrate the starting scale on the first step only (``ranks.precision.calibrate_scale``) and
+# start this many halvings below the largest finite one. Two were too few: with small per-rank batches
+# (BatchNorm over two values per channel at the last stage) the gradients grew 8x within three steps, so
+# the healthy reference's third step sat exactly on the fp16 limit and overflowed or not depending on the
+# CPU's float16 kernels (it overflowed on an AMD EPYC host). Four halvings (16x) leave room for
+# that growth; a lower start costs nothing in a probe of a few steps (fp16's subnormals reach 6e-8).
+CALIBRATION_HEADROOM_HALVINGS = 4
 # "Most steps": at least half of the steps after the scaler's first calibration, and at least two.
 OVERFLOW_FRACTION = 0.5
 MIN_OVERFLOW_SKIPS = 2
@@ -176,10 +183,21 @@ def judge_scaler(scales: list[float], skipped_steps: list[int], steps: int) -> S
     return ScalerJudgement(steps, calibration, later, min_scale, False, why)
 
 
-def _scaler_text(scaler: dict[str, Any]) -> str:
+def _reference_kept_training(scaler: dict[str, Any] | None, steps: int) -> str:
+    """What a reference that did not overflow did, in words that cannot read as a contradiction."""
+    if not scaler:
+        return "the single-device reference did not overflow"
+    skipped = sorted(set(scaler.get("skipped_steps") or []))
     scales = scaler.get("scales") or []
     last = f", scale {scales[-1]:g}" if scales else ""
-    return f"{len(scaler.get('skipped_steps') or [])} of {len(scales)} steps skipped{last}"
+    if not skipped:
+        return f"the single-device reference skipped no step ({steps} of {steps} applied{last})"
+    which = ", ".join(str(s) for s in skipped)
+    plural = "s" if len(skipped) > 1 else ""
+    return (
+        f"the single-device reference kept training: it skipped only step{plural} {which} "
+        f"({len(skipped)} of {steps}{last}), the GradScaler's normal back-off, not overflow"
+    )
 
 
 def overflow_finding(metrics: dict[str, Any]) -> tuple[str, str] | None:
@@ -202,8 +220,7 @@ def overflow_finding(metrics: dict[str, Any]) -> tuple[str, str] | None:
     detail = f"fp16 GradScaler overflow: {mine.why}{where}"
     if ref is not None and ref.overflow:
         return detail + f"; the single-device reference too ({ref.why})", _OVERFLOW_REFERENCE_REMEDY
-    ref_text = f" ({_scaler_text(ref_scaler)})" if ref_scaler else ""
-    return detail + f"; the single-device reference did not{ref_text}", _OVERFLOW_SET_REMEDY
+    return detail + "; " + _reference_kept_training(ref_scaler, steps), _OVERFLOW_SET_REMEDY
 
 
 # --- judging a precision run ---------------------------------------------------------------------------

@@ -390,8 +390,21 @@ def hung(name: str, timeout_s: float, progress: dict[int, dict[str, Any]], now: 
             f"rank {rank} last at {row['check']} {row['stage']}{step} ({now - row['t']:.1f} s before)"
         )
     silent = ", ".join(where) if where else "no rank reported any progress"
-    detail = f"no end within --timeout {timeout_s:g} s; {silent}"
-    return fail(name, "hung", detail, _HUNG_REMEDY, {"timeout_s": timeout_s, "last_progress": progress})
+    metrics = {"timeout_s": timeout_s, "last_progress": progress}
+    ages = [now - float(row["t"]) for row in progress.values() if isinstance(row.get("t"), (int, float))]
+    if ages and min(ages) < timeout_s:
+        # A rank reported progress within --timeout of the stop: the pool stopped a set that was still
+        # moving (its cap on a step's time, pool.LOAD_CAP), a machine too loaded for the run, not a hang.
+        detail = f"slow under load: still making progress when the run's time ran out; {silent}"
+        return fail(name, "slow", detail, _SLOW_UNDER_LOAD_REMEDY, metrics)
+    detail = f"no progress within --timeout {timeout_s:g} s; {silent}"
+    return fail(name, "hung", detail, _HUNG_REMEDY, metrics)
+
+
+_SLOW_UNDER_LOAD_REMEDY = (
+    "The ranks were moving, only slowly: run the probe when the machine is less busy, with fewer sets at "
+    "once, or with a larger --timeout."
+)
 
 
 def crashed(

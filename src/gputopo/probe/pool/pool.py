@@ -30,6 +30,11 @@ from gputopo.probe.shared import tail
 
 Step = tuple[tuple[Job, tuple[str, ...]], ...]
 
+# A step whose ranks keep reporting progress may run this many times --timeout before it is stopped: slow
+# under load is not hung, but nothing runs for ever (each check writes a row per training step, pair or
+# size, so a moving set is never silent for long).
+LOAD_CAP = 10
+
 
 @dataclass
 class _PoolJob:
@@ -45,6 +50,7 @@ class _PoolJob:
     progress: dict[int, dict[str, Any]]
     started: float | None = None
     ended: float | None = None
+    last_row: float | None = None  # when the parent last read a progress row of this job
 
     @property
     def done(self) -> bool:
@@ -54,9 +60,12 @@ class _PoolJob:
 class Pool(Launch):
     """One launch of the rank pool, running a schedule of steps, from start to a ``PoolOutcome``.
 
-    The parent owns the clock: a step's jobs must finish within ``--timeout`` of the step's start (the
-    first step starts once every rank has joined; joining may take ``--timeout`` or ``STARTUP_FLOOR_S``,
-    whichever is more). When a step runs over, its unfinished jobs are ``hung`` and the pool is stopped;
+    The parent owns the clock: a job of the running step that reports no progress for ``--timeout`` (from
+    the step's start or its last progress row) is hung, so a machine under load, whose ranks are slow but
+    moving, does not turn them into hangs; a step still running after ``LOAD_CAP`` times ``--timeout`` is
+    stopped all the same (the first step starts once every rank has joined; joining may take
+    ``--timeout`` or ``STARTUP_FLOOR_S``, whichever is more). When a step runs over, its unfinished jobs
+    are ``hung`` and the pool is stopped;
     when a rank dies, the job it was running is ``crashed``.
     Either way the jobs that finished keep their results.
     """
@@ -81,6 +90,10 @@ class Pool(Launch):
         self.started = 0.0
         self.ended: float | None = None
         self.timed_out = False
+        # The jobs that went silent past --timeout when the pool was stopped (empty: the load cap, or the
+        # start-up, stopped it). Only they are hung; a job of the same step that was still moving is left
+        # unjudged, so a fresh pool runs it again.
+        self.stalled: set[str] = set()
         self.leftovers_killed = 0
         self.joined: set[int] = set()
         self.step_seen: dict[int, int] = {}  # pool rank -> the step it last entered
@@ -152,7 +165,16 @@ class Pool(Launch):
         step = self.current_step
         if step is None or len(self.joined) < len(self.gpus):
             return now - self.started > max(self.config.timeout_s, STARTUP_FLOOR_S)
-        return bool(self.unfinished(step)) and now - self.step_clock[step] > self.config.timeout_s
+        unfinished = self.unfinished(step)
+        if not unfinished:
+            return False
+        began = self.step_clock[step]
+        if now - began > LOAD_CAP * self.config.timeout_s:
+            return True
+        self.stalled = {
+            j.id for j in unfinished if now - max(began, j.last_row or began) > self.config.timeout_s
+        }
+        return bool(self.stalled)
 
     def _read_progress(self) -> list[tuple[Job, dict[str, Any]]]:
         rows = []
@@ -169,6 +191,7 @@ class Pool(Launch):
                     self.step_clock.setdefault(int(row["done"]), now)
                 continue
             job.started = job.started or now
+            job.last_row = now
             if row["check"] == "task" and row["stage"] == "done":
                 job.done_ranks.add(int(row["rank"]))
                 job.ended = now if job.done else None
@@ -235,6 +258,8 @@ class Pool(Launch):
                 ended_by.append({"gpus": list(j.job.gpus), "kind": kind})
         elif status == "timeout":
             for j in self.unfinished(step):
+                if self.stalled and j.id not in self.stalled:
+                    continue  # still moving when another set of its step hung: a fresh pool reruns it
                 judged[j.id] = self._job_outcome(j, "timeout")
                 ended_by.append({"gpus": list(j.job.gpus), "kind": "hung"})
         elif status == "failed":

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from gputopo.probe.judge.precision import (
+    CALIBRATION_HEADROOM_HALVINGS,
     DEFAULT_PRECISION,
     INIT_SCALE,
     SCALE_FLOOR,
@@ -70,8 +71,9 @@ def training_check(
 
 
 def calibrate_scale(ctx: Any, group: Any = None) -> float:
-    """The GradScaler's starting scale for this launch: a quarter of the largest power of two up to 2**16
-    at which the first step's gradients are finite, found on a throwaway copy of the model. Collective:
+    """The GradScaler's starting scale for this launch: the largest power of two up to 2**16 at which
+    the first step's gradients are finite, divided by 2**CALIBRATION_HEADROOM_HALVINGS (later steps'
+    gradients grow), found on a throwaway copy of the model. Collective:
     each rank searches on its own chunk of the first batch (as DDP ranks and reference run 2
     backpropagate chunk by chunk), and the smallest wins, so all runs start alike.
 
@@ -105,8 +107,7 @@ def calibrate_scale(ctx: Any, group: Any = None) -> float:
             mid = (low + high) // 2
             low, high = (mid, high) if finite_at(mid) else (low, mid)
         best = low
-    # Two halvings of headroom: the other chunks, and gradients that grow over the first steps.
-    scale = max(2.0 ** (best - 2), SCALE_FLOOR)
+    scale = max(2.0 ** (best - CALIBRATION_HEADROOM_HALVINGS), SCALE_FLOOR)
     found = torch.tensor([scale], dtype=torch.float64, device=ctx.device)
     dist.all_reduce(found, op=dist.ReduceOp.MIN, group=group)
     return float(found)

@@ -47,6 +47,21 @@ def config_dict(run: ProbeRun) -> dict[str, Any]:
     }
 
 
+def machine_of(run: ProbeRun) -> dict[str, Any]:
+    """The machine the run probed (``topology.identity``): GPUs by NVML UUID on ``cuda``; on CPU
+    stand-ins the sample or file the run stood in for (``--input``), if any."""
+    import platform
+
+    from gputopo.topology.identity import LIVE_SOURCE, machine_record
+
+    c = run.config
+    host = run.environment.get("hostname") or platform.node()
+    if c.device == "cuda":
+        uuids = {g.index: g.uuid for g in c.inventory.identities}
+        return machine_record(host, c.device, LIVE_SOURCE, uuids)
+    return machine_record(host, c.device, c.topology_input)
+
+
 def to_document(run: ProbeRun, report: dict[str, str] | None = None) -> dict[str, Any]:
     """The gputopo/probe/v1 document (``report`` holds the written files' paths, when there are any).
 
@@ -57,6 +72,7 @@ def to_document(run: ProbeRun, report: dict[str, str] | None = None) -> dict[str
         "schema": SCHEMA,
         "gputopo_version": __version__,
         "device": run.config.device,
+        "machine": machine_of(run),
         "verdict": run.verdict,
         "caveats": list(run.environment.get("caveats") or []),
         "sets": [s.to_dict() for s in run.sets],
