@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from gputopo.probe.judge.speed import CONFIGS
-from gputopo.probe.ranks.context import MOMENTUM, barrier, fresh_model
+from gputopo.probe.ranks.context import MOMENTUM, barrier, fresh_model, wait_for_others
 from gputopo.probe.ranks.models import synthetic_batch
 from gputopo.probe.ranks.training import CpuDataParallel
 
@@ -104,7 +104,7 @@ def speed_check(ctx: Any, group: Any = None, devices: list[int] | None = None) -
 
     if ctx.rank == 0:  # one process drives one GPU, then all of them through DataParallel
         single_and_dp()
-    barrier(ctx, group)
+    wait_for_others(ctx, group)
     x = images.chunk(ctx.world)[ctx.rank].to(ctx.device)
     y = labels.chunk(ctx.world)[ctx.rank].to(ctx.device)
     for k, (config, amp) in enumerate(((CONFIGS[2], False), (CONFIGS[3], True))):
