@@ -10,7 +10,8 @@ the order the list gives them, so local rank ``r`` drives the set's ``r``-th GPU
 
 A ``CUDA_VISIBLE_DEVICES`` already set when gputopo starts (Slurm, containers) limits which GPUs may be
 probed. Its entries may be UUIDs (``GPU-...``, or a unique prefix, as CUDA accepts), MIG device ids
-(``MIG-...``: those GPUs are MIG devices, which NCCL cannot use), or integers, which are CUDA indices:
+(``MIG-...``, or the older ``MIG-GPU-<uuid>/<gi>/<ci>``: MIG devices, which NCCL cannot use, skipped),
+or integers, which are CUDA indices:
 they are resolved in PCI bus order, CUDA's order when ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and also the
 default order on a machine of identical GPUs. Where the two orders can differ (mixed GPU models under the
 default order, or MIG-enabled GPUs present, which CUDA does not number as whole GPUs), integers are
@@ -25,10 +26,13 @@ above keeps gputopo right under either reading.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from gputopo.errors import UsageError
+
+_LEGACY_MIG = re.compile(r"^MIG-GPU-[0-9A-Fa-f-]+/\d+/\d+$")
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,11 @@ def allowed_gpus(gpus: Sequence[GpuIdentity], preset: str | None, device_order: 
 def _resolve(entry: str, gpus: Sequence[GpuIdentity], preset: str, order: str | None) -> GpuIdentity | None:
     where = f"CUDA_VISIBLE_DEVICES={preset}"
     hint = "set CUDA_VISIBLE_DEVICES to GPU UUIDs (`nvidia-smi -L` lists them), or unset it"
+    if _LEGACY_MIG.match(entry):
+        # The pre-R470 spelling of a MIG device, ``MIG-GPU-<GPU uuid>/<GPU instance>/<compute instance>``
+        # (NVIDIA MIG User Guide, "MIG Device Names", device enumeration; R470+ drivers print
+        # ``MIG-<uuid>``): a MIG device too, so nothing to probe, and no reason to fail the whole probe.
+        return None
     if entry.startswith("MIG-"):
         # A MIG device: its GPU is left out anyway (MIG enabled); the entry names nothing to probe.
         for g in gpus:
