@@ -13,6 +13,7 @@ rest in its detail.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -380,8 +381,21 @@ def nothing_tested(sets: list[SetResult] | tuple[SetResult, ...]) -> str | None:
 # --- launches that did not finish ---------------------------------------------------------------------
 
 
-def hung(name: str, timeout_s: float, progress: dict[int, dict[str, Any]], now: float) -> CheckResult:
-    """The check in progress when ``--timeout`` ran out; names where each rank last reported."""
+def _with_nccl_warnings(detail: str, warnings: Sequence[str]) -> str:
+    """The detail with NCCL's last WARN line appended: NCCL states the root cause there (a peer that
+    failed, a transport error), in the rank's NCCL log rather than its stderr."""
+    return f"{detail}; NCCL WARN {warnings[-1]}" if warnings else detail
+
+
+def hung(
+    name: str,
+    timeout_s: float,
+    progress: dict[int, dict[str, Any]],
+    now: float,
+    nccl_warnings: Sequence[str] = (),
+) -> CheckResult:
+    """The check in progress when ``--timeout`` ran out; names where each rank last reported, and NCCL's
+    WARN lines from the set's ranks' logs (``rank r: text``)."""
     where = []
     for rank in sorted(progress):
         row = progress[rank]
@@ -390,8 +404,9 @@ def hung(name: str, timeout_s: float, progress: dict[int, dict[str, Any]], now: 
             f"rank {rank} last at {row['check']} {row['stage']}{step} ({now - row['t']:.1f} s before)"
         )
     silent = ", ".join(where) if where else "no rank reported any progress"
-    detail = f"no end within --timeout {timeout_s:g} s; {silent}"
-    return fail(name, "hung", detail, _HUNG_REMEDY, {"timeout_s": timeout_s, "last_progress": progress})
+    detail = _with_nccl_warnings(f"no end within --timeout {timeout_s:g} s; {silent}", nccl_warnings)
+    metrics = {"timeout_s": timeout_s, "last_progress": progress, "nccl_warnings": list(nccl_warnings)}
+    return fail(name, "hung", detail, _HUNG_REMEDY, metrics)
 
 
 def crashed(
@@ -401,14 +416,18 @@ def crashed(
     signal: str | None,
     stderr_tail: str,
     message: str | None,
+    nccl_warnings: Sequence[str] = (),
 ) -> CheckResult:
-    """The check in progress when a rank died; the root cause's rank, exit code and stderr tail."""
+    """The check in progress when a rank died; the root cause's rank, exit code and stderr tail, and
+    NCCL's WARN lines from the set's ranks' logs (``rank r: text``)."""
     who = f"rank {rank}" if rank is not None else "the launcher"
     how = f"exit code {exitcode}" + (f" ({signal})" if signal else "")
     detail = f"{who} exited with {how}"
     if message:
         detail += f": {message.strip().splitlines()[-1]}"
+    detail = _with_nccl_warnings(detail, nccl_warnings)
     metrics = {"rank": rank, "exitcode": exitcode, "signal": signal, "stderr_tail": stderr_tail}
+    metrics["nccl_warnings"] = list(nccl_warnings)
     return fail(name, "crashed", detail, _CRASHED_REMEDY, metrics)
 
 

@@ -139,15 +139,19 @@ def speed_numerics(torch_module: Any = torch) -> Iterator[dict[str, Any]]:
 
 
 def nccl_transports(ctx: RankContext) -> list[dict[str, Any]]:
-    """Which transport each NCCL connection of this launch used, from the ranks' INIT logs (rank 0 reads
-    every rank's file; they share ``out_dir``). Empty on gloo."""
-    from gputopo.probe.judge.environment import parse_transport_lines, summarize_transports
+    """Which transport each connection of the set's NCCL communicator used, from the set's ranks' logs
+    (rank 0 reads every rank's file; they share the pool's folder, named by pool rank). Only the set's
+    communicator counts: the logs also hold the world group's, earlier sets' and DataParallel's
+    (``judge.environment.set_connections``). Empty on gloo, and where NCCL logged no INIT lines (a
+    user's ``NCCL_DEBUG`` below INFO, which the probe keeps)."""
+    from gputopo.probe.judge.environment import parse_nccl_log, set_connections, summarize_transports
 
     connections = []
     log_dir = ctx.log_dir or ctx.out_dir
-    ranks = ctx.spec.get("ranks")  # in the pool: only the set's ranks' logs (named by pool rank)
-    for path in sorted(log_dir.glob("nccl-rank*.log")):
-        if ranks is not None and int(path.stem.removeprefix("nccl-rank")) not in ranks:
-            continue
-        connections += parse_transport_lines(path.read_text(errors="replace").splitlines())
+    ranks = ctx.spec.get("ranks") or list(range(ctx.world))
+    for place, pool_rank in enumerate(ranks):
+        path = log_dir / f"nccl-rank{pool_rank}.log"
+        if path.exists():
+            log = parse_nccl_log(path.read_text(errors="replace").splitlines())
+            connections += set_connections(log, place, len(ranks))
     return summarize_transports(connections)

@@ -89,17 +89,24 @@ def prepare_rank_environment(environ: Any, device: str, out_dir: Path, rank: int
     """Set what this rank needs before CUDA or NCCL start; return what was set (recorded apart).
 
     cuBLAS is deterministic only with a fixed workspace (``CUBLAS_WORKSPACE_CONFIG``, see the note under
-    ``torch.use_deterministic_algorithms``); NCCL names its transports only in its INIT debug log, so
-    each rank logs to a file of its own in ``out_dir`` (``NCCL_DEBUG_FILE``; NCCL reads these variables
-    when its first communicator starts, which is after this).
+    ``torch.use_deterministic_algorithms``). NCCL names its transports only in its INIT debug log, so
+    where the user set no ``NCCL_DEBUG`` the probe asks for INFO on the INIT subsystem (and says so: it
+    is in ``set_by_probe``); a user's level (and subsystems) are kept as they are, even WARN, at the cost
+    of the transport table. Each rank logs to a file of its own in ``out_dir`` (``NCCL_DEBUG_FILE``,
+    unless the user named one), which the verdict reads back for NCCL's WARN lines, the root cause a
+    crash's stderr would otherwise lack. NCCL reads these variables when its first communicator starts,
+    which is after this.
     """
     added: dict[str, str] = {}
     if "CUBLAS_WORKSPACE_CONFIG" not in environ:
         added["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
     if device == "cuda":
-        added["NCCL_DEBUG"] = "INFO"
-        added["NCCL_DEBUG_SUBSYS"] = "INIT"
-        added["NCCL_DEBUG_FILE"] = str(out_dir / f"nccl-rank{rank}.log")
+        if "NCCL_DEBUG" not in environ:
+            added["NCCL_DEBUG"] = "INFO"
+            if "NCCL_DEBUG_SUBSYS" not in environ:
+                added["NCCL_DEBUG_SUBSYS"] = "INIT"
+        if "NCCL_DEBUG_FILE" not in environ:
+            added["NCCL_DEBUG_FILE"] = str(out_dir / f"nccl-rank{rank}.log")
     for name, value in added.items():
         environ[name] = value
     return added
