@@ -99,6 +99,44 @@ def test_a_hung_gpu_ends_within_the_budget_as_a_problem(driver: Path, tmp_path: 
     assert doc["gpus"][0]["health"]["ecc_enabled"] is True
 
 
+def test_a_gpu_whose_answer_breaks_the_bindings_is_unknown_and_the_others_are_judged(
+    driver: Path, tmp_path: Path
+) -> None:
+    # A VBIOS version that is not UTF-8 makes nvidia-ml-py's own decode raise UnicodeDecodeError: a
+    # surprise in one GPU's read. GPU0 is still judged (its pending row remap found), GPU1 is unknown.
+    path = machine(tmp_path, [*healthy(0), *healthy(1), "remap 0 0 0 1 0"])
+    path.write_bytes(path.read_bytes() + b"vbios 1 \xff\xfe\n")
+    result = check(driver, path, *FAST, "--json")
+    assert result.returncode == 1, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["reason"] == "a row remapping is pending on GPU0"
+    assert doc["gpus"][1]["health"]["ecc_enabled"] is None
+    [gpu1] = [n for n in doc["not_checked"] if n["what"].startswith("GPU1")]
+    assert gpu1["why"].startswith("reading it failed: UnicodeDecodeError")
+    only = machine(tmp_path, [*healthy(0)], "only.txt")
+    only.write_bytes(only.read_bytes() + b"vbios 0 \xff\xfe\n")
+    alone = check(driver, only, *FAST)
+    assert alone.returncode == 3, alone.stderr
+    assert alone.stdout.splitlines()[0] == "unknown: no GPU could be read"
+
+
+def test_gpus_that_all_hang_cost_the_budget_once_and_the_rest_are_not_read(
+    driver: Path, tmp_path: Path
+) -> None:
+    # Every GPU hangs. Each hang costs one NVML deadline (a quarter of the budget here) until the budget is
+    # near; the GPU then being read gets only what is left, and is "not read", not "not responding".
+    lines = [*(line for i in range(6) for line in healthy(i)), "hang * nvmlDeviceGetTemperature"]
+    result = check(driver, machine(tmp_path, lines), *FAST, "--budget", "6", "--json")
+    assert result.returncode == 1, result.stderr
+    doc = json.loads(result.stdout)
+    states = [g["health"]["state"] for g in doc["gpus"]]
+    hung = states.count("not responding")
+    assert 1 <= hung < 6 and states[:hung] == ["not responding"] * hung
+    assert all(state is None for state in states[hung:])
+    budget = [n["what"] for n in doc["not_checked"] if "time budget ran out" in n["why"]]
+    assert budget == [", ".join(f"GPU{i}" for i in range(hung, 6)) + ": every health value"]
+
+
 def test_a_budget_spent_before_any_gpu_is_read_is_unknown_exit_3(driver: Path, tmp_path: Path) -> None:
     result = check(
         driver,
@@ -122,6 +160,9 @@ def test_a_budget_spent_before_any_gpu_is_read_is_unknown_exit_3(driver: Path, t
         (["--expect-gpus", "-1"], "--expect-gpus -1: must be 0 or more"),
         (["--sample-s", "30"], "--sample-s 30: must be at least 0 and less than --budget"),
         (["--format", "xml"], "--format xml: not a format"),
+        (["--sample-s", "nan"], "--sample-s nan: must be at least 0"),
+        (["--budget", "inf"], "--budget inf: must be more than 0 seconds"),
+        (["--nvml-timeout", "nan"], "--nvml-timeout nan: must be positive"),
         (["--thresholds", "/nonexistent.toml"], "cannot read it"),
         (["--baseline", "/nonexistent.json"], "cannot read it"),
     ],
@@ -172,3 +213,18 @@ def test_a_truncated_baseline_is_exit_2(driver: Path, tmp_path: Path) -> None:
     cut.write_text('{"schema": "gputopo/baseline/v1", "gpu_count": 3, "gpus": [')
     result = check(driver, machine(tmp_path, ["hang-init"]), "--baseline", str(cut))
     assert result.returncode == 2 and "truncated" in result.stderr
+
+
+def test_a_hung_gpu_skips_the_baseline_comparison_rather_than_wait_on_it_again(
+    driver: Path, tmp_path: Path
+) -> None:
+    golden = tmp_path / "golden.json"
+    good = machine(tmp_path, [*healthy(0), *healthy(1)], "good.txt")
+    assert check(driver, good, *FAST, "--save-baseline", str(golden)).returncode == 0
+    hung = machine(tmp_path, [*healthy(0), *healthy(1), "hang 1 nvmlDeviceGetTemperature"], "hung.txt")
+    result = check(driver, hung, *FAST, "--budget", "8", "--baseline", str(golden), "--json")
+    assert result.returncode == 1, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["gpus"][1]["health"]["state"] == "not responding"
+    [skipped] = [n for n in doc["not_checked"] if n["what"] == "baseline comparison"]
+    assert skipped["why"].startswith("GPU1 did not answer NVML")

@@ -1,217 +1,128 @@
-"""``gputopo check`` as a real Slurm node's ``HealthCheckProgram``: a one-node cluster of Debian's munge,
-slurmctld and slurmd, started here as root with its own ports, socket, state and PID files (see
-shared/docs/SLURM-LOCAL.md for the pitfalls). slurmd runs the check with no PATH and only
-``SLURMD_NODENAME``; the check drains the node (seen in ``sinfo -R``), resumes it once healed, and leaves an
-administrator's drain alone. Skipped, with the reason, where Slurm cannot start."""
+"""``gputopo check`` as a real Slurm node's ``HealthCheckProgram``, on the repository's one Slurm bring-up
+(scripts/slurm-local, the ``slurm_cluster`` fixture: node1..node3 on this machine).
+
+slurmd runs the program as root with no PATH and only ``SLURMD_NODENAME``; the program here is an
+absolute-path wrapper that points each node at its own fake driver machine (node1's with a sick GPU) and
+runs ``gputopo check --drain --resume-if-healthy``. The drain shows in ``sinfo -R`` with gputopo's reason,
+the healed node is resumed by the next check, and an administrator's drain is never undone. Skipped, with
+the reason, where Slurm cannot start.
+"""
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import fake_driver
 from test_health_reads import healthy
 
-SLURM_TOOLS = ("slurmctld", "slurmd", "scontrol", "sinfo", "munged")
 pytestmark = [
+    pytest.mark.slurm,
     pytest.mark.slow,
-    pytest.mark.skipif(os.geteuid() != 0, reason="a Slurm cluster needs root"),
-    pytest.mark.skipif(
-        any(shutil.which(t, path="/usr/sbin:/usr/bin:/sbin:/bin") is None for t in SLURM_TOOLS),
-        reason="Slurm or munge is not installed (apt-get install munge slurmctld slurmd slurm-client)",
-    ),
     pytest.mark.skipif(fake_driver.compiler() is None, reason="no C compiler to build the fake driver"),
 ]
 
-INTERVAL_S = 5
+INTERVAL_S = 2
+# A few health-check rounds: slurmd starts one every INTERVAL_S; each takes ~1-2 s here.
+WAIT_S = 60
+
+WRAPPER = """#!/bin/sh
+# slurmd runs this with no PATH and only SLURMD_NODENAME: every program by absolute path, the fake
+# driver and this checkout's code set here, one machine file (and log) per node.
+export LD_LIBRARY_PATH="{lib}" FAKE_NVML_CONFIG="{folder}/machine.$SLURMD_NODENAME.txt" PYTHONPATH="{src}"
+export SLURM_CONF="{conf}"
+exec "{python}" -m gputopo check --sample-s 0.2 --budget 15 --kernel-log /dev/null \\
+    --drain --resume-if-healthy >> "{folder}/check.$SLURMD_NODENAME.log" 2>&1
+"""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+@dataclass(frozen=True)
+class HealthCheck:
+    cluster: Any
+    folder: Path
+
+    def machine(self, node: str, *extra: str) -> None:
+        """Give ``node`` one healthy H100, plus ``extra`` fake-driver lines (atomically: slurmd may be
+        reading it)."""
+        path = self.folder / f"machine.{node}.txt"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("\n".join(["driver 570.86.15", "cuda 12080", *healthy(0), *extra]) + "\n")
+        tmp.replace(path)
+
+    def runs(self, node: str, verdict: str) -> int:
+        """How many checks of ``node`` ended in ``verdict`` (each check's first line starts with it)."""
+        log = self.folder / f"check.{node}.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        return sum(1 for line in text.splitlines() if line.startswith(f"{verdict}:"))
+
+    def log(self, node: str) -> str:
+        log = self.folder / f"check.{node}.log"
+        return log.read_text(errors="replace")[-1500:] if log.exists() else "(no log)"
 
 
-def _wait(what: str, check: Callable[[], bool], timeout_s: float, log: Path | None = None) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if check():
-            return
-        time.sleep(0.5)
-    tail = log.read_text(errors="replace")[-2000:] if log is not None and log.exists() else ""
-    pytest.fail(f"{what} within {timeout_s:g} s\n{tail}")
-
-
-def _stop(pid_file: Path) -> None:
+@pytest.fixture
+def health_check(slurm_cluster: Any) -> Iterator[HealthCheck]:
+    """Every node healthy, the wrapper as HealthCheckProgram; afterwards the program off and every node
+    that gputopo drained resumed, so the cluster is as the other tests expect it."""
+    folder = slurm_cluster.state_dir / "hc-gputopo-check"
+    folder.mkdir(exist_ok=True)
+    for old in folder.glob("*.log"):
+        old.unlink()
+    lib = fake_driver.build(folder / "driver")
+    hc = HealthCheck(slurm_cluster, folder)
+    for node in slurm_cluster.nodes:
+        hc.machine(node)
+    program = folder / "gputopo-check.sh"
+    program.write_text(
+        WRAPPER.format(
+            lib=lib, folder=folder, src=fake_driver.SRC, conf=slurm_cluster.conf, python=sys.executable
+        )
+    )
+    program.chmod(0o755)
+    slurm_cluster.set_health_check(program, interval_s=INTERVAL_S)
     try:
-        pid = int(pid_file.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    end = time.monotonic() + 10
-    while time.monotonic() < end:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.2)
-    os.kill(pid, signal.SIGKILL)
-
-
-class Cluster:
-    def __init__(self, root: Path, node: str) -> None:
-        self.root = root
-        self.node = node
-        self.env = {**os.environ, "SLURM_CONF": str(root / "slurm.conf")}
-        self.machine = root / "machine.txt"
-
-    def run(self, *args: str) -> str:
-        done = subprocess.run(list(args), env=self.env, capture_output=True, text=True, timeout=30)
-        return done.stdout + done.stderr
-
-    def reasons(self) -> str:
-        return self.run("sinfo", "-R", "-h", "-o", "%E")
-
-    def state(self) -> str:
-        return self.run("sinfo", "-h", "-n", self.node, "-o", "%T").strip()
-
-    def write_machine(self, lines: list[str]) -> None:
-        self.machine.write_text("\n".join(["driver 570.86.15", "cuda 12080", *lines]) + "\n")
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    root = Path(tempfile.mkdtemp(prefix="gputopo-slurm-", dir="/tmp"))
-    root.chmod(0o755)
-    node = socket.gethostname().split(".", 1)[0]
-    c = Cluster(root, node)
-    try:
-        munge_dir = root / "munge"
-        munge_dir.mkdir()
-        shutil.copy("/etc/munge/munge.key", munge_dir / "munge.key")
-        shutil.chown(munge_dir, "munge", "munge")
-        shutil.chown(munge_dir / "munge.key", "munge", "munge")
-        munge_dir.chmod(0o700)
-        (munge_dir / "munge.key").chmod(0o600)
-        sock_dir = root / "munge-socket"  # munged wants its socket's folder open to all (execute)
-        sock_dir.mkdir()
-        shutil.chown(sock_dir, "munge", "munge")
-        sock_dir.chmod(0o755)
-        sock = sock_dir / "munge.sock"
-        started = subprocess.run(
-            [
-                "runuser", "-u", "munge", "--", "/usr/sbin/munged",
-                f"--key-file={munge_dir / 'munge.key'}", f"--socket={sock}",
-                f"--pid-file={munge_dir / 'munged.pid'}",
-                f"--log-file={munge_dir / 'munged.log'}", f"--seed-file={munge_dir / 'munged.seed'}",
-            ],
-            capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
-        if started.returncode != 0:
-            pytest.skip(f"munged does not start here: {started.stderr.strip()[:200]}")
-        lib = fake_driver.build(root / "driver")
-        c.write_machine(healthy(0))
-        hc = root / "healthcheck.sh"
-        hc.write_text(
-            "#!/bin/sh\n"
-            "# slurmd runs this with no PATH: everything by absolute path, the environment set here.\n"
-            f"export LD_LIBRARY_PATH={lib} FAKE_NVML_CONFIG={c.machine} PYTHONPATH={fake_driver.SRC} "
-            f"SLURM_CONF={root / 'slurm.conf'}\n"
-            f"exec {sys.executable} -m gputopo check --sample-s 0.2 --budget 15 --kernel-log /dev/null "
-            f"--drain --resume-if-healthy >> {root / 'healthcheck.log'} 2>&1\n"
-        )
-        hc.chmod(0o755)
-        spec = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, timeout=30).stdout.split()
-        fields = dict(p.split("=", 1) for p in spec if "=" in p)
-        memory = int(int(fields.get("RealMemory", "1024")) * 0.9)
-        hardware = " ".join(
-            f"{k}={fields[k]}"
-            for k in ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore")
-            if k in fields
-        )
-        for d in ("state", "spool"):
-            (root / d).mkdir()
-        (root / "slurm.conf").write_text(
-            f"""ClusterName=gputopotest
-    SlurmctldHost={node}(127.0.0.1)
-    SlurmctldPort={_free_port()}
-    SlurmdPort={_free_port()}
-    AuthType=auth/munge
-    AuthInfo=socket={sock}
-    CredType=cred/munge
-    SlurmUser=root
-    SlurmdUser=root
-    StateSaveLocation={root / "state"}
-    SlurmdSpoolDir={root / "spool"}
-    SlurmctldPidFile={root / "slurmctld.pid"}
-    SlurmdPidFile={root / "slurmd.pid"}
-    SlurmctldLogFile={root / "slurmctld.log"}
-    SlurmdLogFile={root / "slurmd.log"}
-    ProctrackType=proctrack/linuxproc
-    TaskPlugin=task/none
-    JobAcctGatherType=jobacct_gather/none
-    ReturnToService=2
-    MpiDefault=none
-    MailProg=/bin/true
-    HealthCheckProgram={hc}
-    HealthCheckInterval={INTERVAL_S}
-    HealthCheckNodeState=ANY
-    NodeName={node} NodeAddr=127.0.0.1 {hardware} RealMemory={memory} State=UNKNOWN
-    PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
-    """
-        )
-        for cmd in (["slurmctld", "-i", "-c"], ["slurmd"]):
-            done = subprocess.run(cmd, env=c.env, capture_output=True, text=True, timeout=30)
-            if done.returncode != 0:
-                pytest.skip(f"{cmd[0]} does not start here: {(done.stderr or done.stdout).strip()[:200]}")
-        _wait("slurmctld answering", lambda: "is UP" in c.run("scontrol", "ping"), 30, root / "slurmctld.log")
-        _wait(
-            "the node up",
-            lambda: c.state() in ("idle", "drained", "draining", "mixed"),
-            30,
-            root / "slurmd.log",
-        )
-        yield c
+        yield hc
     finally:
-        _stop(root / "slurmd.pid")
-        _stop(root / "slurmctld.pid")
-        _stop(munge_dir / "munged.pid")
-        shutil.rmtree(root, ignore_errors=True)
+        slurm_cluster.set_health_check(None)
+        # What these tests drained (gputopo's drains, the stand-in admin's) goes back into service.
+        for node in slurm_cluster.drain_reasons():
+            if node in slurm_cluster.nodes:
+                slurm_cluster.resume(node)
 
 
-def test_health_check_program_drains_then_resumes_a_healed_node(cluster: Cluster) -> None:
-    cluster.write_machine([*healthy(0), "remap 0 0 0 1 0"])
+def test_a_sick_gpu_drains_its_node_and_the_healed_node_is_resumed(health_check: HealthCheck) -> None:
+    hc, cluster = health_check, health_check.cluster
+    hc.machine("node1", "remap 0 0 0 1 0")  # a row remapping pending on GPU0
     wanted = "gputopo: a row remapping is pending on GPU0"
-    log = cluster.root / "healthcheck.log"
-    _wait("the drain reason in sinfo -R", lambda: wanted in cluster.reasons(), 6 * INTERVAL_S, log)
-    cluster.write_machine(healthy(0))
-    _wait("the node resumed", lambda: wanted not in cluster.reasons(), 6 * INTERVAL_S, log)
-    assert "drain" not in cluster.state()
+    cluster.wait_for(
+        lambda: cluster.drain_reasons().get("node1") == wanted,
+        f"node1 drained in sinfo -R with {wanted!r}\n{hc.log('node1')}",
+        timeout_s=WAIT_S,
+    )
+    assert cluster.node_state("node1").startswith("drain")
+    # The healthy nodes were checked too, and left alone.
+    cluster.wait_for(lambda: hc.runs("node2", "healthy") >= 1, f"node2 checked\n{hc.log('node2')}", WAIT_S)
+    assert "node2" not in cluster.drain_reasons() and "node3" not in cluster.drain_reasons()
+    hc.machine("node1")  # the GPU reset applied the remap
+    cluster.wait_for(
+        lambda: "node1" not in cluster.drain_reasons() and cluster.node_state("node1") == "idle",
+        f"node1 resumed by --resume-if-healthy\n{hc.log('node1')}",
+        timeout_s=WAIT_S,
+    )
 
 
-def test_an_administrators_drain_is_left_alone(cluster: Cluster) -> None:
-    cluster.write_machine(healthy(0))
-    cluster.run("scontrol", "update", f"NodeName={cluster.node}", "State=DRAIN", "Reason=admin: fan noise")
-    log = cluster.root / "healthcheck.log"
-    seen = _healthy_runs(log)
-    # Two more health checks run, each healthy, and the admin's reason stays.
-    _wait("two more health checks", lambda: _healthy_runs(log) >= seen + 2, 4 * INTERVAL_S, log)
-    assert "admin: fan noise" in cluster.reasons()
-    cluster.run("scontrol", "update", f"NodeName={cluster.node}", "State=RESUME")
-
-
-def _healthy_runs(log: Path) -> int:
-    return log.read_text(errors="replace").count("healthy: ") if log.exists() else 0
+def test_an_administrators_drain_is_never_undone(health_check: HealthCheck) -> None:
+    hc, cluster = health_check, health_check.cluster
+    cluster.run("scontrol", "update", "NodeName=node2", "State=DRAIN", "Reason=admin: fan noise")
+    seen = hc.runs("node2", "healthy")
+    # Two more checks of node2 run, each healthy (and asked to resume), and the admin's drain stays.
+    cluster.wait_for(
+        lambda: hc.runs("node2", "healthy") >= seen + 2, f"two more checks\n{hc.log('node2')}", WAIT_S
+    )
+    assert cluster.drain_reasons().get("node2") == "admin: fan noise"
+    assert cluster.node_state("node2").startswith("drain")

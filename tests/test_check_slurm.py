@@ -73,10 +73,37 @@ def test_a_healthy_node_is_not_drained_and_unknown_is_not_drained(driver: Path, 
     assert not log.exists()
 
 
-def test_bad_input_never_drains(driver: Path, tmp_path: Path) -> None:
+BAD_FILES = {
+    "rules.toml": b"no_such_rule = 3\n",
+    "cut.json": b'{"schema": "gputopo/baseline/v1", "gpu_count": 3, "gpus": [',
+    "topo.json": b'{"schema": "gputopo/topology/v1", "gpus": []}',
+    "kern.bin": b"\x00\x01\x02\xff" * 64,
+}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--since", "5x"],
+        ["--budget", "0"],
+        ["--expect-gpus", "-1"],
+        ["--sample-s", "nan"],
+        ["--thresholds", "{dir}/rules.toml"],
+        ["--baseline", "{dir}/cut.json"],
+        ["--baseline", "{dir}/topo.json"],
+        ["--kernel-log", "{dir}/kern.bin"],
+    ],
+)
+def test_bad_input_never_drains(driver: Path, tmp_path: Path, args: list[str]) -> None:
+    # The node is sick, so a check that ran would drain it: bad input must stop before anything is read.
+    for name, data in BAD_FILES.items():
+        (tmp_path / name).write_bytes(data)
     bin_dir, log = fake_scontrol(tmp_path, None)
-    result = slurm_check(driver, machine(tmp_path, SICK), bin_dir, "--drain", "--since", "5x")
-    assert result.returncode == 2 and not log.exists()
+    argv = [a.format(dir=tmp_path) for a in args]
+    result = slurm_check(driver, machine(tmp_path, SICK), bin_dir, "--drain", *argv)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == "" and len(result.stderr.strip().splitlines()) <= 2  # the error and its hint
+    assert not log.exists()
 
 
 def test_resume_only_what_gputopo_drained(driver: Path, tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from fake_nvml import FakeNvml
+from fake_nvml import NVSWITCH, FakeLink, FakeNvml
 from gputopo.findings import NOTE, PROBLEM, link_findings
 from gputopo.system.inventory import read_live
 from gputopo.topology import samples
@@ -59,3 +59,29 @@ def test_p2p_not_ok_over_nvlink_is_a_problem():
     found = [f for f in link_findings(replace(topo, p2p=broken)) if f.severity == PROBLEM]
     assert [(f.where, f.severity) for f in found] == [("GPU0-GPU1", PROBLEM)]
     assert "over NV4" in found[0].what
+
+
+def test_nvswitch_links_down_are_the_gpus_once_not_every_pairs():
+    # HGX H100: 2 of GPU3's 18 links to the NVSwitches are down. Every pair of GPU3 reads NV16 from
+    # GPU3's side; the finding names GPU3 once, and no pair (issue 22 item 13).
+    fake = FakeNvml.nvswitch_box()
+    fake.gpus[3].links = tuple(FakeLink(NVSWITCH, up=k not in (4, 9)) for k in range(18))
+    with fake.installed():
+        topo = read_live()
+    found = [f for f in link_findings(topo) if f.category == "nvlink"]
+    assert [(f.where, f.gpu, f.what.split(" (")[0]) for f in found] == [
+        ("GPU3", 3, "GPU3: 2 of its 18 NVLinks are down")
+    ]
+    assert found[0].severity == PROBLEM
+
+
+def test_a_direct_nvlink_down_stays_the_pairs():
+    # A bridge (direct GPU-GPU links) with a link down: that is the pair's, named by the pair.
+    with FakeNvml.nvlink_box().installed():
+        topo = read_live()
+    assert topo.nvlinks is not None
+    old = tuple(
+        replace(p, links_up=3, links_down=1) if (p.gpu, p.peer) == (0, 1) else p for p in topo.nvlinks
+    )
+    found = [f for f in link_findings(replace(topo, nvlinks=old)) if f.category == "nvlink"]
+    assert [(f.where, f.what) for f in found] == [("GPU0-GPU1", "1 of 4 NVLinks are down")]

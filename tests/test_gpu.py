@@ -91,3 +91,39 @@ def test_kill_stale_reads_a_cuda_process_from_nvml_lists():
     finally:
         child.kill()
         child.wait()
+
+
+def test_check_reads_the_drivers_health_signals_live():
+    """`gputopo check` on a real GPU: every GPU read, ECC and PCIe known, a verdict other than unknown.
+
+    On the H100 80GB HBM3 (driver 580.159.04) this was written on, NVLink calls answer NOT_SUPPORTED (a
+    one-GPU VM): the GPU then has no NVLinks to judge, which must never read as links down.
+    """
+    out = gputopo("check", "--json", "--sample-s", "0.5")
+    assert out.returncode in (0, 1), out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["schema"] == "gputopo/check/v1" and doc["verdict"] in ("healthy", "problems")
+    assert doc["gpus"]
+    for gpu in doc["gpus"]:
+        health = gpu["health"]
+        assert health["pcie_width_max"] and health["pcie_gen_max"]
+        assert health["temperature_c"] is not None
+    assert not [f for f in doc["findings"] if "NVLink" in f["what"] and "down" in f["what"]]
+
+
+def test_the_xid_listener_registers_every_gpu_and_waits_quietly():
+    """The probe's Xid listener on a real driver: every GPU registered for Xid events, and a healthy
+    GPU's waits time out cleanly (no event, no error). Measured on the H100 of the lead's survey."""
+    code = (
+        "import json, time\n"
+        "from gputopo.system.xid_events import XidWatch\n"
+        "with XidWatch([]) as w:\n"
+        "    time.sleep(3)\n"
+        "got = {'registered': list(w.registered), 'why_not': w.why_not, 'events': len(w.events())}\n"
+        "print(json.dumps(got))\n"
+    )
+    env = {**os.environ, **plain_env()}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got["registered"] and got["why_not"] is None and got["events"] == 0, got

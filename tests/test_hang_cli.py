@@ -266,7 +266,7 @@ def test_a_suspect_on_this_machine_gets_its_gpu_health(base: Path, tmp_path: Pat
     import dataclasses
     import socket
 
-    import gputopo.topology as topology
+    import gputopo.machine as topology
     from gputopo.machine import load_topology
 
     here = socket.gethostname()

@@ -233,3 +233,23 @@ def test_a_gpu_lost_or_hung_mid_read_is_marked_and_the_others_are_read(driver: P
     assert hung["state"] == "not responding" and "within 2 s" in hung["error"]
     assert doc["second"][3]["ecc_enabled"] is True and doc["second"][3]["error"] is None
     assert {f["gpu"] for f in doc["findings"] if f["severity"] == "problem"} == {1, 2}
+
+
+def test_a_gpu_the_budget_cut_from_the_second_sample_keeps_its_first_reading() -> None:
+    # GPU1 was read in the first sample (a row remap pending) but the budget ran out before the second
+    # read it: its states are still judged, and its counters' rise is "not checked", never "no rise".
+    from gputopo.health.judge import judge as judge_samples
+    from gputopo.health.readings import BUDGET_SPENT, NOT_READ, GpuHealth, HealthSample, Unknown
+    from gputopo.system.health_reads import _keep_first_reads
+
+    def sound(i: int, **kw: object) -> GpuHealth:
+        return GpuHealth(index=i, ecc_enabled=True, ecc_volatile_uncorrected=0, **kw)  # type: ignore[arg-type]
+
+    cut = GpuHealth(index=1, unknown=(Unknown(NOT_READ, BUDGET_SPENT),))
+    first = HealthSample((sound(0), sound(1, remapped_rows_pending=True)), 0.0)
+    second = HealthSample((sound(0), cut), 2.0)
+    one, two = _keep_first_reads(first, second)
+    assert two.gpu(1) == first.gpu(1) and one.gpu(1) is None and one.gpu(0) == first.gpu(0)
+    j = judge_samples(one, two)
+    assert [f.what for f in j.problems] == ["a row remapping is pending on GPU1"]
+    assert any(n.what == "GPU1: error counters' rise" and n.why == "one sample only" for n in j.not_checked)

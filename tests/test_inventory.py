@@ -165,7 +165,7 @@ def test_nvswitch_box_is_nv18_all_to_all() -> None:
     with FakeNvml.nvswitch_box().installed():
         topo = read_live()
     assert cells(topo) == [["X" if a == b else "NV18" for b in range(4)] for a in range(4)]
-    assert topo.nvlinks == tuple(NvlinkPeer(a, b, 18, 0) for a in range(4) for b in range(4) if a != b)
+    assert topo.nvlinks == tuple(NvlinkPeer(a, b, 18, 0, 18, 0) for a in range(4) for b in range(4) if a != b)
     g2 = topo.gpu(2)
     assert (g2.cpu_affinity, g2.numa_affinity) == ("48-95,144-191", "1")
     assert g2.pcie == PcieLink(5, 5, 16, 16) and g2.memory_total_mib == 81559
@@ -181,7 +181,7 @@ def test_nvswitch_link_down_lowers_that_gpus_pairs_and_warns() -> None:
     assert topo.matrix.code("GPU0", "GPU1") == "NV17"
     assert topo.matrix.code("GPU1", "GPU3") == "NV17"
     assert topo.matrix.code("GPU0", "GPU3") == "NV18"
-    assert NvlinkPeer(1, 0, 17, 1) in topo.nvlinks and NvlinkPeer(0, 1, 18, 0) in topo.nvlinks
+    assert NvlinkPeer(1, 0, 17, 1, 17, 1) in topo.nvlinks and NvlinkPeer(0, 1, 18, 0, 18, 0) in topo.nvlinks
     assert topo.warnings == ("GPU1: 1 of 18 NVLinks are down",)
 
 

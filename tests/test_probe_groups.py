@@ -45,20 +45,32 @@ class RecordingDist:
 def test_every_subgroup_gets_the_runs_timeout_not_ncclS_ten_minute_default():
     dist = RecordingDist()
     spec = {"timeout_s": 900}
-    group, wait = worker.set_groups(dist, [2, 0], spec, "cuda")
+    group, wait = worker.set_groups([2, 0], spec, "cuda", dist.new_group)
     made = [kw for name, kw in dist.calls if name == "new_group"]
     assert len(made) == 2
     want = timedelta(seconds=900 + COLLECTIVE_TIMEOUT_GRACE_S)
-    assert all(kw["timeout"] == want for kw in made)
-    assert all(kw["sort_ranks"] is False and kw["ranks"] == [2, 0] for kw in made)
+    assert all(kw["timeout"] == want and kw["ranks"] == [2, 0] for kw in made)
     # The set's own group takes the world's backend (NCCL); the waiting group is gloo.
     assert made[0].get("backend") is None and made[1]["backend"] == "gloo"
     assert group != wait
 
 
+def test_the_waiting_group_keeps_the_sets_order_and_backend_through_compat(monkeypatch):
+    import torch.distributed as real
+
+    from gputopo.probe.ranks import compat
+
+    dist = RecordingDist()
+    monkeypatch.setattr(real, "new_group", dist.new_group)
+    monkeypatch.setattr(compat, "_new_group_takes_sort_ranks", lambda: True)
+    compat.new_group_in_order([1, 0], timeout=timedelta(seconds=5), backend="gloo")
+    ((_, kw),) = dist.calls
+    assert kw["sort_ranks"] is False and kw["backend"] == "gloo" and kw["timeout"] == timedelta(seconds=5)
+
+
 def test_cpu_ranks_wait_in_the_sets_own_gloo_group():
     dist = RecordingDist()
-    group, wait = worker.set_groups(dist, [0, 1], {"timeout_s": 30}, "cpu")
+    group, wait = worker.set_groups([0, 1], {"timeout_s": 30}, "cpu", dist.new_group)
     assert group == wait and len(dist.calls) == 1
 
 
@@ -101,8 +113,9 @@ def test_a_sets_groups_are_destroyed_after_its_last_step(tmp_path, monkeypatch):
     import torch.distributed as real
 
     dist = RecordingDist()
-    for name in ("new_group", "get_group_rank", "barrier", "destroy_process_group"):
+    for name in ("get_group_rank", "barrier", "destroy_process_group"):
         monkeypatch.setattr(real, name, getattr(dist, name))
+    monkeypatch.setattr(worker, "new_group_in_order", dist.new_group)  # (torch's, keeping the order)
     ran = []
     monkeypatch.setattr(worker, "run_checks", lambda ctx, group, devices: ran.append((ctx.task, group)))
     job = {"checks": ["allreduce"], "out_dir": str(tmp_path)}

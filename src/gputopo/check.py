@@ -20,6 +20,7 @@ from gputopo.health.judge import Judgement, NotChecked, judge
 from gputopo.health.readings import HealthSample
 from gputopo.health.rules import DEFAULT_THRESHOLDS, Thresholds
 from gputopo.health.xid import scan, xid_findings
+from gputopo.model import GPU_NOT_RESPONDING
 from gputopo.system.kernel_log import KernelLog
 
 # Time kept back from the budget for what follows the NVML reads (kernel log, output).
@@ -72,8 +73,27 @@ def run_check(options: CheckOptions, started: float | None = None) -> CheckResul
         gpus = [(g.index, g.pci_bus_id) for g in sample.gpus] if sample is not None else []
         extra += xid_findings(found, gpus, options.thresholds)
     if options.baseline is not None or options.save_baseline is not None:
-        extra += _baseline(options, sample)
+        why_not = _no_time_for_baseline(options, sample, deadline)
+        if why_not is None:
+            extra += _baseline(options, sample)
+        else:
+            not_checked.append(NotChecked("baseline comparison", why_not))
     return summarize(sample, judgement, extra, not_checked, time.monotonic() - started, unavailable)
+
+
+def _no_time_for_baseline(options: CheckOptions, sample: HealthSample | None, deadline: float) -> str | None:
+    """Why the baseline comparison cannot run within the budget (``None``: it can). It reads the topology
+    again: a GPU that did not answer NVML would cost another deadline, and a read cut short by the
+    budget would show GPUs and links as missing that are not. ``--save-baseline`` is never skipped: the
+    user asked for the file (a hung GPU still costs its deadline there)."""
+    if options.save_baseline is not None:
+        return None
+    hung = [g.label for g in (sample.gpus if sample else ()) if g.state == GPU_NOT_RESPONDING]
+    if hung:
+        return f"{', '.join(hung)} did not answer NVML; reading the topology again would wait on it"
+    if deadline - time.monotonic() < options.nvml_timeout_s + RESERVE_S:
+        return "the time budget ran out before it"
+    return None
 
 
 def _baseline(options: CheckOptions, sample: HealthSample | None) -> list[Finding]:

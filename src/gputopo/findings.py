@@ -138,21 +138,53 @@ def link_findings(topo: Topology) -> list[Finding]:
                     action="monitor",
                 )
             )
+    found.extend(_nvlink_findings(topo))
+    found.extend(_p2p_findings(topo))
+    return sorted(found, key=lambda f: f.severity != PROBLEM)
+
+
+_NVLINK_REMEDY = (
+    "`nvidia-smi nvlink -s` and `nvidia-smi nvlink -e` show the state and error counters; "
+    "on NVSwitch systems check nvidia-fabricmanager; a reset or reseat usually brings links "
+    "back, persistent errors mean hardware service"
+)
+
+
+def _nvlink_findings(topo: Topology) -> list[Finding]:
+    """NVLinks down. A link to an NVSwitch belongs to its GPU, not to a pair (every pair of that GPU
+    counts it): one finding per GPU, "GPU3: 2 of its 18 NVLinks are down". A direct GPU-GPU link (a
+    bridge, an NVLink mesh) is the pair's: one finding per pair."""
+    found: list[Finding] = []
+    switch: dict[int, tuple[int, int]] = {}
     for p in topo.nvlinks or ():
-        if p.links_down and p.gpu < p.peer:
+        if p.switch_up or p.switch_down:
+            switch.setdefault(p.gpu, (p.switch_up, p.switch_down))
+    for gpu, (up, down) in sorted(switch.items()):
+        if down:
             found.append(
                 Finding(
-                    f"GPU{p.gpu}-GPU{p.peer}",
-                    f"{p.links_down} of {p.links_up + p.links_down} NVLinks are down",
-                    "`nvidia-smi nvlink -s` and `nvidia-smi nvlink -e` show the state and error counters; "
-                    "on NVSwitch systems check nvidia-fabricmanager; a reset or reseat usually brings links "
-                    "back, persistent errors mean hardware service",
+                    f"GPU{gpu}",
+                    f"GPU{gpu}: {down} of its {up + down} NVLinks are down (links to the NVSwitches, which "
+                    "every peer's traffic crosses)",
+                    _NVLINK_REMEDY,
+                    gpu=gpu,
                     category="nvlink",
                     action="reset",
                 )
             )
-    found.extend(_p2p_findings(topo))
-    return sorted(found, key=lambda f: f.severity != PROBLEM)
+    for p in topo.nvlinks or ():
+        up, down = p.links_up - p.switch_up, p.links_down - p.switch_down
+        if down and p.gpu < p.peer:
+            found.append(
+                Finding(
+                    f"GPU{p.gpu}-GPU{p.peer}",
+                    f"{down} of {up + down} NVLinks are down",
+                    _NVLINK_REMEDY,
+                    category="nvlink",
+                    action="reset",
+                )
+            )
+    return found
 
 
 def _p2p_findings(topo: Topology) -> list[Finding]:

@@ -202,12 +202,19 @@ P2P_CAPABILITIES = ("read", "write", "nvlink", "atomics")
 
 @dataclass(frozen=True)
 class NvlinkPeer:
-    """NVLinks from ``gpu`` to ``peer`` (both nvidia-smi indices): how many are up and how many down."""
+    """NVLinks from ``gpu`` to ``peer`` (both nvidia-smi indices): how many are up and how many down.
+
+    On an NVSwitch system a GPU's links go to the switches, which reach every peer: each of its pairs
+    counts all of them. ``switch_up``/``switch_down`` say how many of ``links_up``/``links_down`` are such
+    switch links of ``gpu`` (the same for each of its peers), so a link down is pinned on the GPU once,
+    not on every pair."""
 
     gpu: int
     peer: int
     links_up: int
     links_down: int = 0
+    switch_up: int = 0
+    switch_down: int = 0
 
 
 @dataclass(frozen=True)

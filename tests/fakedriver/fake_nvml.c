@@ -39,6 +39,14 @@
  *                                                   ecc_vol_unc, ecc_agg_corr, ecc_agg_unc, pcie_replay, or
  *                                                   nvl_replay/nvl_recovery/nvl_crc_flit/nvl_crc_data of link L
  *
+ * Events (nvmlEventSetCreate, nvmlDeviceRegisterEvents, nvmlEventSetWait_v2, nvmlEventSetFree,
+ * nvmlDeviceGetSupportedEventTypes; every GPU supports the Xid critical error type unless told):
+ *   xid I CODE AFTER_WAITS                          an Xid CODE event on GPU I, answered by the AFTER_WAITS-th
+ *                                                   nvmlEventSetWait_v2 of a set where GPU I is registered
+ *                                                   for Xid (the waits before it time out after their
+ *                                                   timeout); each is delivered once
+ *   noevents I                                      GPU I supports no event type
+ *
  * nvmlInit and nvmlShutdown are reference-counted as NVML's are: the machine file is read by the first
  * nvmlInit and the library stays initialised until as many nvmlShutdown calls.
  */
@@ -125,6 +133,20 @@ static int path_level[MAXG][MAXG], p2p_status[MAXG][MAXG], path_set[MAXG][MAXG];
 static rule_t rules[MAXRULES];
 static int nrules;
 
+#define E_TIMEOUT 10
+#define EVENT_XID 0x8ULL
+#define MAXXID 8
+typedef struct {
+    int gpu, after, delivered;
+    unsigned long long code;
+} xid_t;
+static xid_t xids[MAXXID];
+static int nxids, noevents[MAXG];
+typedef struct {
+    unsigned long long types[MAXG];
+    int waits;
+} eventset_t;
+
 static void hang_forever(void) {
     for (;;) pause();
 }
@@ -197,7 +219,8 @@ static void load(const char *file) {
     char line[512];
     memset(gpus, 0, sizeof gpus);
     memset(path_set, 0, sizeof path_set);
-    ngpus = nrules = init_code = init_hang = 0;
+    ngpus = nrules = init_code = init_hang = nxids = 0;
+    memset(noevents, 0, sizeof noevents);
     if (!f) {
         init_code = E_DRIVER_NOT_LOADED;
         return;
@@ -264,6 +287,12 @@ static void load(const char *file) {
             path_set[i][j] = path_set[j][i] = 1;
         } else if (!strcmp(key, "p2p") && sscanf(line, "%*s %d %d %d", &i, &j, &x) == 3) {
             p2p_status[i][j] = p2p_status[j][i] = x;
+        } else if (!strcmp(key, "xid") && sscanf(line, "%*s %d %d %d", &i, &x, &y) == 3 && nxids < MAXXID &&
+                   i >= 0 && i < MAXG) {
+            xids[nxids].gpu = i, xids[nxids].code = (unsigned long long)x, xids[nxids].after = y;
+            xids[nxids++].delivered = 0;
+        } else if (!strcmp(key, "noevents") && sscanf(line, "%*s %d", &i) == 1 && i >= 0 && i < MAXG) {
+            noevents[i] = 1;
         } else if (parse_health(key, line)) {
         } else if ((!strcmp(key, "err") || !strcmp(key, "hang")) && nrules < MAXRULES &&
                    sscanf(line, "%*s %95s %79s %d", a, rules[nrules].fn, &x) >= 2) {
@@ -703,3 +732,50 @@ nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(void *h, fabric_v2_t *out) {
     return OK;
 }
 #endif
+
+/* --- Events ------------------------------------------------------------------------------------------ */
+
+typedef struct {
+    void *device;
+    unsigned long long eventType, eventData;
+    unsigned gpuInstanceId, computeInstanceId;
+} event_data_t;
+
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(void *h, unsigned long long *out) {
+    GPU_OF(h);
+    *out = noevents[hd->index] ? 0 : EVENT_XID | 0x1ULL | 0x2ULL;
+    return OK;
+}
+nvmlReturn_t nvmlEventSetCreate(eventset_t **out) {
+    if (!inited) return E_UNINIT;
+    *out = calloc(1, sizeof **out);
+    return *out ? OK : E_INVALID;
+}
+nvmlReturn_t nvmlDeviceRegisterEvents(void *h, unsigned long long types, eventset_t *set) {
+    GPU_OF(h);
+    if (!set) return E_INVALID;
+    if (noevents[hd->index]) return E_NOT_SUPPORTED;
+    set->types[hd->index] |= types;
+    return OK;
+}
+nvmlReturn_t nvmlEventSetWait_v2(eventset_t *set, event_data_t *data, unsigned timeout_ms) {
+    if (!inited) return E_UNINIT;
+    if (!set || !data) return E_INVALID;
+    set->waits++;
+    for (int k = 0; k < nxids; k++) {
+        xid_t *x = &xids[k];
+        if (x->delivered || set->waits < x->after || !(set->types[x->gpu] & EVENT_XID)) continue;
+        x->delivered = 1;
+        memset(data, 0, sizeof *data);
+        data->device = &gpus[x->gpu].handle;
+        data->eventType = EVENT_XID;
+        data->eventData = x->code;
+        return OK;
+    }
+    usleep((useconds_t)timeout_ms * 1000);
+    return E_TIMEOUT;
+}
+nvmlReturn_t nvmlEventSetFree(eventset_t *set) {
+    free(set);
+    return OK;
+}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
@@ -9,7 +10,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from gputopo.cli import app
-from gputopo.cli.common import JSON_OPTION, examples, guarded
+from gputopo.cli.common import JSON_OPTION, debug_enabled, examples, guarded
 from gputopo.ui.output import Output
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ def check_command(
 ) -> None:
     """Check this node's GPU health (ECC, row remaps, NVLink/PCIe errors, clocks, Xid, recovery action)."""
     started = time.monotonic()
-    from gputopo.errors import UsageError
+    from gputopo.errors import GputopoError, UsageError
     from gputopo.health import check as service
     from gputopo.health.rules import DEFAULT_THRESHOLDS, load_thresholds
     from gputopo.health.xid import parse_since
@@ -86,7 +87,7 @@ def check_command(
         raise UsageError(f"--format {fmt}: not a format", "one of text, json, nagios")
     # Every input is checked before the machine is touched: bad usage never reads, and never drains.
     service.validate_options(sample_s, budget, expect_gpus)
-    if nvml_timeout <= 0:
+    if not 0 < nvml_timeout < math.inf:
         raise UsageError(f"--nvml-timeout {nvml_timeout:g}: must be positive", "e.g. --nvml-timeout 5")
     since_s = parse_since(since)
     rules = load_thresholds(thresholds) if thresholds is not None else DEFAULT_THRESHOLDS
@@ -101,7 +102,18 @@ def check_command(
     options = CheckOptions(
         sample_s, budget, nvml_timeout, expect_gpus, rules, since_s, log, saved, save_baseline
     )
-    result = run_check(options, started)
+    try:
+        result = run_check(options, started)
+    except GputopoError:
+        raise
+    except Exception as exc:
+        # A bug must not read as "problems" (exit 1: node-problem-detector would mark the node, and a
+        # scheduler could drain it): the check could not run, which is unknown (exit 3).
+        if debug_enabled():
+            raise
+        result = service.summarize(
+            None, None, (), (), time.monotonic() - started, f"internal error: {type(exc).__name__}: {exc}"
+        )
     slurm = _slurm(result, drain, resume_if_healthy, dry_run)
     out = Output(json_mode=fmt == "json")
     if fmt == "json":

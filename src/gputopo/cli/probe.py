@@ -227,12 +227,12 @@ def probe_command(
         return
     plan = make_plan(config)
     if json_out:
-        run = run_probe(config, plan=plan)
+        run = run_probe(config, plan=plan, on_warning=out.warn)
     else:
         from gputopo.ui.probe_view import ProbeProgress
 
         with ProbeProgress(out.err, plan) as bars:
-            run = run_probe(config, bars.update, plan=plan)
+            run = run_probe(config, bars.update, plan=plan, on_warning=out.warn)
     out.warnings(run.warnings)
     doc = to_document(run)
     why = nothing_tested(run.sets)

@@ -8,13 +8,14 @@ codes instead: 0 OK, 1 WARNING (notes worth a look), 2 CRITICAL, 3 UNKNOWN.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gputopo.errors import EXIT_OK, EXIT_PROBLEM, EXIT_UNAVAILABLE, UsageError
 from gputopo.findings import NOTE, PROBLEM, Finding
 from gputopo.health.judge import Judgement, NotChecked
-from gputopo.health.readings import NOT_READ, GpuHealth, HealthSample
+from gputopo.health.readings import BUDGET_SPENT, NOT_READ, GpuHealth, HealthSample
 
 SCHEMA = "gputopo/check/v1"
 HEALTHY, PROBLEMS, UNKNOWN = "healthy", "problems", "unknown"
@@ -74,11 +75,12 @@ class CheckResult:
 
 def validate_options(sample_s: float, budget_s: float, expect_gpus: int | None) -> None:
     """The numbers of ``check``'s options; ``UsageError`` (exit 2) for one that makes no sense."""
-    if not budget_s > 0:
+    if not 0 < budget_s < math.inf:
         raise UsageError(
-            f"--budget {budget_s:g}: must be more than 0 seconds", "e.g. --budget 20 (the default)"
+            f"--budget {budget_s:g}: must be more than 0 seconds (and finite)",
+            "e.g. --budget 20 (the default)",
         )
-    if sample_s < 0 or sample_s >= budget_s:
+    if not 0 <= sample_s < budget_s:  # NaN fails every comparison, so it lands here too
         raise UsageError(
             f"--sample-s {sample_s:g}: must be at least 0 and less than --budget ({budget_s:g} s)",
             "e.g. --sample-s 2 (the default)",
@@ -114,9 +116,8 @@ def summarize(
     if unavailable is not None:
         return CheckResult(UNKNOWN, one_line(unavailable), sample, tuple(findings), not_checked, elapsed_s)
     if sample is None or not read:
-        why = (
-            "the time budget ran out before any GPU was read" if sample and sample.gpus else "no GPU was read"
-        )
+        budget = any(u.why == BUDGET_SPENT for g in (sample.gpus if sample else ()) for u in g.unknown)
+        why = "the time budget ran out before any GPU was read" if budget else "no GPU could be read"
         return CheckResult(UNKNOWN, why, sample, tuple(findings), not_checked, elapsed_s)
     n = len(sample.gpus)
     parts = [f"healthy: {n} GPU{'s' if n != 1 else ''}, no problems"]

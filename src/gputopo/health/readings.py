@@ -136,8 +136,10 @@ class HealthSample:
         return None
 
 
-# ``Unknown.what`` of a GPU that was not read at all (the check's time budget ran out first).
+# ``Unknown.what`` of a GPU that was not read at all (the time budget ran out first, or its read failed).
 NOT_READ = "every health value"
+# Why a GPU was not read: the check's time budget was spent first.
+BUDGET_SPENT = "the time budget ran out before it was read"
 
 # NVML's clocks event reason bits (pynvml: nvmlClocksEventReason* = nvmlClocksThrottleReason*, same values).
 CLOCKS_GPU_IDLE = 0x1

@@ -15,7 +15,8 @@ Seconds since boot are aged with the machine's uptime; a line whose age cannot b
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
@@ -359,3 +360,23 @@ def _window_words(since_s: float | None) -> str:
         if since_s >= size and since_s % size == 0:
             return f"in the last {since_s / size:g}{unit}"
     return f"in the last {since_s:g}s"
+
+
+def xid_event_words(
+    events: Sequence[tuple[int | None, int, float]], gpus: Sequence[int], first: int | None = None
+) -> str | None:
+    """The Xid events NVML reported on ``gpus`` while a job ran, as a crashed or hung check says them:
+    ``Xid 79 on GPU5 at 12:03:07 (GPU has fallen off the bus)``. ``events`` are ``(gpu, xid, time_s)``
+    (seconds since the epoch, shown in local time); those on ``first`` (the GPU of the rank that died)
+    come first. ``None`` when none was on these GPUs."""
+    mine = [e for e in events if e[0] is not None and e[0] in gpus]
+    if not mine:
+        return None
+    mine.sort(key=lambda e: (e[0] != first, e[2]))
+    words = []
+    for gpu, xid, time_s in mine[:4]:
+        known = classify(xid)
+        what = f" ({known.description})" if known is not None else ""
+        words.append(f"Xid {xid} on GPU{gpu} at {time.strftime('%H:%M:%S', time.localtime(time_s))}{what}")
+    more = f" and {len(mine) - 4} more" if len(mine) > 4 else ""
+    return "; ".join(words) + more

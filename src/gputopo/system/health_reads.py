@@ -22,9 +22,11 @@ import ctypes
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from typing import Any
 
 from gputopo.health.readings import (
+    BUDGET_SPENT,
     FIELD_GPU_RECOVERY_ACTION,
     NOT_READ,
     GpuHealth,
@@ -37,7 +39,6 @@ from gputopo.system import nvml, nvml_worker
 
 _NOT_IN_BINDINGS = -1  # our code for "this nvidia-ml-py has no such function": read as the driver lacking it
 _MW_PER_W = 1000.0
-BUDGET_SPENT = "the time budget ran out before it was read"
 
 
 class _Reader:
@@ -366,20 +367,33 @@ class HealthReader:
         if self._local is not None:
             self._local.__exit__(None, None, None)
 
-    def gpu(self, index: int) -> GpuHealth:
-        """One GPU's health now; a GPU that did not answer in time before is not asked again."""
+    def gpu(self, index: int, left_s: float | None = None) -> GpuHealth:
+        """One GPU's health now; a GPU that did not answer in time before is not asked again.
+
+        ``left_s`` is what is left of the caller's budget: when it is less than the NVML deadline, the GPU
+        gets only that, and one that has not answered by then is not read (budget spent), not "not
+        responding": a slow answer cut short by the budget is no sign of a sick GPU."""
         if index in self._hung:
             return GpuHealth(index=index, error=self._hung[index], state=GPU_NOT_RESPONDING)
         if self._session is not None:
-            return read_gpu_health(self._session, index)
+            try:
+                return read_gpu_health(self._session, index)
+            except Exception as exc:  # a surprise in one GPU's answer must not end the whole check
+                return _read_failed(index, exc)
         assert self._worker is not None
+        cut = left_s is not None and left_s < self.timeout_s
+        self._worker.timeout_s = max(0.05, left_s) if cut and left_s is not None else self.timeout_s
         try:
             answer = self._worker.call(("call", __name__, "worker_read_gpu", (index,), {}), f"GPU{index}")
         except nvml_worker.NoAnswer as exc:
+            if cut:
+                return GpuHealth(index=index, unknown=(Unknown(NOT_READ, BUDGET_SPENT),))
             self._hung[index] = exc.what
             return GpuHealth(index=index, error=exc.what, state=GPU_NOT_RESPONDING)
+        finally:
+            self._worker.timeout_s = self.timeout_s
         if answer[0] == "raise":
-            raise answer[1]
+            return _read_failed(index, answer[1])
         return answer[1]  # type: ignore[no-any-return]
 
     def sample(
@@ -393,11 +407,18 @@ class HealthReader:
         taken = clock()
         gpus = []
         for i in indices if indices is not None else range(self.count):
-            if deadline is not None and clock() >= deadline:
+            if deadline is not None and clock() >= deadline and i not in self._hung:
                 gpus.append(GpuHealth(index=i, unknown=(Unknown(NOT_READ, BUDGET_SPENT),)))
                 continue
-            gpus.append(self.gpu(i))
+            gpus.append(self.gpu(i, deadline - clock() if deadline is not None else None))
         return HealthSample(tuple(gpus), taken, self.driver_version, self.cuda_driver_version)
+
+
+def _read_failed(index: int, exc: BaseException) -> GpuHealth:
+    """A GPU whose read raised something NVML's error rule does not cover (an answer the bindings could
+    not decode, a bug): every value unknown, with what happened, so the other GPUs are still judged."""
+    why = f"reading it failed: {type(exc).__name__}: {exc}"
+    return GpuHealth(index=index, unknown=(Unknown(NOT_READ, " ".join(why.split())[:200]),))
 
 
 def read_two_samples(
@@ -417,4 +438,22 @@ def read_two_samples(
         if wait > 0:
             sleep(wait)
         second = reader.sample(deadline=deadline, clock=clock)
-    return first, second
+    return _keep_first_reads(first, second)
+
+
+def _keep_first_reads(first: HealthSample, second: HealthSample) -> tuple[HealthSample, HealthSample]:
+    """A GPU the budget left unread in the second sample keeps its first reading: its states are still
+    judged, and its counters' rise is not checked (it is taken out of the first sample, so the judge
+    sees one sample of it), never read as "no rise"."""
+    late = {
+        g.index
+        for g in second.gpus
+        if any(u.why == BUDGET_SPENT for u in g.unknown)
+        and (f := first.gpu(g.index)) is not None
+        and not any(u.why == BUDGET_SPENT for u in f.unknown)
+    }
+    if not late:
+        return first, second
+    kept = tuple((first.gpu(g.index) or g) if g.index in late else g for g in second.gpus)
+    once = tuple(g for g in first.gpus if g.index not in late)
+    return replace(first, gpus=once), replace(second, gpus=kept)

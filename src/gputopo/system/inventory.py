@@ -393,11 +393,11 @@ def _nvlink_peers(
             if a == b:
                 continue
             links_up, links_down = direct.get((a, b), [0, 0])
-            if a in switch and b in switch:
-                links_up += switch[a][0]
-                links_down += switch[a][1]
+            via = switch[a] if a in switch and b in switch else [0, 0]
+            links_up += via[0]
+            links_down += via[1]
             if links_up or links_down:
-                peers.append(NvlinkPeer(a, b, links_up, links_down))
+                peers.append(NvlinkPeer(a, b, links_up, links_down, via[0], via[1]))
     return peers, warnings, bridges
 
 

@@ -668,3 +668,73 @@ def process_name(s: Session, pid: int) -> str | None:
         return _text(fn(pid))
     except errors.NVMLError:
         return None
+
+
+# --- Xid events (the probe listens while its ranks run) -----------------------------------------------
+#
+# NVML docs, "Event Handling Methods" (nvmlDeviceRegisterEvents, nvmlEventSetWait_v2): events that
+# happened before registration are not recorded; a wait returns at once when an event is ready, else
+# sleeps up to its timeout (or less, on an interrupt) and answers NVML_ERROR_TIMEOUT; on Linux every Xid
+# event carries its own Xid in ``eventData``; NOT_SUPPORTED from a registration leaves the set usable.
+
+
+class XidEventSet:
+    """An NVML event set with every GPU of ``indices`` that has Xid critical error events registered.
+
+    ``registered`` lists those GPUs, ``skipped`` says why each other one is not (lost, no Xid events).
+    ``wait(timeout_ms)`` gives ``(gpu index or None, xid)`` for the next Xid event, or ``None`` when none
+    came in time. ``close()`` frees the set.
+    """
+
+    def __init__(self, s: Session, indices: Sequence[int]) -> None:
+        self._lib = s._lib
+        self._errors = e = s._errors
+        self._xid = int(getattr(e, "nvmlEventTypeXidCriticalError", 0x8))
+        self._by_handle: dict[int | None, int] = {}
+        self.registered: list[int] = []
+        self.skipped: dict[int, str] = {}
+        self._set = self._lib.nvmlEventSetCreate()
+        for index in indices:
+            try:
+                dev = s.device(index)
+                supported = int(self._lib.nvmlDeviceGetSupportedEventTypes(dev.handle))
+                if not supported & self._xid:
+                    self.skipped[index] = "the driver reports no Xid events for it"
+                    continue
+                self._lib.nvmlDeviceRegisterEvents(dev.handle, self._xid, self._set)
+            except DeviceFailed as exc:
+                self.skipped[index] = exc.reason
+                continue
+            except e.NVMLError as exc:
+                self.skipped[index] = str(exc)
+                continue
+            self._by_handle[_handle_address(dev.handle)] = index
+            self.registered.append(index)
+
+    def wait(self, timeout_ms: int) -> tuple[int | None, int] | None:
+        """The next Xid event as ``(gpu index, xid)`` (index ``None``: a handle not registered here), or
+        ``None`` after ``timeout_ms`` without one (or an event of another type)."""
+        wait = getattr(self._lib, "nvmlEventSetWait_v2", None) or self._lib.nvmlEventSetWait
+        try:
+            data = wait(self._set, int(timeout_ms))
+        except self._errors.NVMLError as exc:
+            if exc.value == int(getattr(self._errors, "NVML_ERROR_TIMEOUT", 10)):
+                return None
+            raise
+        if not int(data.eventType) & self._xid:
+            return None
+        return self._by_handle.get(_handle_address(data.device)), int(data.eventData)
+
+    def close(self) -> None:
+        with suppress(self._errors.NVMLError):
+            self._lib.nvmlEventSetFree(self._set)
+
+
+def _handle_address(handle: Any) -> int | None:
+    """A device handle's address: the key that matches an event's ``device`` to the GPU registered."""
+    import ctypes
+
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return id(handle)

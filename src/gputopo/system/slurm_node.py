@@ -1,8 +1,9 @@
 """Draining and resuming this Slurm node with ``scontrol`` (``gputopo check --drain/--resume-if-healthy``).
 
 slurmd runs a ``HealthCheckProgram`` as root with almost no environment: no ``PATH``, only
-``SLURMD_NODENAME`` (slurm.conf(5), HealthCheckProgram). So ``scontrol`` is looked for on ``PATH`` and
-then in the places Slurm packages install it, and the node is ``SLURMD_NODENAME`` or the short host name.
+``SLURMD_NODENAME`` (slurm.conf(5), HealthCheckProgram). So ``scontrol`` is looked for on ``PATH``, or
+without one in the places Slurm packages install it (``system.scontrol.scontrol_path``), and the node is
+``SLURMD_NODENAME`` or the short host name.
 
 Only a drain whose reason starts with ``gputopo:`` is ever resumed: a node an administrator drained
 stays drained.
@@ -12,15 +13,14 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import socket
 import subprocess
 from dataclasses import dataclass
-from pathlib import Path
+
+from gputopo.system.scontrol import scontrol_path
 
 PREFIX = "gputopo:"
 TIMEOUT_S = 10.0
-_PLACES = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin", "/usr/sbin", "/bin")
 
 
 @dataclass(frozen=True)
@@ -38,15 +38,9 @@ class SlurmAction:
 
 
 def scontrol() -> str | None:
-    """The ``scontrol`` program: on ``PATH``, else where Slurm packages put it."""
-    found = shutil.which("scontrol")
-    if found:
-        return found
-    for d in _PLACES:
-        p = Path(d) / "scontrol"
-        if p.is_file() and os.access(p, os.X_OK):
-            return str(p)
-    return None
+    """The ``scontrol`` program: ``system.scontrol``'s one lookup (``PATH``, or with no ``PATH`` as under
+    slurmd, the directories Slurm packages use)."""
+    return scontrol_path()
 
 
 def node_name() -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -123,15 +124,76 @@ def run_probe(
     on_progress: ProgressFn | None = None,
     plan: Plan | None = None,
     view: TopologyView | None = None,
+    on_warning: Callable[[str], None] | None = None,
+    listen_xid: bool | None = None,
 ) -> ProbeRun:
     """Run the plan in a pool of ranks and judge it. Ctrl-C stops the ranks and propagates.
 
     One pool normally runs the whole plan. When a set hangs or a rank dies, that pool is stopped, the
     set's remaining checks are reported as not reached, and a fresh pool runs the jobs not yet judged.
+
+    On GPUs read live, a GPU of a set with a health problem (one health sample) is warned about through
+    ``on_warning`` (one line per GPU) and named in the run's caveats; and NVML's Xid events are listened
+    for while the ranks run (``listen_xid``, default: on GPUs), so a crashed or hung check names the
+    Xid of its GPU.
     """
+    plan = plan or make_plan(config)
+    live = config.device == "cuda" and config.topology_input is None
+    gpus = sorted({g for s in plan.sets for g in s})
+    sick = _sick_gpus(gpus) if live else {}
+    for gpu, what in sorted(sick.items()):
+        if on_warning is not None:
+            on_warning(f"GPU{gpu} has a health problem: {what}; its results may show the fault, not the set")
+    if not (live if listen_xid is None else listen_xid):
+        return _run_probe(config, on_progress, plan, view, sick, None)
+    from gputopo.system.xid_events import XidWatch
+
+    with XidWatch(gpus) as watch:
+        return _run_probe(config, on_progress, plan, view, sick, watch)
+
+
+def _sick_gpus(gpus: list[int]) -> dict[int, str]:
+    """GPU -> its first health problem, from one health sample of ``gpus`` (no counters' rise: that
+    needs a window the probe does not wait for). Nothing when NVML cannot be read."""
+    from gputopo.health.judge import judge_one
+    from gputopo.system import nvml
+    from gputopo.system.health_reads import HealthReader
+
+    try:
+        with HealthReader() as reader:
+            sample = reader.sample([g for g in gpus if g < reader.count])
+    except nvml.NvmlUnavailable:
+        return {}
+    return judge_one(sample).unhealthy_gpus()
+
+
+def _with_xid(results: dict[str, CheckResult], outcome: LaunchOutcome, events: tuple[Any, ...]) -> None:
+    """Add to a crashed or hung check the Xid events NVML reported on its set's GPUs (those on the GPU
+    of the rank that died first): "Xid 79 on GPU5 at 12:03:07", not just "crashed"."""
+    from gputopo.health.xid import xid_event_words
+
+    gpus = outcome.job.gpus
+    rank = outcome.failures[0].rank if outcome.failures else None
+    first = gpus[rank] if rank is not None and 0 <= rank < len(gpus) else None
+    words = xid_event_words([(e.gpu, e.xid, e.time_s) for e in events], gpus, first)
+    if words is None:
+        return
+    for name, result in results.items():
+        if result.kind in ("crashed", "hung"):
+            metrics = {**(result.metrics or {}), "xid_events": words}
+            results[name] = replace(result, detail=f"{result.detail}; NVML reported {words}", metrics=metrics)
+
+
+def _run_probe(
+    config: ProbeConfig,
+    on_progress: ProgressFn | None,
+    plan: Plan,
+    view: TopologyView | None,
+    sick: dict[int, str],
+    watch: Any,
+) -> ProbeRun:
     started_utc = datetime.now(timezone.utc)
     started = time.monotonic()
-    plan = plan or make_plan(config)
     view = view or read_topology(config)
     notes = [view.note] if view.note else []
     if config.inject is not None:
@@ -166,6 +228,8 @@ def run_probe(
             job = job_outcome.job
             checks = runs[job]
             results = judge_outcome(job_outcome, checks, view, config)
+            if watch is not None and job_outcome.status != "ok":
+                _with_xid(results, job_outcome, watch.events())
             by_set[job.gpus].update(results)
             judged.add(job)
             if job_outcome.status != "ok":
@@ -193,6 +257,10 @@ def run_probe(
         for gpus in plan.sets
     ]
     environment.update(_parent_environment(config, view))
+    if sick:
+        caveats = list(environment.get("caveats") or [])
+        caveats += [f"GPU{g} has a health problem: {what}" for g, what in sorted(sick.items())]
+        environment["caveats"] = caveats
     return ProbeRun(
         config=config,
         sets=tuple(verdict.with_healthy_sets(sets)),

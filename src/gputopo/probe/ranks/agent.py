@@ -8,6 +8,7 @@ the ranks: the parent (``pool``) only starts it by module name and reads what it
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -50,6 +51,12 @@ def agent_main(job_path: str) -> int:
             rdzv_configs["is_host"] = bool(job["store_is_host"])
         joined = JoinWatch(job, Path(job["result"]).parent)
         joined.start()
+    # LaunchConfig.shutdown_timeout (torch/distributed/launcher/api.py) is newer than some torch builds
+    # that vendors ship with their GPU images (2.11 on the H100 this was first run on lacks it, and the
+    # probe then failed as "crashed" before any rank started): pass it only where torch has it.
+    agent_options: dict[str, Any] = {}
+    if "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)}:
+        agent_options["shutdown_timeout"] = AGENT_SHUTDOWN_S
     config = LaunchConfig(
         min_nodes=nnodes,
         max_nodes=nnodes,
@@ -64,7 +71,7 @@ def agent_main(job_path: str) -> int:
         monitor_interval=0.1,
         start_method="spawn",
         logs_specs=DefaultLogsSpecs(log_dir=str(log_dir), redirects=Std.ALL),
-        shutdown_timeout=AGENT_SHUTDOWN_S,
+        **agent_options,
     )
     result: dict[str, Any]
     try:

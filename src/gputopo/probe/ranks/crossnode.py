@@ -28,6 +28,7 @@ import torch.distributed as dist
 from gputopo.probe.judge import nodes
 from gputopo.probe.judge.progress import FINISHED_STEP
 from gputopo.probe.ranks.allreduce import known_sum, known_values
+from gputopo.probe.ranks.compat import new_group_in_order
 from gputopo.probe.shared import COLLECTIVE_TIMEOUT_GRACE_S
 
 # The planted "slow" fault: this long asleep before each timed collective, like a node that is late to
@@ -281,7 +282,7 @@ def run_tests(
                 # A subgroup's timeout is its own (new_group falls back to the backend default, 10 min for
                 # NCCL, not init_process_group's): the parent must always be the one to call a hang.
                 timeout = timedelta(seconds=float(spec["timeout_s"]) + COLLECTIVE_TIMEOUT_GRACE_S)
-                groups[key] = None if same else dist.new_group(list(key), timeout=timeout, sort_ranks=False)
+                groups[key] = None if same else new_group_in_order(key, timeout=timeout)
         mine_result = None
         for test in step:
             ranks = layout.test_ranks(test)

@@ -28,6 +28,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from gputopo.probe.ranks.compat import new_group_in_order
 from gputopo.probe.shared import COLLECTIVE_TIMEOUT_GRACE_S
 
 
@@ -210,22 +211,26 @@ def collective_timeout(spec: dict[str, Any]) -> timedelta:
     return timedelta(seconds=float(spec["timeout_s"]) + COLLECTIVE_TIMEOUT_GRACE_S)
 
 
-def set_groups(dist: Any, ranks: list[int], spec: dict[str, Any], device_type: str) -> tuple[Any, Any]:
+def set_groups(
+    ranks: list[int], spec: dict[str, Any], device_type: str, new_group: Any = None
+) -> tuple[Any, Any]:
     """The set's process group and the CPU group its idle ranks wait in; every rank calls this.
 
     Both get the run's timeout: ``new_group`` without one falls back to the backend's default
     (torch/distributed/distributed_c10d.py, ``_new_group_with_tag``: ``_get_default_timeout``, 10 min for
     NCCL), not ``init_process_group``'s, and NCCL's watchdog would then kill a rank before ``--timeout``.
     A set's order is its ranks' order (--gpus 6,5: GPU 6 is rank 0), so neither group sorts them
-    (``sort_ranks=False``). The waiting group is gloo on GPUs: ``ProcessGroupNCCL`` implements a barrier
-    as a one-element all-reduce on the device (``barrier``'s docstring), whose kernel would spin on the
-    very GPUs rank 0 is timing; gloo waits on the CPU. On CPU ranks the set's group is gloo already.
+    (``compat.new_group_in_order``, the default ``new_group``). The waiting group is gloo on GPUs:
+    ``ProcessGroupNCCL`` implements a barrier as a one-element all-reduce on the device (``barrier``'s
+    docstring), whose kernel would spin on the very GPUs rank 0 is timing; gloo waits on the CPU. On CPU
+    ranks the set's group is gloo already.
     """
+    make = new_group or new_group_in_order
     timeout = collective_timeout(spec)
-    group = dist.new_group(ranks, timeout=timeout, sort_ranks=False)
+    group = make(ranks, timeout=timeout)
     if device_type != "cuda":
         return group, group
-    return group, dist.new_group(ranks, timeout=timeout, backend="gloo", sort_ranks=False)
+    return group, make(ranks, timeout=timeout, backend="gloo")
 
 
 def last_steps(schedule: list[list[dict[str, Any]]]) -> dict[tuple[int, ...], int]:
@@ -256,7 +261,7 @@ def run_schedule(spec: dict[str, Any], rank: int, device: Any, log: Any) -> None
         for job in step:
             key = tuple(job["ranks"])
             if key not in groups:
-                groups[key] = set_groups(dist, list(key), spec, device.type)
+                groups[key] = set_groups(list(key), spec, device.type)
                 if rank in key and dist.get_group_rank(groups[key][0], rank) != key.index(rank):
                     raise RuntimeError(f"group {key}: rank {rank} is not rank {key.index(rank)} in it")
         for job in step:
