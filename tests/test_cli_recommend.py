@@ -18,9 +18,9 @@ PLAIN_ENV = plain_env(100)
 SEED = "sample:seed-8gpu-nv4"
 
 
-def run(*args: str):
+def run(*args: str, env: dict[str, str] | None = None):
     """``gputopo recommend ARGS`` in-process, colour off, 100 columns."""
-    return invoke("recommend", *args, columns=100)
+    return invoke("recommend", *args, columns=100, env=env)
 
 
 def test_seed_box_golden_output():
@@ -203,3 +203,47 @@ def test_live_machine_through_the_fake_nvml():
         doc = json.loads(run("--n", "2", "--json").stdout)
     assert {"gpu": 5, "why": "failing: GPU is lost"} in doc["excluded"]
     assert all(5 not in c["gpus"] for c in doc["candidates"])
+
+
+def test_a_schedulers_preset_allocation_is_chosen_within():
+    """Slurm gave this job GPUs 4-7 (as UUIDs): the best pair comes from them, not from 0-3."""
+    fake_nvml = pytest.importorskip("fake_nvml")
+    uuids = ",".join(f"GPU-a6000000-0000-0000-0000-00000000000{i}" for i in (4, 5, 6, 7))
+    with fake_nvml.FakeNvml.nvlink_box().installed():
+        doc = json.loads(run("--n", "2", "--json", env={"CUDA_VISIBLE_DEVICES": uuids}).stdout)
+        assert all(set(c["gpus"]) <= {4, 5, 6, 7} for c in doc["candidates"]) and doc["candidates"]
+        outside = {e["gpu"]: e["why"] for e in doc["excluded"]}
+        assert set(outside) == {0, 1, 2, 3}
+        assert outside[0].startswith(f"not in CUDA_VISIBLE_DEVICES={uuids}")
+        # Only two GPUs allowed: a set of four cannot be found inside the allocation.
+        two = ",".join(uuids.split(",")[:2])
+        result = run("--n", "4", env={"CUDA_VISIBLE_DEVICES": two})
+        assert result.exit_code != 0 and "not in CUDA_VISIBLE_DEVICES" in result.output
+        # --ignore-visible-devices chooses among every GPU again.
+        doc = json.loads(
+            run("--n", "2", "--json", "--ignore-visible-devices", env={"CUDA_VISIBLE_DEVICES": two}).stdout
+        )
+        assert not doc["excluded"]
+
+
+def test_run_chooses_within_the_preset_allocation(tmp_path):
+    fake_nvml = pytest.importorskip("fake_nvml")
+    uuids = ",".join(f"GPU-a6000000-0000-0000-0000-00000000000{i}" for i in (6, 7))
+    with fake_nvml.FakeNvml.nvlink_box().installed():
+        result = invoke(
+            "run", "--n", "2", "--dry-run", "--json", "--", "python", "train.py",
+            env={"CUDA_VISIBLE_DEVICES": uuids},
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["launch"]["gpus"] == [6, 7]
+        result = invoke(
+            "run", "--n", "2", "--dry-run", "--json", "--ignore-visible-devices", "--", "python", "train.py",
+            env={"CUDA_VISIBLE_DEVICES": uuids},
+        )  # fmt: skip
+        assert json.loads(result.stdout)["launch"]["gpus"] != [6, 7]
+
+
+def test_a_preset_says_nothing_about_a_topology_read_from_a_file():
+    result = run("--n", "2", "--input", "sample:seed-8gpu-nv4", env={"CUDA_VISIBLE_DEVICES": "0"})
+    assert result.exit_code == 0
+    assert "CUDA_VISIBLE_DEVICES=0 describes this machine" in result.output

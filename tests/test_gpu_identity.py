@@ -155,3 +155,57 @@ def test_rank_device_check() -> None:
     check_rank_device(0, 5, None, "00000000:3B:00.0")  # nothing known: nothing to compare
     with pytest.raises(RuntimeError, match="GPU identity mismatch: local rank 1 should drive GPU5"):
         check_rank_device(1, 5, "00000000:3B:00.0", "00000000:5E:00.0")
+
+
+# A workstation where NVML lists an old display card first, one the installed CUDA release no longer
+# drives (issue 22 item 9: "an old display card under CUDA 12"), so CUDA numbers only the two A100s.
+# nvidia-smi: GPU0 = the display card, GPU1 and GPU2 = the A100s; CUDA: device 0 and 1 = the A100s.
+WORKSTATION = [
+    GpuIdentity(0, "GPU-0000dddd-0000", "00000000:02:00.0", "Quadro K2000"),
+    GpuIdentity(1, "GPU-0001aaaa-0000", "00000000:3B:00.0", "NVIDIA A100-PCIE-40GB"),
+    GpuIdentity(2, "GPU-0002aaaa-0000", "00000000:86:00.0", "NVIDIA A100-PCIE-40GB"),
+]
+
+
+def test_integer_presets_are_resolved_by_cudas_own_answer_when_cuda_skips_a_display_gpu() -> None:
+    # What `python -m gputopo.probe.ranks.cuda` answers under CUDA_VISIBLE_DEVICES=0 / =1 / =0,1.
+    assert allowed_gpus(WORKSTATION, "0", "PCI_BUS_ID", ("00000000:3B:00.0",)).indices == (1,)
+    assert allowed_gpus(WORKSTATION, "1", None, ("00000000:86:00.0",)).indices == (2,)
+    both = allowed_gpus(WORKSTATION, "1,0", None, ("00000000:86:00.0", "00000000:3B:00.0"))
+    assert both.indices == (1, 2) and both.note is None
+    assert both.why_not[0] == "not in CUDA_VISIBLE_DEVICES=1,0"
+    # A 4-digit PCI domain (as some tools print it) is the same address.
+    assert allowed_gpus(WORKSTATION, "0", None, ("0000:3B:00.0",)).indices == (1,)
+    # NVML's numbering alone would have named the display card.
+    assert allowed_gpus(WORKSTATION, "0", "PCI_BUS_ID").indices == (0,)
+
+
+def test_an_entry_cuda_has_no_device_for_is_refused() -> None:
+    # CUDA stops at the first entry it cannot use: "0,5" gives it one device.
+    with pytest.raises(UsageError, match="CUDA has no device for entry '5' \\(it sees 1"):
+        allowed_gpus(WORKSTATION, "0,5", None, ("00000000:3B:00.0",))
+    with pytest.raises(UsageError, match="is at PCI 00000000:AF:00.0, which NVML does not list"):
+        allowed_gpus(WORKSTATION, "0", None, ("00000000:AF:00.0",))
+
+
+def test_without_cudas_answer_integers_fall_back_to_nvml_numbering_and_say_so() -> None:
+    allowed = allowed_gpus(box(), "4,5", None, None, "torch is not installed")
+    assert allowed.indices == (4, 5)
+    assert allowed.note is not None and allowed.note.startswith(
+        "CUDA could not be asked how it numbers its devices (torch is not installed)"
+    )
+    # UUIDs need no numbering, so nothing is said.
+    assert allowed_gpus(box(), "GPU-0004", None, None, "torch is not installed").note is None
+
+
+def test_the_cuda_child_answers_with_this_machines_devices() -> None:
+    pytest.importorskip("torch")
+    import os
+
+    from gputopo.probe.pool.launch import ask_cuda_bus_ids
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0"}
+    bus_ids, why = ask_cuda_bus_ids(env)
+    assert bus_ids is not None, why  # a CPU-only machine: CUDA answers with no device at all
+    assert all(len(b.split(":")) == 3 for b in bus_ids) and len(bus_ids) <= 1
+    assert ask_cuda_bus_ids(env, timeout_s=0.001) == (None, "CUDA did not answer within 0.001 s")

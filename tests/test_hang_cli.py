@@ -266,14 +266,14 @@ def test_a_suspect_on_this_machine_gets_its_gpu_health(base: Path, tmp_path: Pat
     import dataclasses
     import socket
 
-    import gputopo.machine as topology
+    import gputopo.machine as machine
     from gputopo.machine import load_topology
 
     here = socket.gethostname()
     sample = load_topology("sample:workstation-2gpu-nvlink")
     gpus = tuple(dataclasses.replace(g, error="GPU is lost") if g.index == 1 else g for g in sample.gpus)
     sick = dataclasses.replace(sample, gpus=gpus)
-    monkeypatch.setattr(topology, "load_topology", lambda spec, **kw: sick)
+    monkeypatch.setattr(machine, "load_topology", lambda spec, **kw: sick)
     folder = copy_dumps(real_dumps("never", base), tmp_path / "run")
     record = {
         "schema": "gputopo/run-record/v1",
@@ -309,11 +309,17 @@ def test_html_report_draws_the_ranks_per_host(base: Path, tmp_path: Path) -> Non
     assert bad.exit_code == 2 and "cannot write" in bad.output
 
 
-def test_nodes_with_different_nccl_are_noted(base: Path, tmp_path: Path) -> None:
+def test_nodes_with_different_nccl_are_a_config_problem(base: Path, tmp_path: Path) -> None:
     folder = copy_dumps(real_dumps("never", base), tmp_path / "run")
     _records(folder)
     rec_b = json.loads((folder / "run-record-node-b.json").read_text())
     rec_b["versions"] = {"nccl": "2.21.5", "torch": "2.14.1"}
     (folder / "run-record-node-b.json").write_text(json.dumps(rec_b))
     doc = json.loads(invoke("hang", str(folder), "--json").stdout)
-    assert "nccl differs between nodes: 2.27.5 on node-a; 2.21.5 on node-b" in doc["notes"]
+    by_where = {f["where"]: f for f in doc["findings"] if f["category"] == "config"}
+    nccl = by_where["NCCL version"]
+    assert nccl["severity"] == "problem" and nccl["action"] == "config"
+    assert "2.27.5 on node-a (node 0); 2.21.5 on node-b (node 1)" in nccl["what"]
+    # node-b's record names no NCCL variable: node-a's NCCL_DEBUG is a difference, and only a note.
+    assert by_where["NCCL_DEBUG"]["severity"] == "note"
+    assert "WARN on node-a (node 0); (unset) on node-b (node 1)" in by_where["NCCL_DEBUG"]["what"]

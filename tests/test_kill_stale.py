@@ -541,15 +541,16 @@ def test_failed_when_a_process_outlives_sigkill(
     assert running(stuck)
 
 
-def test_zombie_holder_is_released_by_stopping_its_parent(
+def test_a_zombie_holder_never_makes_its_live_parent_a_target(
     procs: Procs, devices: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fields = procs.start("zombie-parent", devices["nvidia1"])
     parent, zombie = fields["pid"], fields["zombie"]
     assert psutil.Process(zombie).status() == psutil.STATUS_ZOMBIE
 
-    # An exited process has closed its files, so no scan can see one holding a device: the scan is told
-    # that the (real) zombie holds one, as when a process exits between lsof and the process read.
+    # An exited process has closed its files (do_exit's exit_files comes before exit_notify), so no scan
+    # can see one holding a device: the scan is told that the (real) zombie holds one, as when a process
+    # exits between lsof and the process read.
     import gputopo.system.lsof as lsof_mod
     from gputopo.procs.holders import OpenDevices
 
@@ -561,18 +562,75 @@ def test_zombie_holder_is_released_by_stopping_its_parent(
 
     monkeypatch.setattr(lsof_mod, "find_open_devices", find_open_devices)
 
-    code, doc = as_json("--device-files", devices["glob"])
+    code, doc = as_json("--device-files", devices["glob"], "--pid", str(zombie), "--yes", "--grace", "1")
     held = by_pid(doc)
     assert code == 0
-    assert held[zombie]["stale"] is True and held[zombie]["target_pid"] == parent
-    assert any(r.startswith("zombie") for r in held[zombie]["reasons"])
-    assert held[parent]["stale"] is False
+    assert held[zombie]["action"] == "spared" and held[zombie].get("target_pid") in (None, zombie)
+    assert running(parent)  # the parent holds a GPU file and runs: it is never stopped for its child
 
-    code, doc = as_json("--device-files", devices["glob"], "--yes", "--grace", "1")
+
+LEADER_EXIT_C = Path(__file__).resolve().parent / "helpers" / "leader_exit.c"
+
+
+@pytest.fixture(scope="module")
+def leader_exit(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """tests/helpers/leader_exit.c, built with the system's C compiler (skipped without one)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler (cc) to build the exited-main-thread helper")
+    out = tmp_path_factory.mktemp("leader") / "leader_exit"
+    subprocess.run([cc, "-O1", "-pthread", "-o", str(out), str(LEADER_EXIT_C)], check=True, timeout=120)
+    return str(out)
+
+
+def thread_state(pid: int, tid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def test_an_exited_main_thread_whose_thread_holds_the_gpu_is_found_and_stopped_not_its_parent(
+    procs: Procs, devices: dict[str, str], leader_exit: str
+) -> None:
+    fields = procs.start("leader-exit", leader_exit, "run", devices["nvidia0"])
+    parent, leader, thread = fields["pid"], fields["leader"], fields["thread"]
+    assert _stat(leader) is not None and _stat(leader)[0] == "Z"  # type: ignore[index]
+    assert thread_state(leader, thread) in ("S", "R")
+
+    # lsof and /proc/PID/fd miss what the live thread holds; gputopo reads /proc/PID/task/TID/fd.
+    code, doc = as_json("--device-files", devices["glob"], "--pid", str(leader))
+    held = by_pid(doc)
+    assert code == 0 and leader in held and held[leader]["devices"] == [devices["nvidia0"]]
+    assert held[leader]["action"] == "listed" and held[leader]["target_pid"] == leader
+
+    code, doc = as_json("--device-files", devices["glob"], "--pid", str(leader), "--yes", "--grace", "2")
+    assert code == 0, doc
+    assert by_pid(doc)[leader]["action"] == "terminated"
+    assert thread_state(leader, thread) in (None, "Z", "X")  # the thread is gone, the GPU file closed
+    assert running(parent)
+
+
+def test_an_exited_main_thread_stuck_in_the_kernel_is_reported_and_nothing_is_signalled(
+    procs: Procs, devices: dict[str, str], leader_exit: str
+) -> None:
+    fields = procs.start("leader-exit", leader_exit, "d", devices["nvidia0"])
+    parent, leader, thread = fields["pid"], fields["leader"], fields["thread"]
+    procs._track(fields["child"])
+    deadline = time.monotonic() + 10
+    while thread_state(leader, thread) != "D":  # waiting for its vfork child, in the kernel
+        assert time.monotonic() < deadline, "the helper thread never reached state D"
+        time.sleep(0.01)
+
+    code, doc = as_json("--device-files", devices["glob"], "--all", "--yes", "--grace", "1")
+    held = by_pid(doc)
     assert code == 0
-    assert by_pid(doc)[zombie]["action"] == "terminated"
-    assert by_pid(doc)[zombie]["detail"].startswith(f"acted on its parent {parent}")
-    assert not running(parent)
+    assert held[leader]["stale"] is True and held[leader]["action"] == "spared"
+    assert held[leader]["reasons"][0].startswith(
+        f"stuck in the driver: its main thread exited; thread {thread}"
+    )
+    assert thread_state(leader, thread) == "D" and running(parent)  # nothing was signalled
 
 
 def test_older_than_spares_young_stale_holders(procs: Procs, devices: dict[str, str]) -> None:

@@ -218,7 +218,7 @@ def test_run_dry_run_prints_the_torchrun_line_and_runs_nothing(tmp_path):
 def test_run_with_an_unknown_command_is_one_line_and_exit_2():
     done = _gputopo("run", "--n", "2", "--input", "sample:seed-8gpu-nv4", "--", "no-such-program-gputopo")
     assert done.returncode == 2
-    assert "no-such-program-gputopo: command not found" in done.stderr
+    assert "command not found: no-such-program-gputopo" in done.stderr
     assert "Traceback" not in done.stderr
 
 

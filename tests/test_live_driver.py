@@ -125,9 +125,10 @@ def test_topo_text_names_each_state(driver: Path, tmp_path: Path) -> None:
     result = fake_driver.run(driver, machine(tmp_path, eight_gpu_machine()), "topo", *TIMEOUT)
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "GPU3  FAILING: GPU is lost" in out
-    assert "GPU4  not accessible from here: Insufficient Permissions" in out
-    assert "GPU6  NOT RESPONDING: NVML did not answer GPU6 within 2 s" in out
+    # The health column: a lost or hung GPU is a problem; one refused for permission is unknown.
+    assert "GPU3  PROBLEM  FAILING: GPU is lost" in out
+    assert "GPU4  ?        not accessible from here: Insufficient Permissions" in out
+    assert "GPU6  PROBLEM  NOT RESPONDING: NVML did not answer GPU6 within 2 s" in out
     assert "GPU5: MIG enabled, left out of probes and sets" in out
     assert "GPU2: has NVLinks but no bridge" in out
     assert "GPU4 is not accessible from here" in result.stderr

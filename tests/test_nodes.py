@@ -348,20 +348,39 @@ SLURM_ENV = {
 }
 
 
+def test_a_slurm_node_meets_at_node_0s_address_and_goes_by_slurmd_nodename() -> None:
+    env = {**SLURM_ENV, "SLURM_NODEID": "0", "SLURM_STEP_NODEID": "0", "SLURMD_NODENAME": "gpu-a07"}
+    job = slurm_job(env, hostnames=lambda _: None, node_addr=lambda name: "10.12.0.7")
+    node = resolve_nodes(None, None, None, None, None, None, job)
+    assert node is not None
+    assert (node.endpoint, node.hostname, node.store_is_host) == ("10.12.0.7:32327", "gpu-a07", True)
+    # Several slurmd on one machine share a host name; SLURMD_NODENAME tells them apart.
+    env = {**env, "SLURM_NODEID": "1", "SLURM_STEP_NODEID": "1", "SLURMD_NODENAME": "gpu-a08"}
+    node = resolve_nodes(None, None, None, None, None, None, slurm_job(env, hostnames=lambda _: None))
+    assert node is not None and (node.node_rank, node.hostname, node.store_is_host) == (1, "gpu-a08", False)
+
+
 def test_options_default_from_the_slurm_job() -> None:
     job = slurm_job(SLURM_ENV, hostnames=lambda _: None)
     node = resolve_nodes(None, None, None, None, None, None, job)
     assert node is not None
+    # The job's own port (29501 + 81234 % 3267 = 32327), never torch's shared default 29400.
     assert (node.nnodes, node.node_rank, node.endpoint, node.rdzv_id, node.source) == (
         4,
         2,
-        "gpu-a07:29400",
+        "gpu-a07:32327",
         "gputopo-81234",
         "slurm",
     )
-    # Flags win over the job.
+    # Named as Slurm names the node (its place in the node list), not by gethostname().
+    assert node.hostname == "gpu-a09"
+    # A derived endpoint: only node 0 hosts the store, said outright, so a held port is an error in torch
+    # rather than a silent join of another job's store.
+    assert node.store_is_host is False
+    # Flags win over the job; the user's endpoint is left to torch to host as torchrun would.
     node = resolve_nodes(None, None, "login:5000", "mine", None, None, job)
     assert node is not None and (node.endpoint, node.rdzv_id, node.node_rank) == ("login:5000", "mine", 2)
+    assert node.store_is_host is None and node.hostname == "gpu-a09"
     # One task per GPU (srun's habit for training scripts) would start eight gputopo per node.
     crowded = slurm_job({**SLURM_ENV, "SLURM_STEP_NUM_TASKS": "32"}, hostnames=lambda _: None)
     with pytest.raises(UsageError, match="32 tasks on 4 nodes"):

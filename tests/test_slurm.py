@@ -165,9 +165,13 @@ def test_a_task_of_srun_on_node_2_of_4_reads_every_field():
         hosts=("dgx001", "dgx002", "dgx003", "dgx004"),
         gpus=(0, 1, 2, 3, 4, 5, 6, 7),
         ntasks=4,
+        node_name="dgx003",
     )
     assert job.first_host == "dgx001"
     assert job.this_host == "dgx003" == SRUN_NODE2_OF_4["SLURMD_NODENAME"]
+    # slurmd's own name for the node wins over the node list's entry (a test cluster's nodes share one
+    # host name; the name is what tells them apart).
+    assert slurm_job({**SRUN_NODE2_OF_4, "SLURMD_NODENAME": "node3"}).this_host == "node3"
 
 
 def test_outside_slurm_there_is_no_job():
@@ -253,7 +257,7 @@ def test_scontrol_is_asked_before_the_expander():
     job = slurm_job(SRUN_NODE2_OF_4, hostnames=fake_scontrol)
     assert asked == ["dgx[001-004]"]
     assert job.hosts == ("alpha", "bravo", "charlie", "delta")
-    assert job.this_host == "charlie"
+    assert job.hosts[job.node_id] == "charlie"
 
 
 @pytest.mark.parametrize("answer", [None, []])

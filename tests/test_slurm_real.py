@@ -139,6 +139,9 @@ def test_the_multinode_probe_runs_under_srun(slurm_cluster, tmp_path):
     host, port = section["endpoint"].rsplit(":", 1)
     assert host == "127.0.0.1" and 29500 < int(port) < 32768
     assert all(t["wrong"] == 0 for t in section["tests"])
+    # CPU ranks talk gloo, not NCCL: no transport or line rate to judge, and the report says so.
+    assert section["network"] == {"transport": "gloo", "judged": False}
+    assert any("not judged (gloo" in n for n in section["notes"])
     assert not net.port_taken(int(port))  # nothing of the run is left holding the job's port
 
 
@@ -153,6 +156,20 @@ def test_a_corrupting_node_under_srun_is_named(slurm_cluster, tmp_path):
     assert found == [("corrupt", [1])]
     assert [n["verdict"] for n in doc["nodes"]] == ["pass", "fail", "pass"]
     assert "node 1 (node2)" in doc["nodes"][1]["findings"][0]["detail"]
+
+
+@pytest.mark.slow
+def test_a_slow_node_under_srun_is_named_by_its_slurm_name(slurm_cluster, tmp_path):
+    pytest.importorskip("torch")
+    done, docs, errs = run_probe(slurm_cluster, tmp_path, 3, "--inject", "slow", "--inject-node", "2")
+    assert done.returncode != 0
+    doc = docs[0]
+    assert doc is not None and doc["verdict"] == "fail", errs[0]
+    found = [(f["kind"], f["nodes"]) for n in doc["nodes"] for f in n["findings"]]
+    assert found == [("straggler", [2])]
+    assert "node 2 (node3)" in doc["nodes"][2]["findings"][0]["detail"]
+    # Every node shares this machine's host name; the document goes by Slurm's.
+    assert doc["environment"]["hostname"] == "node1"
 
 
 @pytest.mark.slow

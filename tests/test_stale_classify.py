@@ -58,6 +58,7 @@ def proc(
     error: str | None = None,
     env: dict[str, str] | None = None,
     nspid: tuple[int, ...] | None = None,
+    threads: tuple[tuple[int, str], ...] | None = None,
 ) -> ProcessInfo:
     """A process; by default alice's python, an hour old, in the session of the login shell, with no
     launcher variables in its (readable) environment."""
@@ -74,6 +75,7 @@ def proc(
         error=error,
         launch_env=tuple(env.items()) if env is not None else (),
         nspid=nspid,
+        threads=threads,
     )
 
 
@@ -460,19 +462,44 @@ def test_unreadable_process_is_listed_but_never_signalled() -> None:
     assert by_pid[6200].target is None
 
 
-def test_zombie_is_stale_and_its_parent_is_the_target() -> None:
-    parent = proc(5900, SHELL, name="train")
-    zombie = proc(6000, 5900, status="zombie")
-    _, by_pid = judge(machine({6000: GPU0}, [parent, zombie]))
-    assert by_pid[6000].reasons[0].startswith("zombie: it exited but its parent 5900 (train)")
-    assert by_pid[6000].target == ProcessRef(5900, parent.create_time_s or 0)
+def test_a_zombie_is_never_a_reason_to_stop_its_parent() -> None:
+    # A process that has really exited holds no files (do_exit closes them before it becomes a zombie):
+    # one seen holding a GPU exited between the scan and the read. Stopping its parent (here a torchrun
+    # agent) would free nothing.
+    agent = proc(5900, SHELL, name="torchrun", cmdline=("torchrun", "--nproc-per-node", "8", "train.py"))
+    zombie = proc(6000, 5900, status="zombie", threads=((6000, "Z"),))
+    report, by_pid = judge(machine({6000: GPU0}, [agent, zombie]), policy=Policy(all=True))
+    assert by_pid[6000].target is None and not by_pid[6000].stale
+    assert any("a zombie holds no files" in r and "5900 (torchrun)" in r for r in by_pid[6000].spared_reasons)
+    assert report.targets == ()
 
 
-def test_zombie_of_a_protected_parent_is_spared() -> None:
-    zombie = proc(6000, SHELL, status="zombie")  # the user's own shell has not reaped it
-    _, by_pid = judge(machine({6000: GPU0}, [zombie]))
-    assert by_pid[6000].stale and by_pid[6000].target is None
-    assert any(r.startswith(f"its parent {SHELL}: an ancestor") for r in by_pid[6000].protected_reasons)
+def test_an_exited_main_thread_whose_threads_are_stuck_in_the_driver_is_reported_not_targeted() -> None:
+    # The holder's main thread exited (it shows as a zombie); its last thread sleeps in the driver.
+    agent = proc(5900, SHELL, name="torchrun")
+    leader = rank(6000, 5900, status="zombie", threads=((6000, "Z"), (6001, "D"), (6002, "S")))
+    report, by_pid = judge(machine({6000: GPU0}, [agent, leader]), policy=Policy(all=True))
+    a = by_pid[6000]
+    assert a.stale and a.reasons[0].startswith("stuck in the driver: its main thread exited; thread 6001")
+    assert "reset the GPU or reboot" in a.reasons[0]
+    assert a.target is None and report.targets == ()  # neither the holder nor its parent
+    assert "stuck in the driver: no signal frees it (reset the GPU or reboot)" in a.spared_reasons
+
+
+def test_an_exited_main_thread_with_live_threads_is_judged_as_the_process_it_still_is() -> None:
+    # An orphaned rank whose main thread exited: its threads hold the GPU and a signal to its pid reaches
+    # them, so it is the target itself; its parent (init) never is.
+    leader = rank(6000, INIT, sid=6000, status="zombie", threads=((6000, "Z"), (6001, "S")))
+    _, by_pid = judge(machine({6000: GPU0}, [leader]))
+    a = by_pid[6000]
+    assert a.reasons[0].startswith("launcher gone")
+    assert a.target == ProcessRef(6000, leader.create_time_s or 0)
+    assert any(n.startswith("its main thread exited; 1 thread(s) live on") for n in a.notes)
+    # The same process with a live launcher is not stale, and nothing of its family is targeted.
+    agent = proc(5900, SHELL, name="torchrun")
+    live = rank(6000, 5900, status="zombie", threads=((6000, "Z"), (6001, "R")))
+    report, by_pid = judge(machine({6000: GPU0}, [agent, live]))
+    assert not by_pid[6000].stale and report.targets == ()
 
 
 def test_older_than_spares_young_stale_holders() -> None:
@@ -674,11 +701,12 @@ def test_memory_freed_needs_nvml_before_and_after() -> None:
 
 
 def scene_after_stop():  # type: ignore[no-untyped-def]
-    """Two orphans, a zombie whose parent is a target, a daemon; one orphan refused the signal."""
+    """Three orphans (the third's main thread has exited, a thread of it lives on), a daemon; one orphan
+    refused the signal."""
     a = rank(6000, INIT, sid=6000)
     b = rank(6001, INIT, 1, sid=6001)
     parent = proc(5900, SHELL, name="train")
-    zombie = proc(6002, 5900, status="zombie")
+    zombie = rank(6002, INIT, 2, sid=6002, status="zombie", threads=((6002, "Z"), (6003, "S")))
     daemon = proc(800, INIT, name="nvidia-persistenced", uid=ALICE, sid=800)
     scan = machine(
         {6000: GPU0, 6001: GPU1, 6002: GPU0, 800: ("/dev/nvidiactl",)}, [a, b, parent, zombie, daemon]
@@ -689,7 +717,7 @@ def scene_after_stop():  # type: ignore[no-untyped-def]
     outcomes = [
         StopOutcome(a.ref, StopResult.KILLED, "ignored SIGTERM for 10 s; SIGKILL"),  # type: ignore[arg-type]
         StopOutcome(b.ref, StopResult.ACCESS_DENIED, "not permitted to signal it"),  # type: ignore[arg-type]
-        StopOutcome(parent.ref, StopResult.TERMINATED, "exited after SIGTERM"),  # type: ignore[arg-type]
+        StopOutcome(zombie.ref, StopResult.TERMINATED, "exited after SIGTERM"),  # type: ignore[arg-type]
     ]
     after = NvmlView((GpuMemoryUse(6001, 0, 20000),), MINORS, True)
     return report, before, outcomes, after
@@ -709,10 +737,7 @@ def test_settle_names_each_holders_action() -> None:
     assert done[6000].action == "killed" and done[6000].memory_freed_mib == 30000
     assert done[6001].action == "failed" and done[6001].result is StopResult.ACCESS_DENIED
     assert done[6001].gone is False and done[6001].memory_freed_mib is None
-    assert (
-        done[6002].action == "terminated"
-        and done[6002].detail == "acted on its parent 5900: exited after SIGTERM"
-    )
+    assert done[6002].action == "terminated" and done[6002].detail == "exited after SIGTERM"
     assert done[800].action == "spared" and done[800].gone is None
 
 
@@ -747,7 +772,7 @@ def test_json_document_has_the_design_keys() -> None:
         assert h["action"] in {"listed", "terminated", "killed", "spared", "failed"}
     by_pid = {h["pid"]: h for h in doc["holders"]}
     assert by_pid[6001]["result"] == "access denied" and by_pid[6001]["gpus"] == [0]
-    assert by_pid[6002]["target_pid"] == 5900
+    assert by_pid[6002]["target_pid"] == 6002
     assert doc["summary"] == {
         "holders": 4,
         "stale": 3,
@@ -782,7 +807,7 @@ def test_doctor_reports_say_why_a_holder_is_not_stale() -> None:
     assert by_pid[800]["kind"] == "detached" and holder_why(by_pid[800]).startswith("detached: parent 1")
     assert holder_why(by_pid[6000]) == "launcher gone: reparented to PID 1 (systemd)"
     assert by_pid[6000]["kind"] == "rank" and by_pid[6000]["parent"] == "1 (systemd)"
-    assert by_pid[6002]["why"].startswith("zombie: it exited")
+    assert by_pid[6002]["why"].startswith("launcher gone")
 
 
 def test_a_narrow_terminal_never_cuts_a_pid_a_verdict_or_an_action() -> None:

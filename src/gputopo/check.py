@@ -114,10 +114,12 @@ def _baseline(options: CheckOptions, sample: HealthSample | None) -> list[Findin
 
 def load_baseline(path: Path) -> dict[str, Any]:
     """The baseline document at ``path``; ``InputError`` (exit 2) when it cannot be read or is not one."""
+    from gputopo.inputs import read_capped
+
+    label = f"--baseline {path}"
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise InputError(
-            f"--baseline {path}: cannot read it ({exc.strerror or exc})", "give a file from --save-baseline"
-        ) from None
+        data = read_capped(path, label, hint="give a file from --save-baseline")
+    except InputError as exc:
+        why = exc.message[len(label) + 2 :]
+        raise InputError(f"{label}: cannot read it ({why})", "give a file from --save-baseline") from None
     return baseline.loads(data, str(path))

@@ -16,13 +16,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from gputopo import __version__
-from gputopo.errors import GputopoError, UnavailableError, UsageError
+from gputopo.errors import GputopoError, Interrupted, UnavailableError, UsageError
 from gputopo.findings import PROBLEM, Finding, link_findings, nccl_env_findings
 from gputopo.model import Topology
 
@@ -48,6 +48,7 @@ class DoctorOptions:
     inject: Any = None  # a ``probe.plan.options.Fault`` for a drill, planted where ``inject_gpus`` says
     inject_gpus: str | None = None
     nvml_timeout_s: float | None = None  # per live NVML read; None: the default
+    health_sample_s: float = 2.0  # the health check's window between its two samples (check's --sample-s)
     skip_speed: bool = False
     # Across nodes (``gputopo.probe.plan.nodes.NodeOptions``): after this machine's checks, the inter-node
     # tests; ``inject`` then goes into them (on ``node.inject_node``), not into this machine's probes.
@@ -87,11 +88,14 @@ def choose_machine(spec: str | None, simulate: bool = False, nvml_timeout_s: flo
         return Machine(topo, simulated=True, why_simulated=why)
 
 
-def usable_gpus(topo: Topology) -> tuple[list[int], list[dict[str, Any]]]:
-    """GPUs fit to probe (not failing, not busy) and those left out with the reason."""
+def usable_gpus(
+    topo: Topology, unhealthy: Mapping[int, str] | None = None
+) -> tuple[list[int], list[dict[str, Any]]]:
+    """GPUs fit to probe (not failing, not busy, no health problem) and those left out with the reason."""
     from gputopo.recommend import Constraints, exclusions
 
-    left_out = {e.gpu: e.why for e in exclusions(topo, Constraints(n=1))}
+    sick = tuple(sorted((unhealthy or {}).items()))
+    left_out = {e.gpu: e.why for e in exclusions(topo, Constraints(n=1, unhealthy=sick))}
     usable = [g.index for g in topo.gpus if g.index not in left_out]
     return usable, [{"gpu": g, "why": why} for g, why in sorted(left_out.items())]
 
@@ -102,16 +106,21 @@ def common_sizes(n_usable: int) -> list[int]:
 
 
 def recommendations(
-    topo: Topology, sizes: list[int], evidence_doc: dict[str, Any] | None
+    topo: Topology,
+    sizes: list[int],
+    evidence_doc: dict[str, Any] | None,
+    unhealthy: Mapping[int, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """The best set for each size, with its export line; a size that can't be met says why."""
+    """The best set for each size (GPUs with a health problem left out), with its export line; a size
+    that can't be met says why."""
     from gputopo.recommend import Constraints, candidate_dict, evidence_from_report, recommend
 
     evidence = evidence_from_report(evidence_doc, "doctor probes") if evidence_doc else None
+    sick = tuple(sorted((unhealthy or {}).items()))
     out = []
     for k in sizes:
         try:
-            rec = recommend(topo, Constraints(n=k, top=3, evidence=evidence))
+            rec = recommend(topo, Constraints(n=k, top=3, evidence=evidence, unhealthy=sick))
         except GputopoError as exc:
             out.append({"n": k, "best": None, "export": None, "why": exc.message})
             continue
@@ -250,16 +259,42 @@ def run_doctor(options: DoctorOptions, probe_hook: ProbeHook | None = None) -> d
     """
     check_options(options)
     machine = read_machine(options)  # the topology: this machine, or a sample simulated on CPU
-    # Node health (DESIGN.md "Node health", ``gputopo/health/``) goes here, before anything below uses a
-    # GPU: its findings come first and its sick GPUs are left out of the sets. Nothing runs here yet.
-    findings = machine_findings(machine.topology, options.env)  # links and NCCL settings, judged
-    sets = choose_sets(machine.topology)  # usable GPUs, the sizes to probe and their best sets
-    probe = run_probes(machine, sets, options, probe_hook)  # probe plan -> one probe run
+    health = check_health(machine, options)  # node health first: its sick GPUs are left out below
+    findings = machine_findings(machine.topology, options.env, health)  # links and NCCL settings, judged
+    sets = choose_sets(machine.topology, health.unhealthy)  # usable GPUs, sizes to probe, best sets
+    try:
+        probe = run_probes(machine, sets, options, probe_hook)  # probe plan -> one probe run
+    except Interrupted as exc:  # a stop signal: what was complete goes up with it, marked interrupted
+        exc.partial = interrupted_document(machine, sets, findings, exc, health)
+        raise
     judged = judge(machine.topology, sets, findings, probe)  # probe findings; sets chosen again
-    doc = to_document(machine, sets, judged, probe)  # the report document
+    doc = to_document(machine, sets, judged, probe, health)  # the report document
     if options.node is not None:
         doc = across_nodes(doc, machine, sets.usable, options)  # this node's part of the run across nodes
     return doc
+
+
+def interrupted_document(
+    machine: Machine, sets: Sets, findings: list[Finding], exc: Interrupted, health: HealthStep
+) -> dict[str, Any]:
+    """The document of a doctor run a signal stopped during the probes: topology, findings and sets as
+    judged before it, the probe checks done so far (the rest say "not reached"), marked ``interrupted``."""
+    from gputopo.probe.report.document import to_document as probe_document
+
+    note = f"interrupted by {exc.name}"
+    probe = ProbeStep(probe_document(exc.partial) if exc.partial is not None else None, note)
+    try:
+        judged = judge(machine.topology, sets, findings, probe)
+    except Exception:  # a partial probe must never cost the rest of the report
+        probe = ProbeStep(None, note)
+        judged = judge(machine.topology, sets, findings, probe)
+    doc = to_document(machine, sets, judged, probe, health)
+    return {
+        **doc,
+        "verdict": "interrupted",
+        "interrupted": exc.name,
+        "headline": f"{note}; {doc['headline']}",
+    }
 
 
 def check_options(options: DoctorOptions) -> None:
@@ -293,11 +328,86 @@ def read_machine(options: DoctorOptions) -> Machine:
     return machine
 
 
-def machine_findings(topo: Topology, env: Mapping[str, str] | None) -> list[Finding]:
-    """What the topology and the environment's NCCL settings say before any probe."""
+@dataclass(frozen=True)
+class HealthStep:
+    """The node health check (``gputopo check``'s service) as the doctor ran it: its verdict and
+    one-line reason, findings, what it could not check, and the GPUs with a problem (index -> why).
+    ``checked`` is false where there is no live machine (simulated, ``--input``)."""
+
+    checked: bool
+    verdict: str | None
+    reason: str
+    findings: tuple[Finding, ...] = ()
+    not_checked: tuple[dict[str, str], ...] = ()
+    unhealthy: Mapping[int, str] = field(default_factory=dict)
+    window_s: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The report's ``health`` section."""
+        return {
+            "checked": self.checked,
+            "verdict": self.verdict,
+            "reason": self.reason,
+            "window_s": self.window_s,
+            "findings": [f.to_json() for f in self.findings],
+            "not_checked": list(self.not_checked),
+            "unhealthy": [{"gpu": g, "why": why} for g, why in sorted(self.unhealthy.items())],
+        }
+
+
+def check_health(machine: Machine, options: DoctorOptions) -> HealthStep:
+    """Run the node health check (two NVML samples ``health_sample_s`` apart, the kernel log's Xid lines)
+    on the live machine; a simulated machine has no health to read, and says so."""
+    if machine.simulated:
+        why = "simulated" if options.input is None else f"--input {options.input}: not this machine"
+        return HealthStep(False, None, f"health: not checked ({why})")
+    from gputopo.check import CheckOptions, run_check
+
+    sample_s = max(0.0, options.health_sample_s)
+    nvml_timeout_s = options.nvml_timeout_s if options.nvml_timeout_s is not None else 5.0
+    result = run_check(
+        CheckOptions(
+            sample_s=sample_s,
+            budget_s=max(20.0, sample_s + 4 * nvml_timeout_s),
+            nvml_timeout_s=nvml_timeout_s,
+        )
+    )
+    topo_errors = {g.index for g in machine.topology.gpus if g.error is not None}
+    # A GPU the topology could not read already has its finding (link_findings: failing, not responding,
+    # or another job's GPU, which is a note): the health check's "could not be read" would repeat it.
+    kept = tuple(
+        f
+        for f in result.findings
+        if not (f.gpu in topo_errors and f.category == "driver" and "could not be read" in f.what)
+    )
+    unhealthy: dict[int, str] = {}
+    for f in kept:
+        if f.severity == PROBLEM and f.gpu is not None:
+            unhealthy.setdefault(f.gpu, f.what)
+    window = sample_s if result.sample is not None and sample_s > 0 else None
+    return HealthStep(
+        result.sample is not None,
+        result.verdict,
+        f"health: {result.reason}",
+        kept,
+        tuple(n.to_json() for n in result.not_checked),
+        unhealthy,
+        window,
+    )
+
+
+def machine_findings(
+    topo: Topology, env: Mapping[str, str] | None, health: HealthStep | None = None
+) -> list[Finding]:
+    """What the topology and the environment's NCCL settings say before any probe, after the health
+    findings. Where health ran, its PCIe rules (width below max, generation below max while busy) stand
+    for the topology's busy-link finding, which is left out so a link is named once."""
     findings = link_findings(topo)
+    if health is not None and health.checked:
+        findings = [f for f in findings if not (f.category == "pcie" and f.gpu is not None)]
     env = os.environ if env is None else env
-    return findings + nccl_env_findings(env, [nic.name or nic.label for nic in topo.nics])
+    head = list(health.findings) if health is not None else []
+    return head + findings + nccl_env_findings(env, [nic.name or nic.label for nic in topo.nics])
 
 
 @dataclass(frozen=True)
@@ -309,13 +419,16 @@ class Sets:
     left_out: list[dict[str, Any]]
     sizes: list[int]
     first: list[dict[str, Any]]
+    unhealthy: Mapping[int, str] = field(default_factory=dict)
 
 
-def choose_sets(topo: Topology) -> Sets:
-    """Usable GPUs, the common sizes that fit, and the recommended set of each size."""
-    usable, left_out = usable_gpus(topo)
+def choose_sets(topo: Topology, unhealthy: Mapping[int, str] | None = None) -> Sets:
+    """Usable GPUs (none with a health problem), the common sizes that fit, and the recommended set of
+    each size."""
+    usable, left_out = usable_gpus(topo, unhealthy)
     sizes = common_sizes(len(usable))
-    return Sets(usable, left_out, sizes, recommendations(topo, sizes, None))
+    sick = dict(unhealthy or {})
+    return Sets(usable, left_out, sizes, recommendations(topo, sizes, None, sick), sick)
 
 
 @dataclass(frozen=True)
@@ -352,12 +465,15 @@ class Judged:
 def judge(topo: Topology, sets: Sets, findings: list[Finding], probe: ProbeStep) -> Judged:
     """The probe's failed checks become findings; the probe's evidence re-ranks the sets."""
     findings = findings + probe_findings(probe.doc)
-    recs = recommendations(topo, sets.sizes, probe.doc) if probe.doc else sets.first
+    recs = recommendations(topo, sets.sizes, probe.doc, sets.unhealthy) if probe.doc else sets.first
     return Judged(findings, recs)
 
 
-def to_document(machine: Machine, sets: Sets, judged: Judged, probe: ProbeStep) -> dict[str, Any]:
-    """The ``gputopo/doctor/v1`` document; the stale holders are listed (dry run) as it is built."""
+def to_document(
+    machine: Machine, sets: Sets, judged: Judged, probe: ProbeStep, health: HealthStep | None = None
+) -> dict[str, Any]:
+    """The ``gputopo/doctor/v1`` document; the stale holders are listed (dry run) as it is built.
+    ``findings`` holds every finding, the health check's first; ``health`` the health section."""
     from gputopo.topology import snapshot
 
     topo = machine.topology
@@ -372,8 +488,10 @@ def to_document(machine: Machine, sets: Sets, judged: Judged, probe: ProbeStep) 
         "device": device,
         "verdict": "problems" if problems else "healthy",
         "headline": headline(topo, machine.simulated, problems, sets.usable, probe.doc, probe.note)
+        + _sick_words(health)
         + (f"; {len(topo.warnings)} warning(s) about the input" if topo.warnings else ""),
         "warnings": list(topo.warnings),
+        "health": (health or HealthStep(False, None, "health: not checked")).to_json(),
         "topology": snapshot.to_dict(topo),
         "findings": [asdict(f) for f in judged.findings],
         "left_out": sets.left_out,
@@ -383,6 +501,14 @@ def to_document(machine: Machine, sets: Sets, judged: Judged, probe: ProbeStep) 
         "probe_note": probe.note,
         "pairs": pair_rows(topo, probe.doc),
     }
+
+
+def _sick_words(health: HealthStep | None) -> str:
+    """The GPUs the health check found sick, for the headline ("" when none)."""
+    if health is None or not health.unhealthy:
+        return ""
+    gpus = ", ".join(f"GPU{g}" for g in sorted(health.unhealthy))
+    return f"; health problems on {gpus} (left out of the probes and sets)"
 
 
 def across_nodes(

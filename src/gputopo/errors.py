@@ -58,3 +58,22 @@ class CheckFailed(GputopoError):
     """A check ran and found a problem (exit 1)."""
 
     exit_code = EXIT_PROBLEM
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal asked gputopo to stop (SIGINT, SIGTERM, SIGHUP, SIGQUIT): raised where the program was, so
+    every ``finally`` on the way out stops what it started and removes its temp files; the CLI then says
+    one line and exits ``128 + signum``. A ``KeyboardInterrupt`` so that code written for Ctrl-C handles
+    every signal the same way. ``partial`` may carry what was complete (a run's judged part) for the
+    report."""
+
+    def __init__(self, signum: int, name: str) -> None:
+        super().__init__(name)
+        self.signum = signum
+        self.name = name
+        self.partial: object | None = None
+        self.note: str | None = None  # what the CLI adds to its one line (the interrupted report)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum

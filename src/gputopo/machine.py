@@ -5,9 +5,13 @@ XML, ``sample:NAME``) read through the pure parsers of ``topology/``, or this ma
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gputopo.errors import InputError
 from gputopo.model import Topology
+
+if TYPE_CHECKING:
+    from gputopo.health.judge import Judgement
 
 SAMPLE_PREFIX = "sample:"
 STDIN = "-"
@@ -35,21 +39,15 @@ def load_topology(spec: str | None, nvml_timeout_s: float | None = None) -> Topo
         return samples.load(spec[len(SAMPLE_PREFIX) :])
     if spec == STDIN:
         return _from_text(_read_stdin(), "stdin")
+    from gputopo.inputs import read_capped
+
     path = Path(spec)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise InputError(
-            f"--input {spec}: no such file",
-            "give a saved `nvidia-smi topo -m` output, a JSON snapshot, "
-            "or sample:NAME (gputopo topo --list-samples)",
-        ) from None
-    except IsADirectoryError:
-        raise InputError(f"--input {spec}: is a folder, not a file", "name the file itself") from None
-    except OSError as exc:
-        raise InputError(
-            f"--input {spec}: cannot read ({exc.strerror})", "check the path and its permissions"
-        ) from None
+    raw = read_capped(
+        path,
+        f"--input {spec}",
+        hint="give a saved `nvidia-smi topo -m` output, a JSON snapshot, "
+        "or sample:NAME (gputopo topo --list-samples)",
+    )
     return _from_text(decode(raw), str(path), xml_name=path.suffix.lower() == ".xml")
 
 
@@ -61,8 +59,10 @@ def _read_stdin() -> str:
             "--input -: stdin is a terminal, not a saved output",
             "pipe it in: nvidia-smi topo -m | gputopo topo --input -",
         )
-    stream = getattr(sys.stdin, "buffer", None)
-    return decode(stream.read()) if stream is not None else sys.stdin.read()
+    from gputopo.inputs import read_stream_capped
+
+    stream = getattr(sys.stdin, "buffer", None) or sys.stdin
+    return decode(read_stream_capped(stream, "--input -"))
 
 
 def _from_text(text: str, source: str, xml_name: bool = False) -> Topology:
@@ -87,3 +87,25 @@ def decode(raw: bytes) -> str:
     if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
         return raw.decode("utf-16", errors="replace")  # the codec reads the BOM and drops it
     return raw.decode("utf-8-sig", errors="replace")
+
+
+def read_live_health(nvml_timeout_s: float | None = None, sample_s: float = 0.0) -> Judgement:
+    """This machine's health as ``topo`` and ``recommend`` use it: one NVML health sample judged by its
+    states (ECC, row remaps, clocks, link width, recovery action, ...); with ``sample_s`` above 0, two
+    samples that far apart, so rising counters are judged too. Never raises for a machine that cannot
+    be read: NVML missing or failing comes back as one ``not_checked`` entry (health unknown, never
+    healthy).
+    """
+    from gputopo.health.judge import Judgement, NotChecked, judge, judge_one
+    from gputopo.system import nvml
+    from gputopo.system.health_reads import HealthReader, read_two_samples
+
+    timeout_s = nvml_timeout_s if nvml_timeout_s is not None else 5.0
+    try:
+        if sample_s > 0:
+            first, second = read_two_samples(sample_s, timeout_s=timeout_s)
+            return judge(first, second)
+        with HealthReader(timeout_s) as reader:
+            return judge_one(reader.sample())
+    except nvml.NvmlUnavailable as exc:
+        return Judgement((), (NotChecked("health", exc.message),))

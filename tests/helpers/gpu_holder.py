@@ -8,6 +8,11 @@ Roles (first argument):
   S reaps every descendant and exits when none is left, so nothing outlives the test.
 - ``zombie-parent FILE...``: as a subreaper S, fork P; P forks Z, which exits at once; P never reaps it,
   holds the files and prints ``ready pid=<P> zombie=<Z>``.
+- ``leader-exit BINARY MODE FILE...``: as a subreaper S, fork P (a long-lived parent, like a torchrun
+  agent or a notebook server), which starts ``BINARY MODE FILE...`` (tests/helpers/leader_exit.c, built
+  by the test): a process L whose main thread exits while a thread holding the files lives on (MODE
+  ``run``: sleeping; ``d``: waiting in the kernel, state D). P never reaps L and prints
+  ``ready pid=<P> leader=<L> thread=<T>`` (and ``child=<C>``, the vfork child, for ``d``).
 - ``run FILE... -- ARGV``: open the files, then run ARGV with those descriptors inherited, and exit with
   its status (the tool's parent holds the files, and so does the tool).
 - ``launch-rank FILE...`` / ``launch-spawn FILE...``: as a subreaper S, fork a launcher L that starts a new
@@ -91,6 +96,7 @@ def main() -> None:
             "hold",
             "orphan",
             "zombie-parent",
+            "leader-exit",
             "run",
             "launch-rank",
             "launch-spawn",
@@ -175,6 +181,17 @@ def main() -> None:
             extra = {"worker": forked} if forked is not None else {}
             _ready(pid=worker, launcher=os.getpid(), **extra)
             _sleep_forever()
+        _reap_until_alone()
+
+    if opts.role == "leader-exit":
+        if os.fork() == 0:
+            _apply(opts)
+            binary, mode, *files = opts.files
+            leader = subprocess.Popen([binary, mode, *files], stdout=subprocess.PIPE, text=True)
+            assert leader.stdout is not None
+            fields = dict(f.split("=") for f in leader.stdout.readline().split()[1:])
+            _ready(**{k: int(v) for k, v in fields.items()})
+            _sleep_forever()  # never reaps the leader: only its threads' exit could free it
         _reap_until_alone()
 
     if opts.role == "zombie-parent":

@@ -19,7 +19,7 @@ from gputopo.cli.nodes import (
     warn_internode,
 )
 from gputopo.cli.topo import NVML_TIMEOUT_OPTION
-from gputopo.errors import EXIT_PROBLEM, InputError, UnavailableError, UsageError
+from gputopo.errors import EXIT_PROBLEM, InputError, Interrupted, UnavailableError, UsageError
 from gputopo.probe.plan.options import Fault
 from gputopo.ui.output import Output
 
@@ -88,9 +88,16 @@ def doctor_command(
     rdzv_timeout: Optional[float] = RDZV_TIMEOUT_OPTION,  # noqa: UP045 (typer)
     inject_node: Optional[int] = INJECT_NODE_OPTION,  # noqa: UP045 (typer)
     nvml_timeout: float = NVML_TIMEOUT_OPTION,
+    sample_s: float = typer.Option(
+        2.0,
+        "--sample-s",
+        metavar="SECONDS",
+        help="The health check's window: error counters are read twice this far apart and judged by "
+        "their rise (as `gputopo check --sample-s`).",
+    ),
     json_out: bool = JSON_OPTION,
 ) -> None:
-    """Check this machine end to end (topology, links, stale processes, probes) and write a report.
+    """Check this machine end to end (health, topology, links, stale processes, probes), write a report.
 
     Across nodes (--nnodes, or under srun), every node checks itself, then all of them run the inter-node
     tests together; node rank 0 writes the one report and every node exits with the run's verdict.
@@ -105,6 +112,10 @@ def doctor_command(
 
     if model is not None and model not in MODELS:
         raise UsageError(f"--model {model}: unknown model", f"choose one of {', '.join(MODELS)}")
+    if not 0 <= sample_s <= 60:
+        raise UsageError(
+            f"--sample-s {sample_s:g}: must be 0 to 60 seconds", "e.g. --sample-s 2 (the default)"
+        )
     out = Output(json_mode=json_out)
     ensure_report_dir(report_dir)
     options = DoctorOptions(
@@ -118,6 +129,7 @@ def doctor_command(
         inject=inject,
         inject_gpus=inject_gpus,
         nvml_timeout_s=nvml_timeout,
+        health_sample_s=sample_s,
         skip_speed=skip_speed,
         node=node,
         on_row=progress_printer(out, node, json_out) if node is not None else None,
@@ -130,7 +142,13 @@ def doctor_command(
 
     if node is not None:
         check_rendezvous(node)
-    doc = run_doctor(options, probe_hook=None if json_out else progress)
+    try:
+        doc = run_doctor(options, probe_hook=None if json_out else progress)
+    except Interrupted as exc:
+        if isinstance(exc.partial, dict) and (node is None or node.node_rank == 0):
+            paths = write_report("doctor", exc.partial, to_markdown(exc.partial), report_dir)
+            exc.note = f"the report so far, marked interrupted, is {paths['json']}"
+        raise
     out.warnings(doc.get("warnings") or ())
     if doc["why_simulated"] and json_out:  # the human view prints it at the top itself
         out.warn(doc["why_simulated"])
@@ -234,13 +252,32 @@ def read_report(path: Path) -> tuple[dict, str]:
     if schema not in REPORT_SCHEMAS:
         found = f"its schema is {schema!r}" if schema else "it has no schema field"
         raise InputError(f"{path}: not a gputopo doctor or probe report ({found})", REPORT_HINT)
-    return doc, REPORT_SCHEMAS[schema]
+    kind = REPORT_SCHEMAS[schema]
+    probe = doc if kind == "probe" else doc.get("probe")
+    for entry in (probe.get("sets") if isinstance(probe, dict) else None) or ():
+        gpus = entry.get("gpus") if isinstance(entry, dict) else None
+        if not isinstance(gpus, list) or not all(_is_index(g) for g in gpus):
+            shown = gpus if isinstance(gpus, list) else entry
+            raise InputError(f"{path}: a probed set's GPUs are not GPU indices: {shown!r:.60}", REPORT_HINT)
+    return doc, kind
+
+
+def _is_index(value: object) -> bool:
+    """A GPU index as NVML numbers them: a whole number from 0 (JSON's true/false are not)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1024
 
 
 def _check_html_target(html: Path) -> None:
-    """Refuse an ``--html`` path that can't be written before any work: a folder, or a missing folder."""
+    """Refuse an ``--html`` path that can't be written before any work: a folder, a device, a fifo (never
+    replaced by a file), or a missing folder. A symbolic link is written through."""
+    from gputopo.report import NotRegularFile, write_target
+
     if html.is_dir():
         raise UsageError(f"--html {html}: is a folder", "name the file to write, e.g. --html report.html")
+    try:
+        write_target(html)
+    except NotRegularFile as exc:
+        raise NotRegularFile(f"--html {exc.message}", exc.hint) from None
     parent = html.parent if str(html.parent) else Path(".")
     if not parent.is_dir():
         raise UsageError(

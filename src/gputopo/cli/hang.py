@@ -22,6 +22,7 @@ from gputopo.ui.output import Output
         "gputopo hang dumps/ --ras                          # also ask this node's NCCL RAS",
         "gputopo hang --ras-json ras.json                   # a saved `ncclras -f json`",
         "gputopo hang dumps/ --html hang.html               # the ranks drawn per host and group",
+        "gputopo hang reports/run-1 --nccl-log job.log      # with NCCL DIAG lines from the job's output",
     ),
 )
 @guarded
@@ -48,6 +49,13 @@ def hang_command(
     html: Optional[Path] = typer.Option(  # noqa: UP045 (typer)
         None, "--html", metavar="FILE", help="Also write an HTML report: the ranks drawn per host and group."
     ),
+    nccl_log: Optional[Path] = typer.Option(  # noqa: UP045 (typer)
+        None,
+        "--nccl-log",
+        metavar="FILE",
+        help="A job's output with NCCL's `NCCL DIAG` lines (NCCL_RUN_DIAGNOSTICS=1, NCCL >= 2.31; "
+        "`gputopo run --nccl-diagnostics` sets it): failed checks become findings.",
+    ),
     torch_check: bool = typer.Option(
         False,
         "--torch-check",
@@ -70,6 +78,7 @@ def hang_command(
             ask_local_ras=ras,
             torch_check=torch_check,
             health=_local_health,
+            nccl_log=nccl_log,
         )
     if html is not None:
         _write_html(html, report)

@@ -99,19 +99,13 @@ def node_options(
 
 
 def _from_slurm(node: Any, job: Any, endpoint: str | None) -> Any:
-    """Under ``srun``: name this node as Slurm does (every node of a one-machine test cluster shares one
-    host name, and a site's host names need not be its node names), and, unless ``--rdzv-endpoint`` was
-    given, meet at node 0's address (its ``NodeAddr``, not its name) on the job's own port. Node 0 hosts
-    the store there, so a port that something already holds on it is an error now, not a silent join of
-    another job's store."""
-    from dataclasses import replace
-
+    """Under ``srun``, with the endpoint derived from the job (``resolve_nodes``: node 0's NodeAddr on the
+    job's own port): node 0 hosts the store there, so a port that something already holds on it is an
+    error now, not a silent join of another job's store."""
     from gputopo.system.net import port_taken
 
-    node = replace(node, hostname=job.this_host)
     if endpoint is not None:
         return node
-    node = replace(node, host=job.rendezvous_host, port=job.rendezvous_port)
     if node.node_rank == 0 and port_taken(node.port):
         raise UsageError(
             f"port {node.port}, Slurm job {job.job_id}'s rendezvous port, is already taken on this node "

@@ -26,7 +26,7 @@ from gputopo.cli.nodes import (
     warn_internode,
 )
 from gputopo.cli.topo import NVML_TIMEOUT_OPTION
-from gputopo.errors import EXIT_PROBLEM, UsageError
+from gputopo.errors import EXIT_PROBLEM, Interrupted, UsageError
 from gputopo.probe.plan.options import Fault, Mode, Precision
 from gputopo.ui.output import Output
 
@@ -226,13 +226,20 @@ def probe_command(
         run_across_nodes(config, node, out, json_out)
         return
     plan = make_plan(config)
-    if json_out:
-        run = run_probe(config, plan=plan, on_warning=out.warn)
-    else:
-        from gputopo.ui.probe_view import ProbeProgress
+    try:
+        if json_out:
+            run = run_probe(config, plan=plan, on_warning=out.warn)
+        else:
+            from gputopo.ui.probe_view import ProbeProgress
 
-        with ProbeProgress(out.err, plan) as bars:
-            run = run_probe(config, bars.update, plan=plan, on_warning=out.warn)
+            with ProbeProgress(out.err, plan) as bars:
+                run = run_probe(config, bars.update, plan=plan, on_warning=out.warn)
+    except Interrupted as exc:
+        if exc.partial is not None:  # what was judged before the signal, marked interrupted
+            doc = {**to_document(exc.partial), "verdict": "interrupted", "interrupted": exc.name}
+            paths = write_report("probe", doc, to_markdown(doc), config.report_dir)
+            exc.note = f"the checks done so far are in {paths['json']}"
+        raise
     out.warnings(run.warnings)
     doc = to_document(run)
     why = nothing_tested(run.sets)

@@ -12,10 +12,14 @@ from gputopo.cli import app
 from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, examples, guarded
 from gputopo.cli.options import (
     ALLOW_BUSY_OPTION,
+    ALLOW_UNHEALTHY_OPTION,
     EXCLUDE_OPTION,
+    IGNORE_VISIBLE_OPTION,
     MAX_USED_OPTION,
     REPORT_OPTION,
     set_constraints,
+    with_health,
+    within_preset,
 )
 from gputopo.cli.topo import NVML_TIMEOUT_OPTION
 from gputopo.errors import UsageError
@@ -56,6 +60,7 @@ def recommend_command(
     input: str | None = typer.Option(None, "--input", "-i", metavar=INPUT_METAVAR, help=INPUT_HELP),
     exclude: str | None = EXCLUDE_OPTION,
     allow_busy: bool = ALLOW_BUSY_OPTION,
+    allow_unhealthy: bool = ALLOW_UNHEALTHY_OPTION,
     max_used_mib: int = MAX_USED_OPTION,
     from_report: Path | None = REPORT_OPTION,
     nvlink_gbps: float | None = typer.Option(
@@ -86,6 +91,7 @@ def recommend_command(
         help="With --launch: machines in the job (sets NCCL_IB_HCA when above 1).",
     ),
     nvml_timeout: float = NVML_TIMEOUT_OPTION,
+    ignore_visible: bool = IGNORE_VISIBLE_OPTION,
     json_out: bool = JSON_OPTION,
 ) -> None:
     """The best GPU sets for CUDA_VISIBLE_DEVICES: ranked by estimated all-reduce bandwidth, with reasons."""
@@ -96,12 +102,23 @@ def recommend_command(
     out = Output(json_mode=json_out)
     assumptions = Assumptions(nvlink_gbps_per_link=nvlink_gbps, pcie_gen=pcie_gen, socket_gbps=socket_gbps)
     constraints = set_constraints(
-        n, exclude, allow_busy, max_used_mib, from_report, sets=sets, top=top, assumptions=assumptions
+        n,
+        exclude,
+        allow_busy,
+        max_used_mib,
+        from_report,
+        allow_unhealthy,
+        sets=sets,
+        top=top,
+        assumptions=assumptions,
     )
     # its warnings come back in rec.warnings, said once below
     topo = load_topology(input, nvml_timeout_s=nvml_timeout)
+    constraints = within_preset(constraints, topo, ignore_visible, input is not None, out.warn)
+    constraints, health = with_health(constraints, input, nvml_timeout)  # live: one health sample
     rec = recommend(topo, constraints)
     doc = to_dict(rec, id_format.value)  # builds every env first: a --format uuid error comes before output
+    doc["health"] = health
     plan = None
     if nnodes is not None and launch is None:
         raise UsageError("--nnodes goes with --launch", 'add --launch "CMD ...", e.g. --launch "train.py"')

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import asdict
+from datetime import datetime, timezone
 from pathlib import Path
 
 import typer
@@ -12,13 +14,18 @@ from gputopo.cli import app
 from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, examples, guarded
 from gputopo.cli.options import (
     ALLOW_BUSY_OPTION,
+    ALLOW_UNHEALTHY_OPTION,
     EXCLUDE_OPTION,
+    IGNORE_VISIBLE_OPTION,
     MAX_USED_OPTION,
     REPORT_OPTION,
     set_constraints,
+    with_health,
+    within_preset,
 )
 from gputopo.errors import UnavailableError, UsageError
-from gputopo.launch.line import LaunchTools
+from gputopo.launch.line import LaunchPlan, LaunchTools
+from gputopo.model import Topology
 from gputopo.ui.output import Output
 
 
@@ -29,6 +36,8 @@ from gputopo.ui.output import Output
         "gputopo run --n 2 -- python train.py",
         "gputopo run --n 4 --torchrun -- train.py --epochs 10",
         "gputopo run --n 2 --exclude 0,1 --dry-run -- python train.py",
+        "gputopo run --n 8 --torchrun --run-dir /shared/run-42 -- train.py   # dumps + run record there",
+        "gputopo run --n 8 --torchrun --nccl-diagnostics -- train.py 2>&1 | tee job.log",
     ),
 )
 @guarded
@@ -44,10 +53,31 @@ def run_command(
     input: str | None = typer.Option(None, "--input", "-i", metavar=INPUT_METAVAR, help=INPUT_HELP),
     exclude: str | None = EXCLUDE_OPTION,
     allow_busy: bool = ALLOW_BUSY_OPTION,
+    allow_unhealthy: bool = ALLOW_UNHEALTHY_OPTION,
     max_used_mib: int = MAX_USED_OPTION,
     from_report: Path | None = REPORT_OPTION,
+    ignore_visible: bool = IGNORE_VISIBLE_OPTION,
     json_out: bool = typer.Option(
         False, "--json", help="With --dry-run: print the launch as one JSON document."
+    ),
+    flight_recorder: bool = typer.Option(
+        True,
+        "--flight-recorder/--no-flight-recorder",
+        help="Arm PyTorch's Flight Recorder (TORCH_FR_BUFFER_SIZE=2000, TORCH_NCCL_DUMP_ON_TIMEOUT=1, dumps "
+        "in the run folder) so `gputopo hang RUN_FOLDER` can name a hung rank. Values you set are kept.",
+    ),
+    nccl_diagnostics: bool = typer.Option(
+        False,
+        "--nccl-diagnostics",
+        help="Set NCCL_RUN_DIAGNOSTICS=1 (NCCL >= 2.31): NCCL checks GPU peer paths at each communicator "
+        "init and prints `NCCL DIAG` lines on rank 0's stdout (read them with gputopo hang --nccl-log).",
+    ),
+    run_dir: Path | None = typer.Option(
+        None,
+        "--run-dir",
+        metavar="DIR",
+        help="The run folder for the dumps and the run record (default reports/run-<UTC time>); give "
+        "every node of a job the same shared folder to analyse them together.",
     ),
 ) -> None:
     """Choose the best free GPU set (as recommend does) and run CMD on it, passing its exit code through."""
@@ -60,10 +90,20 @@ def run_command(
         raise UsageError("--json goes with --dry-run", "the command's own output goes to stdout when it runs")
     if not command:
         raise UsageError("no command given", "put it after --, e.g. gputopo run --n 2 -- python train.py")
-    constraints = set_constraints(n, exclude, allow_busy, max_used_mib, from_report, top=1)
+    if not dry_run:
+        from gputopo.launch.command import check_command
+
+        check_command(command, torchrun)
+    constraints = set_constraints(n, exclude, allow_busy, max_used_mib, from_report, allow_unhealthy, top=1)
     topo = load_topology(input)
+    constraints = within_preset(constraints, topo, ignore_visible, input is not None, out.warn)
+    constraints, health = with_health(constraints, input)  # live: one health sample
     rec = recommend(topo, constraints)
     out.warnings(rec.warnings)  # the topology's warnings too
+    if not json_out:
+        for e in rec.excluded:
+            if "health: " in e.why:
+                out.warn(f"left out GPU{e.gpu}: {e.why} (--allow-unhealthy counts it in)")
     tools = LaunchTools(torchrun=None)
     if torchrun:
         from gputopo.system.launcher import detect_tools
@@ -81,6 +121,8 @@ def run_command(
         if json_out:
             doc = {"schema": SCHEMA, "source": topo.source, "launch": plan.to_dict()}
             doc["findings"] = [asdict(f) for f in findings]
+            doc["excluded"] = [{"gpu": e.gpu, "why": e.why} for e in rec.excluded]
+            doc["health"] = health
             doc["warnings"] = list(rec.warnings)
             out.document(doc)
             return
@@ -92,15 +134,97 @@ def run_command(
         out.hint(note)
     inherited = os.environ.get("CUDA_VISIBLE_DEVICES")
     if inherited is not None and inherited != plan.env["CUDA_VISIBLE_DEVICES"]:
-        out.warn(
-            f"CUDA_VISIBLE_DEVICES={inherited} was set (a scheduler's allocation?); it is replaced by the "
-            "chosen set, so use --exclude to stay inside an allocation"
-        )
+        # The set was chosen inside it (within_preset), unless --ignore-visible-devices or --input.
+        out.hint(f"CUDA_VISIBLE_DEVICES={inherited} was set; the command gets the chosen set's UUIDs")
     if input is not None:
         out.warn(f"the set was chosen from {topo.source}, not read from this machine")
     gpus = ",".join(str(g) for g in plan.gpus)
     out.err.print(f"gputopo run: GPUs {gpus}: {plan.command}", markup=False, highlight=False, soft_wrap=True)
     from gputopo.launch.line import merged_env
-    from gputopo.system.launcher import exec_command
+    from gputopo.system.launcher import run_supervised
 
-    exec_command(plan.argv, merged_env(os.environ, plan))
+    env = merged_env(os.environ, plan)
+    env.update(_arm(out, topo, plan, env, flight_recorder, nccl_diagnostics, run_dir))
+    raise typer.Exit(run_supervised(plan.argv, env))
+
+
+def _arm(
+    out: Output,
+    topo: Topology,
+    plan: LaunchPlan,
+    env: dict[str, str],
+    flight_recorder: bool,
+    diagnostics: bool,
+    run_dir: Path | None,
+) -> dict[str, str]:
+    """The run folder with this node's run record in it, and the variables that arm the Flight Recorder
+    (and NCCL's diagnostics); returns what to add to the child's environment."""
+    from gputopo.launch.line import is_torchrun
+    from gputopo.launch.record import (
+        DUMP_PREFIX_NAME,
+        TorchrunLayout,
+        diagnostics_unsupported,
+        recorder_env,
+        run_record,
+        torchrun_layout,
+    )
+    from gputopo.report import atomic_write, ensure_report_dir
+    from gputopo.system import run_facts
+
+    now = datetime.now(timezone.utc)
+    folder = run_dir or _new_run_dir(Path("reports"), now)
+    ensure_report_dir(folder)
+    prefix = str(folder.resolve() / DUMP_PREFIX_NAME)
+    recorder = recorder_env(env, prefix, flight_recorder, diagnostics)
+    full = {**env, **recorder.env}
+    argv = list(plan.argv)
+    layout = torchrun_layout(argv) if is_torchrun(argv) else TorchrunLayout()
+    chosen = [topo.gpu(g) for g in plan.gpus]
+    facts = run_facts.config_facts(topo, plan.gpus, full)
+    host = run_facts.hostname()
+    record = run_record(
+        host=host,
+        layout=layout,
+        gpus=[{"index": g.index, "uuid": g.uuid, "pci_bus_id": g.pci_bus_id} for g in chosen],
+        versions={k: facts.get(k) for k in ("nccl", "torch", "driver", "cuda")},
+        env=run_facts.nccl_env(full),
+        recorder=recorder if flight_recorder else None,
+        facts=facts,
+        created=now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        command=argv,
+    )
+    node = f"-node{record['node_rank']}" if record["node_rank"] is not None else ""
+    path = folder / f"run-record-{host}{node}.json"
+    try:
+        atomic_write(path, json.dumps(record, indent=2) + "\n")
+    except OSError as exc:
+        from gputopo.errors import UsageError
+
+        raise UsageError(
+            f"cannot write the run record {path}: {exc.strerror or exc}", "give a writable --run-dir"
+        ) from None
+    kept = recorder.kept_line()
+    if kept:
+        out.err.print(f"gputopo run: {kept}", markup=False, highlight=False, soft_wrap=True)
+    if diagnostics:
+        why = diagnostics_unsupported(facts.get("nccl"))
+        if why:
+            out.warn(why)
+    armed = f"Flight Recorder dumps to {recorder.dump_prefix}<rank>; " if flight_recorder else ""
+    out.err.print(
+        f"gputopo run: {armed}run record {path} (after a hang: gputopo hang {folder})",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    return recorder.env
+
+
+def _new_run_dir(base: Path, now: datetime) -> Path:
+    stamp = now.strftime("%Y%m%dT%H%M%SZ")
+    n = 1
+    while True:
+        folder = base / (f"run-{stamp}" if n == 1 else f"run-{stamp}-{n}")
+        if not folder.exists():
+            return folder
+        n += 1

@@ -36,6 +36,9 @@ def topo_command(
     json_out: bool = JSON_OPTION,
     list_samples: bool = typer.Option(False, "--list-samples", help="Name the built-in sample machines."),
     nvml_timeout: float = NVML_TIMEOUT_OPTION,
+    no_health: bool = typer.Option(
+        False, "--no-health", help="Skip the health read of the live machine (one NVML sample per GPU)."
+    ),
 ) -> None:
     """Show how the GPUs and NICs are wired: link matrix, legend, CPU/NUMA affinity, live NVML details."""
     out = Output(json_mode=json_out)
@@ -51,6 +54,15 @@ def topo_command(
                 out.show(f"sample:{s.name:<26} {s.summary}")
         return
     topo = read_topology(out, input, nvml_timeout_s=nvml_timeout)
+    health = None
+    # The JSON snapshot stays the topology alone, so it reads back equal (`gputopo check --json` has the
+    # health document).
+    if input is None and topo.live and not no_health and not json_out:
+        # Health only where it is this machine's: never for --input files or samples.
+        from gputopo.cli.options import TOPO_HEALTH_SOURCE, health_doc
+        from gputopo.machine import read_live_health
+
+        health = health_doc(read_live_health(nvml_timeout), TOPO_HEALTH_SOURCE)
     if json_out:
         from gputopo.topology import snapshot
 
@@ -58,4 +70,4 @@ def topo_command(
         return
     from gputopo.ui.topo_view import render_topology
 
-    out.show(render_topology(topo))
+    out.show(render_topology(topo, health))

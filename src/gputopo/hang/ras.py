@@ -11,29 +11,23 @@ v2.28.7-1 (the first with JSON output), v2.28.9-1, v2.29.2-1 and v2.30.3-1:
   "considered_dead"}}]}], "ras": {"collection_time_sec", "timeouts_count"}}``. In 2.28.7 a missing rank
   had no ``status`` (it ends at ``nvml_dev``); the reader takes both. ``host`` is the peer's IP address
   as text (``ncclSocketToHost``, no DNS) or ``"unknown"``; ``pid`` is -1 when unknown.
-- ``src/ras/client.cc`` and ``client_support.cc`` (``rasClientRun*``): the protocol on the port: the
-  client sends ``CLIENT PROTOCOL 2``, the server answers ``SERVER PROTOCOL 2``; ``SET FORMAT json`` ->
-  ``OK``; ``STATUS`` -> the document, then the server closes the connection. The port listens on
-  ``localhost:28028`` unless ``NCCL_RAS_ADDR`` (``host:port``) says otherwise (``rasClientInitSocket``).
-  Collecting the status waits up to 5 s per leg (``RAS_COLLECTIVE_LEG_TIMEOUT_SEC``, ras_internal.h).
+- The port listens on ``localhost:28028`` unless ``NCCL_RAS_ADDR`` (``host:port``) says otherwise
+  (``src/ras/client.cc``, ``rasClientInitSocket``). Talking to it (the client protocol) is machine work
+  and lives in ``gputopo.system.nccl_ras``; this module only reads what comes back (pure).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gputopo.errors import InputError, UnavailableError
+from gputopo.errors import InputError
+from gputopo.inputs import read_capped
 
 DEFAULT_RAS_ADDR = "localhost:28028"
-RAS_PROTOCOL = 2
-CONNECT_TIMEOUT_S = 2.0
-# NCCL waits up to 5 s per collection leg, plus as much again before the client gives up (client.cc).
-READ_TIMEOUT_S = 15.0
 MAX_RAS_BYTES = 64 * 1024 * 1024
 _HINT = "give the output of `ncclras -f json` (NCCL 2.28.7 or later)"
 
@@ -153,7 +147,7 @@ def read_ras_file(path: Path) -> RasReport:
     try:
         if path.stat().st_size > MAX_RAS_BYTES:
             raise InputError(f"--ras-json {path}: over {MAX_RAS_BYTES // 2**20} MiB", _HINT)
-        text = path.read_text(encoding="utf-8", errors="replace")
+        text = read_capped(path, f"--ras-json {path}", MAX_RAS_BYTES, _HINT).decode("utf-8", "replace")
     except FileNotFoundError:
         raise InputError(f"--ras-json {path}: no such file", _HINT) from None
     except OSError as exc:
@@ -168,74 +162,6 @@ def ras_address(env: dict[str, str] | None = None) -> tuple[str, int]:
     if not sep or not port.isdigit():
         raise InputError(f"NCCL_RAS_ADDR={raw}: not host:port", "e.g. NCCL_RAS_ADDR=localhost:28028")
     return host.strip("[]") or "localhost", int(port)
-
-
-def ask_ras(
-    address: tuple[str, int] | None = None,
-    connect_timeout_s: float = CONNECT_TIMEOUT_S,
-    read_timeout_s: float = READ_TIMEOUT_S,
-) -> RasReport:
-    """Ask the local NCCL RAS port for its status in JSON, the way ``ncclras -f json`` does.
-
-    The one function in ``hang`` that reaches outside the process. Nothing listening (no NCCL job on
-    this node, or RAS off with ``NCCL_RAS_ENABLE=0``) is an ``UnavailableError`` (exit 3)."""
-    host, port = address or ras_address()
-    where = f"{host}:{port}"
-    try:
-        sock = socket.create_connection((host, port), timeout=connect_timeout_s)
-    except OSError as exc:
-        raise UnavailableError(
-            f"no NCCL RAS listening at {where} ({exc.strerror or exc})",
-            "RAS runs inside NCCL >= 2.24 processes while a job is alive; set NCCL_RAS_ADDR if the job "
-            "moved it, or give a saved `ncclras -f json` output with --ras-json",
-        ) from None
-    with sock:
-        sock.settimeout(read_timeout_s)
-        try:
-            _say(sock, f"CLIENT PROTOCOL {RAS_PROTOCOL}\n")
-            reply = _line(sock)
-            if not reply.upper().startswith("SERVER PROTOCOL"):
-                raise InputError(f"RAS at {where} answered {reply!r}, not a protocol line", _HINT)
-            _say(sock, "SET FORMAT json\n")
-            reply = _line(sock)
-            if reply.strip().upper() != "OK":
-                raise UnavailableError(
-                    f"RAS at {where} has no JSON output ({reply.strip()!r})",
-                    "JSON output needs NCCL 2.28.7 or later; run `ncclras` for the text status",
-                )
-            _say(sock, "STATUS\n")
-            chunks: list[bytes] = []
-            total = 0
-            while True:
-                data = sock.recv(65536)
-                if not data:
-                    break
-                chunks.append(data)
-                total += len(data)
-                if total > MAX_RAS_BYTES:
-                    raise InputError(f"RAS at {where} sent over {MAX_RAS_BYTES // 2**20} MiB", _HINT)
-        except TimeoutError:
-            raise UnavailableError(
-                f"RAS at {where} did not answer within {read_timeout_s:g} s",
-                "the NCCL process may be stuck in its own RAS thread; try `ncclras -t 30`",
-            ) from None
-        except OSError as exc:
-            raise UnavailableError(f"RAS at {where}: {exc.strerror or exc}") from None
-    return parse_ras_json(b"".join(chunks).decode("utf-8", errors="replace"), f"RAS at {where}")
-
-
-def _say(sock: socket.socket, text: str) -> None:
-    sock.sendall(text.encode())
-
-
-def _line(sock: socket.socket) -> str:
-    buf = b""
-    while not buf.endswith(b"\n") and len(buf) < 4096:
-        data = sock.recv(1)
-        if not data:
-            break
-        buf += data
-    return buf.decode(errors="replace")
 
 
 def _int(v: Any, default: int) -> int:

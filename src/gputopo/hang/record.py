@@ -33,11 +33,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gputopo.errors import InputError
+from gputopo.findings import Finding
+from gputopo.inputs import read_capped
 
 SCHEMA = "gputopo/run-record/v1"
 RECORD_GLOBS = ("run-record*.json", "gputopo-run-record*.json")
@@ -73,6 +75,19 @@ class RunRecord:
     ranks: tuple[dict[str, Any], ...]
     versions: dict[str, Any]
     env: dict[str, str]
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        """The node as drift names it: its host (and node rank, when known)."""
+        return self.host if self.node_rank is None else f"{self.host} (node {self.node_rank})"
+
+    def facts(self) -> dict[str, Any]:
+        """This node's facts for drift (``probe.judge.drift``): the record's ``config`` as ``gputopo run``
+        wrote it, else what its ``versions`` and ``env`` say."""
+        if self.config:
+            return dict(self.config)
+        return {**{k: self.versions.get(k) for k in ("nccl", "torch", "driver", "cuda")}, "env": self.env}
 
 
 def find_records(folders: Iterable[Path]) -> list[Path]:
@@ -94,7 +109,7 @@ def read_record(path: Path) -> RunRecord:
     try:
         if path.stat().st_size > MAX_RECORD_BYTES:
             raise InputError(f"{label}: over {MAX_RECORD_BYTES // 2**20} MiB, not a run record", _HINT)
-        doc = json.loads(path.read_bytes().decode("utf-8-sig"))
+        doc = json.loads(read_capped(path, label, MAX_RECORD_BYTES, _HINT).decode("utf-8-sig"))
     except FileNotFoundError:
         raise InputError(f"{label}: no such file", _HINT) from None
     except OSError as exc:
@@ -127,6 +142,7 @@ def read_record(path: Path) -> RunRecord:
         ranks=tuple(ranks),
         versions=doc.get("versions") if isinstance(doc.get("versions"), dict) else {},
         env={str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {},
+        config=doc.get("config") if isinstance(doc.get("config"), dict) else {},
     )
 
 
@@ -193,6 +209,19 @@ def version_drift(records: list[RunRecord]) -> list[str]:
                 + "; ".join(f"{v} on {', '.join(h)}" for v, h in by_value.items())
             )
     return out
+
+
+def config_drift(records: list[RunRecord]) -> list[Finding]:
+    """What differs between the nodes' records (versions, net plugin, GPU model and count, VBIOS, NCCL
+    variables), as findings: a different GPU count, NCCL version or net plugin is a problem (one node's
+    other NCCL or plugin is a known cause of hangs, nccl#1634), the rest notes."""
+    from gputopo.probe.judge.drift import compare, findings
+
+    by_node: dict[str, dict[str, Any]] = {}
+    for r in records:
+        label = r.label if r.label not in by_node else f"{r.label} [{r.path.name}]"
+        by_node[label] = r.facts()
+    return findings(compare(by_node))
 
 
 def world_size(records: list[RunRecord]) -> int | None:

@@ -1,17 +1,18 @@
 """``gputopo hang`` as one call: dumps, run records, RAS and (optionally) torch's analyzer in, a
-``HangReport`` out. Reads the files it is pointed at; reaches the machine only through ``ras.ask_ras``
-(``ask_ras=True``) and the ``health`` callback the caller passes."""
+``HangReport`` out. Reads the files it is pointed at; reaches the machine only through ``system.nccl_ras``
+(``ask_local_ras=True``) and the ``health`` callback the caller passes."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from gputopo.errors import UsageError
 from gputopo.hang import record as rec
 from gputopo.hang.load import Loaded, NothingToAnalyse, load_dumps
 from gputopo.hang.match import match_dumps
-from gputopo.hang.ras import RasReport, ask_ras, read_ras_file
+from gputopo.hang.ras import RasReport, parse_ras_json, ras_address, read_ras_file
 from gputopo.hang.triage import HangReport, Health, triage
 
 HealthReader = Callable[[set[str]], Health]
@@ -24,12 +25,14 @@ def analyse(
     ask_local_ras: bool = False,
     torch_check: bool = False,
     health: HealthReader | None = None,
+    nccl_log: Path | None = None,
 ) -> HangReport:
     """Everything ``gputopo hang`` reports. ``health(hosts)`` returns health findings per (host, GPU
     index) for whichever of ``hosts`` it can read (this machine's, for now)."""
-    if not paths and ras_json is None and not ask_local_ras:
+    if not paths and ras_json is None and not ask_local_ras and nccl_log is None:
         raise UsageError(
-            "nothing to analyse: no dump folder, --ras or --ras-json", "e.g. gputopo hang reports/run-*/fr"
+            "nothing to analyse: no dump folder, --ras, --ras-json or --nccl-log",
+            "e.g. gputopo hang reports/run-*/fr",
         )
     loaded: Loaded | None = load_dumps(list(paths)) if paths else None
     folders = {p if p.is_dir() else p.parent for p in paths}
@@ -40,12 +43,21 @@ def analyse(
     if ras_json is not None:
         ras = read_ras_file(ras_json)
     elif ask_local_ras:
-        ras = ask_ras()
+        from gputopo.system.nccl_ras import ask_ras_text
+
+        host, port = ras_address()
+        ras = parse_ras_json(ask_ras_text(host, port), f"RAS at {host}:{port}")
     match = None
     notes: list[str] = list(loaded.notes) if loaded else []
     if record_paths:
         notes.append("run records: " + ", ".join(str(p) for p in record_paths))
-        notes.extend(rec.version_drift(records))
+    drift = [f.to_json() for f in rec.config_drift(records)]
+    if nccl_log is not None:
+        from gputopo.hang.nccl_diag import diag_findings, read_diag
+
+        diag, diag_notes = diag_findings(read_diag(nccl_log), str(nccl_log))
+        drift += diag
+        notes.extend(diag_notes)
     if loaded is not None:
         if not loaded.dumps:
             raise NothingToAnalyse(
@@ -69,7 +81,7 @@ def analyse(
         }
     hosts = {p.host for p in placement.values() if p.host}
     found_health = health(hosts) if health is not None and hosts else None
-    return triage(
+    report = triage(
         loaded,
         match,
         placement,
@@ -79,3 +91,14 @@ def analyse(
         torch_analyzer=opinion,
         notes=notes,
     )
+    if loaded is None and ras is None:
+        # Only a log: it can say what NCCL's diagnostics found, not whether the job hangs.
+        report = replace(
+            report,
+            verdict="incomplete",
+            reason="only an NCCL log: no Flight Recorder dumps or RAS output to say whether the job hangs",
+        )
+    if not drift:
+        return report
+    found = sorted([*report.findings, *drift], key=lambda f: f["severity"] != "problem")
+    return replace(report, findings=tuple(found))

@@ -19,6 +19,7 @@ from typing import Any
 from gputopo.errors import InputError
 from gputopo.findings import NOTE, PROBLEM, Finding
 from gputopo.health.readings import HealthSample
+from gputopo.inputs import loads_bounded
 from gputopo.model import Topology
 
 SCHEMA = "gputopo/baseline/v1"
@@ -82,7 +83,7 @@ def loads(data: bytes, source: str) -> dict[str, Any]:
     if len(data) > MAX_BASELINE_BYTES:
         raise InputError(f"{where}: {len(data)} bytes is too large for a baseline", _HINT)
     try:
-        doc = json.loads(data.decode("utf-8"))
+        doc = loads_bounded(data.decode("utf-8"), where)
     except UnicodeDecodeError:
         raise InputError(f"{where}: not UTF-8 text", _HINT) from None
     except json.JSONDecodeError as exc:

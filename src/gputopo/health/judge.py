@@ -21,6 +21,7 @@ from gputopo.health.readings import (
     FABRIC_COMPLETED,
     FABRIC_NOT_SUPPORTED,
     FABRIC_STATES,
+    NOT_READ,
     RECOVERY_ACTIONS,
     RECOVERY_NONE,
     GpuHealth,
@@ -28,7 +29,7 @@ from gputopo.health.readings import (
     NvlinkHealth,
 )
 from gputopo.health.rules import DEFAULT_THRESHOLDS, Rule, Thresholds
-from gputopo.model import BUSY_UTILIZATION_PCT
+from gputopo.model import BUSY_UTILIZATION_PCT, GPU_NOT_ACCESSIBLE
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,14 @@ class Judgement:
             if f.gpu is not None and f.gpu not in out:
                 out[f.gpu] = f.what
         return out
+
+    def to_json(self) -> dict[str, object]:
+        """The health section every command's JSON carries: findings, not checked, unhealthy GPUs."""
+        return {
+            "findings": [f.to_json() for f in self.findings],
+            "not_checked": [n.to_json() for n in self.not_checked],
+            "unhealthy": [{"gpu": g, "why": why} for g, why in sorted(self.unhealthy_gpus().items())],
+        }
 
 
 # PCIe signalling rate per lane in GT/s by generation (PCI-SIG; DCGM's table in GetExpectedPcieReplayRate).
@@ -139,6 +148,10 @@ def judge(
         j.skip("node", u.what, u.why)
     for g1 in sample1.gpus:
         g0 = sample0.gpu(g1.index) if sample0 is not None else None
+        if g1.error is not None and g1.state == GPU_NOT_ACCESSIBLE:
+            # Refused for permission (another job's or container's GPU): unknown, never a fault (issue 21).
+            j.skip(g1.label, NOT_READ, f"not accessible from here ({g1.error})")
+            continue
         if g1.error is not None:
             j.add(
                 "gpu_unreadable",

@@ -17,7 +17,6 @@ A name this table does not have, a key a rule does not have, or a value of the w
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from collections.abc import Mapping
@@ -25,8 +24,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gputopo.errors import UsageError
+from gputopo.errors import InputError, UsageError
 from gputopo.findings import ACTIONS, NOTE, PROBLEM, SEVERITIES
+from gputopo.inputs import loads_bounded
 
 DCGM_LIMITS = "DCGM common/DcgmGPUHardwareLimits.h"
 DCGM_WATCH = "DCGM modules/health/DcgmHealthWatch.cpp"
@@ -251,7 +251,7 @@ def parse_thresholds(text: str, source: str, fmt: str | None = None) -> Threshol
     text starts with ``{``, TOML otherwise). ``UsageError`` (exit 2) for anything it cannot take."""
     fmt = fmt or ("json" if text.lstrip().startswith("{") else "toml")
     try:
-        doc = json.loads(text) if fmt == "json" else _toml_loads(text)
+        doc = loads_bounded(text, f"--thresholds {source}") if fmt == "json" else _toml_loads(text)
     except (ValueError, TypeError) as exc:  # JSONDecodeError and TOMLDecodeError are ValueErrors
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UsageError(f"--thresholds {source}: not valid {fmt.upper()}: {first}", _HINT) from None
@@ -267,12 +267,13 @@ def parse_thresholds(text: str, source: str, fmt: str | None = None) -> Threshol
 
 def load_thresholds(path: Path) -> Thresholds:
     """Thresholds from ``path`` (``.json`` is JSON, anything else TOML unless it starts with ``{``)."""
+    from gputopo.inputs import read_capped
+
+    label = f"--thresholds {path}"
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise UsageError(f"--thresholds {path}: cannot read it ({exc.strerror or exc})", _HINT) from None
-    if len(data) > 1_000_000:
-        raise UsageError(f"--thresholds {path}: {len(data)} bytes is too large for a thresholds file", _HINT)
+        data = read_capped(path, label, cap=1_000_000, hint=_HINT)
+    except InputError as exc:
+        raise UsageError(f"{label}: cannot read it ({exc.message[len(label) + 2 :]})", _HINT) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

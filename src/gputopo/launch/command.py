@@ -53,6 +53,26 @@ def launch_plan_for(
     )
 
 
+def check_command(command: Sequence[str], torchrun: bool, path: str | None = None) -> None:
+    """Refuse, before anything starts, a command that cannot run: ``UsageError`` "command not found: X".
+
+    Alone, ``X`` must be a program on ``PATH`` (or a path to one). Under torchrun a ``.py`` first word is a
+    script torchrun runs with Python (``line.build_launch``), so it must be a file; anything else is run
+    as a program (``--no-python``). An option first (``-m module``) is torchrun's to judge.
+    """
+    import shutil
+
+    if not command or command[0].startswith("-"):
+        return
+    program = command[0]
+    if torchrun and program.endswith(".py"):
+        if not os.path.isfile(program):
+            raise UsageError(f"command not found: {program}", "no such script here; check the path")
+        return
+    if shutil.which(program, path=path if path is not None else os.environ.get("PATH")) is None:
+        raise UsageError(f"command not found: {program}", "check the name and PATH, or give the full path")
+
+
 def warn_nccl_env(warn: Warn, nic_names: list[str] | None = None) -> list[Finding]:
     """NCCL settings of this environment that are for debugging only, as warnings on stderr (never fatal)."""
     from gputopo.findings import nccl_env_findings

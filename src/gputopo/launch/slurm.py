@@ -191,6 +191,10 @@ class SlurmJob:
     ntasks: int | None = None
     # The address Slurm has for node 0 (``scontrol show node NAME``: ``NodeAddr``), when asked and known.
     first_addr: str | None = None
+    # This node's name as its slurmd knows it (``SLURMD_NODENAME``: slurmstepd sets it in every task's
+    # environment to ``conf->node_name``, the ``-N`` name of a slurmd; SchedMD/slurm
+    # src/slurmd/slurmstepd/task.c, ``exec_task``), when set.
+    node_name: str | None = None
 
     @property
     def first_host(self) -> str:
@@ -217,8 +221,10 @@ class SlurmJob:
 
     @property
     def this_host(self) -> str:
-        """This node's host name as Slurm lists it."""
-        return self.hosts[self.node_id]
+        """This node's name as Slurm knows it: ``SLURMD_NODENAME``, else its entry in the node list. Never
+        ``gethostname()``: several slurmd on one machine (a test cluster) share one host name, and a site's
+        host names need not be its node names."""
+        return self.node_name or self.hosts[self.node_id]
 
 
 def rendezvous_port(job_id: str) -> int:
@@ -332,6 +338,7 @@ def slurm_job(
         gpus=gpus,
         ntasks=ntasks,
         first_addr=first_addr or None,
+        node_name=(environ.get("SLURMD_NODENAME") or "").strip() or None,
     )
 
 

@@ -53,7 +53,10 @@ class ProcessInfo:
     (``create_time_s``) may be ``None`` and the process is never signalled. ``nspid`` is its pid in each
     PID namespace, outermost first (``/proc/PID/status`` NSpid). ``launch_env`` holds the launcher
     variables of its start-up environment (``TORCHELASTIC_RUN_ID``, ``LOCAL_RANK``, ...); ``None`` when the
-    environment could not be read.
+    environment could not be read. ``threads`` is every thread of it as ``(tid, state letter)`` from
+    ``/proc/PID/task/TID/stat`` (``R``, ``S``, ``D``, ``Z``...), read only for a zombie (``None``
+    otherwise, or when unreadable): a "zombie" whose other threads live is an exited thread-group leader,
+    not an exited process.
     """
 
     pid: int
@@ -68,6 +71,14 @@ class ProcessInfo:
     error: str | None = None
     nspid: tuple[int, ...] | None = None
     launch_env: tuple[tuple[str, str], ...] | None = None
+    threads: tuple[tuple[int, str], ...] | None = None
+
+    @property
+    def live_threads(self) -> tuple[tuple[int, str], ...]:
+        """Its threads other than the main one that have not exited (state neither ``Z`` nor ``X``)."""
+        return tuple(
+            (tid, state) for tid, state in self.threads or () if tid != self.pid and state not in "ZX"
+        )
 
     @property
     def env(self) -> dict[str, str]:

@@ -5,8 +5,18 @@ Stale, with the reason shown, is only what a crashed or interrupted launch leave
 - **launcher gone**: a worker (a torchrun or torch.distributed.launch rank, a multiprocessing spawn or
   forkserver child, a fork worker) whose launcher or parent is gone (``procs.jobs`` says how that is told,
   and why PID 1 is not an orphan-maker when PID 1 is the launcher itself);
-- **zombie**: it has exited but its parent has not reaped it. A zombie cannot be signalled; stopping its
-  parent lets init reap it, so the parent is the target.
+- **stuck in the driver**: the holder's main thread has exited (so it shows as a zombie) and its other
+  threads, which still hold the device files, sleep uninterruptibly in the kernel (state ``D``). No signal
+  reaches them; only a GPU reset or a reboot frees the GPU. Reported, never targeted.
+
+A zombie is never a reason to stop its parent. A process that has really exited holds no files: the
+kernel closes them before it becomes a zombie (torvalds/linux kernel/exit.c, ``do_exit`` calls
+``exit_files`` before ``exit_notify``), so stopping the parent frees nothing and may stop a torchrun agent
+or a notebook server. A "zombie" that holds ``/dev/nvidia*`` is a thread-group leader whose main thread
+exited while other threads live on (the kernel keeps the leader a zombie until the group is empty:
+``release_task``); a signal to its pid reaches those threads, so it is judged and targeted like any
+process, unless a thread is in ``D`` state. A zombie with no live thread (it exited between the scan and
+the read) is spared: its files are already closed.
 
 Never stale by itself: a plain detached process (parent PID 1, no worker marks: a nohup'd training, a
 service, a notebook), a worker whose launcher runs, and a process NVML does not list. Many healthy
@@ -111,7 +121,7 @@ class Assessment:
 
     @property
     def protected(self) -> bool:
-        """True when the holder (or, for a zombie, its parent) must never be signalled."""
+        """True when the holder must never be signalled."""
         return bool(self.protected_reasons)
 
     @property
@@ -210,29 +220,37 @@ def _assess_one(
     parent = processes.get(info.ppid) if info.ppid is not None else None
 
     reasons: list[str] = []
-    target_info: ProcessInfo | None = info
     job = role(info, parent, pid1)
-    if info.status == "zombie":
+    zombie = info.status == "zombie"
+    live = info.live_threads
+    stuck = [tid for tid, state in live if state == "D"]
+    zombie_spared: str | None = None
+    if zombie and stuck:
         reasons.append(
-            f"zombie: it exited but its parent {describe(parent, info.ppid)} has not reaped it; "
-            "stopping the parent releases it"
+            f"stuck in the driver: its main thread exited; thread {', '.join(map(str, stuck))} waits "
+            "uninterruptibly in the kernel (state D) and still holds the GPU: reset the GPU or reboot"
         )
-        target_info = parent
+        zombie_spared = "stuck in the driver: no signal frees it (reset the GPU or reboot)"
+    elif zombie and not live:
+        zombie_spared = (
+            f"a zombie holds no files (the kernel closed them when it exited); its parent "
+            f"{describe(parent, info.ppid)} has not reaped it, and stopping the parent would free nothing"
+        )
     elif job.gone:
         reasons.append(job.gone)
 
     notes = _notes(holder, nvml)
+    if zombie and live and not stuck:
+        notes.append(
+            f"its main thread exited; {len(live)} thread(s) live on and hold the files: a signal to its pid "
+            "reaches them"
+        )
     protected = _protections(info, scan, policy)
-    if target_info is not info:
-        if target_info is None:
-            protected.append(f"its parent {info.ppid} could not be read")
-        else:
-            protected.extend(
-                f"its parent {target_info.pid}: {why}" for why in _protections(target_info, scan, policy)
-            )
 
     spared = list(protected)
-    if not protected:
+    if zombie_spared is not None:
+        spared.append(zombie_spared)
+    elif not protected:
         if policy.pids is not None:
             if info.pid not in policy.pids:
                 spared.append("not named by --pid")
@@ -244,8 +262,8 @@ def _assess_one(
                 f"{format_duration(policy.older_than_s)}"
             )
     target = None
-    if not spared and target_info is not None:
-        target = target_info.ref
+    if not spared:
+        target = info.ref
         if target is None:
             spared.append("its start time cannot be read, so its identity cannot be checked before a signal")
     return Assessment(
@@ -388,8 +406,6 @@ def settle(
             settled.append(HolderOutcome(a, "listed", None, None, None))
             continue
         detail = outcome.detail
-        if a.target.pid != a.holder.pid:
-            detail = f"acted on its parent {a.target.pid}: {detail}"
         freed = memory_freed_mib(before, after, a.holder.pid) if outcome.result.gone else None
         settled.append(HolderOutcome(a, _ACTION[outcome.result], outcome.result, detail, freed))
     return tuple(settled)

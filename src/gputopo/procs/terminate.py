@@ -2,8 +2,9 @@
 
 A process is ``(pid, create_time)``. Before every signal the pid is looked up afresh and its start time
 compared with the one recorded when it was listed: if they differ, the pid now belongs to another
-process and nothing is sent. A zombie counts as gone: it has exited and released its files and GPU
-memory; only its parent's ``wait()`` is missing.
+process and nothing is sent. A zombie counts as gone (it has exited and released its files and GPU
+memory; only its parent's ``wait()`` is missing) unless other threads of it live on: then only its main
+thread has exited, the process still runs and holds its files, and a signal to its pid reaches them.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def _look(ref: ProcessRef) -> tuple[_State, psutil.Process | None]:
         proc = psutil.Process(ref.pid)
         if proc.create_time() != ref.create_time_s:
             return _State.REUSED, None
-        if proc.status() == psutil.STATUS_ZOMBIE:
+        if proc.status() == psutil.STATUS_ZOMBIE and proc.num_threads() <= 1:
             return _State.GONE, None
     except psutil.NoSuchProcess:  # ZombieProcess is a NoSuchProcess too
         return _State.GONE, None

@@ -29,6 +29,14 @@ class Constraints:
     top: int = DEFAULT_TOP
     assumptions: Assumptions = field(default_factory=Assumptions)
     evidence: ProbeEvidence | None = None
+    # The GPUs a scheduler's preset CUDA_VISIBLE_DEVICES allows (nvidia-smi numbering), and the reason
+    # every other GPU is left out; ``None`` when nothing is preset (or --ignore-visible-devices).
+    allowed: tuple[int, ...] | None = None
+    outside_allowed: str = "outside CUDA_VISIBLE_DEVICES"
+    # GPUs with a health problem (``health.judge.Judgement.unhealthy_gpus``), each with the problem in
+    # words; left out unless ``allow_unhealthy``. Empty when health was not read (``--input``).
+    unhealthy: tuple[tuple[int, str], ...] = ()
+    allow_unhealthy: bool = False
 
 
 @dataclass(frozen=True)
@@ -41,7 +49,7 @@ class Exclusion:
 
 def exclusions(topo: Topology, constraints: Constraints) -> tuple[Exclusion, ...]:
     """GPUs no set may use, each with its reasons: ``--exclude``, failing, not accessible, not responding,
-    MIG enabled, busy, failed alone in a probe."""
+    MIG enabled, a health problem (unless ``allow_unhealthy``), busy, failed alone in a probe."""
     known = set(topo.gpu_indices)
     for g in constraints.exclude:
         if g not in known:
@@ -53,11 +61,14 @@ def exclusions(topo: Topology, constraints: Constraints) -> tuple[Exclusion, ...
         for f in (constraints.evidence.failed if constraints.evidence else ())
         if len(f.gpus) == 1
     }
+    sick = dict(constraints.unhealthy)
     out = []
     for gpu in sorted(topo.gpus, key=lambda g: g.index):
         why = []
         if gpu.index in constraints.exclude:
             why.append("excluded by --exclude")
+        if constraints.allowed is not None and gpu.index not in constraints.allowed:
+            why.append(constraints.outside_allowed)
         # Failing, not accessible from here, not responding, or MIG enabled (CUDA sees MIG devices, not
         # the GPU, and NCCL does not run on them): no set can use it.
         unavailable = gpu.unavailable_reason
@@ -76,6 +87,8 @@ def exclusions(topo: Topology, constraints: Constraints) -> tuple[Exclusion, ...
                 why.append(
                     f"busy: {gpu.memory_used_mib} MiB in use (over --max-used-mib {constraints.max_used_mib})"
                 )
+        if gpu.index in sick and not constraints.allow_unhealthy and not unavailable:
+            why.append(f"health: {sick[gpu.index]}")
         if why:
             out.append(Exclusion(gpu.index, "; ".join(why)))
     return tuple(out)

@@ -112,6 +112,8 @@ class Recommendation:
 def fewer_hint(excluded: tuple[Exclusion, ...]) -> str:
     if any("busy" in e.why for e in excluded):
         return "ask for fewer GPUs, or count busy GPUs in with --allow-busy"
+    if any("health: " in e.why for e in excluded):
+        return "ask for fewer GPUs, or count GPUs with a health problem in with --allow-unhealthy"
     return "ask for fewer GPUs"
 
 
@@ -127,6 +129,9 @@ def input_warnings(p: Problem, constraints: Constraints) -> tuple[str, ...]:
                 f"{constraints.evidence.source} names {', '.join(f'GPU{g}' for g in strangers)}, not on "
                 f"{p.topo.source}: was it written on another machine? Findings about them are ignored"
             )
+    if constraints.allow_unhealthy and constraints.unhealthy:
+        sick = ", ".join(f"GPU{g} ({why})" for g, why in constraints.unhealthy)
+        out.append(f"--allow-unhealthy: sets may hold GPUs with a health problem: {sick}")
     missing = sorted({(a, b) for a, b in p.unknown if a < b})
     if missing:
         shown = ", ".join(f"GPU{a}-GPU{b}" for a, b in missing[:4]) + (", ..." if len(missing) > 4 else "")

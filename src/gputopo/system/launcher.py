@@ -1,4 +1,4 @@
-"""What a launch needs from this machine (torchrun and its flags, numactl), and the exec itself.
+"""What a launch needs from this machine (torchrun and its flags, numactl), and the launch itself.
 
 torch is not imported: finding its files and reading ``torch/distributed/run.py`` as text tells whether
 torchrun has ``--numa-binding`` in a few milliseconds, where ``import torch`` takes seconds.
@@ -6,16 +6,30 @@ torchrun has ``--numa-binding`` in a few milliseconds, where ``import torch`` ta
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import os
 import shutil
+import signal
+import subprocess
 import sys
+import time
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from gputopo.errors import UnavailableError, UsageError
 from gputopo.launch.line import LaunchTools
+
+# Every process of a `gputopo run` launch carries this in its environment (torchrun passes its environment
+# to the ranks), so a stop finds them even once they are reparented away from the command.
+RUN_MARKER_ENV = "GPUTOPO_RUN_ID"
+# How long the command has to stop by itself after the signal gputopo got is passed on (torchrun stops
+# its ranks, a script saves its state), before every process of the launch is stopped.
+COMMAND_GRACE_S = 10.0
+KILL_GRACE_S = 3.0
 
 
 def detect_tools() -> LaunchTools:
@@ -58,7 +72,7 @@ def exec_command(argv: Sequence[str], env: Mapping[str, str]) -> None:
         )
     program = argv[0]
     if shutil.which(program, path=env.get("PATH")) is None:
-        raise UsageError(f"{program}: command not found", "check the name and PATH, or give the full path")
+        raise UsageError(f"command not found: {program}", "check the name and PATH, or give the full path")
     sys.stdout.flush()
     sys.stderr.flush()
     try:
@@ -67,3 +81,104 @@ def exec_command(argv: Sequence[str], env: Mapping[str, str]) -> None:
         raise UnavailableError(
             f"{program}: cannot run ({exc.strerror})", "check that it is executable"
         ) from None
+
+
+def run_supervised(argv: Sequence[str], env: Mapping[str, str], grace_s: float = COMMAND_GRACE_S) -> int:
+    """Run ``argv`` in ``env`` as a child and return its exit code (128 + N when signal N ended it).
+
+    The child stays in this process group, so Ctrl-C in a terminal reaches it directly, as it would without
+    gputopo. When gputopo itself is stopped (``KeyboardInterrupt`` or ``errors.Interrupted`` carrying the
+    signal), the signal is passed on to the command, which gets ``grace_s`` to end; then every process of
+    the launch still running (its descendants, and anything carrying ``RUN_MARKER_ENV``) is stopped, and
+    the interrupt goes on up. Raises ``UsageError`` when the program is not found, ``UnavailableError``
+    when it cannot be run.
+    """
+    if not argv:
+        raise UsageError(
+            "no command given", "put the command after --, e.g. gputopo run --n 2 -- python train.py"
+        )
+    program = argv[0]
+    if shutil.which(program, path=env.get("PATH")) is None:
+        raise UsageError(f"command not found: {program}", "check the name and PATH, or give the full path")
+    marker = uuid.uuid4().hex
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        proc = subprocess.Popen(list(argv), env={**env, RUN_MARKER_ENV: marker})
+    except OSError as exc:
+        raise UnavailableError(
+            f"{program}: cannot run ({exc.strerror})", "check that it is executable"
+        ) from None
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt as exc:
+        stop_launch(proc, marker, int(getattr(exc, "signum", signal.SIGINT)), grace_s)
+        raise
+    return 128 - code if code < 0 else code
+
+
+def stop_launch(proc: subprocess.Popen[Any], marker: str, signum: int, grace_s: float) -> None:
+    """Pass ``signum`` on to the command, give it ``grace_s`` to end, then stop every process of the launch
+    (SIGTERM, a short grace, SIGKILL; psutil re-checks each pid's start time, so a reused pid is spared)."""
+    import psutil
+
+    seen = _descendants(proc.pid)
+    if not (signum == signal.SIGINT and _terminal_sent_it()):
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signum)
+    deadline = time.monotonic() + grace_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        seen.update(_descendants(proc.pid))
+        time.sleep(0.05)
+    alive: list[psutil.Process] = []
+    for p in {**seen, **_marked(marker)}.values():
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                p.terminate()
+                alive.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    if proc.poll() is None:
+        proc.terminate()
+    _, stubborn = psutil.wait_procs(alive, timeout=KILL_GRACE_S)
+    for p in stubborn:
+        try:
+            p.kill()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    try:
+        proc.wait(timeout=KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _terminal_sent_it() -> bool:
+    """True when Ctrl-C in our terminal sent SIGINT to the whole foreground group (the command got it too)."""
+    try:
+        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _descendants(pid: int) -> dict[int, Any]:
+    import psutil
+
+    try:
+        return {p.pid: p for p in psutil.Process(pid).children(recursive=True)}
+    except psutil.NoSuchProcess:
+        return {}
+
+
+def _marked(marker: str) -> dict[int, Any]:
+    """Processes whose environment carries this launch's marker (only our own users' can be read)."""
+    import psutil
+
+    found = {}
+    for p in psutil.process_iter():
+        try:
+            if p.pid != os.getpid() and p.environ().get(RUN_MARKER_ENV) == marker:
+                found[p.pid] = p
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found

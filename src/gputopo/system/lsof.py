@@ -23,7 +23,7 @@ import psutil
 
 from gputopo.errors import UnavailableError
 from gputopo.procs.holders import HolderScan, OpenDevices, ProcessInfo, parse_lsof_fields
-from gputopo.system.procfs import read_launch_env, read_nspid
+from gputopo.system.procfs import read_launch_env, read_nspid, read_threads, zombie_leader_files
 
 T = TypeVar("T")
 
@@ -46,9 +46,20 @@ def find_open_devices(device_files: Sequence[str]) -> tuple[list[OpenDevices], s
     ``source`` is ``"lsof"``, or ``"/proc"`` when lsof is missing or failed (the warnings say which).
     Raises ``UnavailableError`` (exit 3) when neither lsof nor ``/proc`` can be read.
     """
-    warnings: list[str] = []
     if not device_files:
-        return [], "none", warnings
+        return [], "none", []
+    records, source, warnings = _find_open_devices(device_files)
+    # Neither lsof nor /proc/PID/fd shows what the live threads of an exited main thread hold.
+    known = {r.pid for r in records}
+    wanted = {os.path.realpath(f): f for f in device_files}
+    for pid, held in zombie_leader_files(wanted).items():
+        if pid not in known:
+            records.append(OpenDevices(pid, held))
+    return records, source, warnings
+
+
+def _find_open_devices(device_files: Sequence[str]) -> tuple[list[OpenDevices], str, list[str]]:
+    warnings: list[str] = []
     lsof = shutil.which("lsof")
     if lsof is None:
         warnings.append(
@@ -188,9 +199,16 @@ def read_process(pid: int) -> ProcessInfo | None:
                 sid=_sid(pid),
                 nspid=read_nspid(pid),
                 launch_env=read_launch_env(proc),
+                threads=read_threads(pid) if status == psutil.STATUS_ZOMBIE else None,
             )
     except psutil.ZombieProcess:
-        return ProcessInfo(pid=pid, create_time_s=None, status=psutil.STATUS_ZOMBIE, error="zombie")
+        return ProcessInfo(
+            pid=pid,
+            create_time_s=None,
+            status=psutil.STATUS_ZOMBIE,
+            error="zombie",
+            threads=read_threads(pid),
+        )
     except psutil.NoSuchProcess:
         return None
     except psutil.AccessDenied:

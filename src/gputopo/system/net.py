@@ -1,4 +1,5 @@
-"""Two questions to this machine's network stack, asked before a multi-node rendezvous starts.
+"""Questions to this machine's network stack: two asked before a multi-node rendezvous starts, and what
+NICs it has (``read_nics``) for judging the bandwidth between nodes.
 
 Does the rendezvous host resolve (so a name nobody can connect to fails in a second, not after
 ``--rdzv-timeout``), and is a TCP port already held here (so a derived port that another job's store holds
@@ -8,8 +9,11 @@ fails loudly instead of making this job a client of that store).
 from __future__ import annotations
 
 import errno
+import os
 import socket
 import threading
+from pathlib import Path
+from typing import Any
 
 DEFAULT_RESOLVE_TIMEOUT_S = 10.0
 
@@ -59,3 +63,55 @@ def port_taken(port: int) -> bool:
         finally:
             sock.close()
     return False
+
+
+SYS_ROOT = Path("/sys")
+
+
+def read_nics(sys_root: Path = SYS_ROOT) -> dict[str, list[dict[str, Any]]]:
+    """This machine's RDMA ports and Ethernet interfaces, as the kernel's sysfs spells them (raw strings;
+    ``probe.judge.network`` reads them):
+
+    - ``ib``: every ``/sys/class/infiniband/DEV/ports/N/``: ``rate`` (e.g. ``"200 Gb/sec (4X HDR)"``),
+      ``state`` (``"4: ACTIVE"``), ``link_layer`` (``InfiniBand``, or ``Ethernet`` for RoCE)
+      (Documentation/ABI/stable/sysfs-class-infiniband);
+    - ``eth``: every ``/sys/class/net/IF`` backed by a device (``device`` link: no loopback, bridge or
+      veth): ``speed`` in Mb/s (``-1`` or unreadable when the link is down or the driver does not say),
+      ``operstate`` (Documentation/ABI/testing/sysfs-class-net).
+    """
+    ib: list[dict[str, Any]] = []
+    ib_root = sys_root / "class" / "infiniband"
+    for dev in _names(ib_root):
+        for port in _names(ib_root / dev / "ports"):
+            folder = ib_root / dev / "ports" / port
+            ib.append(
+                {
+                    "device": dev,
+                    "port": port,
+                    "rate": _read(folder / "rate"),
+                    "state": _read(folder / "state"),
+                    "link_layer": _read(folder / "link_layer"),
+                }
+            )
+    eth: list[dict[str, Any]] = []
+    net_root = sys_root / "class" / "net"
+    for name in _names(net_root):
+        if not os.path.exists(net_root / name / "device"):
+            continue
+        folder = net_root / name
+        eth.append({"name": name, "speed": _read(folder / "speed"), "operstate": _read(folder / "operstate")})
+    return {"ib": ib, "eth": eth}
+
+
+def _names(folder: Path) -> list[str]:
+    try:
+        return sorted(os.listdir(folder))
+    except OSError:
+        return []
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:  # EINVAL from "speed" on a link that is down, or a missing file
+        return None

@@ -174,11 +174,17 @@ class GpuFigures:
     pcie_gen: int
     pcie_width: int
     pcie_source: str
+    pcie_width_max: int | None = None  # the width the link can train at, when below it now
 
     @property
     def pcie_gbps(self) -> float:
-        """This GPU's own PCIe link, GB/s per direction."""
+        """This GPU's own PCIe link, GB/s per direction (its maximum generation, its current width)."""
         return pcie_gbps(self.pcie_gen, self.pcie_width)
+
+    @property
+    def pcie_narrowed(self) -> bool:
+        """True when the link trained narrower than it can (x8 of x16)."""
+        return self.pcie_width_max is not None and self.pcie_width < self.pcie_width_max
 
 
 @dataclass(frozen=True)
@@ -290,8 +296,13 @@ def _figures(gpu: Gpu, assumptions: Assumptions) -> GpuFigures:
     else:
         per_link, nv_source = DEFAULT_NVLINK_GBPS, "assumed"
     pcie = gpu.pcie
+    # Generation at its maximum (an idle GPU lowers its generation to save power and raises it under
+    # load), width as trained now (a link trained at x8 stays at x8 until the slot is fixed: DESIGN.md
+    # "Node health"), so a GPU trained at x8 loses to its x16 siblings.
     read_gen = pcie.gen_max if pcie is not None else None
-    read_width = pcie.width_max if pcie is not None else None
+    read_width = None
+    if pcie is not None:
+        read_width = pcie.width_current if pcie.width_current else pcie.width_max
     if assumptions.pcie_gen is not None:
         gen, pcie_source = assumptions.pcie_gen, "given"
     elif read_gen in _PCIE_SPEED_UNITS:
@@ -299,7 +310,8 @@ def _figures(gpu: Gpu, assumptions: Assumptions) -> GpuFigures:
     else:
         gen, pcie_source = DEFAULT_PCIE_GEN, "assumed"
     width = read_width if read_width else DEFAULT_PCIE_WIDTH
-    return GpuFigures(gpu.index, per_link, nv_source, family, gen, width, pcie_source)
+    width_max = pcie.width_max if pcie is not None and pcie.width_max else width
+    return GpuFigures(gpu.index, per_link, nv_source, family, gen, width, pcie_source, max(width, width_max))
 
 
 def build_model(topo: Topology, assumptions: Assumptions | None = None) -> BandwidthModel:
@@ -368,6 +380,11 @@ def _edge(
     kind = link.kind
     pcie = min(fa.pcie_gbps, fb.pcie_gbps)
     pcie_words = f"Gen{min(fa.pcie_gen, fb.pcie_gen)} x{min(fa.pcie_width, fb.pcie_width)} {_num(pcie)} GB/s"
+    narrow = [f for f in (fa, fb) if f.pcie_narrowed]
+    if narrow:
+        pcie_words += "; " + ", ".join(
+            f"GPU{f.index} trained at x{f.pcie_width} of x{f.pcie_width_max}" for f in narrow
+        )
     if kind is LinkKind.NVLINK:
         count = link.nvlinks or 0
         per_link = min(fa.nvlink_gbps_per_link, fb.nvlink_gbps_per_link)

@@ -35,9 +35,10 @@ from typing import NamedTuple
 from xml.parsers import expat
 
 from gputopo.errors import InputError
+from gputopo.inputs import MAX_INPUT_BYTES
 from gputopo.model import Gpu, Matrix, Nic, NvlinkPeer, PcieLink, Topology
 
-MAX_BYTES = 16 * 1024 * 1024  # real dumps are 1-100 KB
+MAX_BYTES = MAX_INPUT_BYTES  # the one cap of every reader (gputopo.inputs); real dumps are 1-100 KB
 MAX_DEPTH = 64  # a dump nests cpu > pci (a few switch levels) > gpu > nvlink
 MAX_ELEMENTS = 200_000
 MAX_GPUS = 1024  # NVML indices in one dump

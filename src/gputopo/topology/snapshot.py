@@ -12,6 +12,7 @@ from dataclasses import asdict, fields
 from typing import Any
 
 from gputopo.errors import InputError
+from gputopo.inputs import loads_bounded
 from gputopo.model import P2P_CAPABILITIES, Gpu, Matrix, Nic, NvlinkPeer, PcieLink, Topology, is_link_code
 
 SCHEMA = "gputopo/topology/v1"
@@ -43,6 +44,10 @@ def to_dict(topo: Topology) -> dict[str, Any]:
     }
 
 
+# NVML numbers GPUs from 0; no machine has this many.
+MAX_GPU_INDEX = 1024
+
+
 def dumps(topo: Topology) -> str:
     """``to_dict`` as indented JSON text."""
     return json.dumps(to_dict(topo), indent=2)
@@ -51,7 +56,7 @@ def dumps(topo: Topology) -> str:
 def loads(text: str, source: str = "snapshot") -> Topology:
     """Read a snapshot written by ``dumps``; ``InputError`` (exit 2) naming what is wrong otherwise."""
     try:
-        data = json.loads(text)
+        data = loads_bounded(text, source)
     except json.JSONDecodeError as exc:
         raise InputError(
             f"{source}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",
@@ -101,14 +106,17 @@ def _plain(exc: Exception) -> str:
     """What is wrong with a snapshot, in words rather than Python's."""
     if isinstance(exc, KeyError):
         return f"the field {exc.args[0]!r} is missing"
-    if isinstance(exc, ValueError) and str(exc).startswith("matrix cell"):
+    if isinstance(exc, ValueError) and str(exc).startswith(("matrix cell", "GPU index")):
         return str(exc)
     return "a field holds the wrong kind of value, e.g. text where a number or a list belongs"
 
 
 def _gpu(d: dict[str, Any]) -> Gpu:
     kwargs = {k: d.get(k) for k in _GPU_FIELDS}
-    kwargs["index"] = int(d["index"])
+    index = d["index"]
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < MAX_GPU_INDEX:
+        raise ValueError(f"GPU index {index!r} is not a whole number from 0 to {MAX_GPU_INDEX - 1}")
+    kwargs["index"] = index
     if d.get("pcie") is not None:
         kwargs["pcie"] = PcieLink(**d["pcie"])
     if d.get("compute_pids") is not None:
@@ -127,6 +135,9 @@ def _cell(c: Any) -> str | None:
 
 def _check(topo: Topology, source: str, hint: str) -> None:
     """Reject snapshots whose parts disagree (hand edits): square matrix, labels match devices."""
+    indices = [g.index for g in topo.gpus]
+    if len(set(indices)) != len(indices):
+        raise InputError(f"{source}: GPU indices {indices} repeat", hint)
     n = len(topo.matrix.labels)
     if len(topo.matrix.cells) != n or any(len(r) != n for r in topo.matrix.cells):
         raise InputError(f"{source}: matrix is not {n}x{n} like its labels", hint)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gputopo.findings import NOTE, PROBLEM
+from gputopo.ui.findings_view import findings_markdown, not_checked_lines
 
 
 def to_markdown(doc: dict[str, Any]) -> str:
@@ -17,16 +17,12 @@ def to_markdown(doc: dict[str, Any]) -> str:
     if doc["simulated"]:
         lines.append(f"- simulated: {doc['why_simulated']}. Bandwidths and timings are not a real GPU's.")
     lines += ["", f"**{doc['headline']}**", ""]
+    lines += health_markdown(doc)
     if doc.get("warnings"):
         lines += ["## Warnings about the input", ""] + [f"- {_md(w)}" for w in doc["warnings"]] + [""]
-    problems = [f for f in doc["findings"] if f["severity"] == PROBLEM]
-    notes = [f for f in doc["findings"] if f["severity"] == NOTE]
-    if problems:
-        lines += ["## Problems and remedies", "", "| where | problem | remedy |", "|---|---|---|"]
-        lines += [f"| {_md(f['where'])} | {_md(f['what'])} | {_md(f['remedy'])} |" for f in problems]
-        lines.append("")
-    if notes:
-        lines += ["## Notes", ""] + [f"- {f['where']}: {f['what']}. {f['remedy']}" for f in notes] + [""]
+    others = other_findings(doc)
+    if others:
+        lines += ["## Problems and remedies", "", *findings_markdown(others), ""]
     lines += ["## Which GPUs to use", ""]
     for r in doc["recommendations"]:
         if r["best"]:
@@ -75,6 +71,28 @@ def to_markdown(doc: dict[str, Any]) -> str:
 
         lines += nodes_markdown(doc)
     return "\n".join(lines) + "\n"
+
+
+def other_findings(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The report's findings that are not the health check's (those have their own section first)."""
+    health = doc.get("health") or {}
+    own = health.get("findings") or []
+    return [f for f in doc.get("findings") or [] if f not in own]
+
+
+def health_markdown(doc: dict[str, Any]) -> list[str]:
+    """The health section (first in the report): the check's reason, findings, what it did not check."""
+    health = doc.get("health")
+    if not health:
+        return []
+    lines = ["## Health", "", _md(health.get("reason") or "health: not checked"), ""]
+    findings = health.get("findings") or []
+    if findings:
+        lines += [*findings_markdown(findings), ""]
+    skipped = not_checked_lines(health.get("not_checked") or ())
+    if skipped:
+        lines += ["Not checked:", "", *(f"- {_md(s)}" for s in skipped), ""]
+    return lines
 
 
 def speed_markdown(probe: dict[str, Any]) -> list[str]:

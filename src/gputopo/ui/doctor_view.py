@@ -9,9 +9,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from gputopo.findings import NOTE, PROBLEM
 from gputopo.topology import snapshot
-from gputopo.ui.doctor_markdown import estimate_words, fmt_gbps
+from gputopo.ui.doctor_markdown import estimate_words, fmt_gbps, other_findings
+from gputopo.ui.findings_view import findings_table, not_checked_lines
 from gputopo.ui.topo_view import topology_blocks
 
 
@@ -20,23 +20,15 @@ def render_doctor(doc: dict[str, Any]) -> RenderableType:
     parts: list[RenderableType] = []
     if doc.get("simulated"):
         parts.append(Text(f"SIMULATED: {doc.get('why_simulated')}", style="bold yellow"))
+    parts += health_section(doc)
     topo = doc["topology"]
     parts.append(Text(f"Topology of {topo.get('source', 'the report')}", style="bold"))
     parts.extend(topology_blocks(snapshot.from_dict(topo, source=topo.get("source", "report"))))
     for w in doc.get("warnings") or []:
         parts.append(Text(f"warning about the input: {w}", style="yellow"))
-    problems = [f for f in doc["findings"] if f["severity"] == PROBLEM]
-    notes = [f for f in doc["findings"] if f["severity"] == NOTE]
-    if problems:
-        t = Table(title="Problems and remedies", title_justify="left", show_lines=True, header_style="bold")
-        t.add_column("where", style="bold red", no_wrap=True)
-        t.add_column("problem")
-        t.add_column("remedy")
-        for f in problems:
-            t.add_row(f["where"], f["what"], f["remedy"])
-        parts.append(t)
-    for f in notes:
-        parts.append(Text(f"note: {f['where']}: {f['what']}. {f['remedy']}", style="dim"))
+    others = other_findings(doc)
+    if others:
+        parts.append(findings_table(others, "Problems and remedies"))
     if doc.get("pairs"):
         t = Table(title="Pairs", title_justify="left", header_style="bold")
         for col in ("GPUs", "link", "verdict", "measured busbw GB/s", "model GB/s"):
@@ -108,3 +100,21 @@ def render_doctor(doc: dict[str, Any]) -> RenderableType:
     if doc.get("report"):
         parts.append(Text("report: " + "  ".join(v for v in doc["report"].values() if v), style="dim"))
     return Group(*parts)
+
+
+def health_section(doc: dict[str, Any]) -> list[RenderableType]:
+    """The report's first section: the node health check's reason, its findings, what it could not
+    check (older reports have no health section: nothing)."""
+    health = doc.get("health")
+    if not health:
+        return []
+    findings = health.get("findings") or []
+    problems = any(f.get("severity") == "problem" for f in findings)
+    style = "bold red" if problems else "green" if health.get("checked") else "yellow"
+    parts: list[RenderableType] = [Text(health.get("reason") or "health: not checked", style=style)]
+    if findings:
+        parts.append(findings_table(findings, "Health"))
+    skipped = not_checked_lines(health.get("not_checked") or ())
+    if skipped:
+        parts.append(Text("health not checked: " + "; ".join(skipped), style="dim"))
+    return parts

@@ -12,7 +12,8 @@ from typing import Any
 
 from gputopo.topology import snapshot
 from gputopo.ui import figures
-from gputopo.ui.doctor_markdown import holder_state, holder_why
+from gputopo.ui.doctor_markdown import holder_state, holder_why, other_findings
+from gputopo.ui.findings_view import findings_html, not_checked_lines
 from gputopo.ui.topo_view import topology_export
 
 _CSS = """
@@ -72,15 +73,23 @@ def render_html(doc: dict[str, Any]) -> str:
         )
     verdict = doc.get("verdict", "problems")
     parts.append(f'<div class="banner {_e(verdict)}">{_e(doc.get("headline"))}</div>')
+    health = doc.get("health")
+    if health:
+        parts.append("<h2>Health</h2>")
+        parts.append(f"<p>{_e(health.get('reason') or 'health: not checked')}</p>")
+        if health.get("findings"):
+            parts.append(findings_html(health["findings"]))
+        skipped = not_checked_lines(health.get("not_checked") or ())
+        if skipped:
+            parts.append("<p>Not checked:</p><ul>" + "".join(f"<li>{_e(x)}</li>" for x in skipped) + "</ul>")
     if doc.get("warnings"):
         parts.append("<h2>Warnings about the input</h2>")
         parts.append("<ul>" + "".join(f"<li>{_e(w)}</li>" for w in doc["warnings"]) + "</ul>")
 
-    findings = doc.get("findings") or []
+    findings = other_findings(doc)
     if findings:
         parts.append("<h2>What is wrong, and what to do</h2>")
-        rows = [[_e(f.get("where")), _e(f.get("what")), _e(f.get("remedy"))] for f in findings]
-        parts.append(_table(["where", "problem", "remedy"], rows))
+        parts.append(findings_html(findings))
 
     parts.append("<h2>Which GPUs to use</h2>")
     rec_rows = []

@@ -2,7 +2,7 @@
 
 With ``--json`` the command's result goes to stdout as one JSON document and nothing else is written
 there; warnings still go to stderr. Colour follows rich's rules (``NO_COLOR``, ``FORCE_COLOR``,
-``TERM=dumb``); width follows ``COLUMNS`` when set.
+``TERM=dumb``); width follows ``COLUMNS`` when set to a usable width (at least ``MIN_COLUMNS``).
 
 Output that does not go to a terminal is never wrapped (nvidia-smi never wraps either): each block is
 laid out at its own natural width, so a saved ``gputopo topo`` matrix reads back with ``--input`` and a
@@ -19,6 +19,22 @@ from rich.console import Console, Group, RenderableType
 
 # A bound on the natural width of piped output; only a pathological line would reach it.
 PIPE_MAX_WIDTH = 100_000
+# COLUMNS below this is a mistake (COLUMNS=0 printed nothing at all): it is treated as unset.
+MIN_COLUMNS = 40
+
+
+def usable_columns() -> int | None:
+    """``COLUMNS`` when it holds a usable width (a number of at least ``MIN_COLUMNS``), else ``None``."""
+    value = os.environ.get("COLUMNS", "").strip()
+    return int(value) if value.isdigit() and int(value) >= MIN_COLUMNS else None
+
+
+def _terminal_width(stream: Any) -> int | None:
+    """The width of the terminal ``stream`` is, when it is one (``None`` lets rich decide)."""
+    try:
+        return max(MIN_COLUMNS, os.get_terminal_size(stream.fileno()).columns)
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def stdout_is_terminal() -> bool:
@@ -32,11 +48,17 @@ class Output:
 
     def __init__(self, json_mode: bool = False) -> None:
         self.json_mode = json_mode
-        # Not a terminal and no COLUMNS: lay out at the natural width (see ``show``), never fold.
-        self.unwrapped = not stdout_is_terminal() and "COLUMNS" not in os.environ
-        width = PIPE_MAX_WIDTH if self.unwrapped else None
+        # Not a terminal and no usable COLUMNS: lay out at the natural width (see ``show``), never fold.
+        columns = usable_columns()
+        self.unwrapped = not stdout_is_terminal() and columns is None
+        # rich reads COLUMNS itself; an unusable one must not reach it, so the width is always given.
+        width = PIPE_MAX_WIDTH if self.unwrapped else columns or _terminal_width(sys.stdout)
+        err_width = columns or _terminal_width(sys.stderr) or 80
         self.out = Console(file=sys.stdout, highlight=False, emoji=False, soft_wrap=False, width=width)
-        self.err = Console(file=sys.stderr, highlight=False, emoji=False, soft_wrap=True)
+        self.err = Console(file=sys.stderr, highlight=False, emoji=False, soft_wrap=True, width=err_width)
+        # rich exits 1 on a closed pipe; the CLI's error boundary decides instead (a reader that stopped
+        # reading, `| head -1`, is no failure: exit 0, quietly).
+        self.out.on_broken_pipe = _raise_broken_pipe  # type: ignore[method-assign]
 
     def show(self, *renderables: RenderableType) -> None:
         """Print human output to stdout (ignored in JSON mode, where only the document goes out)."""
@@ -86,6 +108,10 @@ class Output:
         self.err.print(f"[bold red]error:[/] {_escape(message)}", markup=True, highlight=False)
         if hint:
             self.hint(_escape(hint))
+
+
+def _raise_broken_pipe() -> None:
+    raise BrokenPipeError(32, "the reader of stdout has gone")
 
 
 def _blocks(renderables: Any) -> list[RenderableType]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from rich.console import Group, RenderableType
+from rich import box
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -18,10 +20,10 @@ def render_recommendation(rec: Recommendation) -> RenderableType:
         Text(f"Best {rec.n}-GPU set on {rec.source}: {_gpus(best.gpus)}", style="bold"),
         Text(_summary(best)),
         Text(""),
-        candidates_table(rec.candidates, f"Ranked {rec.n}-GPU sets (estimated ring all-reduce busbw)"),
+        _Fitted(rec.candidates, f"Ranked {rec.n}-GPU sets (estimated ring all-reduce busbw)"),
     ]
     if rec.sets is not None:
-        parts.append(candidates_table(rec.sets, f"{len(rec.sets)} disjoint {rec.n}-GPU sets", packed=True))
+        parts.append(_Fitted(rec.sets, f"{len(rec.sets)} disjoint {rec.n}-GPU sets", packed=True))
     context = context_lines(rec)
     if context:
         parts.append(Text("\n".join(context)))
@@ -66,25 +68,50 @@ def numa_cell(c: Candidate) -> str:
     return "+".join(label.removeprefix("NUMA ") for label in c.numa_nodes)
 
 
-def candidates_table(candidates: tuple[Candidate, ...], title: str, packed: bool = False) -> Table:
-    """One row per set: rank, GPUs, estimate, bottleneck, NUMA nodes, reasons."""
-    table = Table(title=title, title_justify="left", show_lines=True, expand=False)
+# Below this width the table drops its NUMA column and its vertical lines (the reasons still say which
+# NUMA nodes a set spans), so every column that is left keeps room to wrap instead of being cut.
+NARROW = 72
+
+
+def candidates_table(
+    candidates: tuple[Candidate, ...], title: str, packed: bool = False, width: int | None = None
+) -> Table:
+    """One row per set: rank, GPUs, estimate, bottleneck, NUMA nodes, reasons (laid out for ``width``)."""
+    narrow = width is not None and width < NARROW
+    table = Table(
+        title=title,
+        title_justify="left",
+        show_lines=True,
+        expand=False,
+        box=box.SIMPLE_HEAD if narrow else box.HEAVY_HEAD,
+    )
     table.add_column("set" if packed else "#", justify="right", no_wrap=True)
-    table.add_column("GPUs", no_wrap=True)
-    table.add_column("busbw GB/s", justify="right", no_wrap=True)
-    table.add_column("bottleneck", max_width=16)
-    table.add_column("NUMA", max_width=10)
-    table.add_column("why", ratio=1, min_width=24)
+    # The answer: on a narrow terminal it folds onto more lines, never cut to `0...`.
+    widest = max((len(",".join(str(g) for g in c.gpus)) for c in candidates), default=4)
+    table.add_column("GPUs", overflow="fold", min_width=min(widest, 7 if narrow else 11))
+    table.add_column("busbw GB/s", justify="right", no_wrap=not narrow)
+    table.add_column("bottleneck", max_width=16, overflow="fold")
+    if not narrow:
+        table.add_column("NUMA", max_width=10)
+    table.add_column("why", ratio=1, min_width=8 if narrow else 12, overflow="fold")
     for c in candidates:
-        table.add_row(
-            str(c.rank),
-            ",".join(str(g) for g in c.gpus),
-            busbw_cell(c),
-            bottleneck_cell(c),
-            numa_cell(c),
-            "\n".join(c.reasons),
-        )
+        cells = [str(c.rank), ",".join(str(g) for g in c.gpus), busbw_cell(c), bottleneck_cell(c)]
+        cells += [] if narrow else [numa_cell(c)]
+        table.add_row(*cells, "\n".join(c.reasons))
     return table
+
+
+class _Fitted:
+    """``candidates_table`` laid out for the width it is printed at."""
+
+    def __init__(self, candidates: tuple[Candidate, ...], title: str, packed: bool = False) -> None:
+        self.args = (candidates, title, packed)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield candidates_table(*self.args, width=options.max_width)
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement.get(console, options, candidates_table(*self.args, width=options.max_width))
 
 
 def context_lines(rec: Recommendation) -> list[str]:

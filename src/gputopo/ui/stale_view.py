@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -133,6 +134,13 @@ class _HoldersTable:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         yield holders_table(self.run, options.max_width)
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        """Its natural width: the table not stretched (output that is not a terminal is laid out at
+        this width, so its lines are not padded to the bound)."""
+        table = holders_table(self.run, options.max_width)
+        table.expand = False
+        return Measurement.get(console, options, table)
 
 
 def reasons_list(run: StaleRun) -> Table:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from rich.console import Group, RenderableType
 from rich.text import Text
 
@@ -27,9 +30,15 @@ def link_style(code: str | None) -> str:
     return _STYLE[link.kind] if link else "dim"
 
 
-def render_topology(topo: Topology) -> RenderableType:
-    """Everything ``gputopo topo`` shows for ``topo``, top to bottom."""
-    parts: list[RenderableType] = [Text(f"Topology of {_title(topo)}", style="bold"), *topology_blocks(topo)]
+def render_topology(topo: Topology, health: Mapping[str, Any] | None = None) -> RenderableType:
+    """Everything ``gputopo topo`` shows for ``topo``, top to bottom; with ``health`` (the JSON health
+    section of a live read) a health mark per GPU and the health findings under the tables."""
+    parts: list[RenderableType] = [
+        Text(f"Topology of {_title(topo)}", style="bold"),
+        *topology_blocks(topo, health),
+    ]
+    if health is not None:
+        parts.extend(health_blocks(health))
     if topo.live:
         parts.append(live_table(topo))
     if topo.nvlinks:
@@ -39,14 +48,53 @@ def render_topology(topo: Topology) -> RenderableType:
     return Group(*parts)
 
 
-def topology_blocks(topo: Topology) -> list[RenderableType]:
+def topology_blocks(topo: Topology, health: Mapping[str, Any] | None = None) -> list[RenderableType]:
     """What a report carries of a topology: the coloured link matrix, its legend, the NIC legend and the
-    GPU table (name, PCI bus id, CPU and NUMA affinity)."""
+    GPU table (name, PCI bus id, CPU and NUMA affinity, and a health mark when ``health`` is given)."""
     parts: list[RenderableType] = [matrix_table(topo), Text("Legend:", style="bold"), legend(topo)]
     nics = nic_legend(topo)
     if nics is not None:
         parts.append(nics)
-    parts.append(gpu_table(topo))
+    parts.append(gpu_table(topo, health_marks(health, topo.gpu_indices) if health is not None else None))
+    return parts
+
+
+def health_marks(health: Mapping[str, Any], indices: Sequence[int]) -> dict[int, str]:
+    """Per GPU: ``PROBLEM`` (a health problem), ``ok`` (none found), ``?`` (health not read)."""
+    if not health.get("checked"):
+        return {i: "?" for i in indices}
+    from gputopo.health.readings import NOT_READ  # only with health: topo's start-up stays light
+
+    sick = {u["gpu"] for u in health.get("unhealthy") or ()}
+    unread: set[int] = set()
+    for n in health.get("not_checked") or ():
+        wheres, _, what = str(n.get("what", "")).rpartition(": ")
+        if what == NOT_READ:  # "GPU4, GPU6: every health value" (refused, or out of time)
+            unread |= {int(w[3:]) for w in wheres.split(", ") if w.startswith("GPU") and w[3:].isdigit()}
+    return {i: "PROBLEM" if i in sick else "?" if i in unread else "ok" for i in indices}
+
+
+def health_blocks(health: Mapping[str, Any]) -> list[RenderableType]:
+    """The health findings (one table, the shape every view shows) and what could not be checked."""
+    from gputopo.ui.findings_view import findings_table, not_checked_lines
+
+    source = health.get("source") or ""
+    parts: list[RenderableType] = []
+    findings = health.get("findings") or []
+    if not health.get("checked"):
+        why = "; ".join(not_checked_lines(health.get("not_checked") or ())) or source
+        return [Text(f"health: not checked ({why})", style="yellow")]
+    if findings:
+        parts.append(findings_table(findings, f"Health ({source})"))
+    else:
+        parts.append(Text(f"Health: no problems found ({source})", style="green"))
+    # The signals only, once each: which GPUs and why is `gputopo check`'s long form.
+    signals = list(
+        dict.fromkeys(str(n.get("what", "")).split(": ", 1)[-1] for n in health.get("not_checked") or ())
+    )
+    if signals:
+        shown = ", ".join(signals[:8]) + (f" and {len(signals) - 8} more" if len(signals) > 8 else "")
+        parts.append(Text(f"health not checked: {shown} (`gputopo check` says why)", style="dim"))
     return parts
 
 
@@ -163,12 +211,19 @@ def pcie_text(g: Gpu) -> Text:
     return Text(f"{cur} (max {mx}, idle)", style="dim")
 
 
-def gpu_table(topo: Topology) -> Text:
-    """Per GPU: name, bus id, CPU/NUMA affinity (and GPU NUMA ID where the machine has one)."""
+def gpu_table(topo: Topology, marks: Mapping[int, str] | None = None) -> Text:
+    """Per GPU: name, bus id, CPU/NUMA affinity (and GPU NUMA ID where the machine has one); with
+    ``marks``, a health column (``ok``, ``PROBLEM``, ``?``)."""
     has_gpu_numa = any(g.gpu_numa_id not in (None, "N/A") for g in topo.gpus)
     header = ["GPU", "name", "PCI bus id", "CPU affinity", "NUMA"] + (["GPU NUMA ID"] if has_gpu_numa else [])
     rows: list[list[str | Text]] = []
+    if marks is not None:
+        header.insert(1, "health")
     for g in topo.gpus:
+        if marks is not None:
+            mark = marks.get(g.index, "?")
+            style = {"ok": "green", "PROBLEM": "bold red"}.get(mark, "dim")
+            cell = Text(mark, style=style)
         if g.error:
             if g.failing:
                 text, style = f"FAILING: {g.error}", "bold red"
@@ -176,10 +231,12 @@ def gpu_table(topo: Topology) -> Text:
                 text, style = f"NOT RESPONDING: {g.error}", "bold red"
             else:
                 text, style = f"not accessible from here: {g.error}", "dim"
-            rows.append([Text(g.label, style=style), Text(text, style=style), *([""] * (len(header) - 2))])
+            head = [Text(g.label, style=style)] + ([cell] if marks is not None else [])
+            rows.append([*head, Text(text, style=style), *([""] * (len(header) - len(head) - 1))])
             continue
         row: list[str | Text] = [
             g.label,
+            *([cell] if marks is not None else []),
             _na(g.name),
             _na(g.pci_bus_id),
             _na(g.cpu_affinity),

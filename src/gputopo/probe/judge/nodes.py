@@ -19,7 +19,8 @@ when the other ranks waited for it inside the collectives: each rank times how l
 each all-reduce, and the rank that arrived last waited least (``lateness`` = the most any rank of the
 test waited minus what this node's ranks waited). A node whose median lateness stands out from the
 other nodes' by more than ``MAD_K`` scaled MADs is a straggler. Slow node pairs are found the same way
-on their bus bandwidth, when there are at least three pairs to compare.
+on their bus bandwidth, when there are at least three pairs to compare. The transport NCCL used and the
+bandwidth against the NICs' line rate, on any number of nodes, are judged in ``judge.network``.
 
 Every finding names nodes by node rank and host, and the GPU and NIC where one rank is to blame.
 """

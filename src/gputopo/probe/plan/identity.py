@@ -11,10 +11,18 @@ the order the list gives them, so local rank ``r`` drives the set's ``r``-th GPU
 A ``CUDA_VISIBLE_DEVICES`` already set when gputopo starts (Slurm, containers) limits which GPUs may be
 probed. Its entries may be UUIDs (``GPU-...``, or a unique prefix, as CUDA accepts), MIG device ids
 (``MIG-...``, or the older ``MIG-GPU-<uuid>/<gi>/<ci>``: MIG devices, which NCCL cannot use, skipped),
-or integers, which are CUDA indices:
-they are resolved in PCI bus order, CUDA's order when ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and also the
-default order on a machine of identical GPUs. Where the two orders can differ (mixed GPU models under the
-default order, or MIG-enabled GPUs present, which CUDA does not number as whole GPUs), integers are
+or integers, which are CUDA indices.
+
+Integers are resolved as CUDA resolves them: a short child process with the preset applied asks CUDA for
+the PCI bus id of each device it numbers (``pool.launch.ask_cuda_bus_ids``, which runs
+``ranks.cuda.visible_bus_ids``), and the entry at position ``p`` of the list is CUDA's device ``p``
+(CUDA enumerates the visible devices in the list's order), matched to NVML's GPU by bus id. Only CUDA
+knows its numbering: it skips GPUs it cannot drive (a display card older than the CUDA release supports,
+listed by NVML all the same), orders by ``CUDA_DEVICE_ORDER``, and counts MIG devices its own way. When
+CUDA cannot answer (no torch, no CUDA, a timeout), integers fall back to NVML's GPUs in PCI bus order,
+CUDA's order when ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and also the default order on a machine of identical
+GPUs, and the probe says so (``Allowed.note``). Where that fallback could be wrong in a way visible from
+NVML (mixed GPU models under the default order, MIG-enabled GPUs, a GPU NVML cannot read), integers are
 refused with a request for UUIDs rather than guessed.
 
 Source: the CUDA Programming Guide, "CUDA Environment Variables" (CUDA_VISIBLE_DEVICES takes integer
@@ -55,6 +63,8 @@ class Allowed:
     indices: tuple[int, ...]
     why_not: dict[int, str]
     preset: str | None
+    # How integer entries were resolved, when it was not by CUDA's own answer.
+    note: str | None = None
 
 
 def parse_visible_devices(text: str | None) -> tuple[str, ...] | None:
@@ -74,27 +84,76 @@ def parse_visible_devices(text: str | None) -> tuple[str, ...] | None:
     return tuple(out)
 
 
-def allowed_gpus(gpus: Sequence[GpuIdentity], preset: str | None, device_order: str | None = None) -> Allowed:
+def allowed_gpus(
+    gpus: Sequence[GpuIdentity],
+    preset: str | None,
+    device_order: str | None = None,
+    cuda_bus_ids: Sequence[str] | None = None,
+    cuda_why: str | None = None,
+) -> Allowed:
     """Which GPUs may be probed under ``CUDA_VISIBLE_DEVICES=preset`` (``None``: not set).
+
+    ``cuda_bus_ids`` is CUDA's answer under that preset: the PCI bus id of its device 0, 1, ...; ``None``
+    when CUDA could not be asked (``cuda_why`` says why), and integer entries then fall back to NVML's
+    numbering (see the module docstring).
 
     ``UsageError`` (exit 2) for a preset entry that names no GPU here, or integers that cannot be
     resolved without guessing (see the module docstring).
     """
     entries = parse_visible_devices(preset)
     why_not: dict[int, str] = {g.index: g.unavailable for g in gpus if g.unavailable}
+    note = None
     if entries is None:
         named = {g.index for g in gpus}
     else:
         named = set()
-        for entry in entries:
-            gpu = _resolve(entry, gpus, preset or "", device_order)
+        for position, entry in enumerate(entries):
+            if entry.isdigit() and cuda_bus_ids is not None:
+                gpu = _by_cuda(entry, position, gpus, cuda_bus_ids, preset or "")
+            else:
+                gpu = _resolve(entry, gpus, preset or "", device_order)
             if gpu is not None:
                 named.add(gpu.index)
+        if cuda_bus_ids is None and any(e.isdigit() for e in entries):
+            note = (
+                f"CUDA could not be asked how it numbers its devices ({cuda_why or 'not asked'}): the "
+                f"integers in CUDA_VISIBLE_DEVICES={preset} were read as NVML's GPUs in PCI bus order"
+            )
         for g in gpus:
             if g.index not in named and g.index not in why_not:
                 why_not[g.index] = f"not in CUDA_VISIBLE_DEVICES={preset}"
     indices = tuple(sorted(i for i in named if i not in why_not))
-    return Allowed(indices, why_not, preset)
+    return Allowed(indices, why_not, preset, note)
+
+
+def _by_cuda(
+    entry: str, position: int, gpus: Sequence[GpuIdentity], cuda_bus_ids: Sequence[str], preset: str
+) -> GpuIdentity:
+    """The NVML GPU that CUDA's device ``position`` is (the list's ``position``-th entry), by PCI bus id."""
+    where = f"CUDA_VISIBLE_DEVICES={preset}"
+    hint = "set CUDA_VISIBLE_DEVICES to GPU UUIDs (`nvidia-smi -L` lists them), or unset it"
+    if position >= len(cuda_bus_ids):
+        # CUDA stops at the first entry it cannot use: this one, or one before it.
+        raise UsageError(
+            f"{where}: CUDA has no device for entry {entry!r} (it sees {len(cuda_bus_ids)} under this list)",
+            hint,
+        )
+    bus = _bus_key(cuda_bus_ids[position])
+    for g in gpus:
+        if g.bus_id is not None and _bus_key(g.bus_id) == bus:
+            return g
+    raise UsageError(
+        f"{where}: CUDA device {entry} is at PCI {cuda_bus_ids[position]}, which NVML does not list", hint
+    )
+
+
+def _bus_key(bus_id: str) -> str:
+    """A PCI address compared across spellings: NVML's ``00000000:3B:00.0`` and a 4-digit domain alike."""
+    text = bus_id.strip().upper()
+    parts = text.split(":")
+    if len(parts) == 3 and all(c in "0123456789ABCDEF" for c in parts[0]) and parts[0]:
+        return f"{int(parts[0], 16):08X}:{parts[1]}:{parts[2]}"
+    return text
 
 
 def _resolve(entry: str, gpus: Sequence[GpuIdentity], preset: str, order: str | None) -> GpuIdentity | None:

@@ -27,8 +27,14 @@ class NodeOptions:
     rdzv_id: str
     rdzv_timeout_s: float = DEFAULT_RDZV_TIMEOUT_S
     inject_node: int | None = None
+    # The node's name in output. Under Slurm it is Slurm's name for the node (``SlurmJob.this_host``,
+    # from SLURMD_NODENAME); with torchrun's flags, the machine's. Only a label: nodes are told apart by
+    # ``node_rank`` alone, since nodes may share a host name (several slurmd on one machine).
     hostname: str = field(default_factory=platform.node)
     source: str = "flags"  # or "slurm"
+    # Whether the endpoint was derived from the Slurm job (node 0's NodeAddr and the job's port) rather
+    # than given with --rdzv-endpoint.
+    derived_endpoint: bool = False
 
     @property
     def endpoint(self) -> str:
@@ -37,10 +43,21 @@ class NodeOptions:
 
     @property
     def store_is_host(self) -> bool | None:
-        """Whether this node's agent hosts the rendezvous store: on a loopback endpoint (several "nodes"
-        on one machine) node rank 0's does, so the store outlives any other node and node rank 0 can
-        always read it; elsewhere ``None`` leaves it to torch (the agent on the endpoint's host)."""
-        if self.host in LOOPBACK:
+        """Whether this node's agent hosts the rendezvous store.
+
+        On a loopback endpoint (several "nodes" on one machine) and on an endpoint derived from the Slurm
+        job (node 0's NodeAddr), node rank 0's does and no other: said outright, torch never guesses.
+        torch's guess (torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py,
+        ``_create_tcp_store``, torch 2.14) is "is the endpoint's host this machine"; when it guessed yes and
+        hosting fails (the port is held), it retries as a *client*, so this run would silently join
+        whatever store holds that port (another job's) and die when that job ends. With ``is_host`` given
+        it raises ``RendezvousConnectionError`` instead ("if not is_server or cfg_is_host is not None:
+        raise"). On a one-machine Slurm test cluster every node's address is 127.0.0.1, so torch's guess
+        would say yes on every node.
+
+        A user's own ``--rdzv-endpoint`` keeps ``None``: torch decides, as torchrun would.
+        """
+        if self.host in LOOPBACK or self.derived_endpoint:
             return self.node_rank == 0
         return None
 
@@ -100,6 +117,8 @@ def resolve_nodes(
     if nnodes < 1:
         raise UsageError(f"--nnodes {nnodes}: must be 1 or more", "e.g. --nnodes 4")
     source = "flags"
+    derived = False
+    hostname: str | None = None
     if slurm is not None and slurm.nnodes == nnodes:
         if slurm.ntasks is not None and slurm.ntasks != slurm.nnodes:
             raise UsageError(
@@ -109,8 +128,11 @@ def resolve_nodes(
             )
         source = "slurm"
         node_rank = slurm.node_id if node_rank is None else node_rank
-        endpoint = endpoint or f"{slurm.first_host}:{DEFAULT_RDZV_PORT}"
+        # Node 0's NodeAddr on the job's own port (``SlurmJob.rendezvous_endpoint``), unless given.
+        derived = endpoint is None
+        endpoint = endpoint or slurm.rendezvous_endpoint
         rdzv_id = rdzv_id or f"gputopo-{slurm.job_id}"
+        hostname = slurm.this_host
     if node_rank is None:
         raise UsageError(
             f"--nnodes {nnodes} needs --node-rank: which node this is (0..{nnodes - 1})",
@@ -136,6 +158,7 @@ def resolve_nodes(
         raise UsageError(
             f"--inject-node {inject_node}: must be 0..{nnodes - 1}", "name the node rank that gets the fault"
         )
+    named = {"hostname": hostname} if hostname is not None else {}
     return NodeOptions(
         nnodes=nnodes,
         node_rank=node_rank,
@@ -145,4 +168,6 @@ def resolve_nodes(
         rdzv_timeout_s=timeout,
         inject_node=inject_node,
         source=source,
+        derived_endpoint=derived,
+        **named,
     )

@@ -40,7 +40,7 @@ def detect_devices(
     if requested == "cpu":
         require_torch()
         return DeviceInventory("cpu", tuple(range(CPU_STAND_INS)), note="CPU ranks stand in for GPUs")
-    inventory = nvml_inventory(nvml_timeout_s=nvml_timeout_s)
+    inventory = nvml_inventory(nvml_timeout_s=nvml_timeout_s, ask_cuda=need_cuda)
     if need_cuda:
         require_torch()
         from gputopo.probe.ranks.cuda import cuda_unavailable
@@ -55,10 +55,15 @@ _CPU_HINT = "run on CPU ranks with `--device cpu --gpus 0,1` (the same checks wi
 
 
 def nvml_inventory(
-    preset: str | None = None, device_order: str | None = None, nvml_timeout_s: float | None = None
+    preset: str | None = None,
+    device_order: str | None = None,
+    nvml_timeout_s: float | None = None,
+    ask_cuda: bool = True,
 ) -> DeviceInventory:
     """The GPUs NVML lists, under the identity rule; ``preset`` and ``device_order`` default to this
-    process's ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``."""
+    process's ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``. Integer entries of the preset are
+    resolved by CUDA's own answer (a short child; ``ask_cuda=False``, as for ``--dry-run``, starts no
+    CUDA and falls back to NVML's numbering, saying so)."""
     from gputopo.machine import load_topology
 
     if preset is None:
@@ -81,11 +86,14 @@ def nvml_inventory(
         )
         for g in topo.gpus
     )
-    allowed = allowed_gpus(identities, preset, device_order)
+    bus_ids, why = cuda_numbering(preset, device_order, ask_cuda)
+    allowed = allowed_gpus(identities, preset, device_order, bus_ids, why)
     uuids = {g.index: g.uuid or "" for g in identities}
     note = (
         f"CUDA_VISIBLE_DEVICES={preset} allows GPUs {describe_indices(allowed.indices)}" if preset else None
     )
+    if note and allowed.note:
+        note = f"{note}; {allowed.note}"
     return DeviceInventory(
         "cuda",
         allowed.indices,
@@ -94,3 +102,26 @@ def nvml_inventory(
         identities=identities,
         why_not=allowed.why_not,
     )
+
+
+def cuda_numbering(
+    preset: str | None, device_order: str | None, ask: bool = True
+) -> tuple[tuple[str, ...] | None, str | None]:
+    """CUDA's bus id per device under ``CUDA_VISIBLE_DEVICES=preset``, asked only when the preset holds an
+    integer (UUIDs need no numbering); ``(None, why)`` when CUDA is not or cannot be asked."""
+    from gputopo.probe.plan.identity import parse_visible_devices
+
+    entries = parse_visible_devices(preset)
+    if not entries or not any(e.isdigit() for e in entries):
+        return None, None
+    if not ask:
+        return None, "--dry-run starts no CUDA"
+    if not torch_installed():
+        return None, "torch is not installed"
+    from gputopo.probe.pool.launch import ask_cuda_bus_ids
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": preset or ""}
+    if device_order is not None:
+        env["CUDA_DEVICE_ORDER"] = device_order
+    bus_ids, why = ask_cuda_bus_ids(env)
+    return bus_ids, why or None

@@ -161,6 +161,18 @@ class Launch:
     def stop(self) -> int:
         """Stop the launcher and every rank; return how many processes still had to be stopped.
 
+        A stop signal that arrives while stopping (``errors.Interrupted``, raised once per run) does not
+        cut it short: the stop runs again to the end, then the interrupt goes on.
+        """
+        try:
+            return self._stop()
+        except KeyboardInterrupt:
+            self._stop()
+            raise
+
+    def _stop(self) -> int:
+        """Stop the launcher and every rank; return how many processes still had to be stopped.
+
         Safe to call more than once. Ranks are found three ways: children of the launcher now, every
         descendant seen while polling, and any process carrying this launch's marker (an orphaned rank
         is reparented and no longer a descendant).
@@ -231,3 +243,37 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
+
+
+# Importing torch and initialising CUDA in the child: seconds, more on a loaded machine.
+CUDA_ASK_TIMEOUT_S = 120.0
+
+
+def ask_cuda_bus_ids(
+    env: dict[str, str], timeout_s: float = CUDA_ASK_TIMEOUT_S
+) -> tuple[tuple[str, ...] | None, str]:
+    """CUDA's visible devices' PCI bus ids, by ordinal, from a short child (``python -m
+    gputopo.probe.ranks.cuda``) run with ``env``; ``(None, why)`` when CUDA cannot answer."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "gputopo.probe.ranks.cuda"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return None, f"CUDA did not answer within {timeout_s:g} s"
+    except OSError as exc:
+        return None, exc.strerror or str(exc)
+    lines = [line for line in done.stdout.splitlines() if line.strip().startswith("{")]
+    try:
+        answer = json.loads(lines[-1]) if lines else {}
+    except ValueError:
+        answer = {}
+    if "bus_ids" in answer:
+        return tuple(str(b) for b in answer["bus_ids"]), ""
+    why = answer.get("error") or (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+    return None, str(why)[:200]

@@ -16,6 +16,7 @@ the agent and every rank on this node are stopped, as a single-node pool is.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +53,8 @@ class CrossOutcome:
     message: str = ""
     wall_s: float = 0.0
     leftovers_stopped: int = 0
+    # This node's NCCL log lines about the network (judge.network reads them on node rank 0).
+    nccl_lines: list[str] = field(default_factory=list)
 
 
 class CrossLaunch(Launch):
@@ -231,10 +234,32 @@ def run_cross(
         on_row({"stage": "rendezvous"})
     try:
         launch.start()
-        return launch.wait(on_row)
+        outcome = launch.wait(on_row)
+        outcome.nccl_lines = nccl_net_lines(launch.dir)  # before cleanup removes the logs
+        return outcome
     finally:
-        launch.stop()
-        launch.cleanup()
+        try:
+            launch.stop()
+        finally:
+            launch.cleanup()
+
+
+# Lines of NCCL's INIT log that say which network carried what (judge.network); a log is read up to this.
+NCCL_LOG_MAX_BYTES = 4 << 20
+_NET_MARKS = ("Using network", "NET/", "via NET")
+
+
+def nccl_net_lines(folder: Any) -> list[str]:
+    """The network lines of every ``nccl-rank*.log`` this node's ranks wrote (``NCCL_DEBUG_FILE``)."""
+    lines: list[str] = []
+    for path in sorted(folder.glob("nccl-rank*.log")):
+        try:
+            with open(path, errors="replace") as f:
+                text = f.read(NCCL_LOG_MAX_BYTES)
+        except OSError:
+            continue
+        lines += [line for line in text.splitlines() if any(m in line for m in _NET_MARKS)]
+    return lines
 
 
 # --- options and the whole run ------------------------------------------------------------------------
@@ -285,6 +310,7 @@ def judge_outcome(
         outcome.joined,
         outcome.progress,
         outcome.message,
+        {"device": config.device, "nccl_lines": outcome.nccl_lines},
     )
 
 
@@ -302,7 +328,9 @@ def run_nodes(
     from gputopo.probe.plan.schedule import make_plan
     from gputopo.probe.pool.runner import ProbeRun, read_topology, run_probe
     from gputopo.probe.report.document import to_document
+    from gputopo.probe.report.drift import add_drift
     from gputopo.probe.report.nodes import add_nodes, local_summary
+    from gputopo.system.run_facts import config_facts
 
     started_utc = datetime.now(timezone.utc)
     started = time.monotonic()
@@ -316,8 +344,16 @@ def run_nodes(
         notes = ("one GPU on this node: no link within it to check; only the inter-node tests ran",)
         local_run = ProbeRun(config, (), {"hostname": node.hostname}, notes, started_utc, 0.0)
         local = local_summary(node.node_rank, None, "one GPU: no link within the node to check")
+    from gputopo.system.net import read_nics
+
+    # Configuration drift: this node's versions, plugin, GPUs and NCCL variables travel with its summary,
+    # and so do its NICs (judge.network compares the bandwidth with their line rate).
+    local = {**local, "config": config_facts(view.topology, gpus, os.environ), "net": read_nics()}
     outcome = run_cross(config, node, local, gpu_nics(view.topology, gpus), on_row)
     doc = to_document(local_run)
+    if node.source == "slurm":
+        # The ranks wrote gethostname(); a node of a Slurm job goes by Slurm's name for it.
+        doc["environment"] = {**(doc.get("environment") or {}), "hostname": node.hostname}
     doc["wall_s"] = round(time.monotonic() - started, 3)
     doc["config"]["inject"] = config.inject.value if config.inject else None
-    return add_nodes(doc, *judge_outcome(node, config, outcome))
+    return add_drift(add_nodes(doc, *judge_outcome(node, config, outcome)), outcome.record)

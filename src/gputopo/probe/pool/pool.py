@@ -329,6 +329,8 @@ def run_pool(
             time.sleep(POLL_S)
         return pool.outcome()
     finally:
-        if pool.proc is not None:
-            pool.stop()
-        pool.cleanup()
+        try:
+            if pool.proc is not None:
+                pool.stop()
+        finally:
+            pool.cleanup()

@@ -14,7 +14,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
-from gputopo.errors import GputopoError
+from gputopo.errors import GputopoError, Interrupted
 from gputopo.probe.judge import verdict
 from gputopo.probe.judge.p2p import judge_p2p
 from gputopo.probe.judge.verdict import CheckResult, SetResult
@@ -217,10 +217,43 @@ def _run_probe(
     environment: dict[str, Any] = {}
     launches = []
     runs = {job: run for step in pending for job, run in step}
+    try:
+        _run_pending(config, pending, runs, by_set, view, on_progress, environment, launches, watch)
+    except Interrupted as exc:
+        # A stop signal: the pool is already stopped (run_pool's finally); what was judged so far goes up
+        # with the interrupt, every check not reached says why, so the CLI can write it as "interrupted".
+        for step in pending:
+            for job, run in step:
+                for check in run:
+                    by_set[job.gpus].setdefault(
+                        check, verdict.skipped(check, f"not reached: interrupted by {exc.name}")
+                    )
+        notes.append(f"interrupted by {exc.name}: the checks not reached are marked so")
+        exc.partial = _probe_run(
+            config, plan, by_set, environment, view, notes, started_utc, started, launches, sick
+        )
+        raise
+    return _probe_run(config, plan, by_set, environment, view, notes, started_utc, started, launches, sick)
+
+
+def _run_pending(
+    config: ProbeConfig,
+    pending: list[list[tuple[Job, tuple[str, ...]]]],
+    runs: dict[Job, tuple[str, ...]],
+    by_set: dict[tuple[int, ...], dict[str, CheckResult]],
+    view: TopologyView,
+    on_progress: ProgressFn | None,
+    environment: dict[str, Any],
+    launches: list[dict[str, Any]],
+    watch: Any,
+) -> None:
+    """Run pools until every job is judged (a fresh pool after a hang or crash); fills ``by_set``,
+    ``environment`` and ``launches`` as it goes, so an interrupt leaves what was judged. ``pending``
+    shrinks to what is still to run."""
     while pending:
         outcome = run_pool(config, [tuple(step) for step in pending], on_progress)
         if outcome.env and not environment:
-            environment = dict(outcome.env)
+            environment.update(outcome.env)
         launches.append(outcome.record)
         ended: dict[tuple[int, ...], str] = {}
         judged = set()
@@ -251,7 +284,21 @@ def _run_probe(
                 left.append((job, run))
             if left:
                 remaining.append(left)
-        pending = remaining
+        pending[:] = remaining
+
+
+def _probe_run(
+    config: ProbeConfig,
+    plan: Plan,
+    by_set: dict[tuple[int, ...], dict[str, CheckResult]],
+    environment: dict[str, Any],
+    view: TopologyView,
+    notes: list[str],
+    started_utc: datetime,
+    started: float,
+    launches: list[dict[str, Any]],
+    sick: dict[int, str],
+) -> ProbeRun:
     sets = [
         SetResult(gpus, tuple(by_set[gpus][c] for c in sorted(by_set[gpus], key=check_rank)))
         for gpus in plan.sets

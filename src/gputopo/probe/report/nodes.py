@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from gputopo.probe.judge import nodes
+from gputopo.probe.judge.network import judge_network
 from gputopo.probe.judge.progress import crash_findings, hang_findings
 
 FAIL, PASS = "fail", "pass"
@@ -58,11 +59,14 @@ def internode_section(
     joined: dict[str, str],
     progress: dict[int, dict[str, Any]],
     message: str,
+    network: dict[str, Any] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """``nodes`` rows and the ``internode`` section for how the launch ended.
 
     ``options`` holds ``nnodes``, ``node_rank``, ``endpoint``, ``rdzv_id``, ``rdzv_timeout_s``,
-    ``timeout_s`` and ``source``.
+    ``timeout_s`` and ``source``. ``network`` (``device``, ``nccl_lines``: node 0's NCCL log lines)
+    lets the transport and the line rate be judged (``judge.network``); each node's NICs come with its
+    own checks' summary (``local[...]["net"]``).
     """
     nnodes = int(options["nnodes"])
     section: dict[str, Any] = {**options, "status": status, "tests": [], "findings": [], "notes": []}
@@ -70,6 +74,12 @@ def internode_section(
         layout = nodes.Layout.from_table(record["ranks"], nnodes)
         found, notes = nodes.findings(layout, record["tests"])
         local = {int(k): v for k, v in (record.get("local") or {}).items()}
+        if network is not None:
+            nets = {n: (local.get(n) or {}).get("net") for n in layout.nodes}
+            more, more_notes, section["network"] = judge_network(
+                network["device"], record["tests"], network.get("nccl_lines"), nets, layout.nodes
+            )
+            found, notes = [*found, *more], [*notes, *more_notes]
         rows = nodes.node_verdicts(layout, found, local)
         section.update(tests=record["tests"], findings=found, notes=notes, ranks=record["ranks"])
         section["busbw_gbps"] = _busbw_summary(record["tests"])
@@ -228,6 +238,15 @@ def nodes_markdown(doc: dict[str, Any]) -> list[str]:
     ]
     if section.get("message"):
         out.append(f"- {section['message']}")
+    net = section.get("network") or {}
+    if net.get("transport") and net.get("transport") != "gloo":
+        rate = (
+            f", line rate {net['line_rate_gbs']:.1f} GB/s ({net.get('rails')} rails)"
+            if net.get("judged")
+            else ""
+        )
+        gdr = " with GPUDirect RDMA" if net.get("gdr") else ""
+        out.append(f"- network between nodes: {net['transport']}{gdr}{rate}")
     out += [f"- note: {n}" for n in section.get("notes") or []]
     out += ["", "| " + " | ".join(NODE_HEADER) + " |", "|---" * len(NODE_HEADER) + "|"]
     out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in node_rows(doc)]

@@ -1,0 +1,177 @@
+"""What a launch records about this node, read without importing torch: the host name, torch's and
+NCCL's versions, the NCCL net plugin NCCL would load, each GPU's VBIOS, and the NCCL settings in the
+environment. ``gputopo run`` writes them into its run record; the multi-node probe sends them to node
+rank 0, which compares every node's (``gputopo.probe.judge.drift``).
+
+- NCCL's version: ``ncclGetVersion`` (nccl.h: ``ncclResult_t ncclGetVersion(int*)``; the code is
+  major*10000 + minor*100 + patch since 2.9, major*1000 + minor*100 + patch before) called through
+  ctypes on the library torch's wheel loads (``site-packages/nvidia/nccl/lib/libnccl.so.2``, found
+  without importing anything), else on the system's ``libnccl.so``; the call needs no GPU. Without
+  either, the version of the ``nvidia-nccl-cu*`` package, else unknown (``None``).
+- The net plugin (NCCL ``src/plugin/net.cc`` / ``plugin_open.cc``): with ``NCCL_NET_PLUGIN`` set, NCCL
+  dlopens that name as given, then ``libnccl-net-<name>.so``; without it, ``libnccl-net.so``; none found
+  means its internal IB and socket transports. The library is looked for (never loaded: loading runs its
+  code) in ``LD_LIBRARY_PATH``, the loader cache (``ldconfig -p``) and the standard folders.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import importlib.metadata
+import importlib.util
+import socket
+import subprocess
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+STANDARD_LIB_DIRS = (
+    "/lib",
+    "/usr/lib",
+    "/lib64",
+    "/usr/lib64",
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/local/lib",
+)
+NCCL_ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_FR_")
+LDCONFIG_TIMEOUT_S = 5.0
+
+
+def hostname() -> str:
+    return socket.gethostname()
+
+
+def torch_version() -> str | None:
+    """The installed torch's version, from its package metadata (no import)."""
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def nccl_library() -> Path | None:
+    """The libnccl torch's wheel would load (``nvidia/nccl/lib``), else the system's, else ``None``."""
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        lib = Path(root) / "nccl" / "lib" / "libnccl.so.2"
+        if lib.is_file():
+            return lib
+    found = ctypes.util.find_library("nccl")
+    return Path(found) if found else None
+
+
+def version_from_code(code: int) -> str:
+    """``ncclGetVersion``'s number as text: 23007 -> ``2.30.7``; 2804 -> ``2.8.4`` (before 2.9)."""
+    if code >= 10000:
+        return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+    return f"{code // 1000}.{code // 100 % 10}.{code % 100}"
+
+
+def nccl_version() -> str | None:
+    """NCCL's version as the library says it, else its package's; ``None`` when neither is there."""
+    lib = nccl_library()
+    if lib is not None:
+        try:
+            handle = ctypes.CDLL(str(lib))
+            code = ctypes.c_int(0)
+            if handle.ncclGetVersion(ctypes.byref(code)) == 0 and code.value > 0:
+                return version_from_code(code.value)
+        except (OSError, AttributeError):
+            pass
+    for dist in ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _ldconfig_libs() -> dict[str, str]:
+    try:
+        done = subprocess.run(
+            ["ldconfig", "-p"], capture_output=True, text=True, timeout=LDCONFIG_TIMEOUT_S, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    found: dict[str, str] = {}
+    for line in done.stdout.splitlines():
+        name, sep, path = line.strip().partition(" => ")
+        if sep:
+            found.setdefault(name.split(" ", 1)[0], path.strip())
+    return found
+
+
+def net_plugin(env: Mapping[str, str]) -> str | None:
+    """The path of the NCCL net plugin NCCL would load with ``env``, or ``None`` (its internal one)."""
+    name = env.get("NCCL_NET_PLUGIN", "").strip()
+    candidates = [name, f"libnccl-net-{name}.so"] if name else ["libnccl-net.so"]
+    dirs = [d for d in env.get("LD_LIBRARY_PATH", "").split(":") if d] + list(STANDARD_LIB_DIRS)
+    cache: dict[str, str] | None = None
+    for cand in candidates:
+        if "/" in cand:
+            if Path(cand).is_file():
+                return cand
+            continue
+        for d in dirs:
+            p = Path(d) / cand
+            if p.is_file():
+                return str(p)
+        if cache is None:
+            cache = _ldconfig_libs()
+        if cand in cache:
+            return cache[cand]
+    return None
+
+
+def vbios_versions(indices: Iterable[int]) -> dict[int, str | None]:
+    """Each GPU's VBIOS version through NVML; empty when NVML is not there."""
+    from gputopo.system import nvml
+
+    out: dict[int, str | None] = {}
+    try:
+        with nvml.session() as s:
+            for i in indices:
+                try:
+                    value = s.device(i)._q("nvmlDeviceGetVbiosVersion")
+                except nvml.DeviceFailed:
+                    value = None
+                out[i] = value.decode() if isinstance(value, bytes) else value
+    except Exception:  # noqa: BLE001 - no NVML (CPU machines, tests): the VBIOS is simply unknown
+        return {}
+    return out
+
+
+def nccl_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The ``NCCL_*``, ``TORCH_NCCL_*`` and ``TORCH_FR_*`` variables of ``env``, sorted."""
+    return {k: env[k] for k in sorted(env) if k.startswith(NCCL_ENV_PREFIXES)}
+
+
+def config_facts(topology: Any, gpus: Iterable[int], env: Mapping[str, str]) -> dict[str, Any]:
+    """This node's facts for drift (keys of ``probe.judge.drift.FACT_KEYS`` and ``env``). ``topology``
+    (a ``model.Topology`` or ``None``) gives the driver, CUDA, GPU model and count when it was read live."""
+    gpus = list(gpus)
+    models: list[str] = []
+    driver = cuda = None
+    count: int | None = None
+    if topology is not None:
+        driver, cuda = topology.driver_version, topology.cuda_driver_version
+        by_index = {g.index: g for g in topology.gpus}
+        models = sorted({str(by_index[i].name) for i in gpus if i in by_index and by_index[i].name})
+        count = len(topology.gpus) if getattr(topology, "live", False) else None
+    vbios = (
+        sorted({v for v in vbios_versions(gpus).values() if v})
+        if topology is not None and getattr(topology, "live", False)
+        else []
+    )
+    return {
+        "gpu_count": count,
+        "gpu_model": models or None,
+        "nccl": nccl_version(),
+        "net_plugin": net_plugin(env),
+        "driver": driver,
+        "cuda": cuda,
+        "torch": torch_version(),
+        "vbios": vbios or None,
+        "env": {k: v for k, v in nccl_env(env).items() if not k.startswith("TORCH_FR_")},
+    }

@@ -1,0 +1,129 @@
+"""Report writes as people meet them: runs at the same moment, `--html` pointed at a device, a fifo or a
+symbolic link. Real files, real concurrent writers, real `gputopo report` processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import threading
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from gputopo.report import NotRegularFile, atomic_write, write_report
+
+NOON = datetime(2026, 11, 21, 15, 30, 0, tzinfo=timezone.utc)
+WRITERS = 4
+
+
+def test_four_concurrent_writers_in_the_same_second_get_four_reports(tmp_path):
+    # The same timestamp for all four, started together: only an exclusive claim keeps them apart.
+    barrier = threading.Barrier(WRITERS)
+    results: list[dict[str, str]] = []
+
+    def writer(n: int) -> None:
+        barrier.wait()
+        results.append(write_report("doctor", {"writer": n}, f"# {n}\n", tmp_path, now=NOON))
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(WRITERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    names = {r["json"] for r in results}
+    assert len(names) == WRITERS
+    writers = {json.loads(Path(p).read_text())["writer"] for p in names}
+    assert writers == set(range(WRITERS))
+    assert len(list(tmp_path.glob("doctor-*.json"))) == WRITERS
+    assert len(list(tmp_path.glob("doctor-*.md"))) == WRITERS
+    assert not list(tmp_path.glob(".*.tmp"))  # no temporary file left
+
+
+def test_four_concurrent_doctor_processes_leave_four_reports(tmp_path):
+    cmd = [sys.executable, "-m", "gputopo", "doctor", "--simulate", "--skip-probe", "--json"]
+    cmd += ["--report-dir", str(tmp_path / "reports")]
+    procs = [
+        subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(WRITERS)
+    ]
+    docs = [json.loads(p.communicate(timeout=300)[0]) for p in procs]
+    assert len({d["report"]["json"] for d in docs}) == WRITERS
+    assert len(list((tmp_path / "reports").glob("doctor-*.json"))) == WRITERS
+
+
+@pytest.fixture(scope="module")
+def saved_report(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("saved")
+    done = subprocess.run(
+        [sys.executable, "-m", "gputopo", "doctor", "--simulate", "--skip-probe", "--json"]
+        + ["--report-dir", str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=folder,
+    )
+    return Path(json.loads(done.stdout)["report"]["json"])
+
+
+def _report_html(saved: Path, target: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gputopo", "report", str(saved), "--html", str(target)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_html_at_a_fifo_is_refused_and_the_fifo_stays(tmp_path, saved_report):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    done = _report_html(saved_report, fifo)
+    assert done.returncode == 2, done.stderr
+    assert "is a fifo, not a regular file" in done.stderr
+    assert len([line for line in done.stderr.splitlines() if line.startswith("error:")]) == 1
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_html_at_a_character_device_is_refused_and_untouched(tmp_path, saved_report):
+    device = tmp_path / "null"
+    try:
+        os.mknod(device, stat.S_IFCHR | 0o666, os.makedev(1, 3))  # /dev/null's numbers, in our own folder
+    except PermissionError:
+        device = Path("/dev/null")  # not root: the real one, which must come out exactly as it was
+    before = os.lstat(device)
+    done = _report_html(saved_report, device)
+    assert done.returncode == 2, done.stderr
+    assert "is a character device, not a regular file" in done.stderr
+    after = os.lstat(device)
+    assert stat.S_ISCHR(after.st_mode)
+    assert (after.st_ino, after.st_mode, after.st_rdev) == (before.st_ino, before.st_mode, before.st_rdev)
+
+
+def test_html_through_a_symlink_writes_its_target_and_keeps_the_link(tmp_path, saved_report):
+    target = tmp_path / "real.html"
+    target.write_text("old")
+    link = tmp_path / "link.html"
+    link.symlink_to(target)
+    done = _report_html(saved_report, link)
+    assert done.returncode == 0, done.stderr
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert "<html" in target.read_text().lower()
+
+
+def test_atomic_write_refuses_non_regular_files_and_writes_through_links(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(NotRegularFile, match="is a fifo"):
+        atomic_write(tmp_path / "fifo", "x")
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(NotRegularFile, match="is a folder"):
+        atomic_write(tmp_path / "dir", "x")
+    (tmp_path / "to-fifo").symlink_to(tmp_path / "fifo")
+    with pytest.raises(NotRegularFile, match="is a fifo"):
+        atomic_write(tmp_path / "to-fifo", "x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "new.txt")
+    atomic_write(tmp_path / "dangling", "made")
+    assert (tmp_path / "dangling").is_symlink() and (tmp_path / "new.txt").read_text() == "made"

@@ -1,0 +1,191 @@
+"""Stop signals as schedulers and people send them (SIGTERM from `timeout`/scancel/docker stop, SIGHUP from a
+dropped ssh session, SIGQUIT, Ctrl-C's SIGINT), sent to real `gputopo` processes with real process trees.
+
+Each test starts gputopo in a session of its own with its own TMPDIR, collects the process tree gputopo
+started (pid and start time, so a reused pid is never confused with ours), sends one signal to gputopo
+alone, and then checks: exit 128 + signal, one "stopped by SIG...:" line, nothing of that tree left, the
+temp folder empty.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+SAMPLE = "sample:workstation-2gpu-nvlink"
+
+
+def start(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(exist_ok=True)
+    env = dict(os.environ, TMPDIR=str(tmp))
+    return subprocess.Popen(
+        [sys.executable, "-m", "gputopo", *args],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def tree(proc: subprocess.Popen[str]) -> list[psutil.Process]:
+    try:
+        return psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def wait_for(
+    proc: subprocess.Popen[str], what: str, count: int, limit_s: float = 120
+) -> set[tuple[int, float]]:
+    """Wait until ``count`` processes of gputopo's tree have ``what`` in their command line; return the
+    whole tree as (pid, start time)."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        assert proc.poll() is None, proc.communicate()
+        kids = tree(proc)
+        found = []
+        for p in kids:
+            try:
+                if what in " ".join(p.cmdline()):
+                    found.append(p)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        if len(found) >= count:
+            ids = set()
+            for p in [psutil.Process(proc.pid), *kids]:
+                try:
+                    ids.add((p.pid, p.create_time()))
+                except psutil.NoSuchProcess:
+                    continue
+            return ids
+        assert time.monotonic() < deadline, f"never saw {count} x {what}"
+        time.sleep(0.2)
+
+
+def still_running(ids: set[tuple[int, float]]) -> list[str]:
+    left = []
+    for pid, started in ids:
+        try:
+            p = psutil.Process(pid)
+            if p.create_time() == started and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(f"{pid} {' '.join(p.cmdline())}")
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    return left
+
+
+def stop(
+    proc: subprocess.Popen[str], sig: signal.Signals, ids: set[tuple[int, float]], own_stderr: bool = True
+) -> str:
+    """Send ``sig`` to gputopo alone and check how it ended; ``own_stderr=False`` when the command gputopo
+    runs writes to stderr itself (torchrun prints its own traceback when it is stopped)."""
+    try:
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:  # a failed test must not leave its tree either
+            for p in tree(proc):
+                p.kill()
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 128 + sig, err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert lines == [line for line in lines if f"stopped by {sig.name}:" in line] and len(lines) == 1, err
+    assert "Traceback" not in err or not own_stderr
+    deadline = time.monotonic() + 5  # SIGKILLed processes may take a moment to be reaped by init
+    while still_running(ids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert still_running(ids) == []
+    return err
+
+
+PROBE = ["probe", "--device", "cpu", "--gpus", "0,1", "--model", "tiny", "--steps", "50"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_probe_stopped_by_signal_leaves_nothing(tmp_path, sig):
+    pytest.importorskip("torch")
+    proc = start(tmp_path, *PROBE, "--report-dir", str(tmp_path / "reports"))
+    ids = wait_for(proc, "gputopo.probe.ranks.worker", 2)
+    stop(proc, sig, ids)
+    assert list((tmp_path / "tmp").iterdir()) == []
+    (report,) = (tmp_path / "reports").glob("probe-*.json")
+    doc = json.loads(report.read_text())
+    assert doc["interrupted"] == sig.name
+    assert doc["verdict"] == "interrupted"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGQUIT])
+def test_doctor_stopped_by_signal_leaves_nothing(tmp_path, sig):
+    pytest.importorskip("torch")
+    proc = start(tmp_path, "doctor", "--simulate", "--no-html", "--report-dir", str(tmp_path / "reports"))
+    ids = wait_for(proc, "gputopo.probe.ranks.worker", 2)
+    stop(proc, sig, ids)
+    assert list((tmp_path / "tmp").iterdir()) == []
+    (report,) = (tmp_path / "reports").glob("doctor-*.json")
+    doc = json.loads(report.read_text())
+    assert doc["interrupted"] == sig.name
+    assert doc["topology"]  # what was complete before the signal is there
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_run_stopped_by_signal_stops_the_command_tree(tmp_path, sig):
+    # A command that starts a child in the background: the child outlives sh unless gputopo stops it.
+    script = "sleep 300 & sleep 301; wait"
+    proc = start(tmp_path, "run", "--n", "1", "--input", SAMPLE, "--", "sh", "-c", script)
+    ids = wait_for(proc, "sleep 30", 2)
+    stop(proc, sig, ids)
+
+
+@pytest.mark.slow
+def test_run_under_torchrun_stopped_by_sigterm_leaves_no_rank(tmp_path):
+    pytest.importorskip("torch")
+    args = ["run", "--n", "2", "--torchrun", "--input", SAMPLE, "--", "sh", "-c", "sleep 302"]
+    proc = start(tmp_path, *args)
+    ids = wait_for(proc, "sleep 302", 2)  # torch's agent started both ranks
+    stop(proc, signal.SIGTERM, ids, own_stderr=False)
+
+
+def test_a_second_signal_during_cleanup_does_not_cut_it_short(tmp_path):
+    # sh ignores SIGTERM here, so gputopo waits out its grace; the second signal must not end gputopo early.
+    script = "trap '' TERM; sleep 300 & sleep 301; wait"
+    proc = start(tmp_path, "run", "--n", "1", "--input", SAMPLE, "--", "sh", "-c", script)
+    ids = wait_for(proc, "sleep 30", 2)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    stop(proc, signal.SIGTERM, ids)
+
+
+def test_nohup_keeps_sighup_ignored(tmp_path):
+    # Started with SIGHUP ignored (as nohup does), gputopo leaves it ignored: the command outlives a hang-up.
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    args = ["run", "--n", "1", "--input", SAMPLE, "--", "sh", "-c", "sleep 3; exit 5"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gputopo", *args],
+        cwd=tmp_path,
+        env=env,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),
+    )
+    try:
+        wait_for(proc, "sleep 3", 1)  # type: ignore[arg-type]
+        os.killpg(proc.pid, signal.SIGHUP)
+        assert proc.wait(timeout=60) == 5
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
