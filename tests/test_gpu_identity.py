@@ -115,6 +115,19 @@ def test_integer_presets_with_mig_gpus_are_refused() -> None:
     assert allowed_gpus(gpus, "MIG-x1").indices == ()
 
 
+def test_legacy_mig_entries_are_skipped_not_fatal() -> None:
+    # Drivers before R470 spell a MIG device MIG-GPU-<GPU uuid>/<GPU instance>/<compute instance>.
+    gpus = box(3)
+    gpus[1] = GpuIdentity(1, gpus[1].uuid, gpus[1].bus_id, mig_enabled=True, mig_devices=("MIG-x1",))
+    preset = f"MIG-{gpus[1].uuid}/1/0,GPU-0002"
+    allowed = allowed_gpus(gpus, preset)
+    assert allowed.indices == (2,)
+    assert allowed.why_not[0] == f"not in CUDA_VISIBLE_DEVICES={preset}"
+    assert allowed_gpus(gpus, f"MIG-{gpus[1].uuid}/2/0").indices == ()
+    with pytest.raises(UsageError, match="no MIG device"):  # a malformed one is still refused
+        allowed_gpus(gpus, f"MIG-{gpus[1].uuid}/x")
+
+
 def test_ranks_see_uuids_in_the_sets_order() -> None:
     assert visible_devices(box(), (6, 2)) == "GPU-0006aaaa-0000,GPU-0002aaaa-0000"
 

@@ -79,8 +79,52 @@ def test_models_are_torchvision_resnets():
 def test_known_integer_values_sum_exactly():
     world = 8
     total = sum(rank_allreduce.known_values(1000, r, torch.device("cpu")) for r in range(world))
-    expected = rank_allreduce.known_values(1000, 0, torch.device("cpu")) * (world * (world + 1) // 2)
-    assert torch.equal(total, expected)
+    assert torch.equal(total, rank_allreduce.known_sum(1000, world, torch.device("cpu")))
+
+
+def _float32_tree_sum(rows: torch.Tensor) -> torch.Tensor:
+    """Pairwise float32 additions, as a tree all-reduce makes them (padded with zeros to a power of two)."""
+    while rows.shape[0] > 1:
+        if rows.shape[0] % 2:
+            rows = torch.cat([rows, torch.zeros_like(rows[:1])])
+        rows = rows[0::2] + rows[1::2]
+    return rows[0]
+
+
+def test_the_exact_all_reduce_check_stays_exact_at_512_ranks_in_ring_order():
+    # A 64-node cluster of 8 GPUs: the old values, (i % 251 + 1) * (rank + 1), lost exactness past 365
+    # ranks and about 15,000 of 65,536 elements of a healthy sum compared wrong.
+    cpu, count, world = torch.device("cpu"), 1 << 16, 512
+    total = torch.zeros(count, dtype=torch.float32)
+    for r in range(world):  # a ring adds one rank's contribution after another
+        total += rank_allreduce.known_values(count, r, cpu)
+    expected = rank_allreduce.known_sum(count, world, cpu)
+    assert int((total != expected).sum()) == 0
+
+
+def test_the_exact_all_reduce_check_is_exact_up_to_its_stated_bound_and_refuses_past_it():
+    cpu, count = torch.device("cpu"), 48
+    world = rank_allreduce.MAX_EXACT_RANKS
+    assert world >= 4096
+    # Every rank's values at once (the same formula as known_values, checked against it on a sample).
+    i, r = torch.arange(count), torch.arange(world)[:, None]
+    rows = ((i * rank_allreduce.KNOWN_STRIDE + r) % rank_allreduce.KNOWN_PERIOD + 1).to(torch.float32)
+    for k in (0, 1, 4095, world - 1):
+        assert torch.equal(rows[k], rank_allreduce.known_values(count, k, cpu))
+    exact = rows.to(torch.int64).sum(0)
+    assert int(exact.max()) <= 2**24  # every partial sum is an integer float32 holds exactly
+    expected = rank_allreduce.known_sum(count, world, cpu)
+    assert torch.equal(expected.to(torch.int64), exact)
+    assert torch.equal(_float32_tree_sum(rows), expected)
+    with pytest.raises(ValueError, match="up to"):
+        rank_allreduce.known_sum(count, world + 1, cpu)
+
+
+def test_a_corrupted_or_missing_contribution_changes_the_known_sum():
+    cpu, count, world = torch.device("cpu"), 64, 512
+    good = rank_allreduce.known_sum(count, world, cpu)
+    missing = sum(rank_allreduce.known_values(count, r, cpu) for r in range(world) if r != 300)
+    assert int((missing != good).sum()) == count
 
 
 def _references(ctx):

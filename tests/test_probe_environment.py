@@ -161,18 +161,11 @@ def test_cpu_ranks_capture_no_nccl_log(tmp_path):
 @pytest.fixture
 def restore_torch_numerics():
     torch = pytest.importorskip("torch")
-    before = (
-        torch.are_deterministic_algorithms_enabled(),
-        torch.is_deterministic_algorithms_warn_only_enabled(),
-        torch.backends.cudnn.deterministic,
-        torch.backends.cudnn.benchmark,
-    )
-    precision = getattr(torch.backends, "fp32_precision", None)
+    from gputopo.probe.ranks import numerics as rank_numerics
+
+    before = rank_numerics.numerics_state()
     yield torch
-    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[2], before[3]
-    if precision is not None:
-        torch.backends.fp32_precision = precision
+    rank_numerics.apply_numerics(before)
 
 
 def test_numerics_are_pinned_through_the_api_this_torch_prefers(restore_torch_numerics):
@@ -189,6 +182,35 @@ def test_numerics_are_pinned_through_the_api_this_torch_prefers(restore_torch_nu
         assert torch.backends.cudnn.conv.fp32_precision == "ieee"
     else:
         assert got["tf32"] == {"api": "allow_tf32", "matmul_allow_tf32": False, "cudnn_allow_tf32": False}
+
+
+def test_the_speed_table_runs_under_torchs_defaults_and_the_pinning_comes_back(
+    restore_torch_numerics, monkeypatch
+):
+    torch = restore_torch_numerics
+    from gputopo.probe.ranks import numerics as rank_numerics
+
+    monkeypatch.setattr(rank_numerics, "_TORCH_DEFAULTS", None)
+    torch.use_deterministic_algorithms(False)
+    torch.backends.cudnn.deterministic = torch.backends.cudnn.benchmark = False
+    if hasattr(torch.backends, "fp32_precision"):
+        torch.backends.cudnn.conv.fp32_precision = "tf32"  # torch 2.9+'s default for convolutions
+    defaults = rank_numerics.numerics_state()  # a fresh rank's numerics: torch's defaults
+    rank_numerics.pin_numerics()  # the rank's start: records the defaults, then pins
+    pinned = rank_numerics.numerics_state()
+    assert pinned["deterministic_algorithms"] and not pinned["cudnn_benchmark"]
+    with rank_numerics.speed_numerics() as flags:
+        assert flags == {**defaults, "cudnn_benchmark": True}
+        assert not torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.benchmark
+        assert not torch.backends.cudnn.deterministic
+        if hasattr(torch.backends, "fp32_precision"):
+            # torch's own default: TF32 allowed for cuDNN convolutions (not "ieee" as the checks pin it)
+            assert torch.backends.cudnn.conv.fp32_precision == defaults["fp32_precision"]["cudnn_conv"]
+            assert torch.backends.cudnn.conv.fp32_precision != "ieee"
+    assert rank_numerics.numerics_state() == pinned  # the correctness checks after it are pinned again
+    with pytest.raises(RuntimeError), rank_numerics.speed_numerics():
+        raise RuntimeError("a rank failing mid-table")
+    assert rank_numerics.numerics_state() == pinned
 
 
 def test_an_older_torch_gets_tf32_off_through_allow_tf32():

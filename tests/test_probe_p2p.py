@@ -156,9 +156,51 @@ def test_injected_corruption_reaches_the_copies_into_the_target(tmp_path):
         tmp_path,
     )
     m = rank_p2p.p2p_check(ctx, engine=rank_p2p.CopyEngine(), nbytes=NBYTES)
-    # On CPU every tensor is on the one device, so every copy carries the planted byte.
+    # On CPU every tensor is on the one device, so every copy carries the planted byte, the timed
+    # bidirectional round's included.
     assert all(p["wrong_bytes_there"] == 1 for p in m["pairs"])
-    assert p2p_judge.judge_p2p(m, None).kind == "corrupt"
+    assert all(p["wrong_bytes_bidir"] == 1 for p in m["pairs"])
+    result = p2p_judge.judge_p2p(m, None)
+    assert result.kind == "corrupt" and "1 after the bidirectional round" in result.detail
+
+
+class BidirOnlyEngine(rank_p2p.CopyEngine):
+    """Quiet copies land; with both directions in flight, the second direction's writes land in the first
+    direction's buffer (the concurrent-traffic fault a one-copy-at-a-time check never sees)."""
+
+    def time_copies(self, directions, warmup, copies):
+        seconds = super().time_copies(directions, warmup, copies)
+        if len(directions) == 2:
+            (dst0, _), (_, src1) = directions
+            dst0.copy_(src1)
+        return seconds
+
+
+def test_a_corrupted_bidirectional_round_is_caught_after_clean_quiet_copies():
+    m = rank_p2p.p2p_matrix(BidirOnlyEngine(), [0, 1], [5, 6], nbytes=NBYTES, warmup=1, copies=20)
+    by_pair = {(p["src"], p["dst"]): p for p in m["pairs"]}
+    assert all(p["wrong_bytes_there"] == 0 and p["wrong_bytes_roundtrip"] == 0 for p in m["pairs"])
+    assert by_pair[(5, 6)]["wrong_bytes_bidir"] > NBYTES // 2  # random bytes: ~255/256 of them differ
+    assert by_pair[(6, 5)]["wrong_bytes_bidir"] == 0
+    result = p2p_judge.judge_p2p(m, None)
+    assert result.verdict == "fail" and result.kind == "corrupt"
+    assert "5->6 (peer to peer): 0 wrong bytes there, 0 after the round trip" in result.detail
+    assert result.metrics["matrix"]["wrong_bytes"][0][1] == by_pair[(5, 6)]["wrong_bytes_bidir"]
+
+
+def test_the_bidirectional_round_uses_fresh_patterns_over_sentinel_filled_destinations():
+    # A bidirectional round whose copies never land leaves the sentinel, even though the buffers held
+    # the quiet round's (correct) bytes before.
+    class NothingLandsInTheTimedRounds(rank_p2p.CopyEngine):
+        def time_copies(self, directions, warmup, copies):
+            return 1.0
+
+    m = rank_p2p.p2p_matrix(NothingLandsInTheTimedRounds(), [0, 1], [5, 6], nbytes=NBYTES)
+    assert [p["wrong_bytes_bidir"] for p in m["pairs"]] == [NBYTES, NBYTES]
+    assert not torch.equal(
+        rank_p2p.pair_pattern(NBYTES, 0, 5, 6), rank_p2p.pair_pattern(NBYTES, 0, 5, 6, round_=1)
+    )
+    assert m["latency_method"].startswith("torch Tensor.copy_ latency")
 
 
 @pytest.mark.skipif(
@@ -195,7 +237,7 @@ def test_the_matrix_reads_like_p2p_bandwidth_latency_test_in_the_terminal():
     titles = [line for line in lines if line.startswith("# ") and "(" in line and "src" not in line]
     assert any("unidirectional bandwidth (GB/s)" in t for t in titles)
     assert any("bidirectional bandwidth" in t for t in titles)
-    assert any("latency of a 4 B copy (us)" in t for t in titles)
+    assert any("latency of a 4 B torch copy_ (us, with torch's stream barrier)" in t for t in titles)
     assert any("model estimate, one way (GB/s)" in t for t in titles)
     rows = [line.split() for line in lines if not line.startswith("#")]
     assert rows[0][0] == "4" and rows[0][1] == "-" and rows[0][3].endswith("*")  # 4->6 staged

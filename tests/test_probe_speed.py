@@ -96,6 +96,11 @@ def test_speed_mode_on_cpu_ranks_gives_the_four_rows_with_speedups(tmp_path):
     assert rows[0]["speedup"] == 1.0
     assert all(r["speedup"] == pytest.approx(r["samples_per_s"] / rows[0]["samples_per_s"]) for r in rows)
     assert rows[3]["autocast_dtype"] == "bfloat16"  # CPU autocast's dtype on stand-ins
+    # Timed under torch's defaults with cuDNN autotuning, not the correctness checks' pinning.
+    assert speed["metrics"]["numerics"].startswith("torch defaults with cudnn.benchmark on")
+    flags = speed["metrics"]["numerics_flags"]
+    assert flags["cudnn_benchmark"] and not flags["deterministic_algorithms"]
+    assert "# numerics: torch defaults" in done.stdout
     markdown = report.with_suffix(".md").read_text()
     assert "DDP+AMP" in markdown and "speedup" in markdown
     page = report.with_suffix(".html").read_text()

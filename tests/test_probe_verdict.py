@@ -206,6 +206,7 @@ def test_crashed_carries_rank_exit_code_and_stderr():
         "exitcode": 86,
         "signal": None,
         "stderr_tail": "Traceback ...\nRuntimeError: boom",
+        "nccl_warnings": [],
     }
     killed = verdict.crashed("ddp", 0, -9, "SIGKILL", "", None)
     assert killed.detail == "rank 0 exited with exit code -9 (SIGKILL)"

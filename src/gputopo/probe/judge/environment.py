@@ -28,8 +28,8 @@ from typing import Any
 # The families of variables recorded from every rank.
 RECORDED_PREFIXES = ("NCCL_", "CUDA_")
 
-# Variables the probe itself sets in the ranks to capture NCCL's transport choice; recorded apart from the
-# user's, so the report never mistakes them for the user's settings.
+# Variables the probe itself sets in the ranks (where the user set none) to capture NCCL's transport
+# choice; recorded apart from the user's, so the report never mistakes them for the user's settings.
 CAPTURE_VARIABLES = ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE")
 
 _OFF = {"0", "false", "no", "off", ""}
@@ -70,6 +70,13 @@ def variable_caveats(name: str, value: str) -> list[str]:
         return [f"P2P through copy engines instead of kernels: {shown}"]
     if name in ("NCCL_MAX_NCHANNELS", "NCCL_MAX_CTAS", "NCCL_MIN_NCHANNELS"):
         return [f"NCCL channel count constrained, bandwidth may differ: {shown}"]
+    # The probe keeps a user's NCCL logging (worker.prepare_rank_environment): say what that costs.
+    if name == "NCCL_DEBUG" and value.strip().upper() not in ("INFO", "TRACE"):
+        return [f"NCCL transports not logged: {shown} (your level is kept; INFO names them)"]
+    if name == "NCCL_DEBUG_SUBSYS" and not {"INIT", "ALL"} & set(value.upper().split(",")):
+        return [f"NCCL transports not logged: {shown} lacks INIT"]
+    if name == "NCCL_DEBUG_FILE":
+        return [f"NCCL log not read by the probe (transports, WARN lines): {shown} is yours and kept"]
     if name == "CUDA_LAUNCH_BLOCKING" and _on(value):
         return [f"timings serialised by {shown}"]
     return []
@@ -87,8 +94,6 @@ def environment_caveats(rank_variables: Mapping[int, Mapping[str, str]], backend
     seen: dict[tuple[str, str], list[int]] = {}
     for rank in ranks:
         for name, value in rank_variables[rank].items():
-            if name in CAPTURE_VARIABLES:
-                continue
             seen.setdefault((name, value), []).append(rank)
     out: list[str] = []
     for (name, value), who in sorted(seen.items()):
@@ -149,6 +154,113 @@ def parse_transport_lines(lines: Iterable[str]) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+# --- which communicator a line belongs to ----------------------------------------------------------------
+#
+# A rank's log holds every communicator it made: the world group's, each set's it was in, DataParallel's
+# (``ncclCommInitAll`` in rank 0). Channel lines do not name their communicator; the lines around them do.
+# NVIDIA/nccl src/debug.cc prefixes every line with ``host:pid:tid [cudaDev]``; src/init.cc logs each
+# communicator's start and end as (2.23+; 2.19-2.22 print the function name without ``[Rank r]``, older
+# releases neither)::
+#
+#     node7:4712:4712 [0] NCCL INFO [Rank 0] ncclCommInitRankConfig comm 0x55d0c8a0 rank 0 nranks 2
+#         cudaDev 0 nvmlDev 5 busId 1b000 commId 0x7f3a94e1c2d3b4a5 - Init START
+#     node7:4712:4712 [0] NCCL INFO ncclCommSplit comm 0x55d0d1f0 rank 0 nranks 2 cudaDev 0 nvmlDev 5
+#         busId 1b000 parent 0x55d0c8a0 splitCount 1 color 1 key 0- Init START
+#
+# and other lines name ``comm 0x...`` too (e.g. init.cc's ``comm %p rank %d nRanks %d nNodes ...``).
+# Connections are made by the thread that called NCCL: inside init, or since 2.22 (NCCL_RUNTIME_CONNECT,
+# src/group.cc: a group of one communicator runs its connect job in the calling thread) at the
+# communicator's first collective of each algorithm. A channel line therefore belongs to the last
+# communicator its own thread named. DataParallel's communicators start and connect in threads of
+# their own (a group of several jobs, src/group.cc ``asyncJobLaunch``), so their lines never join a set's.
+
+_PREFIX_RE = re.compile(r"(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) \[\d+\] NCCL ")
+_INIT_RE = re.compile(
+    r"(?:(?P<func>nccl\w+) )?comm (?P<comm>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) "
+    r"cudaDev \d+(?: nvmlDev (?P<dev>\d+))? busId [0-9a-fA-F]+(?P<rest>.*?)- ?Init (?P<stage>START|COMPLETE)"
+)
+_COMM_RE = re.compile(r"\bcomm (0x[0-9a-fA-F]+)\b")
+_WARN_RE = re.compile(r"NCCL WARN (?P<text>.*\S)")
+DATA_PARALLEL_INIT = "ncclCommInitAll"  # torch.cuda.nccl's communicators (DataParallel)
+
+
+def parse_nccl_log(lines: Iterable[str]) -> dict[str, Any]:
+    """One rank's NCCL log: its communicators (``comms``, in order of appearance, keyed ``0x..#k``: a
+    destroyed communicator's address may come back for a new one) and its channel connections, each with
+    the ``comm`` it belongs to (``None`` where no line of its thread named one)."""
+    comms: dict[str, dict[str, Any]] = {}
+    latest: dict[str, str] = {}  # address -> the key of the newest communicator there
+    current: dict[str, str] = {}  # pid:tid -> the communicator that thread named last
+    connections = []
+    for line in lines:
+        prefix = _PREFIX_RE.search(line)
+        thread = f"{prefix['pid']}:{prefix['tid']}" if prefix else ""
+        init = _INIT_RE.search(line)
+        if init is not None:
+            address = init["comm"]
+            key = latest.get(address)
+            if key is None or (init["stage"] == "START" and comms[key]["complete"]):
+                key = latest[address] = f"{address}#{len(comms)}"
+                comm_id = re.search(r"commId (0x[0-9a-fA-F]+)", init["rest"])
+                parent = re.search(r"parent (0x[0-9a-fA-F]+)", init["rest"])
+                comms[key] = {
+                    "func": init["func"],
+                    "rank": int(init["rank"]),
+                    "nranks": int(init["nranks"]),
+                    "nvml_dev": int(init["dev"]) if init["dev"] is not None else None,
+                    "comm_id": comm_id[1] if comm_id else None,
+                    "parent": parent[1] if parent else None,
+                    "complete": False,
+                }
+            comms[key]["complete"] = comms[key]["complete"] or init["stage"] == "COMPLETE"
+            current[thread] = key
+            continue
+        named = _COMM_RE.search(line)
+        if named is not None and named[1] in latest:
+            current[thread] = latest[named[1]]
+            continue
+        for conn in parse_transport_lines([line]):
+            connections.append({**conn, "comm": current.get(thread)})
+    return {"comms": comms, "connections": connections}
+
+
+def set_connections(log: dict[str, Any], rank_in_set: int, set_size: int) -> list[dict[str, Any]]:
+    """The connections of a set's communicator in one rank's parsed log (``parse_nccl_log``).
+
+    The set's communicator is the newest one with the set's size and this rank's place in it that is
+    not DataParallel's (made by ``ncclCommInitAll``, or, where an older NCCL names no function, one that
+    connected by ``P2P/direct pointer``, which only ranks in one process do). Newest, because the world
+    group (same size when the set is the whole pool) and earlier sets came before it. A log without any
+    communicator line (``NCCL_DEBUG_SUBSYS`` without INIT) falls back to every connection that is not
+    DataParallel's pointer one.
+    """
+    comms, connections = log["comms"], log["connections"]
+    if not comms:
+        return [c for c in connections if c["transport"] != "P2P/direct"]
+    direct = {c["comm"] for c in connections if c["transport"] == "P2P/direct"}
+    mine = [
+        key
+        for key, c in comms.items()
+        if c["nranks"] == set_size
+        and c["rank"] == rank_in_set
+        and c["func"] != DATA_PARALLEL_INIT
+        and key not in direct
+    ]
+    return [c for c in connections if mine and c["comm"] == mine[-1]]
+
+
+def nccl_warnings(lines: Iterable[str], most: int = 5) -> list[str]:
+    """NCCL's ``WARN`` lines (the root cause NCCL states before a rank fails), the last ``most`` distinct
+    ones in order, without the host:pid:tid prefix (src/debug.cc writes ``... [dev] file:line NCCL WARN
+    text``)."""
+    seen: list[str] = []
+    for line in lines:
+        m = _WARN_RE.search(line)
+        if m is not None and m["text"] not in seen:
+            seen.append(m["text"])
+    return seen[-most:]
 
 
 def summarize_transports(connections: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:

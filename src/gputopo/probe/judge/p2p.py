@@ -20,6 +20,14 @@ def _nvml_text(pairs: list[dict[str, Any]]) -> str:
     return f"NVML P2P read status: {', '.join(statuses)}" if statuses else "NVML P2P status: not known"
 
 
+def _wrong(p: dict[str, Any]) -> int:
+    """Every wrong byte of a pair: the quiet copy there, the round trip, the bidirectional round (absent
+    in reports from before it was checked)."""
+    return sum(
+        int(p.get(k) or 0) for k in ("wrong_bytes_there", "wrong_bytes_roundtrip", "wrong_bytes_bidir")
+    )
+
+
 def p2p_matrices(metrics: dict[str, Any]) -> dict[str, Any]:
     """The pair results as matrices over ``metrics['gpus']`` (row: source, column: destination; ``None``
     on the diagonal and where unmeasured), for the terminal, the JSON and the heat maps."""
@@ -35,7 +43,7 @@ def p2p_matrices(metrics: dict[str, Any]) -> dict[str, Any]:
         i, j = at[p["src"]], at[p["dst"]]
         for key in keys:
             out[key][i][j] = p.get(key)
-        out["wrong_bytes"][i][j] = p.get("wrong_bytes_there", 0) + p.get("wrong_bytes_roundtrip", 0)
+        out["wrong_bytes"][i][j] = _wrong(p)
     return out
 
 
@@ -62,7 +70,7 @@ def judge_p2p(
         pairs.append(row)
     out = {**metrics, "pairs": pairs}
     out["matrix"] = p2p_matrices(out)
-    bad = [p for p in pairs if p["wrong_bytes_there"] or p["wrong_bytes_roundtrip"]]
+    bad = [p for p in pairs if _wrong(p)]
     if bad:
         texts = []
         for p in bad:
@@ -70,9 +78,11 @@ def judge_p2p(
             if p["nvml_p2p_read"] is not None:
                 claims += f", NVML P2P read {p['nvml_p2p_read']}"
             how = "peer to peer" if p["path"] == "p2p" else "staged through host memory"
+            bidir = p.get("wrong_bytes_bidir")
+            both = f", {bidir} after the bidirectional round" if bidir is not None else ""
             texts.append(
                 f"{p['src']}->{p['dst']} ({how}): {p['wrong_bytes_there']} wrong bytes there, "
-                f"{p['wrong_bytes_roundtrip']} after the round trip ({claims})"
+                f"{p['wrong_bytes_roundtrip']} after the round trip{both} ({claims})"
             )
         return fail("p2p", "corrupt", "; ".join(texts), CORRUPT_REMEDY, out)
     direct = [p for p in pairs if p["path"] == "p2p"]
@@ -86,8 +96,8 @@ def judge_p2p(
     one_way = [p["unidir_gbps"] for p in direct if p.get("unidir_gbps") is not None]
     both = [p["bidir_gbps"] for p in direct if p.get("bidir_gbps") is not None]
     detail = (
-        f"{len(direct)} ordered pairs copied exactly peer to peer ({size} each, sentinel-checked there "
-        f"and back)"
+        f"{len(direct)} ordered pairs copied exactly peer to peer ({size} each, sentinel-checked there, "
+        f"back and both ways at once)"
     )
     if one_way:
         detail += f"; slowest {min(one_way):.3g} GB/s one way"

@@ -112,6 +112,7 @@ def speed_table(gpus: tuple[int, ...], metrics: dict[str, Any], device: str) -> 
     lines = [
         f"# speed, set {label}: samples/s at global batch {batch}, "
         f"{rows[0].get('timed_steps')} timed steps{stand_in}",
+        f"# numerics: {metrics.get('numerics') or 'the correctness checks pinned numerics (TF32 off)'}",
         f"# {'config':<13} {'GPUs':>4} {'samples/s':>10} {'speedup':>8} {'efficiency':>10}",
     ]
     top = max(r["samples_per_s"] for r in rows) or 1.0

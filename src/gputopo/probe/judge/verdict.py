@@ -13,6 +13,7 @@ rest in its detail.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -380,8 +381,21 @@ def nothing_tested(sets: list[SetResult] | tuple[SetResult, ...]) -> str | None:
 # --- launches that did not finish ---------------------------------------------------------------------
 
 
-def hung(name: str, timeout_s: float, progress: dict[int, dict[str, Any]], now: float) -> CheckResult:
-    """The check in progress when ``--timeout`` ran out; names where each rank last reported."""
+def _with_nccl_warnings(detail: str, warnings: Sequence[str]) -> str:
+    """The detail with NCCL's last WARN line appended: NCCL states the root cause there (a peer that
+    failed, a transport error), in the rank's NCCL log rather than its stderr."""
+    return f"{detail}; NCCL WARN {warnings[-1]}" if warnings else detail
+
+
+def hung(
+    name: str,
+    timeout_s: float,
+    progress: dict[int, dict[str, Any]],
+    now: float,
+    nccl_warnings: Sequence[str] = (),
+) -> CheckResult:
+    """The check in progress when ``--timeout`` ran out; names where each rank last reported, and NCCL's
+    WARN lines from the set's ranks' logs (``rank r: text``)."""
     where = []
     for rank in sorted(progress):
         row = progress[rank]
@@ -390,14 +404,16 @@ def hung(name: str, timeout_s: float, progress: dict[int, dict[str, Any]], now: 
             f"rank {rank} last at {row['check']} {row['stage']}{step} ({now - row['t']:.1f} s before)"
         )
     silent = ", ".join(where) if where else "no rank reported any progress"
-    metrics = {"timeout_s": timeout_s, "last_progress": progress}
+    metrics = {"timeout_s": timeout_s, "last_progress": progress, "nccl_warnings": list(nccl_warnings)}
     ages = [now - float(row["t"]) for row in progress.values() if isinstance(row.get("t"), (int, float))]
     if ages and min(ages) < timeout_s:
         # A rank reported progress within --timeout of the stop: the pool stopped a set that was still
         # moving (its cap on a step's time, pool.LOAD_CAP), a machine too loaded for the run, not a hang.
         detail = f"slow under load: still making progress when the run's time ran out; {silent}"
-        return fail(name, "slow", detail, _SLOW_UNDER_LOAD_REMEDY, metrics)
-    detail = f"no progress within --timeout {timeout_s:g} s; {silent}"
+        return fail(
+            name, "slow", _with_nccl_warnings(detail, nccl_warnings), _SLOW_UNDER_LOAD_REMEDY, metrics
+        )
+    detail = _with_nccl_warnings(f"no progress within --timeout {timeout_s:g} s; {silent}", nccl_warnings)
     return fail(name, "hung", detail, _HUNG_REMEDY, metrics)
 
 
@@ -414,14 +430,18 @@ def crashed(
     signal: str | None,
     stderr_tail: str,
     message: str | None,
+    nccl_warnings: Sequence[str] = (),
 ) -> CheckResult:
-    """The check in progress when a rank died; the root cause's rank, exit code and stderr tail."""
+    """The check in progress when a rank died; the root cause's rank, exit code and stderr tail, and
+    NCCL's WARN lines from the set's ranks' logs (``rank r: text``)."""
     who = f"rank {rank}" if rank is not None else "the launcher"
     how = f"exit code {exitcode}" + (f" ({signal})" if signal else "")
     detail = f"{who} exited with {how}"
     if message:
         detail += f": {message.strip().splitlines()[-1]}"
+    detail = _with_nccl_warnings(detail, nccl_warnings)
     metrics = {"rank": rank, "exitcode": exitcode, "signal": signal, "stderr_tail": stderr_tail}
+    metrics["nccl_warnings"] = list(nccl_warnings)
     return fail(name, "crashed", detail, _CRASHED_REMEDY, metrics)
 
 

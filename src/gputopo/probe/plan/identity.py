@@ -10,7 +10,8 @@ the order the list gives them, so local rank ``r`` drives the set's ``r``-th GPU
 
 A ``CUDA_VISIBLE_DEVICES`` already set when gputopo starts (Slurm, containers) limits which GPUs may be
 probed. Its entries may be UUIDs (``GPU-...``, or a unique prefix, as CUDA accepts), MIG device ids
-(``MIG-...``: those GPUs are MIG devices, which NCCL cannot use), or integers, which are CUDA indices.
+(``MIG-...``, or the older ``MIG-GPU-<uuid>/<gi>/<ci>``: MIG devices, which NCCL cannot use, skipped),
+or integers, which are CUDA indices.
 
 Integers are resolved as CUDA resolves them: a short child process with the preset applied asks CUDA for
 the PCI bus id of each device it numbers (``pool.launch.ask_cuda_bus_ids``, which runs
@@ -33,10 +34,13 @@ above keeps gputopo right under either reading.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from gputopo.errors import UsageError
+
+_LEGACY_MIG = re.compile(r"^MIG-GPU-[0-9A-Fa-f-]+/\d+/\d+$")
 
 
 @dataclass(frozen=True)
@@ -155,6 +159,11 @@ def _bus_key(bus_id: str) -> str:
 def _resolve(entry: str, gpus: Sequence[GpuIdentity], preset: str, order: str | None) -> GpuIdentity | None:
     where = f"CUDA_VISIBLE_DEVICES={preset}"
     hint = "set CUDA_VISIBLE_DEVICES to GPU UUIDs (`nvidia-smi -L` lists them), or unset it"
+    if _LEGACY_MIG.match(entry):
+        # The pre-R470 spelling of a MIG device, ``MIG-GPU-<GPU uuid>/<GPU instance>/<compute instance>``
+        # (NVIDIA MIG User Guide, "MIG Device Names", device enumeration; R470+ drivers print
+        # ``MIG-<uuid>``): a MIG device too, so nothing to probe, and no reason to fail the whole probe.
+        return None
     if entry.startswith("MIG-"):
         # A MIG device: its GPU is left out anyway (MIG enabled); the entry names nothing to probe.
         for g in gpus:

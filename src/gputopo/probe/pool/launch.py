@@ -75,6 +75,7 @@ class LaunchOutcome:
     timeout_s: float
     launcher_tail: str = ""
     leftovers_killed: int = 0
+    nccl_warnings: tuple[str, ...] = ()  # NCCL's WARN lines from the set's ranks' logs, "rank r: text"
 
 
 @dataclass(frozen=True)

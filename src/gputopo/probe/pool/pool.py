@@ -6,11 +6,12 @@ judged."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gputopo.probe.judge.environment import nccl_warnings
 from gputopo.probe.judge.failures import root_cause_order
 from gputopo.probe.plan.config import ProbeConfig
 from gputopo.probe.plan.schedule import Job
@@ -223,6 +224,7 @@ class Pool(Launch):
             wall_s=max(0.0, end - start),
             timeout_s=self.config.timeout_s,
             launcher_tail=tail(self.dir / "launcher.log") if status == "launcher-error" else "",
+            nccl_warnings=set_nccl_warnings(self.dir, j.ranks) if status != "ok" else (),
         )
 
     def _in_set(self, j: _PoolJob, failure: RankFailure) -> RankFailure:
@@ -307,6 +309,19 @@ class Pool(Launch):
         }
         outcomes = tuple(judged[j.id] for j in self.jobs if j.id in judged)
         return PoolOutcome(outcomes, _read_json(self.dir / "env.json"), record)
+
+
+def set_nccl_warnings(folder: Path, pool_ranks: Sequence[int]) -> tuple[str, ...]:
+    """NCCL's WARN lines in the logs of a set's ranks (``nccl-rank<pool rank>.log``), as ``rank r: text``
+    with r the rank in the set; NCCL writes them there, not to the stderr the crash verdict quotes."""
+    out: list[str] = []
+    for local, pool_rank in enumerate(pool_ranks):
+        path = folder / f"nccl-rank{pool_rank}.log"
+        if path.exists():
+            out += [
+                f"rank {local}: {w}" for w in nccl_warnings(path.read_text(errors="replace").splitlines())
+            ]
+    return tuple(out)
 
 
 def _own_failure(failure: RankFailure) -> bool:

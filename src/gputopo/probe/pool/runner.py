@@ -102,12 +102,13 @@ def _judge(
 
 
 def _unfinished(check: str, outcome: LaunchOutcome) -> CheckResult:
+    warnings = outcome.nccl_warnings
     if outcome.status == "timeout":
-        return verdict.hung(check, outcome.timeout_s, outcome.last_progress, time.time())
+        return verdict.hung(check, outcome.timeout_s, outcome.last_progress, time.time(), warnings)
     if outcome.failures:
         first = outcome.failures[0]
         return verdict.crashed(
-            check, first.rank, first.exitcode, first.signal, first.stderr_tail, first.message
+            check, first.rank, first.exitcode, first.signal, first.stderr_tail, first.message, warnings
         )
     if outcome.status == "launcher-error":
         return verdict.crashed(

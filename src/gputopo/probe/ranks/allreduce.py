@@ -11,10 +11,37 @@ import torch.distributed as dist
 
 from gputopo.probe.ranks.context import RankContext, barrier, hang_or_crash
 
+# The exact check's values: element i of rank r is ((KNOWN_STRIDE*i + r) % KNOWN_PERIOD) + 1, an integer in
+# 1..KNOWN_PERIOD. Every partial sum of any reduction order over n ranks is then an integer of at most
+# KNOWN_PERIOD*n, and float32 holds every integer up to 2**24 exactly (24-bit significand), so the
+# all-reduce is exact for n <= MAX_EXACT_RANKS = 2**24 // KNOWN_PERIOD = 1,048,576 ranks. (The values
+# used before, (i % 251 + 1) * (r + 1), summed to 251*n*(n+1)/2 and stopped being exact past 365 ranks.)
+# Consecutive ranks differ in every element, so a rank's contribution that is missing, doubled or moved
+# changes the sum.
+KNOWN_PERIOD = 16
+KNOWN_STRIDE = 7  # coprime with the period: neighbouring elements differ too
+MAX_EXACT_RANKS = 2**24 // KNOWN_PERIOD
+
 
 def known_values(n: int, rank: int, device: torch.device) -> torch.Tensor:
-    # Small integers: every partial sum is exact in float32, so any difference is a wrong element.
-    return ((torch.arange(n, device=device) % 251) + 1).float() * (rank + 1)
+    """Rank ``rank``'s ``n`` small integers for the exact all-reduce check (float32)."""
+    i = torch.arange(n, device=device, dtype=torch.int64)
+    return ((i * KNOWN_STRIDE + rank) % KNOWN_PERIOD + 1).to(torch.float32)
+
+
+def known_sum(n: int, world: int, device: torch.device) -> torch.Tensor:
+    """The exact element-wise sum of ``known_values`` over ranks ``0..world-1`` (float32, exact up to
+    ``MAX_EXACT_RANKS``; ``ValueError`` past it): every whole period of ranks adds 1+2+...+16 = 136 to
+    each element, the remaining ranks are added one by one in int64."""
+    if world > MAX_EXACT_RANKS:
+        raise ValueError(f"the exact all-reduce check supports up to {MAX_EXACT_RANKS} ranks, not {world}")
+    periods, rest = divmod(world, KNOWN_PERIOD)
+    i = torch.arange(n, device=device, dtype=torch.int64)
+    whole = periods * KNOWN_PERIOD * (KNOWN_PERIOD + 1) // 2
+    total = torch.full((n,), whole, dtype=torch.int64, device=device)
+    for r in range(rest):
+        total += (i * KNOWN_STRIDE + r) % KNOWN_PERIOD + 1
+    return total.to(torch.float32)
 
 
 def allreduce_check(ctx: RankContext, group: Any = None) -> dict[str, Any]:
@@ -52,7 +79,7 @@ def allreduce_check(ctx: RankContext, group: Any = None) -> dict[str, Any]:
         if ctx.fault("corrupt", "allreduce") and ctx.rank == ctx.inject_rank:
             data[count // 2] += 1.0
         dist.all_reduce(data, group=group)
-        expected = known_values(count, 0, ctx.device) * (ctx.world * (ctx.world + 1) // 2)
+        expected = known_sum(count, ctx.world, ctx.device)
         wrong = (data != expected).sum().to(torch.int64)
         dist.all_reduce(wrong, group=group)  # #wrong summed over ranks, as nccl-tests reports it
         time_s = float(elapsed)

@@ -22,7 +22,9 @@ def _new_group_takes_sort_ranks() -> bool:
     return "sort_ranks" in inspect.signature(dist.new_group).parameters
 
 
-def new_group_in_order(ranks: Sequence[int], timeout: timedelta | None = None) -> Any:
+def new_group_in_order(
+    ranks: Sequence[int], timeout: timedelta | None = None, backend: str | None = None
+) -> Any:
     """``dist.new_group(ranks)`` keeping ``ranks``' order as the group's rank order.
 
     ``sort_ranks=False`` (torch/distributed/distributed_c10d.py ``new_group``) is how torch keeps the
@@ -32,6 +34,8 @@ def new_group_in_order(ranks: Sequence[int], timeout: timedelta | None = None) -
     import torch.distributed as dist
 
     options: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+    if backend is not None:
+        options["backend"] = backend
     if _new_group_takes_sort_ranks():
         return dist.new_group(list(ranks), sort_ranks=False, **options)
     if list(ranks) != sorted(ranks):

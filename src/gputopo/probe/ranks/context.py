@@ -45,6 +45,9 @@ class RankContext:
     task: str | None = None
     pool_rank: int | None = None
     log_dir: Path | None = None
+    # The group the set's idle ranks wait in while one rank drives the set's GPUs (gloo on GPUs, see
+    # ``wait_for_others``); ``None``: the set's own group.
+    wait_group: Any = field(default=None, repr=False)
 
     @property
     def is_cuda(self) -> bool:
@@ -144,3 +147,18 @@ def barrier(ctx: RankContext, group: Any = None) -> None:
         dist.barrier(group=group, device_ids=[ctx.device.index])
     else:
         dist.barrier(group=group)
+
+
+def wait_for_others(ctx: RankContext, group: Any = None) -> None:
+    """Wait, on the CPU, for the set's ranks while one of them (or two) drives GPUs on its own.
+
+    A barrier of an NCCL group is a one-element all-reduce on this rank's GPU (torch.distributed.barrier's
+    docstring): its kernel busy-waits on a GPU that rank 0 is timing (P2P, DataParallel, the speed table's
+    one-GPU and DataParallel rows) and, without MPS, time-slices against that work. The set's gloo group
+    (``ctx.wait_group``) waits in the CPU instead; without one (CPU ranks, whose groups are gloo), the
+    set's group.
+    """
+    if ctx.wait_group is not None:
+        dist.barrier(group=ctx.wait_group)
+    else:
+        barrier(ctx, group)

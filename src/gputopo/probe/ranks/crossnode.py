@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from gputopo.probe.judge import nodes
 from gputopo.probe.judge.progress import FINISHED_STEP
-from gputopo.probe.ranks.allreduce import known_values
+from gputopo.probe.ranks.allreduce import known_sum, known_values
 from gputopo.probe.ranks.compat import new_group_in_order
 from gputopo.probe.shared import COLLECTIVE_TIMEOUT_GRACE_S
 
@@ -134,7 +134,7 @@ def group_test(
     if inject == "corrupt":
         data[count // 2] += 1.0
     dist.all_reduce(data, group=group)
-    expected = known_values(count, 0, device) * (world * (world + 1) // 2)
+    expected = known_sum(count, world, device)
     wrong = (data != expected).sum().to(torch.int64)
     dist.all_reduce(wrong, group=group)
     rows = []

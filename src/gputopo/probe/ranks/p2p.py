@@ -38,10 +38,17 @@ PATH_P2P = "p2p"
 PATH_STAGED = "staged"
 
 
-def pair_pattern(nbytes: int, seed: int, src: int, dst: int) -> torch.Tensor:
-    """The random bytes copied from GPU ``src`` to ``dst``: different for every pair and direction, so a
-    copy that lands in the wrong buffer, or not at all, cannot match by accident."""
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + src * 1_009 + dst + 1)
+# What the latency matrix measures: torch's copy, not a raw peer copy. torch runs a cross-device copy
+# after a two-way barrier between the two devices' current streams (aten/src/ATen/native/cuda/Copy.cu,
+# copy_device_to_device), so a 4-byte copy_ costs more than p2pBandwidthLatencyTest's cudaMemcpyPeerAsync.
+LATENCY_METHOD = "torch Tensor.copy_ latency (includes torch's two-way stream barrier), not a raw peer copy"
+
+
+def pair_pattern(nbytes: int, seed: int, src: int, dst: int, round_: int = 0) -> torch.Tensor:
+    """The random bytes copied from GPU ``src`` to ``dst``: different for every pair, direction and round
+    (0: the quiet copies there and back; 1: the concurrent bidirectional round), so a copy that lands in
+    the wrong buffer, or not at all, cannot match by accident."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + src * 1_009 + dst + 1 + round_ * 7_919_000_003)
     return torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=gen)
 
 
@@ -174,6 +181,30 @@ def checked_copy(
     return int((dst.cpu() != expected).sum())
 
 
+def checked_rounds(
+    engine: CopyEngine,
+    directions: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    warmup: int,
+    copies: int,
+    devices: tuple[int, ...],
+) -> tuple[float, list[int]]:
+    """Time concurrent rounds of copies, then count the wrong bytes each destination ended with.
+
+    ``directions`` are (dst, src, pattern): each ``src`` first gets its ``pattern`` and each ``dst`` the
+    pattern's complement (from the host, devices synchronised), so the bytes the timed copies leave
+    behind, with every direction in flight together, are checked as the quiet copies are: a write that
+    never landed, or landed in the other direction's buffer, cannot compare equal. Returns the timed
+    seconds and the wrong bytes per direction.
+    """
+    for dst, src, pattern in directions:
+        src.copy_(pattern)
+        dst.copy_(sentinel_of(pattern))
+    engine.sync(*devices)
+    seconds = engine.time_copies([(dst, src) for dst, src, _ in directions], warmup, copies)
+    engine.sync(*devices)
+    return seconds, [int((dst.cpu() != pattern).sum()) for dst, _, pattern in directions]
+
+
 class _Corrupting(CopyEngine):
     """``--inject corrupt``: a copy into a chosen destination lands with one byte changed."""
 
@@ -199,7 +230,11 @@ class _Corrupting(CopyEngine):
     def time_copies(
         self, directions: list[tuple[torch.Tensor, torch.Tensor]], warmup: int, copies: int
     ) -> float:
-        return self.inner.time_copies(directions, warmup, copies)
+        seconds = self.inner.time_copies(directions, warmup, copies)
+        for dst, _ in directions:  # the timed copies into the target land changed too
+            if self.hit(dst):
+                dst.view(-1)[0] ^= 0x5A
+        return seconds
 
 
 def p2p_matrix(
@@ -215,7 +250,8 @@ def p2p_matrix(
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Every ordered pair of ``devices`` from this one process: data-checked copies there and back,
-    bandwidth one way and both ways, and small-copy latency.
+    bandwidth one way and both ways (the bidirectional round data-checked too), and small-copy latency
+    (torch ``copy_`` latency, see ``LATENCY_METHOD``).
 
     ``labels[k]`` is the GPU index reported for ``devices[k]``. A pair without peer access is still
     copied and checked (torch then stages the copy through host memory) but marked ``staged``: its
@@ -250,9 +286,15 @@ def p2p_matrix(
                 "latency_us": small_seconds / latency_copies * 1e6,
             }
             buffers[(i, j)] = (there, src)
-        seconds = engine.time_copies([buffers[(a, b)], buffers[(b, a)]], warmup, copies)
+        # The last round, both directions at once: new patterns, sentinel-filled destinations, checked.
+        rounds = [
+            (*buffers[(i, j)], pair_pattern(nbytes, seed, labels[i], labels[j], round_=1))
+            for i, j in ((a, b), (b, a))
+        ]
+        seconds, wrong = checked_rounds(engine, rounds, warmup, copies, (devices[a], devices[b]))
         both_ways = 2 * nbytes * copies / seconds / 1e9 if seconds > 0 else None
         pairs[(a, b)]["bidir_gbps"] = pairs[(b, a)]["bidir_gbps"] = both_ways
+        pairs[(a, b)]["wrong_bytes_bidir"], pairs[(b, a)]["wrong_bytes_bidir"] = wrong
         del buffers
         if progress is not None:
             progress(n + 1, len(unordered))
@@ -265,7 +307,11 @@ def p2p_matrix(
         "latency_bytes": P2P_LATENCY_BYTES,
         "latency_copies": latency_copies,
         "timing": engine.timing,
-        "check": "sentinel-filled destination, every byte compared on the host, there and back",
+        "latency_method": LATENCY_METHOD,
+        "check": (
+            "sentinel-filled destination, every byte compared on the host, there and back, and after "
+            "the last concurrent bidirectional round"
+        ),
         "pairs": order,
     }
 

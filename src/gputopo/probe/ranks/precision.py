@@ -18,7 +18,7 @@ from gputopo.probe.judge.precision import (
 )
 from gputopo.probe.ranks import training
 from gputopo.probe.ranks.amp import FP32_CURVE, AmpStep, _nonfinite_kind, device_capabilities, with_precision
-from gputopo.probe.ranks.context import barrier, chunks, fresh_model
+from gputopo.probe.ranks.context import chunks, fresh_model, wait_for_others
 
 
 def training_check(
@@ -55,13 +55,13 @@ def training_check(
             if ctx.rank == 0
             else None
         )
-        barrier(ctx, group)
+        wait_for_others(ctx, group)
     sub = with_precision(ctx, precision, refs[f"{precision}:init_scale"])
     metrics: dict[str, Any] = {}
     if base == "dp":
         if ctx.rank == 0:
             metrics = training.dp_check(sub, refs[precision], devices)
-        barrier(ctx, group)
+        wait_for_others(ctx, group)
     else:
         metrics = training.ddp_check(sub, refs[precision], group)
     if ctx.rank == 0 and precision != DEFAULT_PRECISION:

@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from gputopo.probe.judge.speed import CONFIGS
-from gputopo.probe.ranks.context import MOMENTUM, barrier, fresh_model
+from gputopo.probe.ranks.context import MOMENTUM, barrier, fresh_model, wait_for_others
 from gputopo.probe.ranks.models import synthetic_batch
 from gputopo.probe.ranks.training import CpuDataParallel
 
@@ -78,6 +78,20 @@ def _train(
 
 
 def speed_check(ctx: Any, group: Any = None, devices: list[int] | None = None) -> dict[str, Any]:
+    """Time the four configurations under torch's default numerics with cuDNN autotuning
+    (``numerics.speed_numerics``: TF32 where torch allows it, no deterministic kernels), as users' training
+    runs; the correctness checks before and after keep the pinned numerics. Rank 0 returns the rows, the
+    others ``{}``."""
+    from gputopo.probe.ranks.numerics import SPEED_NUMERICS, speed_numerics
+
+    with speed_numerics() as flags:
+        out = _timed(ctx, group, devices)
+    if out:
+        out.update(numerics=SPEED_NUMERICS, numerics_flags=flags)
+    return out
+
+
+def _timed(ctx: Any, group: Any = None, devices: list[int] | None = None) -> dict[str, Any]:
     """Time the four configurations (collective over ``group``, the set's ranks; ``devices``: the set's
     CUDA devices, default 0..world-1). Rank 0 returns the rows, the others ``{}``."""
     from torch.nn.parallel import DistributedDataParallel
@@ -104,7 +118,7 @@ def speed_check(ctx: Any, group: Any = None, devices: list[int] | None = None) -
 
     if ctx.rank == 0:  # one process drives one GPU, then all of them through DataParallel
         single_and_dp()
-    barrier(ctx, group)
+    wait_for_others(ctx, group)
     x = images.chunk(ctx.world)[ctx.rank].to(ctx.device)
     y = labels.chunk(ctx.world)[ctx.rank].to(ctx.device)
     for k, (config, amp) in enumerate(((CONFIGS[2], False), (CONFIGS[3], True))):

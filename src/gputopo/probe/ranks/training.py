@@ -29,12 +29,12 @@ from gputopo.probe.ranks.context import (
     CORRUPT_DELTA,
     RankContext,
     all_finite,
-    barrier,
     checksum,
     chunks,
     fresh_model,
     hang_or_crash,
     optimizer,
+    wait_for_others,
 )
 from gputopo.probe.ranks.models import synthetic_batch
 
@@ -135,7 +135,7 @@ def reference_runs(ctx: RankContext, group: Any = None) -> References | None:
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(json.dumps(second["losses"]))
         os.replace(tmp, path)
-    barrier(ctx, group)
+    wait_for_others(ctx, group)
     if ctx.rank != 0:
         return None
     assert first is not None

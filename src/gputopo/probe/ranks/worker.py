@@ -6,8 +6,8 @@ rendezvous in the environment), one rank per GPU of the pool, then walks the sch
 runs the job whose set holds its GPU, inside that set's process subgroup, and meets every other rank at
 a barrier. A job's checks write what they measured, one ``check-<name>.json`` each, from the set's rank
 0. Checks that drive every device from one process (p2p, dp) run in the set's rank 0, which sees all the
-pool's devices, while the set's other ranks wait at the subgroup's barrier; ddp and the all-reduce sweep
-run in every rank of the set.
+pool's devices, while the set's other ranks wait on the CPU (a gloo group per set); ddp and the
+all-reduce sweep run in every rank of the set.
 
 Before any check, every rank records the ``NCCL_*`` and ``CUDA_*`` variables it got, pins its numerics
 (``numerics.pin_numerics``) and, on GPUs, points NCCL's INIT log at a file of its own; rank 0 gathers the
@@ -90,17 +90,24 @@ def prepare_rank_environment(environ: Any, device: str, out_dir: Path, rank: int
     """Set what this rank needs before CUDA or NCCL start; return what was set (recorded apart).
 
     cuBLAS is deterministic only with a fixed workspace (``CUBLAS_WORKSPACE_CONFIG``, see the note under
-    ``torch.use_deterministic_algorithms``); NCCL names its transports only in its INIT debug log, so
-    each rank logs to a file of its own in ``out_dir`` (``NCCL_DEBUG_FILE``; NCCL reads these variables
-    when its first communicator starts, which is after this).
+    ``torch.use_deterministic_algorithms``). NCCL names its transports only in its INIT debug log, so
+    where the user set no ``NCCL_DEBUG`` the probe asks for INFO on the INIT subsystem (and says so: it
+    is in ``set_by_probe``); a user's level (and subsystems) are kept as they are, even WARN, at the cost
+    of the transport table. Each rank logs to a file of its own in ``out_dir`` (``NCCL_DEBUG_FILE``,
+    unless the user named one), which the verdict reads back for NCCL's WARN lines, the root cause a
+    crash's stderr would otherwise lack. NCCL reads these variables when its first communicator starts,
+    which is after this.
     """
     added: dict[str, str] = {}
     if "CUBLAS_WORKSPACE_CONFIG" not in environ:
         added["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
     if device == "cuda":
-        added["NCCL_DEBUG"] = "INFO"
-        added["NCCL_DEBUG_SUBSYS"] = "INIT"
-        added["NCCL_DEBUG_FILE"] = str(out_dir / f"nccl-rank{rank}.log")
+        if "NCCL_DEBUG" not in environ:
+            added["NCCL_DEBUG"] = "INFO"
+            if "NCCL_DEBUG_SUBSYS" not in environ:
+                added["NCCL_DEBUG_SUBSYS"] = "INIT"
+        if "NCCL_DEBUG_FILE" not in environ:
+            added["NCCL_DEBUG_FILE"] = str(out_dir / f"nccl-rank{rank}.log")
     for name, value in added.items():
         environ[name] = value
     return added
@@ -164,7 +171,7 @@ def run(spec_path: str) -> None:
     pool_row(log, rank, "join")  # torch is imported: the rank joins the world group now
     dist.init_process_group(
         "nccl" if device.type == "cuda" else "gloo",
-        timeout=timedelta(seconds=float(spec["timeout_s"]) + COLLECTIVE_TIMEOUT_GRACE_S),
+        timeout=collective_timeout(spec),
         device_id=device if device.type == "cuda" else None,
     )
     pool_row(log, rank, "ready")
@@ -198,29 +205,64 @@ def pool_row(log: Any, rank: int, stage: str, step: int = 0) -> None:
     log.flush()
 
 
+def collective_timeout(spec: dict[str, Any]) -> timedelta:
+    """Every group's timeout: the run's ``--timeout`` and a grace, so the parent, not a rank's watchdog,
+    calls a hang (and reports it as one, not as a crash)."""
+    return timedelta(seconds=float(spec["timeout_s"]) + COLLECTIVE_TIMEOUT_GRACE_S)
+
+
+def set_groups(
+    ranks: list[int], spec: dict[str, Any], device_type: str, new_group: Any = None
+) -> tuple[Any, Any]:
+    """The set's process group and the CPU group its idle ranks wait in; every rank calls this.
+
+    Both get the run's timeout: ``new_group`` without one falls back to the backend's default
+    (torch/distributed/distributed_c10d.py, ``_new_group_with_tag``: ``_get_default_timeout``, 10 min for
+    NCCL), not ``init_process_group``'s, and NCCL's watchdog would then kill a rank before ``--timeout``.
+    A set's order is its ranks' order (--gpus 6,5: GPU 6 is rank 0), so neither group sorts them
+    (``compat.new_group_in_order``, the default ``new_group``). The waiting group is gloo on GPUs:
+    ``ProcessGroupNCCL`` implements a barrier as a one-element all-reduce on the device (``barrier``'s
+    docstring), whose kernel would spin on the very GPUs rank 0 is timing; gloo waits on the CPU. On CPU
+    ranks the set's group is gloo already.
+    """
+    make = new_group or new_group_in_order
+    timeout = collective_timeout(spec)
+    group = make(ranks, timeout=timeout)
+    if device_type != "cuda":
+        return group, group
+    return group, make(ranks, timeout=timeout, backend="gloo")
+
+
+def last_steps(schedule: list[list[dict[str, Any]]]) -> dict[tuple[int, ...], int]:
+    """The last step each set (its ranks) takes part in: its groups are destroyed after it."""
+    return {tuple(job["ranks"]): k for k, step in enumerate(schedule) for job in step}
+
+
 def run_schedule(spec: dict[str, Any], rank: int, device: Any, log: Any) -> None:
     """Every step in order: create the step's new groups, run this rank's job, meet the others.
 
     ``new_group`` must be entered by every rank of the world, for every group, in the same order, even
     by ranks outside the group (torch.distributed.new_group's docstring; ``split_group`` exists in this
     torch but supports only NCCL), so the groups of a step are created by all ranks at the step's start.
-    The barrier at the end keeps timed checks alone in their step. Groups live as long as the pool.
+    The barrier at the end keeps timed checks alone in their step. A set's groups are destroyed after the
+    step-end barrier of its last step, by every rank at the same point (``destroy_process_group`` of a
+    group its rank is not in returns at once), so NCCL's communicators and their buffers do not pile up
+    over a long schedule.
     """
     import torch.distributed as dist
 
     from gputopo.probe.ranks.context import RankContext
 
-    groups: dict[tuple[int, ...], Any] = {}
+    groups: dict[tuple[int, ...], tuple[Any, Any]] = {}
+    last = last_steps(spec["schedule"])
     common = {k: v for k, v in spec.items() if k != "schedule"}
     for k, step in enumerate(spec["schedule"]):
         pool_row(log, rank, "step", k)
         for job in step:
             key = tuple(job["ranks"])
             if key not in groups:
-                # A set's order is its ranks' order (--gpus 6,5: GPU 6 is rank 0), so the group must not
-                # sort them (new_group sorts by default; sort_ranks=False keeps the list's order).
-                groups[key] = new_group_in_order(key)
-                if rank in key and dist.get_group_rank(groups[key], rank) != key.index(rank):
+                groups[key] = set_groups(list(key), spec, device.type)
+                if rank in key and dist.get_group_rank(groups[key][0], rank) != key.index(rank):
                     raise RuntimeError(f"group {key}: rank {rank} is not rank {key.index(rank)} in it")
         for job in step:
             if rank in job["ranks"]:
@@ -236,13 +278,17 @@ def run_schedule(spec: dict[str, Any], rank: int, device: Any, log: Any) -> None
                     task=job["id"],
                     pool_rank=rank,
                     log_dir=Path(spec["out_dir"]),
+                    wait_group=groups[key][1],
                 )
-                run_checks(ctx, groups[key], list(key))
+                run_checks(ctx, groups[key][0], list(key))
                 ctx.progress("task", "done")
         if device.type == "cuda":
             dist.barrier(device_ids=[device.index])
         else:
             dist.barrier()
+        for key in [key for key in groups if last[key] == k]:
+            for group in dict.fromkeys(groups.pop(key)):
+                dist.destroy_process_group(group)
 
 
 def run_checks(ctx: Any, group: Any = None, devices: list[int] | None = None) -> None:
@@ -255,7 +301,7 @@ def run_checks(ctx: Any, group: Any = None, devices: list[int] | None = None) ->
     from gputopo.probe.judge.precision import split_check
     from gputopo.probe.ranks import allreduce, numerics, p2p
     from gputopo.probe.ranks import speed as speed_run
-    from gputopo.probe.ranks.context import barrier
+    from gputopo.probe.ranks.context import barrier, wait_for_others
     from gputopo.probe.ranks.precision import training_check
 
     refs: dict[str, Any] = {}
@@ -269,7 +315,7 @@ def run_checks(ctx: Any, group: Any = None, devices: list[int] | None = None) ->
         elif check == "p2p":
             if ctx.rank == 0:
                 metrics = p2p.p2p_check(ctx, devices)
-            barrier(ctx, group)
+            wait_for_others(ctx, group)
         elif check == "speed":
             metrics = speed_run.speed_check(ctx, group, devices)
         else:

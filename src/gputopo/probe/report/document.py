@@ -191,9 +191,13 @@ def p2p_table(doc: dict[str, Any], gpus: list[int], check: dict[str, Any]) -> li
             "bidirectional bandwidth (GB/s, both directions together)", order, mat["bidir_gbps"], ".2f", mark
         ),
         *_matrix_lines(
-            f"latency of a {m.get('latency_bytes')} B copy (us)", order, mat["latency_us"], ".2f", mark
+            f"latency of a {m.get('latency_bytes')} B torch copy_ (us, with torch's stream barrier)",
+            order,
+            mat["latency_us"],
+            ".2f",
+            mark,
         ),
-        *_matrix_lines("wrong bytes (there + round trip)", order, mat["wrong_bytes"], "d", mark),
+        *_matrix_lines("wrong bytes (there + round trip + both ways)", order, mat["wrong_bytes"], "d", mark),
     ]
     if any(any(row) for row in mat.get("expected_gbps") or []):
         lines += _matrix_lines("model estimate, one way (GB/s)", order, mat["expected_gbps"], ".2f", mark)
