@@ -60,29 +60,6 @@ def has_numa_binding(run_py: Path) -> bool:
         return False
 
 
-def exec_command(argv: Sequence[str], env: Mapping[str, str]) -> None:
-    """Replace this process with ``argv`` in ``env``: its exit code and signals become the caller's.
-
-    Only returns by raising: ``UsageError`` when the program is not found, ``UnavailableError`` when it
-    cannot be run.
-    """
-    if not argv:
-        raise UsageError(
-            "no command given", "put the command after --, e.g. gputopo run --n 2 -- python train.py"
-        )
-    program = argv[0]
-    if shutil.which(program, path=env.get("PATH")) is None:
-        raise UsageError(f"command not found: {program}", "check the name and PATH, or give the full path")
-    sys.stdout.flush()
-    sys.stderr.flush()
-    try:
-        os.execvpe(program, list(argv), dict(env))
-    except OSError as exc:
-        raise UnavailableError(
-            f"{program}: cannot run ({exc.strerror})", "check that it is executable"
-        ) from None
-
-
 def run_supervised(argv: Sequence[str], env: Mapping[str, str], grace_s: float = COMMAND_GRACE_S) -> int:
     """Run ``argv`` in ``env`` as a child and return its exit code (128 + N when signal N ended it).
 
