@@ -77,3 +77,63 @@ def test_hang_with_dumps_and_a_log_keeps_the_hang_and_adds_the_diag(base: Path, 
 def test_a_missing_log_is_one_line_and_exit_2(tmp_path: Path) -> None:
     result = invoke("hang", "--nccl-log", str(tmp_path / "nope.log"))
     assert result.exit_code == 2 and "--nccl-log" in result.output and "no such file" in result.output
+
+
+def _doctor(log: Path, tmp_path: Path):
+    return invoke(
+        "doctor",
+        "--simulate",
+        "--skip-probe",
+        "--nccl-log",
+        str(log),
+        "--json",
+        "--report-dir",
+        str(tmp_path / "reports"),
+    )
+
+
+def test_doctor_nccl_log_with_a_failed_check_is_a_problem(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_text(LOG)
+    result = _doctor(log, tmp_path)
+    assert result.exit_code == 1
+    doc = json.loads(result.stdout)
+    assert doc["verdict"] == "problems"
+    diag = [f for f in doc["findings"] if f["what"].startswith("NCCL DIAG")]
+    assert [(f["where"], f["category"], f["severity"]) for f in diag if f["severity"] == "problem"] == [
+        ("node-a:4242 GPU4-GPU5", "nvlink", "problem"),
+        ("node-a:4242", "topology", "problem"),
+    ]
+    assert any(f["what"] == f"{log}: 6 NCCL DIAG line(s): 1 check(s) OK, 2 failed" for f in doc["findings"])
+    # The saved report (Markdown through the shared findings view) shows it too.
+    markdown = Path(doc["report"]["markdown"]).read_text()
+    assert "write mismatch" in markdown and "node-a:4242 GPU4-GPU5" in markdown
+
+
+def test_doctor_nccl_log_with_only_ok_lines_is_healthy(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    ok = [line for line in LOG.splitlines() if "[INFO]" not in line]
+    log.write_text("\n".join(ok) + "\n")
+    result = _doctor(log, tmp_path)
+    doc = json.loads(result.stdout)
+    assert result.exit_code == 0 and doc["verdict"] == "healthy"
+    assert not [f for f in doc["findings"] if f["severity"] == "problem"]
+    assert any("3 NCCL DIAG line(s): 1 check(s) OK, 0 failed" in f["what"] for f in doc["findings"])
+
+
+def test_doctor_nccl_log_without_diag_lines_says_so(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_text("epoch 1 loss 0.3\n")
+    result = _doctor(log, tmp_path)
+    doc = json.loads(result.stdout)
+    assert result.exit_code == 0 and doc["verdict"] == "healthy"
+    [note] = [f for f in doc["findings"] if "NCCL DIAG" in f["what"]]
+    assert note["severity"] == "note" and "no `NCCL DIAG` lines" in note["what"]
+    assert "--nccl-diagnostics" in note["remedy"]
+
+
+def test_doctor_missing_nccl_log_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    result = _doctor(tmp_path / "nope.log", tmp_path)
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "--nccl-log" in result.output and "no such file" in result.output
+    assert not (tmp_path / "reports").exists() or not any((tmp_path / "reports").iterdir())

@@ -55,6 +55,7 @@ class DoctorOptions:
     node: Any = None
     on_row: Any = None  # prints the inter-node progress
     on_start: Any = None  # called with the ``Machine`` once it is read, before anything slow (a first line)
+    nccl_log: Path | None = None  # a job's output whose ``NCCL DIAG`` lines join the findings (--nccl-log)
 
 
 @dataclass(frozen=True)
@@ -259,11 +260,12 @@ def run_doctor(options: DoctorOptions, probe_hook: ProbeHook | None = None) -> d
     step back.
     """
     check_options(options)
+    diag = nccl_log_findings(options.nccl_log)  # NCCL DIAG lines of a job's log, read before the slow part
     machine = read_machine(options)  # the topology: this machine, or a sample simulated on CPU
     if options.on_start is not None:
         options.on_start(machine)
     health = check_health(machine, options)  # node health first: its sick GPUs are left out below
-    findings = machine_findings(machine.topology, options.env, health)  # links and NCCL settings, judged
+    findings = machine_findings(machine.topology, options.env, health) + diag  # links, NCCL settings
     sets = choose_sets(machine.topology, health.unhealthy)  # usable GPUs, sizes to probe, best sets
     try:
         probe = run_probes(machine, sets, options, probe_hook)  # probe plan -> one probe run
@@ -317,6 +319,28 @@ def check_options(options: DoctorOptions) -> None:
         )
     if options.inject is not None and options.skip_probe and options.node is None:
         raise UsageError("--inject plants a fault in the probes, and --skip-probe skips them", "drop one")
+
+
+def nccl_log_findings(path: Path | None) -> list[Finding]:
+    """``--nccl-log FILE``: a problem for every failed ``NCCL DIAG`` check of the log, and notes (how many
+    lines and checks, NCCL's other ``[INFO]`` lines, or that the log holds none). An unreadable file is an
+    ``InputError`` (exit 2) before anything else runs."""
+    if path is None:
+        return []
+    from gputopo.findings import NOTE, finding_from_json
+    from gputopo.hang.nccl_diag import diag_findings, read_diag
+
+    lines = read_diag(path)
+    found, notes = diag_findings(lines, str(path))
+    remedy = (
+        "nothing to do"
+        if lines
+        else "run the job with NCCL_RUN_DIAGNOSTICS=1 (`gputopo run --nccl-diagnostics`, NCCL >= 2.31) and "
+        "give its output"
+    )
+    return [finding_from_json(f) for f in found] + [
+        Finding(str(path), note, remedy, severity=NOTE, category="config") for note in notes
+    ]
 
 
 def read_machine(options: DoctorOptions) -> Machine:

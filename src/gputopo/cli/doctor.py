@@ -35,6 +35,7 @@ REPORT_SCHEMAS = {"gputopo/doctor/v1": "doctor", "gputopo/probe/v1": "probe"}
         "gputopo doctor --skip-probe         # topology, links and processes only (about a second)",
         "gputopo doctor --simulate           # the simulated run on a sample machine, exit by its verdict",
         "gputopo doctor --input sample:dgx1-v100 --skip-probe",
+        "gputopo doctor --skip-probe --nccl-log job.log   # with the NCCL DIAG lines of a job's output",
         "srun --nodes 4 --ntasks-per-node 1 gputopo doctor   # every node, then the inter-node tests",
     ),
 )
@@ -97,6 +98,13 @@ def doctor_command(
         help="The health check's window: error counters are read twice this far apart and judged by "
         "their rise (as `gputopo check --sample-s`).",
     ),
+    nccl_log: Optional[Path] = typer.Option(  # noqa: UP045 (typer)
+        None,
+        "--nccl-log",
+        metavar="FILE",
+        help="A job's output with NCCL's `NCCL DIAG` lines (NCCL_RUN_DIAGNOSTICS=1, NCCL >= 2.31; "
+        "`gputopo run --nccl-diagnostics` sets it): failed checks join the findings.",
+    ),
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Check this machine end to end (health, topology, links, stale processes, probes), write a report.
@@ -136,6 +144,7 @@ def doctor_command(
         node=node,
         on_row=progress_printer(out, node, json_out) if node is not None else None,
         on_start=None if json_out else lambda machine: _say_start(out, machine, skip_probe),
+        nccl_log=nccl_log,
     )
 
     def progress(plan):
