@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 from dataclasses import asdict
 
+import pytest
 from rich.console import Console
 
 from gputopo.doctor import REMEDIES_TITLE, DoctorOptions, headline, probe_findings, run_doctor
@@ -49,6 +50,7 @@ def _passing(probe: dict) -> dict:
 
 
 def test_the_headline_names_the_remedies_table_in_every_view(tmp_path):
+    pytest.importorskip("matplotlib")  # the HTML view draws pictures
     doc = _with_probe(tmp_path, failed_probe_doc())
     assert doc["verdict"] == "problems"
     line = doc["headline"]

@@ -104,6 +104,7 @@ def test_html_at_a_character_device_is_refused_and_untouched(tmp_path, saved_rep
 
 
 def test_html_through_a_symlink_writes_its_target_and_keeps_the_link(tmp_path, saved_report):
+    pytest.importorskip("matplotlib")  # the HTML report draws pictures
     target = tmp_path / "real.html"
     target.write_text("old")
     link = tmp_path / "link.html"
@@ -127,3 +128,18 @@ def test_atomic_write_refuses_non_regular_files_and_writes_through_links(tmp_pat
     (tmp_path / "dangling").symlink_to(tmp_path / "new.txt")
     atomic_write(tmp_path / "dangling", "made")
     assert (tmp_path / "dangling").is_symlink() and (tmp_path / "new.txt").read_text() == "made"
+
+
+def test_html_without_matplotlib_is_one_line_and_exit_3(tmp_path, saved_report):
+    """A base install (no [probe] extra) asked for the HTML report: say what is missing, write nothing."""
+    target = tmp_path / "out.html"
+    # sys.modules["matplotlib"] = None makes every import of it fail as a missing module would.
+    script = (
+        "import sys; sys.modules['matplotlib'] = None; from gputopo.cli import main; "
+        f"sys.argv = ['gputopo', 'report', {str(saved_report)!r}, '--html', {str(target)!r}]; main()"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 3, done.stderr
+    assert "needs matplotlib" in done.stderr and "Traceback" not in done.stderr
+    assert "internal error" not in done.stderr
+    assert not target.exists()

@@ -247,7 +247,15 @@ def report_command(
         if html is not None:
             from gputopo.ui.html_report import render_html, render_probe_html
 
-            rendered = render_probe_html(doc) if kind == "probe" else render_html(doc)
+            try:
+                rendered = render_probe_html(doc) if kind == "probe" else render_html(doc)
+            except ModuleNotFoundError as exc:
+                if exc.name != "matplotlib":
+                    raise
+                raise UnavailableError(
+                    "--html needs matplotlib to draw the pictures, and it is not installed",
+                    "pip install 'gputopo[probe]' (or leave out --html for the terminal view)",
+                ) from None
         out.warnings(doc.get("warnings") or ())
         if json_out:
             out.document(doc)
