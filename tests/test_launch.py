@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -150,9 +151,16 @@ def _gputopo(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
     full_env = {**clean, **(env or {})}
     src = str(Path(__file__).resolve().parents[1] / "src")
     full_env["PYTHONPATH"] = src + os.pathsep + full_env.get("PYTHONPATH", "")
-    return subprocess.run(
-        [sys.executable, "-m", "gputopo", *args], capture_output=True, text=True, env=full_env, timeout=120
-    )
+    # In a folder of its own: `gputopo run` leaves its run folder (the run record) under ./reports.
+    with tempfile.TemporaryDirectory(prefix="gputopo-run-test-") as here:
+        return subprocess.run(
+            [sys.executable, "-m", "gputopo", *args],
+            capture_output=True,
+            text=True,
+            env=full_env,
+            timeout=120,
+            cwd=here,
+        )
 
 
 CHILD = (
