@@ -583,6 +583,17 @@ def leader_exit(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(out)
 
 
+def wait_for_state(pid: int, state: str, timeout_s: float = 10.0) -> bool:
+    """Whether process ``pid`` reaches ``state`` (as /proc/PID/stat shows it) within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        now = _stat(pid)
+        if now is not None and now[0] == state:
+            return True
+        time.sleep(0.02)
+    return False
+
+
 def thread_state(pid: int, tid: int) -> str | None:
     try:
         with open(f"/proc/{pid}/task/{tid}/stat") as f:
@@ -596,7 +607,7 @@ def test_an_exited_main_thread_whose_thread_holds_the_gpu_is_found_and_stopped_n
 ) -> None:
     fields = procs.start("leader-exit", leader_exit, "run", devices["nvidia0"])
     parent, leader, thread = fields["pid"], fields["leader"], fields["thread"]
-    assert _stat(leader) is not None and _stat(leader)[0] == "Z"  # type: ignore[index]
+    assert wait_for_state(leader, "Z")  # the helper reports its ids just before its main thread exits
     assert thread_state(leader, thread) in ("S", "R")
 
     # lsof and /proc/PID/fd miss what the live thread holds; gputopo reads /proc/PID/task/TID/fd.
@@ -622,6 +633,7 @@ def test_an_exited_main_thread_stuck_in_the_kernel_is_reported_and_nothing_is_si
     while thread_state(leader, thread) != "D":  # waiting for its vfork child, in the kernel
         assert time.monotonic() < deadline, "the helper thread never reached state D"
         time.sleep(0.01)
+    assert wait_for_state(leader, "Z")
 
     code, doc = as_json("--device-files", devices["glob"], "--all", "--yes", "--grace", "1")
     held = by_pid(doc)
