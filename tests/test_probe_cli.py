@@ -15,7 +15,6 @@ import time
 import uuid
 from pathlib import Path
 
-import psutil
 import pytest
 from typer.testing import CliRunner
 
@@ -23,27 +22,15 @@ pytest.importorskip("torch")
 pytest.importorskip("torchvision")
 
 from gputopo.probe.shared import COLLECTIVE_TIMEOUT_GRACE_S  # noqa: E402
+from own_procs import MARKER_VAR, leftovers, wait_for_none_left  # noqa: E402
 
-TEST_MARKER = "GPUTOPO_TEST_PROBE"
+# Each launch's processes carry a marker of their own (own_procs): only they are looked at.
+TEST_MARKER = MARKER_VAR
 BASE = ["--device", "cpu", "--gpus", "0,1", "--model", "tiny"]
 
 
-def leftovers(marker: str) -> list[str]:
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get(TEST_MARKER) == marker and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(" ".join(proc.cmdline()))
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
-
-
 def assert_nothing_left(marker: str) -> None:
-    deadline = time.monotonic() + 2.0
-    while leftovers(marker) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert leftovers(marker) == []
+    assert wait_for_none_left(marker, within_s=2.0) == []
 
 
 def probe(tmp_path: Path, *args: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess[str], float]:
