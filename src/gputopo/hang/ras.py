@@ -89,6 +89,19 @@ class RasReport:
         return tuple(r for r in self.ranks if r.trouble)
 
 
+def _rank(comm: str, r: dict[str, Any], **state: Any) -> RasRank:
+    """One rank entry of a communicator (``ranks`` or ``missing_ranks``: the same fields, other states)."""
+    return RasRank(
+        comm=comm,
+        rank=_int(r.get("rank"), -1),
+        host=_host(r.get("host")),
+        pid=_pid(r.get("pid")),
+        cuda_dev=_opt_int(r.get("cuda_dev")),
+        nvml_dev=_opt_int(r.get("nvml_dev")),
+        **state,
+    )
+
+
 def parse_ras_json(text: str, source: str) -> RasReport:
     """Read ``ncclras -f json`` output; ``InputError`` naming ``source`` when it is not that."""
     try:
@@ -105,13 +118,9 @@ def parse_ras_json(text: str, source: str) -> RasReport:
         for r in comm.get("ranks") or []:
             st = r.get("status") or {}
             ranks.append(
-                RasRank(
-                    comm=name,
-                    rank=_int(r.get("rank"), -1),
-                    host=_host(r.get("host")),
-                    pid=_pid(r.get("pid")),
-                    cuda_dev=_opt_int(r.get("cuda_dev")),
-                    nvml_dev=_opt_int(r.get("nvml_dev")),
+                _rank(
+                    name,
+                    r,
                     missing=False,
                     async_error=_int(st.get("async_error"), 0),
                     abort_flag=bool(st.get("abort_flag")),
@@ -120,13 +129,9 @@ def parse_ras_json(text: str, source: str) -> RasReport:
         for r in comm.get("missing_ranks") or []:
             st = r.get("status") or {}
             ranks.append(
-                RasRank(
-                    comm=name,
-                    rank=_int(r.get("rank"), -1),
-                    host=_host(r.get("host")),
-                    pid=_pid(r.get("pid")),
-                    cuda_dev=_opt_int(r.get("cuda_dev")),
-                    nvml_dev=_opt_int(r.get("nvml_dev")),
+                _rank(
+                    name,
+                    r,
                     missing=True,
                     unresponsive=bool(st.get("unresponsive")),
                     dead=bool(st.get("considered_dead")),
