@@ -11,6 +11,8 @@ from gputopo.errors import InputError
 from gputopo.model import Topology
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from gputopo.health.judge import Judgement
 
 SAMPLE_PREFIX = "sample:"
@@ -89,12 +91,14 @@ def decode(raw: bytes) -> str:
     return raw.decode("utf-8-sig", errors="replace")
 
 
-def read_live_health(nvml_timeout_s: float | None = None, sample_s: float = 0.0) -> Judgement:
-    """This machine's health as ``topo`` and ``recommend`` use it: one NVML health sample judged by its
-    states (ECC, row remaps, clocks, link width, recovery action, ...); with ``sample_s`` above 0, two
-    samples that far apart, so rising counters are judged too. Never raises for a machine that cannot
-    be read: NVML missing or failing comes back as one ``not_checked`` entry (health unknown, never
-    healthy).
+def read_live_health(
+    nvml_timeout_s: float | None = None, sample_s: float = 0.0, gpus: Sequence[int] | None = None
+) -> Judgement:
+    """This machine's health as ``topo``, ``recommend`` and ``probe`` use it: one NVML health sample judged
+    by its states (ECC, row remaps, clocks, link width, recovery action, ...); with ``sample_s`` above 0,
+    two samples that far apart, so rising counters are judged too. ``gpus`` limits the single sample to
+    those GPUs (a probe's sets). Never raises for a machine that cannot be read: NVML missing or failing
+    comes back as one ``not_checked`` entry (health unknown, never healthy).
     """
     from gputopo.health.judge import Judgement, NotChecked, judge, judge_one
     from gputopo.system import nvml
@@ -106,6 +110,7 @@ def read_live_health(nvml_timeout_s: float | None = None, sample_s: float = 0.0)
             first, second = read_two_samples(sample_s, timeout_s=timeout_s)
             return judge(first, second)
         with HealthReader(timeout_s) as reader:
-            return judge_one(reader.sample())
+            wanted = None if gpus is None else [g for g in gpus if g < reader.count]
+            return judge_one(reader.sample(wanted))
     except nvml.NvmlUnavailable as exc:
         return Judgement((), (NotChecked("health", exc.message),))

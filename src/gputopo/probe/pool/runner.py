@@ -140,7 +140,11 @@ def run_probe(
     plan = plan or make_plan(config)
     live = config.device == "cuda" and config.topology_input is None
     gpus = sorted({g for s in plan.sets for g in s})
-    sick = _sick_gpus(gpus) if live else {}
+    # One health sample of the sets' GPUs (no counters' rise: that needs a window the probe does not
+    # wait for); nothing when NVML cannot be read.
+    from gputopo.machine import read_live_health
+
+    sick = read_live_health(gpus=gpus).unhealthy_gpus() if live else {}
     for gpu, what in sorted(sick.items()):
         if on_warning is not None:
             on_warning(f"GPU{gpu} has a health problem: {what}; its results may show the fault, not the set")
@@ -150,21 +154,6 @@ def run_probe(
 
     with XidWatch(gpus) as watch:
         return _run_probe(config, on_progress, plan, view, sick, watch)
-
-
-def _sick_gpus(gpus: list[int]) -> dict[int, str]:
-    """GPU -> its first health problem, from one health sample of ``gpus`` (no counters' rise: that
-    needs a window the probe does not wait for). Nothing when NVML cannot be read."""
-    from gputopo.health.judge import judge_one
-    from gputopo.system import nvml
-    from gputopo.system.health_reads import HealthReader
-
-    try:
-        with HealthReader() as reader:
-            sample = reader.sample([g for g in gpus if g < reader.count])
-    except nvml.NvmlUnavailable:
-        return {}
-    return judge_one(sample).unhealthy_gpus()
 
 
 def _with_xid(results: dict[str, CheckResult], outcome: LaunchOutcome, events: tuple[Any, ...]) -> None:
