@@ -16,13 +16,13 @@ from gputopo.ui.output import Output
 @app.command(
     "hang",
     epilog=examples(
-        "gputopo hang reports/run-20260101-1200/fr          # the dumps of a run launched by gputopo run",
-        "gputopo hang /tmp/nccl_trace_rank_                 # a dump prefix (TORCH_FR_DUMP_TEMP_FILE)",
+        "gputopo hang reports/run-20260101T120000Z          # the run folder `gputopo run` printed",
+        "gputopo hang reports/run-20260101T120000Z/fr-dump- # its dumps by prefix (TORCH_FR_DUMP_TEMP_FILE)",
         "gputopo hang dumps/ --run-record node0.json --run-record node1.json",
         "gputopo hang dumps/ --ras                          # also ask this node's NCCL RAS",
         "gputopo hang --ras-json ras.json                   # a saved `ncclras -f json`",
         "gputopo hang dumps/ --html hang.html               # the ranks drawn per host and group",
-        "gputopo hang reports/run-1 --nccl-log job.log      # with NCCL DIAG lines from the job's output",
+        "gputopo hang reports/run-20260101T120000Z --nccl-log job.log   # with NCCL DIAG lines",
     ),
 )
 @guarded
@@ -66,8 +66,8 @@ def hang_command(
     and where they ran. Exit 0 no hang, 1 a hang or mismatch, 2 bad input, 3 nothing (conclusive) to
     analyse."""
     from gputopo.hang.load import paused_gc
-    from gputopo.hang.render import render_text
     from gputopo.hang.service import analyse
+    from gputopo.ui.hang_view import HangFormat, render
 
     out = Output(json_mode=json_out)
     with paused_gc(freeze=True):  # one process, one report: the dumps' dicts need no collecting
@@ -81,21 +81,20 @@ def hang_command(
             nccl_log=nccl_log,
         )
     if html is not None:
-        _write_html(html, report)
+        _write_html(html, render(report, HangFormat.HTML))
         out.hint(f"HTML report: {html}")
     out.document(report.document())
-    for line in render_text(report):
-        out.line(line)
+    if not json_out:
+        out.line(render(report, HangFormat.TEXT).rstrip("\n"))
     if report.exit_code:
         raise typer.Exit(report.exit_code)
 
 
-def _write_html(path: Path, report: object) -> None:
+def _write_html(path: Path, page: str) -> None:
     from gputopo.errors import InputError
-    from gputopo.hang.html import render_html
 
     try:
-        path.write_text(render_html(report), encoding="utf-8")  # type: ignore[arg-type]
+        path.write_text(page, encoding="utf-8")
     except OSError as exc:
         raise InputError(
             f"--html {path}: cannot write ({exc.strerror or exc})", "give a writable path"
