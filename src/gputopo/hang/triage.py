@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gputopo.hang.load import Loaded
@@ -26,7 +26,7 @@ from gputopo.hang.match import (
     MatchResult,
     Suspect,
 )
-from gputopo.hang.ras import RasReport
+from gputopo.hang.ras import RasRank, RasReport
 from gputopo.hang.record import Placement
 from gputopo.hang.stacks import RankStack, StackVerdict, judge
 
@@ -227,6 +227,10 @@ class HangReport:
             "communicators": self.ras.communicators,
             "timeouts": self.ras.timeouts,
             "troubled": [r.as_dict() for r in self.ras.troubled],
+            "lagging": [
+                {**r.as_dict(), "op": op, "count": n, "others": common}
+                for r, op, n, common in self.ras.lagging
+            ],
         }
 
 
@@ -250,6 +254,8 @@ def triage(
             if d.rank not in placement and (d.host or d.pid):
                 placement[d.rank] = Placement(d.rank, d.host, None, None, None, None, d.pid, "dump")
                 source = "dump" if source == "none" else source
+    if ras is not None:
+        ras = _ras_global(ras, placement)
     if ras is not None and _place_from_ras(ras, match, placement):
         assumed.append(
             "NCCL RAS placed ranks no record did: a communicator as large as the world numbers its ranks "
@@ -278,15 +284,26 @@ def triage(
                 _finding(_where(r, placement.get(r)), None, "process", "no dump", _REMEDY[NO_DUMP], "note")
             )
     if ras is not None:
-        for rr in ras.troubled:
-            gpu = f", GPU {rr.nvml_dev}" if rr.nvml_dev is not None else ""
-            host = rr.host or "unknown host"
+        for rr, op, n, common in ras.lagging:
             findings.append(
                 _finding(
-                    f"rank {rr.rank} ({host}{gpu}, pid {rr.pid if rr.pid else '?'})",
+                    _ras_where(rr),
                     rr.nvml_dev,
                     "process",
-                    f"NCCL RAS: rank {rr.rank} of communicator {rr.comm} is {rr.trouble}",
+                    f"NCCL RAS: {_ras_name(rr)} made {n} {op} where the others of communicator "
+                    f"{rr.comm} made {common}: it is behind them (RAS MISMATCH), and they wait for it",
+                    _REMEDY[NEVER_ENTERED],
+                    "problem",
+                    "none",
+                )
+            )
+        for rr in ras.troubled:
+            findings.append(
+                _finding(
+                    _ras_where(rr),
+                    rr.nvml_dev,
+                    "process",
+                    f"NCCL RAS: {_ras_name(rr)} is {rr.trouble}",
                     "a dead or unresponsive rank stops every collective of its communicator: look at that "
                     "process and host first (exit code, `dmesg`, Xid); `ncclras -v` shows the detail",
                     "problem",
@@ -332,6 +349,39 @@ def triage(
         stacks=tuple(stacks),
         stack_verdict=stack_verdict,
     )
+
+
+def _ras_name(rr: RasRank) -> str:
+    """A RAS rank as the user knows it: its global rank where a run record says it, and always which
+    communicator's rank it is (RAS numbers ranks per communicator)."""
+    within = f"rank {rr.rank} of communicator {rr.comm}"
+    return f"global rank {rr.global_rank} ({within})" if rr.global_rank is not None else within
+
+
+def _ras_where(rr: RasRank) -> str:
+    gpu = f", GPU {rr.nvml_dev}" if rr.nvml_dev is not None else ""
+    head = (
+        f"rank {rr.global_rank}" if rr.global_rank is not None else f"communicator {rr.comm} rank {rr.rank}"
+    )
+    return f"{head} ({rr.host or 'unknown host'}{gpu}, pid {rr.pid if rr.pid else '?'})"
+
+
+def _ras_global(ras: RasReport, placement: dict[int, Placement]) -> RasReport:
+    """Each RAS rank's global rank, from the run records: the placed rank with the same PID (and the same
+    host, where both hosts are known and more than one rank has that PID). RAS gives the host as an IP
+    address and a run record as a host name, so the PID decides, and a PID that several hosts share
+    with no host to tell them apart stays unmapped."""
+    by_pid: dict[int, list[Placement]] = {}
+    for p in placement.values():
+        if p.pid is not None and p.source == "run-record":
+            by_pid.setdefault(p.pid, []).append(p)
+    mapped = []
+    for r in ras.ranks:
+        found = by_pid.get(r.pid or -1, [])
+        if len(found) > 1:
+            found = [p for p in found if r.host is not None and p.host == r.host]
+        mapped.append(replace(r, global_rank=found[0].rank) if len(found) == 1 else r)
+    return replace(ras, ranks=tuple(mapped))
 
 
 def _place_from_ras(ras: RasReport, match: MatchResult | None, placement: dict[int, Placement]) -> int:
@@ -391,10 +441,15 @@ def _no_group_verdict(
     missing: Sequence[int], ras: RasReport | None, loaded: Loaded | None
 ) -> tuple[str, str]:
     troubled = ras.troubled if ras else ()
+    lagging = ras.lagging if ras else ()
     if loaded is None:
         if troubled:
             return HANG, f"NCCL RAS names {len(troubled)} troubled rank(s): " + ", ".join(
-                f"{r.rank} ({r.trouble})" for r in troubled[:5]
+                f"{_ras_name(r)} ({r.trouble})" for r in troubled[:5]
+            )
+        if lagging:
+            return HANG, "NCCL RAS: " + "; ".join(
+                f"{_ras_name(r)} made {n} {op}, the others {c}" for r, op, n, c in lagging[:5]
             )
         return NO_HANG, "NCCL RAS: every rank of every communicator is present and healthy"
     if missing:
