@@ -17,7 +17,7 @@ HELPER = Path(__file__).resolve().parent / "helpers" / "fr_dumps.py"
 PREFIX = "rank_trace"
 WORLD = 3
 _CACHE: dict[str, Path] = {}
-WORLDS = {"same_name": 4}  # scenarios that need more ranks than WORLD
+WORLDS = {"subgroups4": 4}  # scenarios that need more ranks than WORLD
 
 
 def real_dumps(scenario: str, base: Path) -> Path:

@@ -424,6 +424,8 @@ def _group_verdict(g: GroupResult) -> tuple[str, str]:
         ranks = ",".join(str(m.rank) for m in g.mismatches)
         return MISMATCHED, f"rank(s) {ranks} called {at} differently: {g.mismatches[0].what}"
     lead = g.suspects[0] if g.suspects else None
+    if g.p2p and lead is not None and lead.why in (NEVER_ENTERED, NO_DUMP):
+        return HANG, f"rank {lead.rank} {lead.what} (group {g.pg} ({g.desc}), p2p seq {g.collective.seq})"
     if g.never_entered:
         waiting = ",".join(str(r) for r in g.entered) or "none"
         return HANG, (
