@@ -23,6 +23,8 @@ from gputopo.ui.output import Output
         "gputopo hang --ras-json ras.json                   # a saved `ncclras -f json`",
         "gputopo hang dumps/ --html hang.html               # the ranks drawn per host and group",
         "gputopo hang reports/run-20260101T120000Z --nccl-log job.log   # with NCCL DIAG lines",
+        "gputopo hang --live                                # the newest run, still running: its stacks",
+        "gputopo hang --live reports/run-20260101T120000Z   # that run (on each node of a shared folder)",
     ),
 )
 @guarded
@@ -61,6 +63,14 @@ def hang_command(
         "--torch-check",
         help="Also run torch's own analyzer (torch.distributed.flight_recorder) and say where it disagrees.",
     ),
+    live: bool = typer.Option(
+        False,
+        "--live",
+        help="The job started by `gputopo run` still runs on this node: take every local rank's Python "
+        "stack with py-spy (and its Flight Recorder through torch's control plane, where the job serves "
+        "it) into the run folder, without stopping the job, and judge them with what is there. PATH is "
+        "the run folder (default: the newest reports/run-*).",
+    ),
 ) -> None:
     """Name the collective a hung job is stuck in, the ranks that never joined or called it differently,
     and where they ran. Exit 0 no hang, 1 a hang or mismatch, 2 bad input, 3 nothing (conclusive) to
@@ -70,6 +80,8 @@ def hang_command(
     from gputopo.ui.hang_view import HangFormat, render
 
     out = Output(json_mode=json_out)
+    if live:
+        paths = [_take_live(out, list(paths or []))]
     with paused_gc(freeze=True):  # one process, one report: the dumps' dicts need no collecting
         report = analyse(
             list(paths or []),
@@ -88,6 +100,52 @@ def hang_command(
         out.line(render(report, HangFormat.TEXT).rstrip("\n"))
     if report.exit_code:
         raise typer.Exit(report.exit_code)
+
+
+def _take_live(out: Output, paths: list[Path]) -> Path:
+    """--live: this node's ranks' stacks (and live dumps) into the run folder; returns the folder."""
+    from gputopo.errors import InputError, UnavailableError, UsageError
+    from gputopo.hang.live import newest_run_dir, take, targets_here
+    from gputopo.system import run_facts
+    from gputopo.system.pyspy import MISSING_HINT, find_pyspy
+
+    if len(paths) > 1:
+        raise UsageError(
+            "--live takes one run folder", "e.g. gputopo hang --live reports/run-20260101T120000Z"
+        )
+    run_dir = paths[0] if paths else newest_run_dir(Path("reports"))
+    if run_dir is None:
+        raise InputError("--live: no run folder under reports/", "give the folder `gputopo run` printed")
+    if not run_dir.is_dir():
+        raise InputError(f"--live {run_dir}: no such folder", "give the folder `gputopo run` printed")
+    if find_pyspy() is None:
+        raise UnavailableError("--live: py-spy is not installed", MISSING_HINT)
+    host = run_facts.hostname()
+    targets = targets_here(run_dir, host)
+    if not targets:
+        raise InputError(
+            f"--live {run_dir}: its run record names no rank with a PID on this host ({host})",
+            "run it on a node of the job, in a folder `gputopo run` wrote (its record lists the ranks' PIDs)",
+        )
+    import os
+
+    gone = [t.rank for t in targets if not os.path.exists(f"/proc/{t.pid}")]
+    if len(gone) == len(targets):
+        raise InputError(
+            f"--live {run_dir}: none of this host's ranks is running any more",
+            f"the job has ended: gputopo hang {run_dir} reads what it left",
+        )
+    from gputopo.hang.live import summary
+
+    ev = take(run_dir, [t for t in targets if t.rank not in gone], host, "live")
+    out.hint(f"--live: {summary(ev)}")
+    for problem in ev.problems:
+        out.warn(problem)
+    if ev.hint and all(s.error for s in ev.stacks):
+        raise UnavailableError(f"--live: no rank's stack could be read ({ev.problems[0]})", ev.hint)
+    if ev.hint:
+        out.hint(ev.hint)
+    return run_dir
 
 
 def _write_html(path: Path, page: str) -> None:

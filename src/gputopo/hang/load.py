@@ -41,7 +41,7 @@ MAX_RANKS = 1 << 20
 # by whoever wrote them, so ``<prefix><rank>.json`` is accepted too.
 _DUMP_NAME = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d+)(?P<ext>\.json|\.pkl|\.pickle)?$")
 # Files gputopo itself writes beside the dumps.
-_NOT_DUMPS = re.compile(r"^(gputopo-|run-record|ras)", re.IGNORECASE)
+_NOT_DUMPS = re.compile(r"^(gputopo-|run-record|ras|stacks-|\.)", re.IGNORECASE)
 
 
 # pg name -> (desc, collective_seq_id -> the entries with that id), collectives only
