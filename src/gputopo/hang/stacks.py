@@ -126,6 +126,7 @@ class StackVerdict:
     suspects: tuple[StackSuspect, ...]
     sentence: str
     unreadable: tuple[int, ...] = field(default=())
+    waiting: str = ""  # "rank(s) 0, 1, 3 wait in all_reduce"
 
 
 def from_pyspy(
@@ -198,7 +199,7 @@ def judge(stacks: list[RankStack]) -> StackVerdict | None:
                 suspects.append(StackSuspect(r, NOT_IN_COLLECTIVE, what, frames[r]))
             said.append(what)
     tail = f"rank(s) {_ranks(waiting)} " + (f"wait in {top}" if in_coll else f"are in {top}")
-    return StackVerdict(groups, tuple(suspects), "; ".join(said) + "; " + tail, unreadable)
+    return StackVerdict(groups, tuple(suspects), "; ".join(said) + "; " + tail, unreadable, tail)
 
 
 def write_stacks(stacks: list[RankStack], host: str, taken: str, why: str) -> str:

@@ -318,7 +318,7 @@ def triage(
                 _where(sv.rank, p),
                 p.gpu_index if p else None,
                 "process",
-                sv.what + (f" ({stack_verdict.sentence})" if stack_verdict else ""),
+                sv.what + (f"; {stack_verdict.waiting}" if stack_verdict and stack_verdict.waiting else ""),
                 _REMEDY_STACK,
                 "problem",
                 "none",
