@@ -221,7 +221,9 @@ def eight_gpu_node(
         rp, usp, dsp_bus = switch_bridges(s)
         tree.bridge(host, [rp], acs.get(rp, CLEAN), numa, config_length)
         tree.bridge(host, [rp, usp], acs.get(usp), numa, config_length)
-        for k, (kind, i) in enumerate((("gpu", 2 * s), ("gpu", 2 * s + 1), ("nic", 2 * s), ("nic", 2 * s + 1))):
+        for k, (kind, i) in enumerate(
+            (("gpu", 2 * s), ("gpu", 2 * s + 1), ("nic", 2 * s), ("nic", 2 * s + 1))
+        ):
             if i >= (ngpus if kind == "gpu" else nics):
                 continue
             dsp = f"0000:{dsp_bus}:{k:02x}.0"

@@ -231,6 +231,8 @@ def judge_paths(pairs: Iterable[PairPath]) -> PathJudgement:
             by_bridge.setdefault(br.bdf, (br, []))[1].append(p)
     findings: list[Finding] = []
     for bdf, (br, affected) in sorted(by_bridge.items()):
+        # Pairs under one host bridge first: between host bridges the traffic goes up anyway.
+        affected.sort(key=lambda p: p.common is None)
         gpu_pairs = [p.label for p in affected if p.b.kind == "gpu"]
         nic_pairs = [p.label for p in affected if p.b.kind != "gpu"]
         named = ", ".join(gpu_pairs[:8]) + (
