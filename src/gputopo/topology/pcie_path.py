@@ -7,9 +7,10 @@ it is sent up to the root complex instead of across the switch; with the IOMMU t
 address is then translated as if it were host memory. NCCL's troubleshooting guide ("PCI Access Control
 Services (ACS)", https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html) says this
 makes GPU Direct slow or hang, and the data-corruption reports that started this project (DataParallel on
-two GPUs going to NaN, pytorch issue 84803) trace to it. The Linux kernel judges a bridge the same way:
-``pci_bridge_has_acs_redir`` in drivers/pci/p2pdma.c refuses P2P across a bridge whose ACS control has
-``PCI_ACS_RR | PCI_ACS_CR | PCI_ACS_EC`` set.
+two GPUs going to NaN, https://github.com/pytorch/pytorch/issues/84803) trace to it. The Linux kernel
+judges a bridge much the same way: ``pci_bridge_has_acs_redir`` in drivers/pci/p2pdma.c refuses P2P
+across a bridge whose ACS control has ``PCI_ACS_RR | PCI_ACS_CR | PCI_ACS_EC`` set (EgressCtrl is judged
+here only through the bits lspci shows, not as a redirect).
 
 Layout facts used here (PCIe base spec; Linux include/uapi/linux/pci_regs.h):
 
