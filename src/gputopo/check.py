@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gputopo import fabric
 from gputopo.errors import InputError
 from gputopo.findings import Finding
 from gputopo.health import baseline
@@ -58,6 +59,7 @@ def run_check(options: CheckOptions, started: float | None = None) -> CheckResul
     not_checked: list[NotChecked] = []
     # A hung GPU costs one NVML deadline: keep that well inside the budget.
     per_gpu_s = min(options.nvml_timeout_s, max(0.5, (deadline - time.monotonic()) / 4))
+    ports = fabric.start()  # the network ports' first reading: their counters' rise spans the NVML window
     try:
         first, sample = read_two_samples(options.sample_s, timeout_s=per_gpu_s, deadline=deadline - RESERVE_S)
         judgement = judge(first, sample, thresholds=options.thresholds, expect_gpus=options.expect_gpus)
@@ -72,6 +74,11 @@ def run_check(options: CheckOptions, started: float | None = None) -> CheckResul
         found = scan(log.text, options.since_s, uptime_s=log.uptime_s)
         gpus = [(g.index, g.pci_bus_id) for g in sample.gpus] if sample is not None else []
         extra += xid_findings(found, gpus, options.thresholds)
+    net = fabric.finish(
+        ports, fabric.gpu_bus_ids([(g.index, g.pci_bus_id) for g in sample.gpus] if sample else [])
+    )
+    extra += net.findings
+    not_checked += [NotChecked(what, why) for what, why in net.not_checked]
     if options.baseline is not None or options.save_baseline is not None:
         why_not = _no_time_for_baseline(options, sample, deadline)
         if why_not is None:
