@@ -109,13 +109,9 @@ def _baseline(options: CheckOptions, sample: HealthSample | None) -> list[Findin
 
     doc = baseline.baseline_from(read_live(nvml_timeout_s=options.nvml_timeout_s), sample)
     if options.save_baseline is not None:
-        try:
-            options.save_baseline.write_text(baseline.dumps(doc))
-        except OSError as exc:
-            raise InputError(
-                f"--save-baseline {options.save_baseline}: cannot write it ({exc.strerror or exc})",
-                "choose a folder you can write to",
-            ) from None
+        from gputopo.outputs import write_output
+
+        write_output(options.save_baseline, baseline.dumps(doc), "--save-baseline")
     return baseline.compare(options.baseline, doc) if options.baseline is not None else []
 
 
