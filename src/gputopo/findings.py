@@ -17,8 +17,8 @@ PROBLEM = "problem"
 NOTE = "note"
 
 SEVERITIES = (PROBLEM, NOTE)
-# What a finding is about (DESIGN.md, "finding"): the subsystem, so a reader can filter and a scheduler
-# can tell a bad GPU from a bad setting.
+# What a finding is about (docs/design.md, "The finding"): the subsystem, so a reader can filter and a
+# scheduler can tell a bad GPU from a bad setting.
 CATEGORIES = (
     "memory",
     "nvlink",
@@ -30,6 +30,7 @@ CATEGORIES = (
     "config",
     "topology",
     "process",
+    "network",
 )
 # What to do, from least to most disruptive: "monitor" keeps an eye on it, "reset" a GPU reset (or
 # reboot) clears it, "drain" take the node or GPU out of service now, "replace" hardware service,
@@ -42,7 +43,7 @@ ACTIONS = ("none", "monitor", "reset", "drain", "replace", "config", "reboot")
 class Finding:
     """One thing wrong (``severity`` problem) or worth knowing (note), with its remedy in words.
 
-    The one finding shape of every command that judges (DESIGN.md): ``where`` names the place
+    The one finding shape of every command that judges (docs/design.md): ``where`` names the place
     (``GPU3``, ``GPU0-GPU1``, ``NCCL_IB_HCA``), ``gpu`` the nvidia-smi index when the finding belongs to
     one GPU (``None`` for a pair, the node or a setting), ``category`` one of ``CATEGORIES``, ``what`` the
     evidence (counter values and window included), ``action`` one of ``ACTIONS``; ``rule`` the health rule
@@ -59,8 +60,8 @@ class Finding:
     rule: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The finding as the JSON object every output shows (the keys of DESIGN.md's finding shape; ``rule``
-        is ``null`` where no health rule found it)."""
+        """The finding as the JSON object every output shows (the keys of docs/design.md's finding shape;
+        ``rule`` is ``null`` where no health rule found it)."""
         return asdict(self)
 
 

@@ -60,7 +60,7 @@ def check_command(
         None, "--expect-gpus", metavar="N", help="Fewer GPUs than N (or a broken driver) is a problem."
     ),
     thresholds: Optional[Path] = typer.Option(  # noqa: UP045 (typer)
-        None, "--thresholds", metavar="FILE", help="Override health rules (TOML or JSON; see --list-rules)."
+        None, "--thresholds", metavar="FILE", help="Override health rules (TOML/JSON; see --list-rules)."
     ),
     kernel_log: Optional[str] = typer.Option(  # noqa: UP045 (typer)
         None,
@@ -170,6 +170,10 @@ def check_command(
             "--fleet: only with --save-baseline FILE", "gputopo check --save-baseline FILE --fleet"
         )
     saved = load_baseline(baseline_file) if baseline_file is not None else None
+    if save_baseline is not None:
+        from gputopo.outputs import check_output
+
+        check_output(save_baseline, "--save-baseline", "golden.json")  # refused before anything is read
     log = None
     if kernel_log is not None:
         from gputopo.system.kernel_log import read_log_file

@@ -104,7 +104,8 @@ _RULES = (
     Rule(
         "ecc_aggregate_uncorrected", "memory", NOTE, "monitor", 0, "errors over the GPU's life (>)",
         "uncorrectable ECC errors in the GPU's history (a note: the volatile count says what is current)",
-        "gputopo: totals are history", "watch the volatile count and the remapped rows",
+        "gputopo policy (docs/health-rules.md): totals are history",
+        "watch the volatile count and the remapped rows",
     ),
     Rule(
         "memory_unrepairable", "memory", PROBLEM, "replace", None, "",
@@ -186,7 +187,8 @@ _RULES = (
     Rule(
         "nvlink_errors_history", "nvlink", NOTE, "monitor", 0, "errors since the counters were reset (>)",
         "NVLink replay/recovery errors in the counters' history (not rising now)",
-        "gputopo: totals are history", "`nvidia-smi nvlink -e` shows them per link",
+        "gputopo policy (docs/health-rules.md): totals are history",
+        "`nvidia-smi nvlink -e` shows them per link",
     ),
     Rule(
         "fabric_not_ready", "nvlink", PROBLEM, "drain", None, "",
@@ -213,13 +215,14 @@ _RULES = (
     Rule(
         "pcie_width_idle", "pcie", NOTE, "monitor", None, "",
         "the PCIe link runs narrower than its maximum (idle GPU): a slow link",
-        "gputopo: width below max is named; idle GPUs keep their width", "check the slot and riser",
+        "gputopo policy (docs/health-rules.md): a narrow link is named; idle GPUs keep their width",
+        "check the slot and riser",
     ),
     Rule(
         "pcie_width_busy", "pcie", NOTE, "monitor", None, "",
         "the PCIe link runs narrower than its maximum while the GPU works: a slow link (ranked lower); a "
         "problem only when its replays rise too",
-        "gputopo: a narrow link that is not erroring still carries jobs, only slower",
+        "gputopo policy (docs/health-rules.md): a narrow link that is not erroring carries jobs, slower",
         "check the slot, riser and card at the next maintenance",
     ),
     Rule(
@@ -273,13 +276,15 @@ _RULES = (
         "driver_unavailable", "driver", PROBLEM, "drain", None, "",
         "NVML cannot start (or reads no GPU) while NVIDIA GPUs are present (/dev/nvidia*, "
         "/proc/driver/nvidia/gpus, --expect-gpus): the driver is broken",
-        "gputopo: unknown is not healthy", "reinstall or reload the driver (a library/kernel module "
+        "gputopo policy (docs/health-rules.md): unknown is not healthy",
+        "reinstall or reload the driver (a library/kernel module "
         "mismatch needs a reboot)",
     ),
     Rule(
         "gpus_refused", "driver", PROBLEM, "drain", None, "",
         "every GPU refused NVML access to root: nothing about the node could be judged",
-        "gputopo: unknown is not healthy", "check the driver and the device files' permissions",
+        "gputopo policy (docs/health-rules.md): unknown is not healthy",
+        "check the driver and the device files' permissions",
     ),
     Rule(
         "persistence_off", "config", NOTE, "config", None, "",
@@ -289,7 +294,8 @@ _RULES = (
     Rule(
         "expect_gpus", "topology", PROBLEM, "drain", None, "GPUs",
         "fewer GPUs than expected (--expect-gpus)",
-        "aznhc and NHC check the GPU count the same way", "look for Xid 79; reboot or reseat",
+        "gputopo policy (docs/health-rules.md); aznhc and NHC check the GPU count the same way",
+        "look for Xid 79; reboot or reseat",
     ),
     # --- Xid ----------------------------------------------------------------------------------------------
     Rule(
