@@ -144,7 +144,7 @@ class FakeNvml:
     def nvlink_box(cls, **options: Any) -> FakeNvml:
         """8x RTX A6000 with NVLink bridges (NV4) on pairs 0-1, 2-3, 4-5, 6-7; GPUs 0-3 on socket 0
         (CPUs 0-31, NUMA 0), 4-7 on socket 1 (CPUs 32-63, NUMA 1), each GPU on its own root complex,
-        so NODE within a socket and SYS across (the seed machine of DESIGN.md)."""
+        so NODE within a socket and SYS across (the seed machine of docs/design.md)."""
         buses = (0x1A, 0x1B, 0x3D, 0x3E, 0x88, 0x89, 0xB1, 0xB2)
         gpus = []
         for i, bus in enumerate(buses):

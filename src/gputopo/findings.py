@@ -17,8 +17,8 @@ PROBLEM = "problem"
 NOTE = "note"
 
 SEVERITIES = (PROBLEM, NOTE)
-# What a finding is about (DESIGN.md, "finding"): the subsystem, so a reader can filter and a scheduler
-# can tell a bad GPU from a bad setting.
+# What a finding is about (docs/design.md, "The finding"): the subsystem, so a reader can filter and a
+# scheduler can tell a bad GPU from a bad setting.
 CATEGORIES = (
     "memory",
     "nvlink",
@@ -42,7 +42,7 @@ ACTIONS = ("none", "monitor", "reset", "drain", "replace", "config")
 class Finding:
     """One thing wrong (``severity`` problem) or worth knowing (note), with its remedy in words.
 
-    The one finding shape of every command that judges (DESIGN.md): ``where`` names the place
+    The one finding shape of every command that judges (docs/design.md): ``where`` names the place
     (``GPU3``, ``GPU0-GPU1``, ``NCCL_IB_HCA``), ``gpu`` the nvidia-smi index when the finding belongs to
     one GPU (``None`` for a pair, the node or a setting), ``category`` one of ``CATEGORIES``, ``what`` the
     evidence (counter values and window included), ``action`` one of ``ACTIONS``.
@@ -57,7 +57,7 @@ class Finding:
     action: str = "none"
 
     def to_json(self) -> dict[str, Any]:
-        """The finding as the JSON object every output shows (the keys of DESIGN.md's finding shape)."""
+        """The finding as the JSON object every output shows (the keys of docs/design.md's finding shape)."""
         return asdict(self)
 
 

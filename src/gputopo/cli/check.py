@@ -45,7 +45,7 @@ def check_command(
         None, "--expect-gpus", metavar="N", help="Fewer GPUs than N is a problem."
     ),
     thresholds: Optional[Path] = typer.Option(  # noqa: UP045 (typer)
-        None, "--thresholds", metavar="FILE", help="Override health rules (TOML or JSON; see the README)."
+        None, "--thresholds", metavar="FILE", help="Override health rules (TOML/JSON; docs/health-rules.md)."
     ),
     kernel_log: Optional[str] = typer.Option(  # noqa: UP045 (typer)
         None,

@@ -149,7 +149,8 @@ def judge(
     for g1 in sample1.gpus:
         g0 = sample0.gpu(g1.index) if sample0 is not None else None
         if g1.error is not None and g1.state == GPU_NOT_ACCESSIBLE:
-            # Refused for permission (another job's or container's GPU): unknown, never a fault (issue 21).
+            # Refused for permission (another job's or container's GPU): unknown, never a fault
+            # (docs/health-rules.md).
             j.skip(g1.label, NOT_READ, f"not accessible from here ({g1.error})")
             continue
         if g1.error is not None:

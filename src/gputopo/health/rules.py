@@ -61,7 +61,7 @@ _RULES = (
     Rule(
         "ecc_aggregate_uncorrected", "memory", NOTE, "monitor", 0, "errors over the GPU's life (>)",
         "uncorrectable ECC errors in the GPU's history (a note: the volatile count says what is current)",
-        "issue 21: totals are history",
+        "gputopo policy (docs/health-rules.md): totals are history",
     ),
     Rule(
         "row_remap_failure", "memory", PROBLEM, "replace", None, "",
@@ -122,7 +122,7 @@ _RULES = (
     Rule(
         "nvlink_errors_history", "nvlink", NOTE, "monitor", 0, "errors since the counters were reset (>)",
         "NVLink replay/recovery errors in the counters' history (not rising now)",
-        "issue 21: totals are history",
+        "gputopo policy (docs/health-rules.md): totals are history",
     ),
     Rule(
         "fabric_not_ready", "nvlink", PROBLEM, "drain", None, "",
@@ -143,12 +143,12 @@ _RULES = (
     Rule(
         "pcie_width_idle", "pcie", NOTE, "monitor", None, "",
         "the PCIe link runs narrower than its maximum (idle GPU)",
-        "issue 21: width below max is named; idle GPUs keep their width, so it is worth a look",
+        "gputopo policy (docs/health-rules.md): a narrow link is named; idle GPUs keep their width",
     ),
     Rule(
         "pcie_width_busy", "pcie", PROBLEM, "replace", None, "",
         "the PCIe link runs narrower than its maximum while the GPU works",
-        "issue 21: width below max while busy is a problem (slot, riser or card)",
+        "gputopo policy (docs/health-rules.md): narrow while busy is a problem (slot, riser or card)",
     ),
     Rule(
         "pcie_gen_busy", "pcie", PROBLEM, "monitor", None, "",
@@ -195,7 +195,7 @@ _RULES = (
     Rule(
         "expect_gpus", "topology", PROBLEM, "drain", None, "GPUs",
         "fewer GPUs than expected (--expect-gpus)",
-        "issue 21; aznhc and NHC check the GPU count the same way",
+        "gputopo policy (docs/health-rules.md); aznhc and NHC check the GPU count the same way",
     ),
     # --- Xid ----------------------------------------------------------------------------------------------
     Rule(

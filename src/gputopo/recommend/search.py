@@ -1,6 +1,6 @@
 """Which GPUs to use: a Topology and constraints in, ranked K-GPU sets with estimated busbw and reasons out.
 
-The objective, in order (DESIGN.md, issue 3):
+The objective, in order (docs/design.md "Choosing a set"):
 
 1. the estimated ring all-reduce busbw: the best ring's slowest edge (``bandwidth.best_ring``);
 2. the sum of all pair bandwidths in the set (all-to-all traffic);
