@@ -263,7 +263,7 @@ def gpu_table(gpus: list[int], check: dict[str, Any]) -> list[str]:
         f"{m.get('precision')} matmul {z.get('matmul_n')}^2 x{z.get('matmuls_per_rep')} per rep, "
         f"{(z.get('copy_bytes') or 0) >> 20} MiB device copies, {(z.get('host_bytes') or 0) >> 20} MiB "
         f"{'host' if stand_in else 'pinned host'} copies; {z.get('warmup_reps')} warm-up + "
-        f"{z.get('timed_reps')} timed reps, median; {m.get('concurrent')}",
+        f"{z.get('timed_reps')} timed reps, {'fastest' if stand_in else 'median'}; {m.get('concurrent')}",
         f"# slow: more than {tolerance:.0%} below the median of its peers of the same model"
         if isinstance(tolerance, (int, float))
         else "# slow: below the median of its peers",
