@@ -80,3 +80,20 @@ def test_doctor_runs_it_on_every_gpu_of_the_simulated_machine(tmp_path):
     assert found and found[0]["category"] == "compute" and found[0]["gpu"] == 3
     for rec in doc["recommendations"]:
         assert rec["best"] is None or 3 not in rec["best"]["gpus"], rec
+
+
+def test_html_report_draws_a_bar_per_gpu_beside_the_table():
+    pytest.importorskip("matplotlib")
+    from gputopo.probe.judge.pergpu import judge_gpus, per_gpu_section
+    from gputopo.ui.html_report import render_probe_html
+
+    rows = [
+        {"gpu": g, "name": "CPU stand-in", "matmul_tflops": 1.0 if g != 1 else 0.5, "memory_gbps": 9.0,
+         "h2d_gbps": 3.0, "d2h_gbps": 3.0, "result_hash": "a" * 16, "result_hash_rerun": "a" * 16}
+        for g in range(4)
+    ]  # fmt: skip
+    check = judge_gpus({"device": "cpu", "rows": rows}, 0.25).to_dict()
+    doc = {"device": "cpu", "verdict": "fail", "sets": [{"gpus": [0, 1, 2, 3], "checks": [check]}]}
+    html = render_probe_html({**doc, "per_gpu": per_gpu_section(check)})
+    assert "<h2>Every GPU on its own</h2>" in html and html.count("data:image/png") == 1
+    assert "0.5 (peers 1)" in html and "slow: matmul 0.5" in html

@@ -339,17 +339,17 @@ def gpu_bars(rows: Sequence[dict[str, Any]], stand_ins: bool) -> bytes:
         ax.bar(range(len(rows)), values, color=colors)
         measured = [v for v in values if v > 0]
         if measured:
-            ax.axhline(statistics.median(measured), color="k", linestyle="--", linewidth=0.8, label="median")
+            ax.axhline(statistics.median(measured), color="k", linestyle="--", linewidth=0.8)
         peaks = {(r.get("peak") or {}).get(peak_key) for r in rows if peak_key and r.get("peak")} - {None}
         for peak in peaks:
-            ax.axhline(float(peak), color="C0", linestyle=":", linewidth=1.0, label="datasheet peak")
+            ax.axhline(float(peak), color="C0", linestyle=":", linewidth=1.0)
         ax.set_xticks(range(len(rows)), labels, rotation=30, fontsize=7)
         ax.set_title(title, fontsize=9)
         ax.grid(True, axis="y", alpha=0.3)
-        if ax is axes[0][0]:
-            ax.legend(fontsize=6, loc="lower left")
     what = "CPU stand-ins (simulated), process CPU time" if stand_ins else "each GPU on its own"
-    fig.suptitle(f"{what}; green pass, orange slow, red corrupt", fontsize=9)
+    lines = "dashed: median" + ("" if stand_ins else ", dotted: datasheet peak")
+    fig.suptitle(f"{what}; green pass, orange slow, red corrupt; {lines}", fontsize=9)
+    fig.subplots_adjust(top=0.8, wspace=0.3)
     return _png(fig)
 
 
