@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gputopo import fabric
 from gputopo.errors import InputError
 from gputopo.findings import Finding
 from gputopo.health import baseline
@@ -58,6 +59,7 @@ def run_check(options: CheckOptions, started: float | None = None) -> CheckResul
     not_checked: list[NotChecked] = []
     # A hung GPU costs one NVML deadline: keep that well inside the budget.
     per_gpu_s = min(options.nvml_timeout_s, max(0.5, (deadline - time.monotonic()) / 4))
+    ports = fabric.start()  # the network ports' first reading: their counters' rise spans the NVML window
     try:
         first, sample = read_two_samples(options.sample_s, timeout_s=per_gpu_s, deadline=deadline - RESERVE_S)
         judgement = judge(first, sample, thresholds=options.thresholds, expect_gpus=options.expect_gpus)
@@ -72,6 +74,11 @@ def run_check(options: CheckOptions, started: float | None = None) -> CheckResul
         found = scan(log.text, options.since_s, uptime_s=log.uptime_s)
         gpus = [(g.index, g.pci_bus_id) for g in sample.gpus] if sample is not None else []
         extra += xid_findings(found, gpus, options.thresholds)
+    net = fabric.finish(
+        ports, fabric.gpu_bus_ids([(g.index, g.pci_bus_id) for g in sample.gpus] if sample else [])
+    )
+    extra += net.findings
+    not_checked += [NotChecked(what, why) for what, why in net.not_checked]
     if options.baseline is not None or options.save_baseline is not None:
         why_not = _no_time_for_baseline(options, sample, deadline)
         if why_not is None:
@@ -102,13 +109,9 @@ def _baseline(options: CheckOptions, sample: HealthSample | None) -> list[Findin
 
     doc = baseline.baseline_from(read_live(nvml_timeout_s=options.nvml_timeout_s), sample)
     if options.save_baseline is not None:
-        try:
-            options.save_baseline.write_text(baseline.dumps(doc))
-        except OSError as exc:
-            raise InputError(
-                f"--save-baseline {options.save_baseline}: cannot write it ({exc.strerror or exc})",
-                "choose a folder you can write to",
-            ) from None
+        from gputopo.outputs import write_output
+
+        write_output(options.save_baseline, baseline.dumps(doc), "--save-baseline")
     return baseline.compare(options.baseline, doc) if options.baseline is not None else []
 
 

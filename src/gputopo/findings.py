@@ -31,6 +31,7 @@ CATEGORIES = (
     "config",
     "topology",
     "process",
+    "network",
 )
 # What to do, from least to most disruptive: "monitor" keeps an eye on it, "reset" a GPU reset (or
 # reboot) clears it, "drain" take the node or GPU out of service now, "replace" hardware service,

@@ -94,6 +94,10 @@ def check_command(
     from gputopo.check import CheckOptions, load_baseline, run_check
 
     saved = load_baseline(baseline_file) if baseline_file is not None else None
+    if save_baseline is not None:
+        from gputopo.outputs import check_output
+
+        check_output(save_baseline, "--save-baseline", "golden.json")  # refused before anything is read
     log = None
     if kernel_log is not None:
         from gputopo.system.kernel_log import read_log_file
