@@ -258,9 +258,26 @@ def probe_findings(probe: dict[str, Any] | None) -> list[Finding]:
     for s in (probe or {}).get("sets", []):
         where = "GPUs " + ",".join(str(g) for g in s["gpus"])
         for c in s["checks"]:
-            if c["verdict"] == "fail":
+            if c["name"] == "gpu" and c["verdict"] == "fail" and c.get("kind") in ("slow", "corrupt"):
+                out += per_gpu_findings(c)  # one finding per GPU the per-GPU check found slow or corrupt
+            elif c["verdict"] == "fail":
                 what = f"{c['name']} check failed ({c.get('kind')}): {c.get('detail')}"
                 out.append(Finding(where, what, c.get("remedy") or "see the probe report"))
+    return out
+
+
+def per_gpu_findings(check: dict[str, Any]) -> list[Finding]:
+    """The per-GPU check's slow or corrupt GPUs, one finding each (``drain`` for a corrupt GPU)."""
+    out = []
+    for row in (check.get("metrics") or {}).get("rows") or []:
+        verdict = row.get("verdict")
+        if verdict in ("slow", "corrupt", "undecided"):
+            action = "drain" if verdict == "corrupt" else "monitor"
+            what = f"per-GPU check: {verdict}: {row.get('why')}"
+            remedy = check.get("remedy") or "see the probe report"
+            out.append(
+                Finding(f"GPU{row['gpu']}", what, remedy, gpu=row["gpu"], category="compute", action=action)
+            )
     return out
 
 

@@ -92,6 +92,7 @@ def nvml_inventory(
             unavailable=g.unavailable_reason or (None if g.uuid else "NVML gives no UUID for it"),
             mig_enabled=bool(g.mig_enabled),
             mig_devices=g.mig_devices,
+            cpu_affinity=g.cpu_affinity,
         )
         for g in topo.gpus
     )

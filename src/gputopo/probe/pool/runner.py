@@ -17,10 +17,11 @@ from typing import Any
 from gputopo.errors import GputopoError, Interrupted
 from gputopo.probe.judge import verdict
 from gputopo.probe.judge.p2p import judge_p2p
+from gputopo.probe.judge.pergpu import judge_gpus, unfinished_rows
 from gputopo.probe.judge.verdict import CheckResult, SetResult
 from gputopo.probe.plan.config import ProbeConfig
 from gputopo.probe.plan.options import check_rank
-from gputopo.probe.plan.schedule import Job, Plan, make_plan
+from gputopo.probe.plan.schedule import PER_GPU, Job, Plan, make_plan
 from gputopo.probe.pool.launch import LaunchOutcome
 from gputopo.probe.pool.pool import run_pool
 from gputopo.probe.shared import ProbeRun, TopologyView
@@ -78,6 +79,12 @@ def judge_outcome(
     if stopped_in is None and outcome.status != "ok" and checks:
         # Every check finished, then something failed on the way out: still a failure of this launch.
         results[checks[-1]] = _unfinished(checks[-1], outcome)
+    per_gpu = results.get(PER_GPU)
+    if per_gpu is not None and per_gpu.kind in ("hung", "crashed"):
+        # Which GPU's rank died (or that every GPU hung), for the per-GPU table.
+        rank = outcome.failures[0].rank if outcome.failures else None
+        rows = unfinished_rows(outcome.job.gpus, per_gpu.kind, rank)
+        results[PER_GPU] = replace(per_gpu, metrics={**per_gpu.metrics, "rows": rows})
     return results
 
 
@@ -88,6 +95,8 @@ def _judge(
         from gputopo.probe.judge.precision import judge_precision
 
         return judge_precision(check, metrics)
+    if check == PER_GPU:
+        return judge_gpus(metrics, config.per_gpu_tolerance)
     if check == "speed":
         from gputopo.probe.judge.speed import judge_speed
 
