@@ -67,7 +67,7 @@ class CheckOptions:
 def run_check(options: CheckOptions, started: float | None = None) -> CheckResult:
     """Check this node; ``started`` is the ``time.monotonic()`` reading the budget counts from."""
     from gputopo.system import nvml
-    from gputopo.system.health_reads import read_two_samples
+    from gputopo.system.health_reads import sample_health
     from gputopo.system.kernel_log import read_kernel_log
 
     started = time.monotonic() if started is None else started
@@ -81,7 +81,7 @@ def run_check(options: CheckOptions, started: float | None = None) -> CheckResul
     per_gpu_s = min(options.nvml_timeout_s, max(0.5, (deadline - time.monotonic()) / 4))
     ports = fabric.start()  # the network ports' first reading: their counters' rise spans the NVML window
     try:
-        first, sample = read_two_samples(options.sample_s, timeout_s=per_gpu_s, deadline=deadline - RESERVE_S)
+        first, sample = sample_health(options.sample_s, timeout_s=per_gpu_s, deadline=deadline - RESERVE_S)
         judgement = judge(first, sample, thresholds=options.thresholds, expect_gpus=options.expect_gpus)
     except nvml.NvmlUnavailable as exc:
         unavailable = exc.message

@@ -23,6 +23,7 @@ CATEGORIES = (
     "memory",
     "nvlink",
     "pcie",
+    "compute",  # the per-GPU check: a GPU slow against its peers, or computing wrong bits
     "thermal",
     "power",
     "xid",
