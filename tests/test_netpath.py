@@ -345,3 +345,69 @@ def test_check_on_a_non_root_read_says_not_checked(driver: Path, tmp_path: Path)
     code, doc = check(driver, tmp_path, st.eight_gpu_node(tmp_path / "t", nics=0, config_length=64))
     assert code == 0 and doc["findings"] == []
     assert [n["what"].startswith("PCIe ACS") for n in ours(doc["not_checked"])] == [True]
+
+
+def recommend(driver: Path, tmp_path: Path, tree: st.Tree, *args: str) -> dict:  # type: ignore[type-arg]
+    out = fake_driver.run(
+        driver, machine(tmp_path), "recommend", "--json", *args, extra_env=tree.env, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+@needs_cc
+def test_recommend_avoids_gpus_5_and_6_behind_acs_redirect(driver: Path, tmp_path: Path) -> None:
+    tree = st.eight_gpu_node(tmp_path / "t", acs={RP2: st.REDIRECT, RP3: st.REDIRECT})
+    doc = recommend(driver, tmp_path, tree, "--n", "4", "--top", "2")
+    first, second = doc["candidates"]
+    assert first["gpus"] == [0, 1, 2, 3] and second["gpus"] == [4, 5, 6, 7]
+    assert any("GPU5-GPU6" in r and RP2 in r for r in second["reasons"])
+    assert "ACS-redirecting bridge" in second["reasons"][-1]
+
+
+@needs_cc
+def test_recommend_ranks_an_equally_wired_clean_set_first(driver: Path, tmp_path: Path) -> None:
+    """The same redirect on socket 0's root ports turns the PCI-order winner {0,1,2,3} into #2."""
+    rp0, rp1 = st.switch_bridges(0)[0], st.switch_bridges(1)[0]
+    clean = recommend(driver, tmp_path, st.eight_gpu_node(tmp_path / "clean"), "--n", "4", "--top", "2")
+    assert clean["best"]["gpus"] == [0, 1, 2, 3]
+    tree = st.eight_gpu_node(tmp_path / "t", acs={rp0: st.REDIRECT, rp1: st.REDIRECT})
+    doc = recommend(driver, tmp_path, tree, "--n", "4", "--top", "2")
+    assert [c["gpus"] for c in doc["candidates"]] == [[4, 5, 6, 7], [0, 1, 2, 3]]
+    assert "as fast as #1 on paper, but 4 of its pairs cross" in doc["candidates"][1]["reasons"][-1]
+
+
+@needs_cc
+def test_topo_shows_the_ports_and_each_pairs_acs(driver: Path, tmp_path: Path) -> None:
+    tree = st.eight_gpu_node(
+        tmp_path / "t", acs={RP2: st.REDIRECT, RP3: st.REDIRECT}, port_overrides={5: {"state": "1: DOWN"}}
+    )
+    out = fake_driver.run(driver, machine(tmp_path), "topo", extra_env=tree.env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "Network ports:" in text and re.search(r"mlx5_5:1\s+ib\s+1: DOWN", text)
+    assert re.search(r"mlx5_0:1 .* GPU0, GPU1", text)
+    assert re.search(rf"GPU5-GPU6\s+redirect\s+pci0000:80\s+{RP2}, {RP3}", text)
+    assert re.search(r"GPU6-GPU7\s+clean", text)
+    assert "GPUDirect RDMA: nvidia_peermem (8 RDMA ports)" in text
+
+
+def test_a_probe_finding_wrong_data_on_a_redirected_pair_names_the_bridge() -> None:
+    from gputopo.doctor import probe_findings
+
+    probe = {
+        "sets": [
+            {
+                "gpus": [5, 6],
+                "checks": [{"name": "dp", "verdict": "fail", "kind": "nan", "detail": "loss NaN"}],
+            },
+            {
+                "gpus": [6, 7],
+                "checks": [{"name": "dp", "verdict": "fail", "kind": "nan", "detail": "loss NaN"}],
+            },
+        ]
+    }
+    redirected = ((5, 6, (RP2, RP3)),)
+    on_56, on_67 = probe_findings(probe, redirected)
+    assert f"the likely cause: ACS redirects P2P between GPU5-GPU6 at bridge {RP2}, {RP3}" in on_56.what
+    assert "likely cause" not in on_67.what
