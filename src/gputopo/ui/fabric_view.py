@@ -43,24 +43,7 @@ def fabric_blocks(doc: Mapping[str, Any], findings: Sequence[Mapping[str, Any]] 
         parts.append(grid(["port", "kind", "state", "rate", "NUMA", "PCI", "GPUs behind it"], rows))
     pairs = [p for p in doc.get("pairs") or [] if p.get("kind") != "nic"]
     if pairs:
-        rows = []
-        for p in pairs:
-            status = p.get("status", "")
-            detail = ", ".join(r["bridge"] for r in p.get("redirect") or ())
-            if status == "not checked":
-                detail = p.get("not_checked") or ""
-            rows.append(
-                [
-                    f"{p['a']}-{p['b']}",
-                    Text(status, style=_STATUS_STYLE.get(status, "")),
-                    p.get("common") or "-",
-                    detail,
-                ]
-            )
-        parts.append(
-            Text("PCIe path of each GPU pair (ACS on the bridges peer traffic crosses):", style="bold")
-        )
-        parts.append(grid(["pair", "ACS", "meets at", "redirecting bridges / why not checked"], rows))
+        parts.extend(pair_matrix(pairs))
     gdr, iommu = doc.get("gdr"), doc.get("iommu")
     words = []
     if gdr is not None:
@@ -74,3 +57,42 @@ def fabric_blocks(doc: Mapping[str, Any], findings: Sequence[Mapping[str, Any]] 
 
         parts.append(findings_table(list(findings), "Network and PCIe path"))
     return parts
+
+
+_CELL = {"clean": ("ok", "green"), "redirect": ("ACS", "bold red"), "not checked": ("?", "yellow")}
+
+
+def pair_matrix(pairs: Sequence[Mapping[str, Any]]) -> list[RenderableType]:
+    """ACS on each GPU pair's PCIe path as a matrix like the link matrix (``ok`` no bridge under the pair's
+    meeting point redirects, ``ACS`` one does, ``?`` not checked), then the redirecting bridges with their
+    pairs and why a pair was not checked."""
+    labels = list(dict.fromkeys(x for p in pairs for x in (p["a"], p["b"])))
+    cell = {frozenset((p["a"], p["b"])): p for p in pairs}
+    rows: list[list[str | Text]] = []
+    for a in labels:
+        row: list[str | Text] = [a]
+        for b in labels:
+            if a == b:
+                row.append(Text("X", style="dim"))
+                continue
+            word, style = _CELL.get(cell[frozenset((a, b))]["status"], ("?", "yellow"))
+            row.append(Text(word, style=style))
+        rows.append(row)
+    out: list[RenderableType] = [
+        Text(
+            "ACS on each GPU pair's PCIe path (ok: no redirect, ACS: a bridge redirects P2P, ?: not read):",
+            style="bold",
+        ),
+        grid(["", *labels], rows, center=True),
+    ]
+    bridges: dict[str, list[str]] = {}
+    for p in sorted(pairs, key=lambda p: p.get("common") is None):  # pairs under one host bridge first
+        for r in p.get("redirect") or ():
+            bridges.setdefault(r["bridge"], []).append(f"{p['a']}-{p['b']}")
+    for bdf, names in sorted(bridges.items()):
+        shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        out.append(Text(f"  bridge {bdf} redirects P2P of {shown}", style="red"))
+    unread = [p for p in pairs if p["status"] == "not checked"]
+    if unread:
+        out.append(Text(f"  not checked: {unread[0].get('not_checked')}", style="yellow"))
+    return out
