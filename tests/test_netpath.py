@@ -412,3 +412,42 @@ def test_a_probe_finding_wrong_data_on_a_redirected_pair_names_the_bridge() -> N
     on_56, on_67 = probe_findings(probe, redirected)
     assert f"the likely cause: ACS redirects P2P between GPU5-GPU6 at bridge {RP2}, {RP3}" in on_56.what
     assert "likely cause" not in on_67.what
+
+
+# --- baselines, run records and drift carry the network facts ------------------------------------------
+
+
+@needs_cc
+def test_the_baseline_records_gdr_nic_count_and_rates_and_shows_their_drift(
+    driver: Path, tmp_path: Path
+) -> None:
+    saved = tmp_path / "golden.json"
+    code, _ = check(driver, tmp_path, st.eight_gpu_node(tmp_path / "good"), "--save-baseline", str(saved))
+    network = json.loads(saved.read_text())["network"]
+    assert network["gdr"] == "nvidia_peermem" and network["rdma_ports"] == 8
+    assert network["rates_gbps"] == [400.0] * 8 and network["ports"]["mlx5_3:1"] == 400.0
+    sick = st.eight_gpu_node(
+        tmp_path / "sick", port_overrides={3: {"rate": "200 Gb/sec (4X HDR)"}}, proc={"modules": ("nvidia",)}
+    )
+    code, doc = check(driver, tmp_path, sick, "--baseline", str(saved))
+    assert code == 1
+    whats = [f["what"] for f in doc["findings"]]
+    assert "RDMA port mlx5_3:1 runs at 200 Gb/s, the baseline has 400 Gb/s" in whats
+    assert "GPUDirect RDMA is none here, the baseline has nvidia_peermem" in whats
+
+
+def test_run_facts_and_drift_carry_the_gpudirect_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gputopo.probe.judge.drift import compare
+    from gputopo.system.run_facts import config_facts
+
+    for key, value in st.eight_gpu_node(tmp_path / "a").env.items():
+        monkeypatch.setenv(key, value)
+    on = config_facts(None, [], {})
+    assert on["gdr"] == "nvidia_peermem" and on["rdma_ports"] == 8 and on["nic_rates_gbps"] == ["400"] * 8
+    off = {**on, "gdr": "none"}
+    (drift,) = compare({"node0": on, "node1": off})
+    assert (
+        drift.text() == "GPUDirect RDMA: nvidia_peermem on node0; none on node1" and drift.severity == "note"
+    )

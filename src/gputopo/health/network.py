@@ -27,6 +27,7 @@ import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from gputopo.findings import NOTE, PROBLEM, Finding
 from gputopo.topology.pcie_path import PciPath, normal_bdf
@@ -35,6 +36,10 @@ NVSENTINEL = "NVSentinel NIC health monitor (docs/nic-health-monitor/link-counte
 NVSENTINEL_STATE = "NVSentinel NIC health monitor (docs/nic-health-monitor/link-state-detection.md)"
 # Counters whose any rise is fatal in NVSentinel's table.
 FATAL_COUNTERS = ("link_downed", "excessive_buffer_overrun_errors", "local_link_integrity_errors")
+# What the reader reads (only these: each counters/ read is a firmware query on InfiniBand adapters).
+COUNTERS = (*FATAL_COUNTERS, "symbol_error", "link_error_recovery", "port_rcv_errors")
+# hw_counters/ (mlx5): rnr_nak_retry_err is fatal in NVSentinel's table (the connection is severed).
+HW_COUNTERS = ("rnr_nak_retry_err", "local_ack_timeout_err", "roce_slow_restart")
 SYMBOL_ERROR_PER_S = 10.0
 CARRIER_CHANGES_PER_INTERVAL = 2
 MIN_RATE_WINDOW_S = 1.0
@@ -305,7 +310,7 @@ def _counters(old: PortReading, new: PortReading, window_s: float, rail: Rail) -
             return None
         return b - a
 
-    for name in FATAL_COUNTERS:
+    for name in (*FATAL_COUNTERS, "hw_rnr_nak_retry_err"):
         d = rise(name)
         if d:
             out.append(
@@ -392,3 +397,54 @@ def network_facts(ports: Sequence[PortReading], mode: str | None) -> dict[str, o
         "rates_gbps": sorted((p.rate_gbps for p in rdma if p.rate_gbps is not None), reverse=True),
         "ports": {p.name: p.rate_gbps for p in ports if p.kind == IB},
     }
+
+
+def network_changes(saved: Any, now: Mapping[str, Any] | None) -> list[Finding]:
+    """What changed in the network facts since the baseline (``network_facts`` of both): a port gone or
+    slower is a problem; GPUDirect RDMA or the IOMMU mode changed is a note (a node that differs from its
+    siblings in either runs NCCL differently). A baseline without network facts (older) compares nothing."""
+    if not isinstance(saved, Mapping) or now is None:
+        return []
+    out: list[Finding] = []
+    old_ports = saved.get("ports") if isinstance(saved.get("ports"), Mapping) else {}
+    new_ports = now.get("ports") or {}
+    for name, rate in sorted(old_ports.items()):
+        if name not in new_ports:
+            out.append(
+                Finding(
+                    name,
+                    f"RDMA port {name} is in the baseline but not on this node",
+                    "check `ibstat` and the NIC's driver (`dmesg | grep mlx5`); a missing rail slows every "
+                    "inter-node job",
+                    category="network",
+                    action="drain",
+                )
+            )
+        elif (
+            isinstance(rate, (int, float))
+            and isinstance(new_ports[name], (int, float))
+            and new_ports[name] < rate
+        ):
+            out.append(
+                Finding(
+                    name,
+                    f"RDMA port {name} runs at {new_ports[name]:g} Gb/s, the baseline has {rate:g} Gb/s",
+                    "check the cable and transceiver (`mlxlink`); reseat or replace them",
+                    category="network",
+                    action="replace",
+                )
+            )
+    for key, words in (("gdr", "GPUDirect RDMA"), ("iommu", "the IOMMU mode")):
+        if key in saved and saved.get(key) != now.get(key):
+            out.append(
+                Finding(
+                    "GPUDirect RDMA" if key == "gdr" else "kernel command line",
+                    f"{words} is {now.get(key)} here, the baseline has {saved.get(key)}",
+                    "make the node match its siblings (nvidia-peermem loaded at boot, the same kernel "
+                    "command line), or save a new baseline if the change is meant",
+                    severity=NOTE,
+                    category="network" if key == "gdr" else "config",
+                    action="config",
+                )
+            )
+    return out
