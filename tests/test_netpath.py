@@ -451,3 +451,14 @@ def test_run_facts_and_drift_carry_the_gpudirect_mode(
     assert (
         drift.text() == "GPUDirect RDMA: nvidia_peermem on node0; none on node1" and drift.severity == "note"
     )
+
+
+def test_the_health_rules_page_lists_every_network_and_path_rule_with_its_source() -> None:
+    from gputopo.health.network import RULES
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "health-rules.md").read_text()
+    section = page.split("## Network ports and the PCIe path", 1)[1].split("\n## ", 1)[0]
+    for rule in RULES:
+        row = next((line for line in section.splitlines() if line.startswith(f"| `{rule.name}` |")), None)
+        assert row is not None, rule.name
+        assert f"| {rule.severity} |" in row and f"| {rule.limit} |" in row

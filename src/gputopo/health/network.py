@@ -45,6 +45,109 @@ CARRIER_CHANGES_PER_INTERVAL = 2
 MIN_RATE_WINDOW_S = 1.0
 
 IB, ETH = "ib", "eth"
+NCCL_ACS = "NCCL troubleshooting guide, PCI Access Control Services (ACS)"
+
+
+@dataclass(frozen=True)
+class NetRule:
+    """One rule of the network and PCIe-path checks, as docs/health-rules.md lists it: its name, category,
+    severity, limit in words, what it means and its source (tests/test_netpath.py keeps the page and this
+    table in step)."""
+
+    name: str
+    category: str
+    severity: str
+    limit: str
+    meaning: str
+    source: str
+
+
+RULES: tuple[NetRule, ...] = (
+    NetRule(
+        "port_link_downed",
+        "network",
+        PROBLEM,
+        "any rise",
+        "the link retrained between the readings",
+        NVSENTINEL,
+    ),
+    NetRule(
+        "port_buffer_overrun",
+        "network",
+        PROBLEM,
+        "any rise",
+        "excessive_buffer_overrun_errors: the lossless contract broke",
+        NVSENTINEL,
+    ),
+    NetRule("port_link_integrity", "network", PROBLEM, "any rise", "local_link_integrity_errors", NVSENTINEL),
+    NetRule(
+        "port_rnr_nak_retry",
+        "network",
+        PROBLEM,
+        "any rise",
+        "hw_counters/rnr_nak_retry_err: a connection was severed",
+        NVSENTINEL,
+    ),
+    NetRule(
+        "port_symbol_errors",
+        "network",
+        PROBLEM,
+        "above 10/s (window at least 1 s)",
+        "symbol_error: the link degrades before its error correction gives out",
+        NVSENTINEL,
+    ),
+    NetRule(
+        "port_carrier_flaps",
+        "network",
+        PROBLEM,
+        "more than 2 per window",
+        "carrier_changes of an Ethernet interface",
+        NVSENTINEL,
+    ),
+    NetRule(
+        "port_down",
+        "network",
+        PROBLEM,
+        "DOWN, Polling or Disabled while a peer is ACTIVE",
+        "a port "
+        "of the same kind and NIC model is up; a note for a port with no GPU on its NUMA node or "
+        "switch",
+        NVSENTINEL_STATE,
+    ),
+    NetRule(
+        "port_slow",
+        "network",
+        PROBLEM,
+        "below the fastest active peer",
+        "a link trained down (200 among 400 Gb/s)",
+        NVSENTINEL_STATE,
+    ),
+    NetRule(
+        "gpudirect_off",
+        "network",
+        NOTE,
+        "RDMA ports, no peer-memory path",
+        "no nvidia_peermem, no nv_peer_mem, no DMA-BUF (open kernel module, Linux 5.12+)",
+        "NVIDIA GPU Operator, GPUDirect RDMA and GPUDirect Storage",
+    ),
+    NetRule(
+        "acs_redirect",
+        "pcie",
+        PROBLEM,
+        "ReqRedir+ or CmpltRedir+",
+        "a bridge below a GPU pair's (or "
+        "GPU-NIC pair's) meeting point redirects peer traffic to the root complex",
+        NCCL_ACS,
+    ),
+    NetRule(
+        "iommu_translated",
+        "config",
+        NOTE,
+        "intel_iommu=on / amd_iommu=on without iommu=pt",
+        "the IOMMU translates device DMA",
+        NCCL_ACS,
+    ),
+)
 
 
 @dataclass(frozen=True)
