@@ -462,3 +462,39 @@ def test_the_health_rules_page_lists_every_network_and_path_rule_with_its_source
         row = next((line for line in section.splitlines() if line.startswith(f"| `{rule.name}` |")), None)
         assert row is not None, rule.name
         assert f"| {rule.severity} |" in row and f"| {rule.limit} |" in row
+
+
+@needs_cc
+def test_doctor_carries_the_network_and_path_findings(driver: Path, tmp_path: Path) -> None:
+    pytest.importorskip("torch")  # doctor's tests run where its probe extras are installed
+    tree = st.eight_gpu_node(
+        tmp_path / "t", acs={RP2: st.REDIRECT, RP3: st.REDIRECT}, port_overrides={5: {"state": "1: DOWN"}}
+    )
+    out = fake_driver.run(
+        driver, machine(tmp_path), "doctor", "--skip-probe", "--json", extra_env=tree.env, timeout=280
+    )
+    doc = json.loads(out.stdout)
+    wheres = {f["where"]: f for f in doc["findings"]}
+    assert out.returncode == 1 and wheres["mlx5_5:1"]["category"] == "network"
+    assert "GPU5-GPU6" in wheres[f"PCIe bridge {RP2}"]["what"]
+    assert [r["best"]["gpus"] for r in doc["recommendations"] if r["n"] == 4] == [[0, 1, 2, 3]]
+
+
+def test_ethernet_interfaces_down_among_peers_or_flapping(tmp_path: Path) -> None:
+    tree = st.eight_gpu_node(tmp_path, nics=0)
+    devices = tmp_path / "sys" / "bus" / "pci" / "devices"
+    # Two 100 GbE ports on GPU0's and GPU2's switches (the GPUs' own functions stand in as their devices).
+    tree.netdev("ens1", devices / st.gpu_bdf(0))
+    tree.netdev("ens2", devices / st.gpu_bdf(2), operstate="down", speed=-1)
+    tree.netdev("lo", None)  # no device link: not a port
+    started = fabric.start(fs_of(tree))
+    tree.netdev("ens1", devices / st.gpu_bdf(0), carrier=9)
+    result = fabric.finish(started, GPUS)
+    by_where = {f.where: f for f in result.findings}
+    assert set(by_where) == {"ens1", "ens2"}
+    assert "carrier_changes rose by 8" in by_where["ens1"].what
+    assert (
+        "network interface ens2: down (down) while 1 other port(s) of its kind are up"
+        in by_where["ens2"].what
+    )
+    assert "GPU2, GPU3" in by_where["ens2"].what
