@@ -160,18 +160,25 @@ def probe_section(
     sizes_sets: list[list[int]],
     options: DoctorOptions,
     hook: ProbeHook | None,
+    sick: Mapping[int, str] | None = None,
 ) -> dict[str, Any] | None:
     """Every pair (short) and the recommended larger sets in one probe run (one pool of ranks, a fresh
-    one only after a hang or crash); its ``gputopo/probe/v1`` document."""
+    one only after a hang or crash); its ``gputopo/probe/v1`` document. What doctor already read is
+    handed down: the machine's topology (for the GPU list and the bandwidth model) and, on a live
+    machine, the health its window found (``sick``), so the probe reads neither again."""
     from gputopo.probe.plan.config import build_config
     from gputopo.probe.plan.options import Mode
     from gputopo.probe.plan.schedule import Job, make_plan
     from gputopo.probe.pool.devices import detect_devices, require_torch
     from gputopo.probe.pool.runner import run_probe
     from gputopo.probe.report.document import to_document
+    from gputopo.probe.shared import TopologyView
 
     require_torch()
-    inventory = detect_devices("cpu" if machine.simulated else None, nvml_timeout_s=options.nvml_timeout_s)
+    live_topology = None if machine.simulated else machine.topology
+    inventory = detect_devices(
+        "cpu" if machine.simulated else None, nvml_timeout_s=options.nvml_timeout_s, topology=live_topology
+    )
     if inventory.device == "cuda":
         # A preset CUDA_VISIBLE_DEVICES (a Slurm job) limits the GPUs this process may probe.
         allowed = set(inventory.gpus)
@@ -203,11 +210,15 @@ def probe_section(
         timed = sizes_sets if inventory.device == "cuda" else [max(sizes_sets, key=len)]
         speed = tuple((Job(tuple(s), ("speed",)),) for s in timed if tuple(s) in plan.sets)
         plan = replace(plan, rounds=plan.rounds + speed)
+    # The topology read once: live, the machine doctor read; simulated, the sample it loaded (what the
+    # probe's --input would load again).
+    view = TopologyView(machine.topology) if inventory.device == "cuda" or topology_input else None
+    handed = {"plan": plan, "view": view, "sick": None if machine.simulated else dict(sick or {})}
     if hook is None:
-        run = run_probe(config, plan=plan)
+        run = run_probe(config, **handed)
     else:
         with hook(plan) as bars:
-            run = run_probe(config, bars.update, plan=plan)
+            run = run_probe(config, bars.update, **handed)
     return to_document(run)
 
 
@@ -257,7 +268,9 @@ def probe_findings(
             (a, b) for i, a in enumerate(s["gpus"]) for b in s["gpus"][i + 1 :] if frozenset((a, b)) in behind
         ]
         for c in s["checks"]:
-            if c["verdict"] == "fail":
+            if c["name"] == "gpu" and c["verdict"] == "fail" and c.get("kind") in ("slow", "corrupt"):
+                out += per_gpu_findings(c)  # one finding per GPU the per-GPU check found slow or corrupt
+            elif c["verdict"] == "fail":
                 what = f"{c['name']} check failed ({c.get('kind')}): {c.get('detail')}"
                 if pairs and c.get("kind") in ("corrupt", "nan", "diverged"):
                     bridges = sorted({br for a, b in pairs for br in behind[frozenset((a, b))]})
@@ -277,6 +290,21 @@ def redirected_pairs(topo: Topology) -> tuple[tuple[int, int, tuple[str, ...]], 
     from gputopo import fabric
 
     return fabric.redirected(fabric.gpu_bus_ids([(g.index, g.pci_bus_id) for g in topo.gpus]))
+
+
+def per_gpu_findings(check: dict[str, Any]) -> list[Finding]:
+    """The per-GPU check's slow or corrupt GPUs, one finding each (``drain`` for a corrupt GPU)."""
+    out = []
+    for row in (check.get("metrics") or {}).get("rows") or []:
+        verdict = row.get("verdict")
+        if verdict in ("slow", "corrupt", "undecided"):
+            action = "drain" if verdict == "corrupt" else "monitor"
+            what = f"per-GPU check: {verdict}: {row.get('why')}"
+            remedy = check.get("remedy") or "see the probe report"
+            out.append(
+                Finding(f"GPU{row['gpu']}", what, remedy, gpu=row["gpu"], category="compute", action=action)
+            )
+    return out
 
 
 def run_doctor(options: DoctorOptions, probe_hook: ProbeHook | None = None) -> dict[str, Any]:
@@ -502,7 +530,7 @@ def run_probes(
     try:
         best = [r["best"]["gpus"] for r in sets.first if r["best"]]
         local = replace(options, inject=None, inject_gpus=None) if options.node is not None else options
-        return ProbeStep(probe_section(machine, sets.usable, best, local, probe_hook), None)
+        return ProbeStep(probe_section(machine, sets.usable, best, local, probe_hook, sets.unhealthy), None)
     except UnavailableError as exc:
         return ProbeStep(None, f"not run: {exc.message}" + (f" ({exc.hint})" if exc.hint else ""))
 
@@ -589,7 +617,10 @@ def across_nodes(
 
     node = options.node
     require_torch()
-    inventory = detect_devices("cpu" if machine.simulated else None, nvml_timeout_s=options.nvml_timeout_s)
+    live_topology = None if machine.simulated else machine.topology
+    inventory = detect_devices(
+        "cpu" if machine.simulated else None, nvml_timeout_s=options.nvml_timeout_s, topology=live_topology
+    )
     if inventory.device == "cuda":
         usable = [g for g in usable if g in set(inventory.gpus)]
     if not usable:

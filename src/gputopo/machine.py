@@ -102,15 +102,11 @@ def read_live_health(
     """
     from gputopo.health.judge import Judgement, NotChecked, judge, judge_one
     from gputopo.system import nvml
-    from gputopo.system.health_reads import HealthReader, read_two_samples
+    from gputopo.system.health_reads import sample_health
 
     timeout_s = nvml_timeout_s if nvml_timeout_s is not None else 5.0
     try:
-        if sample_s > 0:
-            first, second = read_two_samples(sample_s, timeout_s=timeout_s)
-            return judge(first, second)
-        with HealthReader(timeout_s) as reader:
-            wanted = None if gpus is None else [g for g in gpus if g < reader.count]
-            return judge_one(reader.sample(wanted))
+        first, last = sample_health(sample_s if sample_s > 0 else None, gpus=gpus, timeout_s=timeout_s)
     except nvml.NvmlUnavailable as exc:
         return Judgement((), (NotChecked("health", exc.message),))
+    return judge(first, last) if first is not None else judge_one(last)

@@ -70,6 +70,10 @@ def hang_command(
     from gputopo.hang.service import analyse
 
     out = Output(json_mode=json_out)
+    if html is not None:
+        from gputopo.outputs import check_output
+
+        check_output(html, "--html", "hang.html")  # before any work: a fifo or a folder is refused at once
     with paused_gc(freeze=True):  # one process, one report: the dumps' dicts need no collecting
         report = analyse(
             list(paths or []),
@@ -91,15 +95,10 @@ def hang_command(
 
 
 def _write_html(path: Path, report: object) -> None:
-    from gputopo.errors import InputError
     from gputopo.hang.html import render_html
+    from gputopo.outputs import write_output
 
-    try:
-        path.write_text(render_html(report), encoding="utf-8")  # type: ignore[arg-type]
-    except OSError as exc:
-        raise InputError(
-            f"--html {path}: cannot write ({exc.strerror or exc})", "give a writable path"
-        ) from None
+    write_output(path, render_html(report), "--html")  # type: ignore[arg-type]
 
 
 def _local_health(hosts: set[str]) -> dict[tuple[str, int], list[dict[str, object]]]:

@@ -135,10 +135,9 @@ def vbios_versions(indices: Iterable[int]) -> dict[int, str | None]:
         with nvml.session() as s:
             for i in indices:
                 try:
-                    value = s.device(i)._q("nvmlDeviceGetVbiosVersion")
+                    out[i] = s.device(i).vbios().value
                 except nvml.DeviceFailed:
-                    value = None
-                out[i] = value.decode() if isinstance(value, bytes) else value
+                    out[i] = None
     except Exception:  # noqa: BLE001 - no NVML (CPU machines, tests): the VBIOS is simply unknown
         return {}
     return out
