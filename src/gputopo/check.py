@@ -108,7 +108,7 @@ def run_check(options: CheckOptions, started: float | None = None) -> CheckResul
     if options.baseline is not None or options.save_baseline is not None:
         why_not = _no_time_for_baseline(options, sample, deadline)
         if why_not is None:
-            extra += _baseline(options, sample)
+            extra += _baseline(options, sample, net.facts)
         else:
             not_checked.append(NotChecked("baseline comparison", why_not))
     return summarize(
@@ -198,17 +198,23 @@ def _no_time_for_baseline(options: CheckOptions, sample: HealthSample | None, de
     return None
 
 
-def _baseline(options: CheckOptions, sample: HealthSample | None) -> list[Finding]:
-    """Save this node's baseline and/or compare it with the given one."""
+def _baseline(options: CheckOptions, sample: HealthSample | None, network: Any = None) -> list[Finding]:
+    """Save this node's baseline and/or compare it with the given one. ``network`` is ``fabric``'s facts
+    (GPUDirect mode, RDMA ports and their rates, IOMMU mode), kept under ``network``."""
+    from gputopo.health.network import network_changes
     from gputopo.system.inventory import read_live
 
     doc = baseline.baseline_from(read_live(nvml_timeout_s=options.nvml_timeout_s), sample)
+    if network is not None:
+        doc["network"] = dict(network)
     if options.save_baseline is not None:
         from gputopo.outputs import write_output
 
         saved = baseline.fleet_baseline(doc) if options.fleet else doc
         write_output(options.save_baseline, baseline.dumps(saved), "--save-baseline")
-    return baseline.compare(options.baseline, doc) if options.baseline is not None else []
+    if options.baseline is None:
+        return []
+    return baseline.compare(options.baseline, doc) + network_changes(options.baseline.get("network"), network)
 
 
 def load_baseline(path: Path) -> dict[str, Any]:

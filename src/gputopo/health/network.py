@@ -27,6 +27,7 @@ import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from gputopo.findings import NOTE, PROBLEM, Finding
 from gputopo.topology.pcie_path import PciPath, normal_bdf
@@ -35,11 +36,118 @@ NVSENTINEL = "NVSentinel NIC health monitor (docs/nic-health-monitor/link-counte
 NVSENTINEL_STATE = "NVSentinel NIC health monitor (docs/nic-health-monitor/link-state-detection.md)"
 # Counters whose any rise is fatal in NVSentinel's table.
 FATAL_COUNTERS = ("link_downed", "excessive_buffer_overrun_errors", "local_link_integrity_errors")
+# What the reader reads (only these: each counters/ read is a firmware query on InfiniBand adapters).
+COUNTERS = (*FATAL_COUNTERS, "symbol_error", "link_error_recovery", "port_rcv_errors")
+# hw_counters/ (mlx5): rnr_nak_retry_err is fatal in NVSentinel's table (the connection is severed).
+HW_COUNTERS = ("rnr_nak_retry_err", "local_ack_timeout_err", "roce_slow_restart")
 SYMBOL_ERROR_PER_S = 10.0
 CARRIER_CHANGES_PER_INTERVAL = 2
 MIN_RATE_WINDOW_S = 1.0
 
 IB, ETH = "ib", "eth"
+NCCL_ACS = "NCCL troubleshooting guide, PCI Access Control Services (ACS)"
+
+
+@dataclass(frozen=True)
+class NetRule:
+    """One rule of the network and PCIe-path checks, as docs/health-rules.md lists it: its name, category,
+    severity, limit in words, what it means and its source (tests/test_netpath.py keeps the page and this
+    table in step)."""
+
+    name: str
+    category: str
+    severity: str
+    limit: str
+    meaning: str
+    source: str
+
+
+RULES: tuple[NetRule, ...] = (
+    NetRule(
+        "port_link_downed",
+        "network",
+        PROBLEM,
+        "any rise",
+        "the link retrained between the readings",
+        NVSENTINEL,
+    ),
+    NetRule(
+        "port_buffer_overrun",
+        "network",
+        PROBLEM,
+        "any rise",
+        "excessive_buffer_overrun_errors: the lossless contract broke",
+        NVSENTINEL,
+    ),
+    NetRule("port_link_integrity", "network", PROBLEM, "any rise", "local_link_integrity_errors", NVSENTINEL),
+    NetRule(
+        "port_rnr_nak_retry",
+        "network",
+        PROBLEM,
+        "any rise",
+        "hw_counters/rnr_nak_retry_err: a connection was severed",
+        NVSENTINEL,
+    ),
+    NetRule(
+        "port_symbol_errors",
+        "network",
+        PROBLEM,
+        "above 10/s (window at least 1 s)",
+        "symbol_error: the link degrades before its error correction gives out",
+        NVSENTINEL,
+    ),
+    NetRule(
+        "port_carrier_flaps",
+        "network",
+        PROBLEM,
+        "more than 2 per window",
+        "carrier_changes of an Ethernet interface",
+        NVSENTINEL,
+    ),
+    NetRule(
+        "port_down",
+        "network",
+        PROBLEM,
+        "DOWN, Polling or Disabled while a peer is ACTIVE",
+        "a port "
+        "of the same kind and NIC model is up; a note for a port with no GPU on its NUMA node or "
+        "switch",
+        NVSENTINEL_STATE,
+    ),
+    NetRule(
+        "port_slow",
+        "network",
+        PROBLEM,
+        "below the fastest active peer",
+        "a link trained down (200 among 400 Gb/s)",
+        NVSENTINEL_STATE,
+    ),
+    NetRule(
+        "gpudirect_off",
+        "network",
+        NOTE,
+        "RDMA ports, no peer-memory path",
+        "no nvidia_peermem, no nv_peer_mem, no DMA-BUF (open kernel module, Linux 5.12+)",
+        "NVIDIA GPU Operator, GPUDirect RDMA and GPUDirect Storage",
+    ),
+    NetRule(
+        "acs_redirect",
+        "pcie",
+        PROBLEM,
+        "ReqRedir+ or CmpltRedir+",
+        "a bridge below a GPU pair's (or "
+        "GPU-NIC pair's) meeting point redirects peer traffic to the root complex",
+        NCCL_ACS,
+    ),
+    NetRule(
+        "iommu_translated",
+        "config",
+        NOTE,
+        "intel_iommu=on / amd_iommu=on without iommu=pt",
+        "the IOMMU translates device DMA",
+        NCCL_ACS,
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -305,7 +413,7 @@ def _counters(old: PortReading, new: PortReading, window_s: float, rail: Rail) -
             return None
         return b - a
 
-    for name in FATAL_COUNTERS:
+    for name in (*FATAL_COUNTERS, "hw_rnr_nak_retry_err"):
         d = rise(name)
         if d:
             out.append(
@@ -392,3 +500,54 @@ def network_facts(ports: Sequence[PortReading], mode: str | None) -> dict[str, o
         "rates_gbps": sorted((p.rate_gbps for p in rdma if p.rate_gbps is not None), reverse=True),
         "ports": {p.name: p.rate_gbps for p in ports if p.kind == IB},
     }
+
+
+def network_changes(saved: Any, now: Mapping[str, Any] | None) -> list[Finding]:
+    """What changed in the network facts since the baseline (``network_facts`` of both): a port gone or
+    slower is a problem; GPUDirect RDMA or the IOMMU mode changed is a note (a node that differs from its
+    siblings in either runs NCCL differently). A baseline without network facts (older) compares nothing."""
+    if not isinstance(saved, Mapping) or now is None:
+        return []
+    out: list[Finding] = []
+    old_ports = saved.get("ports") if isinstance(saved.get("ports"), Mapping) else {}
+    new_ports = now.get("ports") or {}
+    for name, rate in sorted(old_ports.items()):
+        if name not in new_ports:
+            out.append(
+                Finding(
+                    name,
+                    f"RDMA port {name} is in the baseline but not on this node",
+                    "check `ibstat` and the NIC's driver (`dmesg | grep mlx5`); a missing rail slows every "
+                    "inter-node job",
+                    category="network",
+                    action="drain",
+                )
+            )
+        elif (
+            isinstance(rate, (int, float))
+            and isinstance(new_ports[name], (int, float))
+            and new_ports[name] < rate
+        ):
+            out.append(
+                Finding(
+                    name,
+                    f"RDMA port {name} runs at {new_ports[name]:g} Gb/s, the baseline has {rate:g} Gb/s",
+                    "check the cable and transceiver (`mlxlink`); reseat or replace them",
+                    category="network",
+                    action="replace",
+                )
+            )
+    for key, words in (("gdr", "GPUDirect RDMA"), ("iommu", "the IOMMU mode")):
+        if key in saved and saved.get(key) != now.get(key):
+            out.append(
+                Finding(
+                    "GPUDirect RDMA" if key == "gdr" else "kernel command line",
+                    f"{words} is {now.get(key)} here, the baseline has {saved.get(key)}",
+                    "make the node match its siblings (nvidia-peermem loaded at boot, the same kernel "
+                    "command line), or save a new baseline if the change is meant",
+                    severity=NOTE,
+                    category="network" if key == "gdr" else "config",
+                    action="config",
+                )
+            )
+    return out

@@ -161,6 +161,7 @@ class PairPath:
         return {
             "a": self.a.label,
             "b": self.b.label,
+            "kind": self.b.kind,
             "status": self.status,
             "common": self.common,
             "bridges": [b.bdf for b in self.below],
