@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import sysfs_tree
+
 SOURCE = Path(__file__).parent / "fakedriver" / "fake_nvml.c"
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -134,6 +136,9 @@ def env_for(lib_dir: Path, machine_file: Path) -> dict[str, str]:
     env["FAKE_NVML_CONFIG"] = str(machine_file)
     env["PYTHONPATH"] = str(SRC) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.update({"NO_COLOR": "1", "COLUMNS": "160", "TERM": "dumb"})
+    # sysfs and procfs as a clean captured-shape tree (tests/sysfs_tree.py), never this host's own: a test
+    # that wants ports or ACS sets GPUTOPO_SYSFS_ROOT / GPUTOPO_PROCFS_ROOT itself (extra_env).
+    env.update(sysfs_tree.clean_tree_for(machine_file).env)
     env["PATH"] = os.pathsep.join(
         p for p in env.get("PATH", "").split(os.pathsep) if not (Path(p) / "nvidia-smi").exists()
     )

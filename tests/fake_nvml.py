@@ -20,6 +20,7 @@ switches across two sockets: PIX, PXB, PHB, NODE, SYS; GPU2 busy at x8 of x16), 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ import pynvml
 
 NVSWITCH = "nvswitch"
 _MIB = 1024 * 1024
+_FABRIC_COMPLETED = 3  # NVML_GPU_FABRIC_STATE_COMPLETED
 _SWITCHES = 4  # NVSwitch chips on the fake HGX baseboard; links are spread over them round-robin
 
 
@@ -62,6 +64,37 @@ class FakeGpu:
     links: tuple[FakeLink, ...] = ()
     lost: bool = False
     unsupported: set[str] = field(default_factory=set)
+    health: FakeHealth = field(default_factory=lambda: FakeHealth())
+    mig_devices: tuple[str, ...] | None = None  # MIG device UUIDs when MIG is on; None: a GPU without MIG
+
+
+@dataclass
+class FakeHealth:
+    """What the health queries of one fake GPU answer: a sound GPU by default. Counters are NVML's totals;
+    ``fields`` maps an NVML field id to its value (a missing id answers NOT_SUPPORTED in its own return
+    code); ``nvlink_errors`` maps a link to (replay, recovery, crc flit, crc data); ``fabric`` is (state,
+    status, clique, health mask) or ``None`` where the GPU has no fabric (NOT_SUPPORTED)."""
+
+    ecc_mode: tuple[int, int] = (1, 1)
+    ecc_errors: dict[tuple[str, str], int] = field(
+        default_factory=dict
+    )  # (corrected|uncorrected, volatile|aggregate)
+    remapped_rows: tuple[int, int, int, int] | None = (0, 0, 0, 0)
+    retired_pages: dict[str, int] | None = None  # sbe/dbe counts on pre-Ampere GPUs; None: Ampere and later
+    retired_pending: bool = False
+    clocks_event_reasons: int = 0
+    temperature_c: int = 34
+    power_mw: int = 71000
+    power_limit_mw: int = 700000
+    pcie_replays: int = 0
+    persistence: bool = True
+    vbios: str = "96.00.99.00.01"
+    fields: dict[int, int] = field(
+        default_factory=lambda: {230: 0}
+    )  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: none
+    nvlink_errors: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)
+    fabric: tuple[int, int, int, int] | None = None
+    xid_events: bool = True
 
 
 @dataclass(frozen=True)
@@ -69,6 +102,13 @@ class FakeHandle:
     """What ``nvmlDeviceGetHandleByIndex`` returns."""
 
     index: int
+
+
+@dataclass(frozen=True)
+class FakeMigHandle:
+    """What ``nvmlDeviceGetMigDeviceHandleByIndex`` returns: a MIG device, known by its UUID."""
+
+    uuid: str
 
 
 def _err(code: int) -> pynvml.NVMLError:
@@ -95,7 +135,10 @@ class FakeNvml:
     ``p2p_overrides`` maps ``(a, b, "read"|"write"|"nvlink"|"atomics")`` to a ``NVML_P2P_STATUS_*``.
     ``init_error`` is the ``NVML_ERROR_*`` code ``nvmlInit`` fails with. ``remote_type_supported=False``
     is a driver without ``nvmlDeviceGetNvLinkRemoteDeviceType``; ``process_api_v3=False`` a driver older
-    than the v3 process query (pynvml then raises ``NVMLLibraryMismatchError``).
+    than the v3 process query (pynvml then raises ``NVMLLibraryMismatchError``). ``health=True`` answers
+    the health and Xid event queries from each GPU's ``FakeHealth``; by default they answer
+    FUNCTION_NOT_FOUND, as a driver without them does (the machines' goldens were made that way).
+    ``calls`` counts every NVML function looked up, so a test can count the reads.
     """
 
     def __init__(
@@ -110,6 +153,7 @@ class FakeNvml:
         init_error: int | None = None,
         remote_type_supported: bool = True,
         process_api_v3: bool = True,
+        health: bool = False,
     ) -> None:
         self.gpus = gpus
         self.processes = processes or {}
@@ -120,8 +164,19 @@ class FakeNvml:
         self.init_error = init_error
         self.remote_type_supported = remote_type_supported
         self.process_api_v3 = process_api_v3
+        self.health = health
         self.init_count = 0
         self.shutdown_count = 0
+        self._handles: dict[int, FakeHandle] = {}
+        self.calls: Counter[str] = Counter()
+        """How often each NVML function was called (looked up) on this fake: tests count the reads."""
+        self.event_sets: dict[int, list[tuple[int, int]]] = {}
+        """Event sets: each holds the (GPU index, Xid) events a test queued with ``queue_xid``."""
+
+    def __getattribute__(self, name: str) -> Any:
+        if name.startswith("nvml"):
+            object.__getattribute__(self, "calls")[name] += 1
+        return object.__getattribute__(self, name)
 
     # -- installing -------------------------------------------------------------------------------
 
@@ -144,7 +199,7 @@ class FakeNvml:
     def nvlink_box(cls, **options: Any) -> FakeNvml:
         """8x RTX A6000 with NVLink bridges (NV4) on pairs 0-1, 2-3, 4-5, 6-7; GPUs 0-3 on socket 0
         (CPUs 0-31, NUMA 0), 4-7 on socket 1 (CPUs 32-63, NUMA 1), each GPU on its own root complex,
-        so NODE within a socket and SYS across (the seed machine of DESIGN.md)."""
+        so NODE within a socket and SYS across (the seed machine of docs/design.md)."""
         buses = (0x1A, 0x1B, 0x3D, 0x3E, 0x88, 0x89, 0xB1, 0xB2)
         gpus = []
         for i, bus in enumerate(buses):
@@ -186,6 +241,7 @@ class FakeNvml:
                     pcie=(5, 5, 16, 16),
                     memory_total_mib=81559,
                     links=tuple(FakeLink(NVSWITCH) for _ in range(18)),
+                    health=FakeHealth(fabric=(_FABRIC_COMPLETED, 0, 7, 0)),
                 )
             )
         return cls(gpus, **options)
@@ -343,12 +399,14 @@ class FakeNvml:
         self._check_init()
         if not 0 <= index < len(self.gpus):
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return FakeHandle(index)
+        return self._handles.setdefault(index, FakeHandle(index))  # one handle per GPU, as NVML's
 
     def nvmlDeviceGetName(self, handle: FakeHandle) -> str:
         return self._gpu(handle, "nvmlDeviceGetName").name
 
-    def nvmlDeviceGetUUID(self, handle: FakeHandle) -> str:
+    def nvmlDeviceGetUUID(self, handle: FakeHandle | FakeMigHandle) -> str:
+        if isinstance(handle, FakeMigHandle):
+            return handle.uuid
         return self._gpu(handle, "nvmlDeviceGetUUID").uuid
 
     def nvmlDeviceGetPciInfo(self, handle: FakeHandle) -> SimpleNamespace:
@@ -461,3 +519,176 @@ class FakeNvml:
         if self._level(a, b) == pynvml.NVML_TOPOLOGY_SYSTEM:
             return pynvml.NVML_P2P_STATUS_CHIPSET_NOT_SUPPORTED
         return pynvml.NVML_P2P_STATUS_OK
+
+    def nvmlDeviceGetMigMode(self, device: FakeHandle) -> list[int]:
+        gpu = self._gpu(device, "nvmlDeviceGetMigMode")
+        if gpu.mig_devices is None:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        on = int(bool(gpu.mig_devices))
+        return [on, on]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: FakeHandle) -> int:
+        gpu = self._gpu(device, "nvmlDeviceGetMaxMigDeviceCount")
+        if gpu.mig_devices is None:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: FakeHandle, index: int) -> Any:
+        gpu = self._gpu(device, "nvmlDeviceGetMigDeviceHandleByIndex")
+        if not gpu.mig_devices or index >= len(gpu.mig_devices):
+            raise _err(pynvml.NVML_ERROR_NOT_FOUND)
+        return FakeMigHandle(gpu.mig_devices[index])
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: FakeHandle) -> list[Any]:
+        self._gpu(handle, "nvmlDeviceGetMPSComputeRunningProcesses")
+        raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)  # no MPS server on the fake machines
+
+    def nvmlDeviceGetMPSComputeRunningProcesses_v2(self, handle: FakeHandle) -> list[Any]:
+        return self.nvmlDeviceGetMPSComputeRunningProcesses(handle)
+
+    def nvmlSystemGetProcessName(self, pid: int) -> str:
+        self._check_init()
+        try:
+            with open(f"/proc/{pid}/comm", encoding="utf-8") as f:
+                return f.read().strip()
+        except OSError:
+            raise _err(pynvml.NVML_ERROR_NOT_FOUND) from None
+
+    # -- health ------------------------------------------------------------------------------------
+
+    def _health(self, handle: FakeHandle, fn: str) -> FakeHealth:
+        gpu = self._gpu(handle, fn)
+        if not self.health:
+            raise _err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return gpu.health
+
+    def nvmlDeviceGetVbiosVersion(self, handle: FakeHandle) -> str:
+        return self._health(handle, "nvmlDeviceGetVbiosVersion").vbios
+
+    def nvmlDeviceGetEccMode(self, handle: FakeHandle) -> list[int]:
+        return list(self._health(handle, "nvmlDeviceGetEccMode").ecc_mode)
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: FakeHandle, errorType: int, counterType: int) -> int:
+        h = self._health(handle, "nvmlDeviceGetTotalEccErrors")
+        error = "uncorrected" if errorType == pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED else "corrected"
+        counter = "volatile" if counterType == pynvml.NVML_VOLATILE_ECC else "aggregate"
+        return h.ecc_errors.get((error, counter), 0)
+
+    def nvmlDeviceGetRemappedRows(self, device: FakeHandle) -> tuple[int, int, int, int]:
+        h = self._health(device, "nvmlDeviceGetRemappedRows")
+        if h.remapped_rows is None:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return h.remapped_rows
+
+    def nvmlDeviceGetRetiredPages(self, device: FakeHandle, sourceFilter: int) -> list[int]:
+        h = self._health(device, "nvmlDeviceGetRetiredPages")
+        if h.retired_pages is None:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        dbe = sourceFilter == pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+        return [0x1000 * (n + 1) for n in range(h.retired_pages.get("dbe" if dbe else "sbe", 0))]
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, device: FakeHandle) -> int:
+        h = self._health(device, "nvmlDeviceGetRetiredPagesPendingStatus")
+        if h.retired_pages is None:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return pynvml.NVML_FEATURE_ENABLED if h.retired_pending else pynvml.NVML_FEATURE_DISABLED
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: FakeHandle) -> int:
+        return self._health(handle, "nvmlDeviceGetCurrentClocksEventReasons").clocks_event_reasons
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: FakeHandle) -> int:
+        return self._health(handle, "nvmlDeviceGetCurrentClocksThrottleReasons").clocks_event_reasons
+
+    def nvmlDeviceGetTemperature(self, handle: FakeHandle, sensor: int) -> int:
+        return self._health(handle, "nvmlDeviceGetTemperature").temperature_c
+
+    def nvmlDeviceGetPowerUsage(self, handle: FakeHandle) -> int:
+        return self._health(handle, "nvmlDeviceGetPowerUsage").power_mw
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: FakeHandle) -> int:
+        return self._health(handle, "nvmlDeviceGetEnforcedPowerLimit").power_limit_mw
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle: FakeHandle) -> int:
+        return self._health(handle, "nvmlDeviceGetPcieReplayCounter").pcie_replays
+
+    def nvmlDeviceGetPersistenceMode(self, handle: FakeHandle) -> int:
+        on = self._health(handle, "nvmlDeviceGetPersistenceMode").persistence
+        return pynvml.NVML_FEATURE_ENABLED if on else pynvml.NVML_FEATURE_DISABLED
+
+    def nvmlDeviceGetFieldValues(self, handle: FakeHandle, fieldIds: list[int]) -> list[Any]:
+        h = self._health(handle, "nvmlDeviceGetFieldValues")
+        out = []
+        for fid in fieldIds:
+            known = fid in h.fields
+            out.append(
+                SimpleNamespace(
+                    fieldId=fid,
+                    nvmlReturn=pynvml.NVML_SUCCESS if known else pynvml.NVML_ERROR_NOT_SUPPORTED,
+                    valueType=3,  # NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                    value=SimpleNamespace(ullVal=h.fields.get(fid, 0)),
+                )
+            )
+        return out
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, device: FakeHandle, link: int, counter: int) -> int:
+        self._link(device, link, "nvmlDeviceGetNvLinkErrorCounter")
+        h = self._health(device, "nvmlDeviceGetNvLinkErrorCounter")
+        order = (
+            pynvml.NVML_NVLINK_ERROR_DL_REPLAY,
+            pynvml.NVML_NVLINK_ERROR_DL_RECOVERY,
+            pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT,
+            pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA,
+        )
+        return h.nvlink_errors.get(link, (0, 0, 0, 0))[order.index(counter)]
+
+    def _fabric(self, device: FakeHandle, info: Any, fn: str) -> None:
+        h = self._health(device, fn)
+        if h.fabric is None:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        target = info._obj  # ctypes.byref(struct): the struct the caller passed
+        target.state, target.status, target.cliqueId = h.fabric[0], h.fabric[1], h.fabric[2]
+        if hasattr(target, "healthMask"):
+            target.healthMask = h.fabric[3]
+
+    def nvmlDeviceGetGpuFabricInfoV(self, device: FakeHandle, gpuFabricInfo: Any) -> None:
+        self._fabric(device, gpuFabricInfo, "nvmlDeviceGetGpuFabricInfoV")
+
+    def nvmlDeviceGetGpuFabricInfo(self, device: FakeHandle, gpuFabricInfo: Any) -> None:
+        self._fabric(device, gpuFabricInfo, "nvmlDeviceGetGpuFabricInfo")
+
+    # -- Xid events --------------------------------------------------------------------------------
+
+    def queue_xid(self, gpu: int, xid: int) -> None:
+        """Make every event set with ``gpu`` registered report Xid ``xid`` on its next wait."""
+        for events in self.event_sets.values():
+            events.append((gpu, xid))
+
+    def nvmlEventSetCreate(self) -> int:
+        self._check_init()
+        key = len(self.event_sets) + 1
+        self.event_sets[key] = []
+        return key
+
+    def nvmlEventSetFree(self, eventSet: int) -> None:
+        self.event_sets.pop(eventSet, None)
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: FakeHandle) -> int:
+        h = self._health(handle, "nvmlDeviceGetSupportedEventTypes")
+        return pynvml.nvmlEventTypeXidCriticalError if h.xid_events else 0
+
+    def nvmlDeviceRegisterEvents(self, handle: FakeHandle, eventTypes: int, eventSet: int) -> None:
+        self._gpu(handle, "nvmlDeviceRegisterEvents")
+
+    def nvmlEventSetWait_v2(self, eventSet: int, timeoutms: int) -> Any:
+        events = self.event_sets.get(eventSet)
+        if not events:
+            raise _err(pynvml.NVML_ERROR_TIMEOUT)
+        gpu, xid = events.pop(0)
+        return SimpleNamespace(
+            device=self._handles.get(gpu, FakeHandle(gpu)),
+            eventType=pynvml.nvmlEventTypeXidCriticalError,
+            eventData=xid,
+        )
+
+    def nvmlEventSetWait(self, eventSet: int, timeoutms: int) -> Any:
+        return self.nvmlEventSetWait_v2(eventSet, timeoutms)

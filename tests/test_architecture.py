@@ -8,9 +8,12 @@ it needs neither torch nor import-linter and runs in the oldest-versions environ
 from __future__ import annotations
 
 import ast
+import io
+import re
 import shutil
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -142,3 +145,109 @@ def test_import_linter_contracts_are_kept():
         env={"PYTHONPATH": str(SRC), "PATH": str(Path(sys.executable).parent)},
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+# --- One door to NVML -----------------------------------------------------------------------------------
+#
+# Every NVML read goes through ``system/nvml.py`` (``Session.query`` and the typed ``NvmlBackend``): no
+# other module names an NVML function (in code: comments and prose may cite one) or reaches into the
+# private state of NVML's session, device or event set.
+
+NVML_MODULE = PACKAGE / "system" / "nvml.py"
+_NVML_FUNCTION = re.compile(r"nvml[A-Z]\w+")
+
+
+def nvml_functions_named(source: str, names: bool = True) -> list[tuple[int, str]]:
+    """(line, name) of every NVML function a module names in code: an identifier, or a string that is
+    nothing but the name (``getattr(lib, "nvmlDeviceGetEccMode")``). Comments and docstrings do not count."""
+    found = []
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if names and tok.type == tokenize.NAME and _NVML_FUNCTION.fullmatch(tok.string):
+            found.append((tok.start[0], tok.string))
+        elif tok.type == tokenize.STRING:
+            try:
+                value = ast.literal_eval(tok.string)
+            except (ValueError, SyntaxError):
+                continue
+            if isinstance(value, str) and _NVML_FUNCTION.fullmatch(value):
+                found.append((tok.start[0], value))
+    return found
+
+
+def nvml_private_names() -> set[str]:
+    """The private attributes and methods of system/nvml.py's classes (``_lib``, ``_errors``, ...)."""
+    names = set()
+    for node in ast.walk(ast.parse(NVML_MODULE.read_text())):
+        if isinstance(node, ast.ClassDef):
+            for sub in ast.walk(node):
+                if (
+                    isinstance(sub, ast.FunctionDef)
+                    and sub.name.startswith("_")
+                    and not sub.name.startswith("__")
+                ):
+                    names.add(sub.name)
+                if (
+                    isinstance(sub, ast.Attribute)
+                    and isinstance(sub.value, ast.Name)
+                    and sub.value.id == "self"
+                    and sub.attr.startswith("_")
+                    and not sub.attr.startswith("__")
+                ):
+                    names.add(sub.attr)
+    return names
+
+
+def private_reaches(source: str, private: set[str]) -> list[tuple[int, str]]:
+    """(line, attribute) where a module touches another object's ``private`` attribute (not ``self._x``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        own = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+        if isinstance(node, ast.Attribute) and node.attr in private and not own:
+            found.append((node.lineno, node.attr))
+    return found
+
+
+def test_only_system_nvml_names_an_nvml_function_or_its_session_state():
+    private = nvml_private_names()
+    assert {"_lib", "_errors", "_call"} <= private  # the finder sees the session's insides
+    found = {}
+    for name, path in module_names().items():
+        if path == NVML_MODULE:
+            continue
+        source = path.read_text()
+        hits = [
+            f"{line}: {what}"
+            for line, what in nvml_functions_named(source) + private_reaches(source, private)
+        ]
+        if hits:
+            found[name] = hits
+    assert found == {}, "NVML is read only through system/nvml.py (Session.query, Device's reads): " + repr(
+        found
+    )
+
+
+def test_the_nvml_door_check_catches_a_planted_call():
+    planted = 'fn = getattr(session._lib, "nvmlDeviceGetEccMode")\nvalue = lib.nvmlDeviceGetPowerUsage(h)\n'
+    assert [n for _, n in nvml_functions_named(planted)] == [
+        "nvmlDeviceGetEccMode",
+        "nvmlDeviceGetPowerUsage",
+    ]
+    assert private_reaches(planted, nvml_private_names()) == [(1, "_lib")]
+    # Prose is not a call: a comment or docstring may cite the function it is about.
+    assert nvml_functions_named('"""Reads nvmlDeviceGetEccMode."""\nx = 1  # nvmlDeviceGetEccMode\n') == []
+
+
+def test_nvml_calls_only_the_typed_backend_and_the_fake_implements_all_of_it():
+    """Every function system/nvml.py calls is declared in ``NvmlBackend``, and tests/fake_nvml.py's
+    ``FakeNvml`` implements every one of them, so the Python fake covers every read gputopo makes."""
+    from fake_nvml import FakeNvml
+    from gputopo.system.nvml import NvmlBackend
+
+    declared = {n for n in vars(NvmlBackend) if _NVML_FUNCTION.fullmatch(n)}
+    # The strings system/nvml.py passes as a function's name (prefixes and constants of pynvml aside).
+    not_functions = {"nvmlDeviceGet", "nvmlSystemGet", "nvmlMemory_v2", "nvmlEventTypeXidCriticalError"}
+    source = NVML_MODULE.read_text()
+    called = {name for _, name in nvml_functions_named(source, names=False)} - not_functions
+    assert len(called) > 40
+    assert called - declared == set(), "called through the door but not in NvmlBackend"
+    assert {n for n in declared if not hasattr(FakeNvml, n)} == set(), "NvmlBackend functions FakeNvml lacks"

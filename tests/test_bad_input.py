@@ -122,7 +122,8 @@ CASES = [
     ("probe --device gpu --gpus 0,1", 2),
     # probe across nodes (checked before torch or any rendezvous starts)
     ("probe --device cpu --gpus 0 --rdzv-endpoint localhost:29400", 2),
-    ("probe --device cpu --gpus 0 --inject slow", 2),
+    ("probe --device cpu --gpus 0 --mode ddp --inject slow", 2),  # slow: the per-GPU check's drill
+    ("probe --device cpu --gpus 0,1 --mode gpu --tolerance 150", 2),
     ("probe --device cpu --gpus 0 --nnodes 0", 2),
     ("probe --device cpu --gpus 0 --nnodes 2", 2),
     ("probe --device cpu --gpus 0 --nnodes 2 --node-rank 0", 2),

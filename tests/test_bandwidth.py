@@ -280,6 +280,6 @@ def test_ring_busbw_rejects_bad_sets(gpus):
 
 
 def test_ring_of_an_nvswitch_box_matches_the_design_figures():
-    """DESIGN.md: 8x A100 ~230 GB/s and 8x H100 ~370 GB/s measured; the model is their ceiling."""
+    """docs/design.md: 8x A100 ~230 GB/s and 8x H100 ~370 GB/s measured; the model is their ceiling."""
     h100 = ring_busbw_gbps(samples.load("hgx-h100-nvswitch"), range(8))
     assert h100 is not None and math.isclose(h100, 18 * 20.6)

@@ -247,7 +247,7 @@ def test_doctor_end_to_end_on_cpu_ranks_writes_reports_a_browser_renders(tmp_pat
     total = re.search(r'data-images-total="(\d+)"', dom.stdout)
     loaded = re.search(r'data-images-loaded="(\d+)"', dom.stdout)
     assert total and loaded, dom.stderr[-2000:]
-    assert int(total.group(1)) == 4  # topology, pair heatmaps, busbw curves, speed bars
+    assert int(total.group(1)) == 5  # topology, pair heatmaps, busbw curves, per-GPU bars, speed bars
     assert loaded.group(1) == total.group(1)
     shot = tmp_path / "shot.png"
     subprocess.run(

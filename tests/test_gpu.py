@@ -127,3 +127,24 @@ def test_the_xid_listener_registers_every_gpu_and_waits_quietly():
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout)
     assert got["registered"] and got["why_not"] is None and got["events"] == 0, got
+
+
+def test_probe_mode_gpu_measures_every_gpu_on_its_own(tmp_path):
+    """The per-GPU check on the real GPUs: four positive numbers per GPU, tensor-core bf16 matmul, the same
+    bits on every GPU of a model, and where the datasheet table knows the model, at least the floor."""
+    out = gputopo(
+        "probe", "--mode", "gpu", "--precision", "bf16", "--report-dir", str(tmp_path), "--json", timeout=600
+    )
+    assert out.returncode in (0, 1), out.stderr[-3000:]
+    doc = json.loads(out.stdout)
+    section = doc["per_gpu"]
+    assert doc["device"] == "cuda" and section["simulated"] is False and section["precision"] == "bf16"
+    for r in section["gpus"]:
+        assert all(r[k] > 0 for k in ("matmul_tflops", "memory_gbps", "h2d_gbps", "d2h_gbps")), r
+        assert r["result_hash"] and r["verdict"] in ("pass", "slow", "corrupt", "undecided")
+        if r["peak"]:
+            assert r["matmul_tflops"] <= r["peak"]["matmul_tflops"] * 1.05  # never above the datasheet
+    # A healthy machine passes; a real slow or corrupt GPU is the one case this test reports as such.
+    assert doc["verdict"] == "pass", [
+        f"GPU{r['gpu']} {r['verdict']}: {r.get('why')}" for r in section["gpus"]
+    ]

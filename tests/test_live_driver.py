@@ -226,7 +226,7 @@ def test_probe_dry_run_names_the_uuids_without_a_preset(driver: Path, tmp_path: 
     doc = json.loads(result.stdout)
     assert doc["schema"] == "gputopo/probe-plan/v1" and doc["device"] == "cuda"
     launches = doc["launches"]
-    assert [c for launch in launches for c in launch["checks"]] == ["p2p", "dp", "ddp", "allreduce"]
+    assert [c for launch in launches for c in launch["checks"]] == ["gpu", "p2p", "dp", "ddp", "allreduce"]
     for launch in launches:
         assert launch["gpus"] == [7, 1] and launch["uuids"] == [uuid(7), uuid(1)]
         assert launch["bus_ids"] == [bus(7), bus(1)]
@@ -242,7 +242,8 @@ def test_probe_dry_run_names_the_uuids_without_a_preset(driver: Path, tmp_path: 
 def test_probe_dry_run_default_set_leaves_out_what_cannot_be_probed(driver: Path, tmp_path: Path) -> None:
     result = dry_run(driver, tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "round 0: GPUs 0,1,2,7: p2p" in result.stdout and "GPUs 0,1,2,7: allreduce" in result.stdout
+    assert "round 0: GPUs 0,1,2,7: gpu" in result.stdout and "round 1: GPUs 0,1,2,7: p2p" in result.stdout
+    assert "GPUs 0,1,2,7: allreduce" in result.stdout
     assert "GPU5 left out: MIG enabled" in result.stdout
 
 

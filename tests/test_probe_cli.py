@@ -57,7 +57,7 @@ def test_healthy_cpu_run_of_every_check_within_a_minute(tmp_path):
     doc = json.loads(done.stdout)  # the whole of stdout is one JSON document
     assert doc["schema"] == "gputopo/probe/v1" and doc["device"] == "cpu" and doc["verdict"] == "pass"
     checks = checks_of(doc)
-    assert list(checks) == ["p2p", "dp", "ddp", "allreduce"]
+    assert list(checks) == ["gpu", "p2p", "dp", "ddp", "allreduce"]
     assert checks["p2p"]["verdict"] == "skipped" and "CPU stand-ins" in checks["p2p"]["detail"]
     for name in ("dp", "ddp", "allreduce"):
         assert checks[name]["verdict"] == "pass", checks[name]["detail"]

@@ -52,7 +52,7 @@ def test_repeated_gpus_make_several_sets_and_mode_picks_checks():
     c = build_config(EIGHT_GPU_BOX, ["5,6", "6,7"], mode=Mode.DDP)
     assert c.sets == ((5, 6), (6, 7))
     assert c.checks == ("ddp",)
-    assert build_config(EIGHT_GPU_BOX, ["0,1"]).checks == ("p2p", "dp", "ddp", "allreduce")
+    assert build_config(EIGHT_GPU_BOX, ["0,1"]).checks == ("gpu", "p2p", "dp", "ddp", "allreduce")
 
 
 def test_each_pair_takes_the_union_of_listed_gpus_or_all():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from itertools import combinations
 
 from hypothesis import given
@@ -28,6 +29,7 @@ def test_round_robin_meets_every_pair_once_in_disjoint_rounds(gpus):
 def test_a_sets_checks_keep_their_order_and_overlapping_sets_never_share_a_step():
     plan = make_plan(build_config(EIGHT_GPU_BOX, ["5,6", "6,7"]))
     assert [[(j.gpus, j.checks) for j in rnd] for rnd in plan.rounds] == [
+        [((5, 6, 7), ("gpu",))],  # every GPU on its own, once, first (reported as a set of its own)
         [((5, 6), ("p2p",))],
         [((6, 7), ("p2p",))],
         [((5, 6), ("dp", "ddp"))],
@@ -35,7 +37,7 @@ def test_a_sets_checks_keep_their_order_and_overlapping_sets_never_share_a_step(
         [((5, 6), ("allreduce",))],
         [((6, 7), ("allreduce",))],
     ]
-    assert plan.sets == ((5, 6), (6, 7)) and plan.gpus == (5, 6, 7)
+    assert plan.sets == ((5, 6), (6, 7), (5, 6, 7)) and plan.gpus == (5, 6, 7)
 
 
 def test_disjoint_sets_share_their_correctness_step():
@@ -44,8 +46,10 @@ def test_disjoint_sets_share_their_correctness_step():
 
 
 def test_each_pair_runs_training_checks_concurrently_and_timed_checks_alone():
-    plan = make_plan(build_config(EIGHT_GPU_BOX, ["0,1,2,3"], each_pair=True))
-    assert plan.sets == tuple(combinations((0, 1, 2, 3), 2))
+    plan = make_plan(build_config(EIGHT_GPU_BOX, ["0,1,2,3"], each_pair=True, mode=Mode.ALL))
+    assert plan.sets == (*combinations((0, 1, 2, 3), 2), (0, 1, 2, 3))
+    assert [(j.gpus, j.checks) for j in plan.rounds[0]] == [((0, 1, 2, 3), ("gpu",))]
+    plan = replace(plan, rounds=plan.rounds[1:], sets=plan.sets[:-1])  # the pairs' own steps, below
     together = [rnd for rnd in plan.rounds if rnd[0].checks == ("dp", "ddp")]
     alone = [rnd for rnd in plan.rounds if set(rnd[0].checks) <= TIMED_CHECKS]
     assert len(together) == 3 and all(len(rnd) == 2 for rnd in together)

@@ -51,7 +51,7 @@ def test_an_unsupported_precision_becomes_a_skipped_check():
 def test_each_precision_gets_its_own_dp_and_ddp_check_in_launch_order():
     config = build_config(CPU, ["0,1"], mode=Mode.ALL, precisions=["fp16", "fp32", "fp16"])
     assert config.precisions == ("fp16", "fp32")
-    assert config.checks == ("p2p", "dp@fp16", "dp", "ddp@fp16", "ddp", "allreduce")
+    assert config.checks == ("gpu", "p2p", "dp@fp16", "dp", "ddp@fp16", "ddp", "allreduce")
     assert sorted(["allreduce", "ddp@bf16", "dp", "p2p"], key=check_rank) == [
         "p2p",
         "dp",
@@ -252,7 +252,7 @@ def test_bf16_and_fp16_pass_for_dp_and_ddp_on_a_healthy_run(tmp_path):
     done, _ = probe(tmp_path, *args, timeout=400)
     assert done.returncode == 0, done.stdout + done.stderr
     checks = _checks(tmp_path, done)
-    assert list(checks) == ["p2p", "dp@bf16", "dp@fp16", "ddp@bf16", "ddp@fp16", "allreduce"]
+    assert list(checks) == ["gpu", "p2p", "dp@bf16", "dp@fp16", "ddp@bf16", "ddp@fp16", "allreduce"]
     for name in ("dp@bf16", "dp@fp16", "ddp@bf16", "ddp@fp16"):
         c = checks[name]
         assert c["verdict"] == "pass", (name, c["detail"])

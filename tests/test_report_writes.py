@@ -143,3 +143,44 @@ def test_html_without_matplotlib_is_one_line_and_exit_3(tmp_path, saved_report):
     assert "needs matplotlib" in done.stderr and "Traceback" not in done.stderr
     assert "internal error" not in done.stderr
     assert not target.exists()
+
+
+# --- Every user-named output goes through the one writer (gputopo.outputs) --------------------------------
+#
+# Each command below is pointed at a fifo nobody reads: opening it for writing would block for ever, so a
+# refusal proves the path was looked at, not opened. The subprocess timeout is the guard; the elapsed time
+# is for the report, not an assertion.
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(["hang", "{dir}", "--html", "{fifo}"], id="hang --html"),
+        pytest.param(["check", "--save-baseline", "{fifo}"], id="check --save-baseline"),
+    ],
+)
+def test_an_output_pointed_at_a_fifo_is_refused_at_once_in_one_line(tmp_path, args):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    argv = [a.format(dir=tmp_path, fifo=fifo) for a in args]
+    done = subprocess.run(
+        [sys.executable, "-m", "gputopo", *argv], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: {argv[-2]} {fifo}: is a fifo, not a regular file; nothing was written"]
+    assert "Traceback" not in done.stderr
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+@pytest.mark.parametrize("option", ["--html", "--save-baseline"])
+def test_an_output_at_a_folder_or_in_a_missing_folder_is_refused(tmp_path, option):
+    from gputopo.errors import UsageError
+    from gputopo.outputs import check_output, write_output
+
+    with pytest.raises(UsageError, match=f"^{option} .*: is a folder"):
+        check_output(tmp_path, option)
+    with pytest.raises(UsageError, match="cannot write: the folder .* does not exist"):
+        write_output(tmp_path / "no" / "such.json", "x", option)
+    write_output(tmp_path / "fine.json", "made", option)
+    assert (tmp_path / "fine.json").read_text() == "made"

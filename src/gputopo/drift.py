@@ -6,7 +6,8 @@ slow rings that no single node's check shows (nccl#1634: one node's other plugin
 (``gputopo.system.run_facts.config_facts``) are compared key by key; a key whose values differ is shown
 grouped as value -> nodes, as NCCL's RAS diagnostics print it, and judged: a different GPU count, NCCL
 version or NCCL net plugin is a problem (the ranks cannot agree on a ring or a transport), any other
-difference (driver, CUDA, torch, GPU model, VBIOS, an ``NCCL_*`` or ``TORCH_NCCL_*`` variable) a note.
+difference (driver, CUDA, torch, GPU model, VBIOS, GPUDirect RDMA mode, RDMA port count or rates, an
+``NCCL_*`` or ``TORCH_NCCL_*`` variable) a note.
 """
 
 from __future__ import annotations
@@ -18,7 +19,19 @@ from typing import Any
 from gputopo.findings import NOTE, PROBLEM, Finding
 
 # The facts each node reports, in the order they are shown; env variables follow as "env NAME".
-FACT_KEYS = ("gpu_count", "gpu_model", "nccl", "net_plugin", "driver", "cuda", "torch", "vbios")
+FACT_KEYS = (
+    "gpu_count",
+    "gpu_model",
+    "nccl",
+    "net_plugin",
+    "driver",
+    "cuda",
+    "torch",
+    "vbios",
+    "gdr",
+    "rdma_ports",
+    "nic_rates_gbps",
+)
 PROBLEM_KEYS = frozenset({"gpu_count", "nccl", "net_plugin"})
 LABELS = {
     "gpu_count": "GPU count",
@@ -29,6 +42,9 @@ LABELS = {
     "cuda": "CUDA version",
     "torch": "torch version",
     "vbios": "VBIOS",
+    "gdr": "GPUDirect RDMA",
+    "rdma_ports": "RDMA ports",
+    "nic_rates_gbps": "RDMA port rates (Gb/s)",
 }
 UNSET = "(unset)"
 UNKNOWN = "(unknown)"

@@ -17,12 +17,13 @@ PROBLEM = "problem"
 NOTE = "note"
 
 SEVERITIES = (PROBLEM, NOTE)
-# What a finding is about (DESIGN.md, "finding"): the subsystem, so a reader can filter and a scheduler
-# can tell a bad GPU from a bad setting.
+# What a finding is about (docs/design.md, "The finding"): the subsystem, so a reader can filter and a
+# scheduler can tell a bad GPU from a bad setting.
 CATEGORIES = (
     "memory",
     "nvlink",
     "pcie",
+    "compute",  # the per-GPU check: a GPU slow against its peers, or computing wrong bits
     "thermal",
     "power",
     "xid",
@@ -30,21 +31,24 @@ CATEGORIES = (
     "config",
     "topology",
     "process",
+    "network",
 )
 # What to do, from least to most disruptive: "monitor" keeps an eye on it, "reset" a GPU reset (or
 # reboot) clears it, "drain" take the node or GPU out of service now, "replace" hardware service,
-# "config" a setting to change. Named after DCGM's health-response actions and NVML's recovery actions.
-ACTIONS = ("none", "monitor", "reset", "drain", "replace", "config")
+# "config" a setting to change, "reboot" the node (NVML's node-reboot recovery action). Named after DCGM's
+# health-response actions and NVML's recovery actions.
+ACTIONS = ("none", "monitor", "reset", "drain", "replace", "config", "reboot")
 
 
 @dataclass(frozen=True)
 class Finding:
     """One thing wrong (``severity`` problem) or worth knowing (note), with its remedy in words.
 
-    The one finding shape of every command that judges (DESIGN.md): ``where`` names the place
+    The one finding shape of every command that judges (docs/design.md): ``where`` names the place
     (``GPU3``, ``GPU0-GPU1``, ``NCCL_IB_HCA``), ``gpu`` the nvidia-smi index when the finding belongs to
     one GPU (``None`` for a pair, the node or a setting), ``category`` one of ``CATEGORIES``, ``what`` the
-    evidence (counter values and window included), ``action`` one of ``ACTIONS``.
+    evidence (counter values and window included), ``action`` one of ``ACTIONS``; ``rule`` the health rule
+    that found it (``health.rules.RULES``), where one did.
     """
 
     where: str
@@ -54,9 +58,11 @@ class Finding:
     gpu: int | None = None
     category: str = "topology"
     action: str = "none"
+    rule: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The finding as the JSON object every output shows (the keys of DESIGN.md's finding shape)."""
+        """The finding as the JSON object every output shows (the keys of docs/design.md's finding shape;
+        ``rule`` is ``null`` where no health rule found it)."""
         return asdict(self)
 
 
@@ -70,6 +76,7 @@ def finding_from_json(doc: dict[str, Any]) -> Finding:
         gpu=doc.get("gpu") if isinstance(doc.get("gpu"), int) else None,
         category=str(doc.get("category") or "topology"),
         action=str(doc.get("action") or "none"),
+        rule=str(doc["rule"]) if isinstance(doc.get("rule"), str) else None,
     )
 
 

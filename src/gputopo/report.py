@@ -17,19 +17,21 @@ import errno
 import json
 import os
 import re
-import stat
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from gputopo.errors import UsageError
+from gputopo.outputs import (  # noqa: F401 - the writer's names, as report's callers know them
+    NotRegularFile,
+    atomic_write,
+    check_output,
+    exclusive_write,
+    write_output,
+    write_target,
+)
 
 _KIND_RE = re.compile(r"[a-z][a-z0-9-]*")
-
-
-class NotRegularFile(UsageError):
-    """A path to write holds something other than a regular file (a device, a fifo, a folder): exit 2."""
 
 
 def ensure_report_dir(report_dir: Path) -> None:
@@ -72,97 +74,6 @@ def _candidate(kind: str, report_dir: Path, now: datetime | None, n: int, html: 
     if html:
         paths["html"] = report_dir / f"{stem}.html"
     return {k: str(p) for k, p in paths.items()}
-
-
-_KINDS = (
-    (stat.S_ISDIR, "a folder"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISFIFO, "a fifo"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
-def write_target(path: Path) -> Path:
-    """Where writing ``path`` puts the content: ``path`` itself, or the file its symbolic link(s) name.
-
-    Raises ``NotRegularFile`` when that holds anything but a regular file (nothing is touched).
-    """
-    target = Path(os.path.realpath(path)) if path.is_symlink() else path
-    try:
-        mode = os.lstat(target).st_mode
-    except FileNotFoundError:
-        return target
-    except OSError as exc:
-        raise UsageError(
-            f"{path}: cannot be written ({exc.strerror or exc})", "choose another file"
-        ) from None
-    for test, what in _KINDS:
-        if test(mode):
-            raise NotRegularFile(
-                f"{path}: is {what}, not a regular file; nothing was written",
-                "name a regular file (or a new one) to write",
-            )
-    return target
-
-
-def _finished_temp(folder: Path, name: str, text: str) -> Path:
-    """``text`` in a new, uniquely named temporary file in ``folder``, flushed to disk."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return Path(tmp)
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same folder and a rename; a symbolic link
-    is written through (its target replaced, the link kept); a non-regular file is refused
-    (``NotRegularFile``) and left untouched."""
-    target = write_target(path)
-    tmp = _finished_temp(target.parent, target.name, text)
-    try:
-        if target.exists():
-            with contextlib.suppress(OSError):
-                os.chmod(tmp, stat.S_IMODE(os.stat(target).st_mode))
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def exclusive_write(path: Path, text: str) -> bool:
-    """Write ``text`` to the new file ``path`` whole, or return ``False`` when the name is taken (by
-    anything: a file, a link, a device). Exclusive and atomic: the finished temporary file is hard-linked
-    to ``path``; where the file system has no hard links, ``path`` is created with ``O_EXCL``."""
-    tmp = _finished_temp(path.parent, path.name, text)
-    try:
-        try:
-            os.link(tmp, path)
-            return True
-        except FileExistsError:
-            return False
-        except OSError as exc:
-            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
-                raise
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            return False
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        return True
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
 
 
 def write_report(

@@ -235,7 +235,7 @@ def report_command(
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Show a saved doctor or probe report in the terminal (and re-render its HTML)."""
-    from gputopo.report import atomic_write
+    from gputopo.outputs import write_output
 
     out = Output(json_mode=json_out)
     doc, kind = read_report(path)
@@ -273,12 +273,7 @@ def report_command(
             f"was it edited by hand? rerun gputopo {kind}",
         ) from None
     if html is not None:
-        try:
-            atomic_write(html, rendered)
-        except OSError as exc:
-            raise UsageError(
-                f"--html {html}: cannot write ({exc.strerror or exc})", "choose a writable file"
-            ) from None
+        write_output(html, rendered, "--html")
         out.err.print(f"wrote {html}")
 
 
@@ -306,18 +301,7 @@ def _is_index(value: object) -> bool:
 
 
 def _check_html_target(html: Path) -> None:
-    """Refuse an ``--html`` path that can't be written before any work: a folder, a device, a fifo (never
-    replaced by a file), or a missing folder. A symbolic link is written through."""
-    from gputopo.report import NotRegularFile, write_target
+    """Refuse an ``--html`` path that can't be written before any work (``report.check_output``)."""
+    from gputopo.outputs import check_output
 
-    if html.is_dir():
-        raise UsageError(f"--html {html}: is a folder", "name the file to write, e.g. --html report.html")
-    try:
-        write_target(html)
-    except NotRegularFile as exc:
-        raise NotRegularFile(f"--html {exc.message}", exc.hint) from None
-    parent = html.parent if str(html.parent) else Path(".")
-    if not parent.is_dir():
-        raise UsageError(
-            f"--html {html}: the folder {parent} does not exist", "create it, or pick another path"
-        )
+    check_output(html, "--html", "report.html")

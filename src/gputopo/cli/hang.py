@@ -80,6 +80,10 @@ def hang_command(
     from gputopo.ui.hang_view import HangFormat, render
 
     out = Output(json_mode=json_out)
+    if html is not None:
+        from gputopo.outputs import check_output
+
+        check_output(html, "--html", "hang.html")  # before any work: a fifo or a folder is refused at once
     if live:
         paths = [_take_live(out, list(paths or []))]
     with paused_gc(freeze=True):  # one process, one report: the dumps' dicts need no collecting
@@ -149,14 +153,9 @@ def _take_live(out: Output, paths: list[Path]) -> Path:
 
 
 def _write_html(path: Path, page: str) -> None:
-    from gputopo.errors import InputError
+    from gputopo.outputs import write_output
 
-    try:
-        path.write_text(page, encoding="utf-8")
-    except OSError as exc:
-        raise InputError(
-            f"--html {path}: cannot write ({exc.strerror or exc})", "give a writable path"
-        ) from None
+    write_output(path, page, "--html")
 
 
 def _local_health(hosts: set[str]) -> dict[tuple[str, int], list[dict[str, object]]]:

@@ -70,22 +70,18 @@ def node_options(
     inject_node: int | None,
 ) -> Any:
     """This node's ``NodeOptions`` (``None`` for one machine), with ``--inject-node`` defaulting to the
-    last node when a fault is planted; ``--inject slow`` is refused on one machine."""
+    last node when a fault is planted."""
     from dataclasses import replace
 
     from gputopo.probe.plan.nodes import resolve_nodes
-    from gputopo.probe.plan.options import ACROSS_NODE_FAULTS, Fault
+    from gputopo.probe.plan.options import ACROSS_NODE_FAULTS
 
     job = slurm_job()
     node = resolve_nodes(nnodes, node_rank, endpoint, rdzv_id, rdzv_timeout, inject_node, job)
     if node is not None and node.source == "slurm":
         node = _from_slurm(node, job, endpoint)
     if node is None:
-        if inject is Fault.SLOW:
-            raise UsageError(
-                "--inject slow delays one node's collectives: it needs a run across nodes",
-                "add --nnodes N --node-rank R --rdzv-endpoint HOST:PORT (or run under srun)",
-            )
+        # On one machine --inject slow slows GPUs in the per-GPU check (plan.config.check_per_gpu).
         return None
     if inject is not None and inject not in ACROSS_NODE_FAULTS:
         raise UsageError(

@@ -24,7 +24,7 @@ DEFAULT_MAX_USED_MIB = 1024  # mirrors gputopo.recommend.DEFAULT_MAX_USED_MIB (k
 
 
 EXCLUDE_OPTION = typer.Option(
-    None, "--exclude", metavar="LIST", help="GPUs to leave out, e.g. 3,4 (see README: GPU lists)."
+    None, "--exclude", metavar="LIST", help="GPUs to leave out, e.g. 3,4 (see docs/output.md: GPU lists)."
 )
 
 

@@ -54,6 +54,8 @@ class ModelName(str, Enum):
         "gputopo probe --gpus 5,6 --gpus 6,7            # two sets, every check",
         "gputopo probe --each-pair --mode p2p           # the P2P health matrix of the whole box",
         "gputopo probe --device cpu --gpus 0,1 --model tiny --steps 5 --inject corrupt",
+        "gputopo probe --mode gpu                       # every GPU on its own: speed, host copies, bits",
+        "gputopo probe --mode gpu --device cpu --gpus 0-3 --inject sdc --inject-gpus 2",
         "srun --nodes 4 --ntasks-per-node 1 gputopo probe   # across nodes: which node, GPU or link is bad",
         "gputopo probe --nnodes 2 --node-rank 0 --rdzv-endpoint node01:29400  # and --node-rank 1 on node02",
     ),
@@ -92,9 +94,18 @@ def probe_command(
             "repeat for several. Default: fp32.",
         ),
     ] = None,
+    tolerance: Annotated[
+        Optional[float],  # noqa: UP045 (typer)
+        typer.Option(
+            help="Per-GPU check (--mode gpu): percent below its peers' median at which a GPU is slow. "
+            "Default: 10 on GPUs, 25 on CPU stand-ins.",
+        ),
+    ] = None,
     inject: Annotated[
         Optional[Fault],  # noqa: UP045 (typer)
-        typer.Option(help="Plant a fault in one rank to see its detector fire."),
+        typer.Option(
+            help="Plant a fault in one rank to see its detector fire (sdc, slow: the per-GPU check)."
+        ),
     ] = None,
     inject_rank: Annotated[
         Optional[int],  # noqa: UP045 (typer)
@@ -150,7 +161,8 @@ def probe_command(
     nvml_timeout: float = NVML_TIMEOUT_OPTION,
     json_out: bool = JSON_OPTION,
 ) -> None:
-    """Check GPU sets for real: P2P copies, DataParallel and DDP against one GPU, all-reduce bandwidth."""
+    """Check GPU sets for real: each GPU on its own, P2P copies, DataParallel and DDP against one GPU,
+    all-reduce bandwidth."""
     node = node_options(nnodes, node_rank, rdzv_endpoint, rdzv_id, rdzv_timeout, inject, inject_node)
     if node is not None:
         if each_pair or len(gpus or ()) > 1:
@@ -208,6 +220,7 @@ def probe_command(
         iters=iters,
         inject_gpus=inject_gpus,
         precisions=[p.value for p in precision or ()],
+        tolerance=None if tolerance is None else tolerance / 100,
     )
     if input is not None:
         from gputopo.machine import load_topology

@@ -539,7 +539,7 @@ def _suspect_findings(
 def _finding(
     where: str, gpu: int | None, category: str, what: str, remedy: str, severity: str, action: str = "none"
 ) -> dict[str, Any]:
-    """A finding in the one shape every command uses (DESIGN.md); a dict until findings.Finding has
+    """A finding in the one shape every command uses (docs/design.md); a dict until findings.Finding has
     the gpu/category/action fields."""
     return {
         "where": where,

@@ -11,7 +11,7 @@ SCHEMA = "gputopo/recommendation/v1"
 
 
 def candidate_dict(c: Candidate, id_format: str = "index") -> dict[str, Any]:
-    """One candidate: the DESIGN.md keys (gpus, est_busbw_gbps, bottleneck, reasons) and more."""
+    """One candidate: the keys docs/output.md names (gpus, est_busbw_gbps, bottleneck, reasons) and more."""
     b = c.bottleneck
     return {
         "gpus": list(c.gpus),

@@ -18,6 +18,11 @@ DOCTOR_SCHEMA = "gputopo/doctor/v1"  # mirrors gputopo.doctor.SCHEMA (doctor sit
 # A probe finding of "slow" is about bandwidth, which the measured figure already carries; every other
 # failure kind (nan, diverged, desync, corrupt, hung, crashed) means the GPUs must not work together.
 _PERFORMANCE_ONLY_KINDS = frozenset({"slow"})
+# The per-GPU check (``gpu``) judges each GPU on its own: a GPU it found slow or corrupt, or whose rank
+# crashed there, is left out by itself (mirrors ``gputopo.probe.judge.pergpu.LEAVE_OUT``, which is the
+# probe's; recommend reads only the report).
+PER_GPU_CHECK = "gpu"
+_PER_GPU_LEAVE_OUT = frozenset({"slow", "corrupt", "crashed"})
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,8 @@ def evidence_from_report(doc: Any, source: str) -> ProbeEvidence:
     """Read a probe report (schema ``gputopo/probe/v1``, already parsed from JSON), or a doctor report
     (``gputopo/doctor/v1``), whose probe document sits under ``probe``.
 
-    A failed check (other than ``slow``) on a set of two GPUs keeps that pair apart; on a larger set it
+    The per-GPU check (``gpu``) leaves out each GPU it found slow, corrupt or crashed, by itself. A failed
+    check (other than ``slow``) on a set of two GPUs keeps that pair apart; on a larger set it
     keeps the pairs in ``metrics.failed_pairs`` (``[[a, b], ...]``) apart when the check names them, and
     otherwise forbids the whole set together; on one GPU it excludes that GPU. An ``allreduce`` check's
     ``metrics.peak_busbw_gbps`` is a measurement, used only from reports that ran on GPUs
@@ -102,6 +108,9 @@ def evidence_from_report(doc: Any, source: str) -> ProbeEvidence:
                 raise bad(f"set {list(group)}: a check that is not an object")
             name = str(check.get("name", "?"))
             metrics = check.get("metrics") if isinstance(check.get("metrics"), Mapping) else {}
+            if name == PER_GPU_CHECK:
+                failed.extend(_per_gpu_groups(metrics, source))
+                continue
             if check.get("verdict") == "fail" and check.get("kind") not in _PERFORMANCE_ONLY_KINDS:
                 kind = check.get("kind")
                 why = f"{name} check failed{f' ({kind})' if kind else ''} in {source}"
@@ -123,6 +132,19 @@ def evidence_from_report(doc: Any, source: str) -> ProbeEvidence:
     return ProbeEvidence(
         source, tuple(dict.fromkeys(failed)), tuple(measured), warnings, machine=machine, device=device
     )
+
+
+def _per_gpu_groups(metrics: Mapping[str, Any], source: str) -> list[FailedGroup]:
+    """One GPU each for the per-GPU check's slow, corrupt or crashed GPUs (its ``metrics.rows``)."""
+    out = []
+    for row in metrics.get("rows") or []:
+        if (
+            isinstance(row, Mapping)
+            and row.get("verdict") in _PER_GPU_LEAVE_OUT
+            and _is_index(row.get("gpu"))
+        ):
+            out.append(FailedGroup((row["gpu"],), f"per-GPU check: {row['verdict']} in {source}"))
+    return out
 
 
 def _is_index(value: Any) -> bool:

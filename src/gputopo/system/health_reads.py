@@ -18,7 +18,6 @@ does not have is not listed as unknown when the other answered; the fabric state
 
 from __future__ import annotations
 
-import ctypes
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -37,51 +36,23 @@ from gputopo.health.readings import (
 from gputopo.model import GPU_FAILING, GPU_NOT_RESPONDING
 from gputopo.system import nvml, nvml_worker
 
-_NOT_IN_BINDINGS = -1  # our code for "this nvidia-ml-py has no such function": read as the driver lacking it
-_MW_PER_W = 1000.0
-
 
 class _Reader:
-    """Calls on one GPU that keep NVML's reason when a value cannot be read."""
+    """One GPU's answers, keeping NVML's reason for each value that cannot be read."""
 
     def __init__(self, dev: nvml.Device) -> None:
         self.dev = dev
-        self.s = dev.session
-        self.e = self.s._errors
         self.unknown: list[Unknown] = []
 
-    def call(self, fn_name: str, *args: Any) -> tuple[Any, int | None, str | None]:
-        """``(value, None, None)``, or ``(None, code, why)`` when NVML could not give it; ``DeviceFailed``
-        when the GPU is gone (the rule of ``system.nvml``)."""
-        fn = getattr(self.s._lib, fn_name, None)
-        if fn is None:
-            return None, _NOT_IN_BINDINGS, "Function Not Found (not in these nvidia-ml-py bindings)"
-        try:
-            return fn(self.dev.handle, *args), None, None
-        except self.e.NVMLError as exc:
-            if exc.value in self.s._gone:
-                raise nvml.DeviceFailed(f"GPU{self.dev.index}", str(exc)) from None
-            return None, int(exc.value), str(exc)
-        except Exception as exc:
-            # Newer bindings' versioned wrappers on a driver without the function.
-            if self.s._mismatch is not None and isinstance(exc, self.s._mismatch):
-                return None, int(getattr(self.e, "NVML_ERROR_FUNCTION_NOT_FOUND", 13)), "Function Not Found"
-            raise
-
-    def get(self, what: str, fn_name: str, *args: Any) -> Any:
-        """The value, or ``None`` with ``what`` recorded as unknown and why."""
-        value, _, why = self.call(fn_name, *args)
-        if why is not None:
-            self.note(what, why)
-        return value
+    def get(self, what: str, answer: nvml.Answer) -> Any:
+        """The answer's value, or ``None`` with ``what`` recorded as unknown and why."""
+        if answer.why is not None:
+            self.note(what, answer.why)
+        return answer.value
 
     def note(self, what: str, why: str) -> None:
         if not any(u.what == what for u in self.unknown):
             self.unknown.append(Unknown(what, why))
-
-    def code(self, name: str) -> int | None:
-        value = getattr(self.e, name, None)
-        return int(value[0] if isinstance(value, tuple) else value) if value is not None else None
 
 
 def read_gpu_health(s: nvml.Session, index: int) -> GpuHealth:
@@ -99,25 +70,20 @@ def read_gpu_health(s: nvml.Session, index: int) -> GpuHealth:
 
 def _read(dev: nvml.Device) -> GpuHealth:
     r = _Reader(dev)
-    e = r.e
     values: dict[str, Any] = {
         "index": dev.index,
         "name": dev.name(),
         "uuid": dev.uuid(),
         "pci_bus_id": dev.pci_bus_id(),
+        "vbios_version": dev.vbios().value,  # for baselines; not a health check
     }
-    vbios, _, _ = r.call("nvmlDeviceGetVbiosVersion")  # for baselines; not a health check
-    values["vbios_version"] = vbios.decode() if isinstance(vbios, bytes) else vbios
     values.update(_memory(r))
     values.update(_clocks_power(r))
     values.update(_pcie(r))
-    util = r.get("utilisation", "nvmlDeviceGetUtilizationRates")
-    values["utilization_pct"] = int(util.gpu) if util is not None else None
-    mode = r.get("persistence mode", "nvmlDeviceGetPersistenceMode")
-    values["persistence_mode"] = int(mode) == int(e.NVML_FEATURE_ENABLED) if mode is not None else None
-    mig, _, _ = r.call("nvmlDeviceGetMigMode")
-    values["mig_enabled"] = int(mig[0]) == int(getattr(e, "NVML_DEVICE_MIG_ENABLE", 1)) if mig else None
-    values["recovery_action"] = _field(r, "driver recovery action", FIELD_GPU_RECOVERY_ACTION)
+    values["utilization_pct"] = r.get("utilisation", dev.utilization())
+    values["persistence_mode"] = r.get("persistence mode", dev.persistence_mode())
+    values["mig_enabled"] = dev.mig_enabled().value
+    values["recovery_action"] = r.get("driver recovery action", dev.field_value(FIELD_GPU_RECOVERY_ACTION))
     ends = dev.nvlink_ends()
     values["nvlinks"] = tuple(_nvlink(r, end) for end in ends)
     # Fabric registration matters on NVSwitch systems: links to a switch, or links whose far end an older
@@ -127,180 +93,88 @@ def _read(dev: nvml.Device) -> GpuHealth:
 
 
 def _memory(r: _Reader) -> dict[str, Any]:
-    e = r.e
+    dev = r.dev
     out: dict[str, Any] = {}
-    mode, code, why = r.call("nvmlDeviceGetEccMode")
-    if mode is not None:
-        on = int(e.NVML_FEATURE_ENABLED)
-        out["ecc_enabled"], out["ecc_pending_enabled"] = int(mode[0]) == on, int(mode[1]) == on
+    mode = dev.ecc_mode()
+    if mode.ok and mode.value is not None:
+        out["ecc_enabled"], out["ecc_pending_enabled"] = mode.value
     else:
-        r.note("ECC mode", why or "")
-    if mode is not None or code == _NOT_IN_BINDINGS:
-        for key, err, counter in (
-            ("ecc_volatile_corrected", "CORRECTED", e.NVML_VOLATILE_ECC),
-            ("ecc_volatile_uncorrected", "UNCORRECTED", e.NVML_VOLATILE_ECC),
-            ("ecc_aggregate_corrected", "CORRECTED", e.NVML_AGGREGATE_ECC),
-            ("ecc_aggregate_uncorrected", "UNCORRECTED", e.NVML_AGGREGATE_ECC),
+        r.note("ECC mode", mode.why or "")
+    # The counts are asked where ECC mode answered, or where these bindings lack the mode call only.
+    if mode.ok or mode.code == nvml.NOT_IN_BINDINGS:
+        for key, error, counter in (
+            ("ecc_volatile_corrected", "corrected", "volatile"),
+            ("ecc_volatile_uncorrected", "uncorrected", "volatile"),
+            ("ecc_aggregate_corrected", "corrected", "aggregate"),
+            ("ecc_aggregate_uncorrected", "uncorrected", "aggregate"),
         ):
-            kind = r.code(f"NVML_MEMORY_ERROR_TYPE_{err}")
-            value = r.get("ECC error counts", "nvmlDeviceGetTotalEccErrors", kind, counter)
-            out[key] = int(value) if value is not None else None
+            out[key] = r.get("ECC error counts", dev.ecc_errors(error, counter))
     else:
-        r.note("ECC error counts", why or "")
-    rows, _, rows_why = r.call("nvmlDeviceGetRemappedRows")
-    if rows is not None:
-        corr, unc, pending, failure = (int(v) for v in rows)
+        r.note("ECC error counts", mode.why or "")
+    rows = dev.remapped_rows()
+    if rows.ok and rows.value is not None:
+        corr, unc, pending, failure = rows.value
         out.update(
             remapped_rows_corrected=corr,
             remapped_rows_uncorrected=unc,
-            remapped_rows_pending=bool(pending),
-            remapped_rows_failure=bool(failure),
+            remapped_rows_pending=pending,
+            remapped_rows_failure=failure,
         )
-    retired = {}
-    retired_why = None
-    for key, cause in (
-        ("retired_pages_sbe", "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS"),
-        ("retired_pages_dbe", "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR"),
-    ):
-        pages, _, why = r.call("nvmlDeviceGetRetiredPages", r.code(cause))
-        retired[key] = len(pages) if pages is not None else None
-        retired_why = retired_why or why
-    pending, _, pending_why = r.call("nvmlDeviceGetRetiredPagesPendingStatus")
-    retired["retired_pages_pending"] = (
-        int(pending) == int(e.NVML_FEATURE_ENABLED) if pending is not None else None
-    )
-    out.update(retired)
+    sbe, dbe, pending = dev.retired_pages("sbe"), dev.retired_pages("dbe"), dev.retired_pages_pending()
+    out.update(retired_pages_sbe=sbe.value, retired_pages_dbe=dbe.value, retired_pages_pending=pending.value)
     # Page retirement (pre-Ampere) and row remapping (Ampere+) replace each other: the one a GPU lacks is
     # not a gap when the other answered.
-    has_rows = rows is not None
-    has_pages = retired["retired_pages_sbe"] is not None or retired["retired_pages_pending"] is not None
+    has_rows = rows.value is not None
+    has_pages = sbe.value is not None or pending.value is not None
     if not has_rows and not has_pages:
-        r.note("remapped rows", rows_why or "")
-        r.note("retired pages", retired_why or pending_why or "")
+        r.note("remapped rows", rows.why or "")
+        r.note("retired pages", sbe.why or dbe.why or pending.why or "")
     return out
 
 
 def _clocks_power(r: _Reader) -> dict[str, Any]:
-    e = r.e
-    reasons, code, why = r.call("nvmlDeviceGetCurrentClocksEventReasons")
-    if reasons is None and code in (_NOT_IN_BINDINGS, r.code("NVML_ERROR_FUNCTION_NOT_FOUND")):
-        # Drivers before r535 know the same bits under the older name.
-        reasons, code, why = r.call("nvmlDeviceGetCurrentClocksThrottleReasons")
-    if reasons is None:
-        r.note("clocks event reasons", why or "")
-    temp = r.get("temperature", "nvmlDeviceGetTemperature", e.NVML_TEMPERATURE_GPU)
-    power = r.get("power draw", "nvmlDeviceGetPowerUsage")
-    limit = r.get("power limit", "nvmlDeviceGetEnforcedPowerLimit")
+    dev = r.dev
     return {
-        "clocks_event_reasons": int(reasons) if reasons is not None else None,
-        "temperature_c": int(temp) if temp is not None else None,
-        "power_w": int(power) / _MW_PER_W if power is not None else None,
-        "power_limit_w": int(limit) / _MW_PER_W if limit is not None else None,
+        "clocks_event_reasons": r.get("clocks event reasons", dev.clocks_event_reasons()),
+        "temperature_c": r.get("temperature", dev.temperature_c()),
+        "power_w": r.get("power draw", dev.power_w()),
+        "power_limit_w": r.get("power limit", dev.power_limit_w()),
     }
 
 
 def _pcie(r: _Reader) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for key, fn in (
-        ("pcie_gen_current", "nvmlDeviceGetCurrPcieLinkGeneration"),
-        ("pcie_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration"),
-        ("pcie_width_current", "nvmlDeviceGetCurrPcieLinkWidth"),
-        ("pcie_width_max", "nvmlDeviceGetMaxPcieLinkWidth"),
-    ):
-        value = r.get("PCIe link", fn)
-        out[key] = int(value) if value is not None else None
-    replays = r.get("PCIe replay counter", "nvmlDeviceGetPcieReplayCounter")
-    out["pcie_replays"] = int(replays) if replays is not None else None
+    for which in ("gen_current", "gen_max", "width_current", "width_max"):
+        out[f"pcie_{which}"] = r.get("PCIe link", r.dev.pcie_value(which))
+    out["pcie_replays"] = r.get("PCIe replay counter", r.dev.pcie_replays())
     return out
 
 
-# nvmlValueType_t -> the member of nvmlValue_t that holds the value (nvml.h).
-_VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
-
-
-def _field(r: _Reader, what: str, field_id: int) -> int | None:
-    """One NVML field value; each field has its own return code (``nvmlFieldValue_t.nvmlReturn``)."""
-    values = r.get(what, "nvmlDeviceGetFieldValues", [field_id])
-    if values is None:
-        return None
-    v = values[0]
-    ret = int(v.nvmlReturn)
-    if ret != 0:
-        if ret in r.s._gone:
-            raise nvml.DeviceFailed(f"GPU{r.dev.index}", str(r.e.NVMLError(ret)))
-        r.note(what, str(r.e.NVMLError(ret)))
-        return None
-    raw = getattr(v.value, _VALUE_MEMBERS.get(int(v.valueType), "ullVal"))
-    return int(raw)
-
-
 def _nvlink(r: _Reader, end: nvml.NvlinkEnd) -> NvlinkHealth:
-    e = r.e
     counts: dict[str, int | None] = {}
-    for key, name in (
-        ("replay_errors", "NVML_NVLINK_ERROR_DL_REPLAY"),
-        ("recovery_errors", "NVML_NVLINK_ERROR_DL_RECOVERY"),
-        ("crc_flit_errors", "NVML_NVLINK_ERROR_DL_CRC_FLIT"),
-        ("crc_data_errors", "NVML_NVLINK_ERROR_DL_CRC_DATA"),
-    ):
-        value = r.get("NVLink error counters", "nvmlDeviceGetNvLinkErrorCounter", end.link, getattr(e, name))
-        counts[key] = int(value) if value is not None else None
+    for counter in ("replay", "recovery", "crc_flit", "crc_data"):
+        key = f"{counter}_errors"
+        counts[key] = r.get("NVLink error counters", r.dev.nvlink_errors(end.link, counter))
     return NvlinkHealth(
         link=end.link, up=end.up, remote_kind=end.remote_kind, remote_bus_id=end.remote_bus_id, **counts
     )
 
 
-# The fabric info structs as nvml.h lays them out, ours rather than the bindings': nvidia-ml-py 12.535
-# declares the v1 struct with an 80-byte clusterUuid (the device UUID buffer size), where nvml.h has 16
-# (NVML_GPU_FABRIC_UUID_LEN), so every field after it would be read from the wrong place.
-class _FabricInfoV1(ctypes.Structure):
-    _fields_ = [
-        ("clusterUuid", ctypes.c_uint8 * 16),
-        ("status", ctypes.c_int),
-        ("cliqueId", ctypes.c_uint32),  # "partitionId" in r525-r535's nvml.h: the same field
-        ("state", ctypes.c_uint32),
-    ]
-
-
-class _FabricInfoV2(ctypes.Structure):
-    _fields_ = [
-        ("version", ctypes.c_uint32),
-        ("clusterUuid", ctypes.c_uint8 * 16),
-        ("status", ctypes.c_int),
-        ("cliqueId", ctypes.c_uint32),
-        ("state", ctypes.c_uint32),
-        ("healthMask", ctypes.c_uint32),
-    ]
-
-
-# nvmlGpuFabricInfo_v2 = NVML_STRUCT_VERSION(GpuFabricInfo, 2): the struct's size | 2 << 24 (nvml.h).
-_FABRIC_INFO_V2 = ctypes.sizeof(_FabricInfoV2) | 2 << 24
-
-
 def _fabric(r: _Reader, on_switch: bool) -> dict[str, Any]:
     """The GPU's NVLink fabric registration (NVSwitch and NVL systems). Elsewhere the driver answers
     NOT_SUPPORTED (or lacks the call): that is no gap, so it is listed only for a GPU with switch links."""
-    v2 = _FabricInfoV2(version=_FABRIC_INFO_V2)
-    _, code, why = r.call("nvmlDeviceGetGpuFabricInfoV", ctypes.byref(v2))
-    if code is None:
-        return _fabric_values(v2, v2.healthMask)
-    if code in (_NOT_IN_BINDINGS, r.code("NVML_ERROR_FUNCTION_NOT_FOUND")):
-        v1 = _FabricInfoV1()
-        _, code, why = r.call("nvmlDeviceGetGpuFabricInfo", ctypes.byref(v1))
-        if code is None:
-            return _fabric_values(v1, None)
+    answer = r.dev.fabric_info()
+    if answer.ok and answer.value is not None:
+        info: nvml.FabricInfo = answer.value
+        return {
+            "fabric_state": info.state,
+            "fabric_status": info.status,
+            "fabric_clique_id": info.clique_id,
+            "fabric_health_mask": info.health_mask,
+        }
     if on_switch:
-        r.note("NVLink fabric state", why or "Function Not Found")
+        r.note("NVLink fabric state", answer.why or "Function Not Found")
     return {}
-
-
-def _fabric_values(info: Any, mask: Any) -> dict[str, Any]:
-    return {
-        "fabric_state": int(info.state),
-        "fabric_status": int(info.status),
-        "fabric_clique_id": int(info.cliqueId),
-        "fabric_health_mask": int(mask) if mask is not None else None,
-    }
 
 
 # --- Samples: in this process (test backends), or in the NVML worker with a deadline per GPU ---------------
@@ -419,6 +293,24 @@ def _read_failed(index: int, exc: BaseException) -> GpuHealth:
     not decode, a bug): every value unknown, with what happened, so the other GPUs are still judged."""
     why = f"reading it failed: {type(exc).__name__}: {exc}"
     return GpuHealth(index=index, unknown=(Unknown(NOT_READ, " ".join(why.split())[:200]),))
+
+
+def sample_health(
+    window_s: float | None = None,
+    gpus: Sequence[int] | None = None,
+    timeout_s: float = nvml_worker.DEFAULT_TIMEOUT_S,
+    deadline: float | None = None,
+) -> tuple[HealthSample | None, HealthSample]:
+    """The one door into this machine's health, for every command: one sample of ``gpus`` (every GPU when
+    ``None``; indices NVML does not have are left out) when ``window_s`` is ``None`` (states only:
+    ``topo``, ``recommend``, ``run``, ``probe``), or two samples of every GPU ``window_s`` apart, so rising
+    counters are judged too (``check``, ``doctor``). Returns ``(first or None, last)``. ``NvmlUnavailable``
+    when NVML cannot start."""
+    if window_s is not None:
+        return read_two_samples(window_s, timeout_s=timeout_s, deadline=deadline)
+    with HealthReader(timeout_s) as reader:
+        wanted = None if gpus is None else [g for g in gpus if g < reader.count]
+        return None, reader.sample(wanted, deadline=deadline)
 
 
 def read_two_samples(

@@ -29,6 +29,7 @@ the real path load the real pynvml against a fake ``libnvidia-ml.so.1`` (tests/f
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -82,7 +83,40 @@ class NvmlBackend(Protocol):
     def nvmlDeviceGetMigMode(self, device: Any) -> list[int]: ...
     def nvmlDeviceGetMaxMigDeviceCount(self, device: Any) -> int: ...
     def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Any, index: int) -> Any: ...
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: Any) -> list[Any]: ...
+    def nvmlDeviceGetGraphicsRunningProcesses_v2(self, handle: Any) -> list[Any]: ...
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: Any) -> list[Any]: ...
+    def nvmlDeviceGetMPSComputeRunningProcesses_v2(self, handle: Any) -> list[Any]: ...
+    def nvmlSystemGetProcessName(self, pid: int) -> str: ...
+    # Health (system/health_reads.py reads these through Device's health queries below).
+    def nvmlDeviceGetVbiosVersion(self, handle: Any) -> str: ...
+    def nvmlDeviceGetEccMode(self, handle: Any) -> list[int]: ...
+    def nvmlDeviceGetTotalEccErrors(self, handle: Any, errorType: int, counterType: int) -> int: ...
+    def nvmlDeviceGetRemappedRows(self, device: Any) -> tuple[int, int, int, int]: ...
+    def nvmlDeviceGetRetiredPages(self, device: Any, sourceFilter: int) -> list[int]: ...
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, device: Any) -> int: ...
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int: ...
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any) -> int: ...
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int: ...
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int: ...
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int: ...
+    def nvmlDeviceGetPcieReplayCounter(self, handle: Any) -> int: ...
+    def nvmlDeviceGetPersistenceMode(self, handle: Any) -> int: ...
+    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: list[int]) -> Sequence[Any]: ...
+    def nvmlDeviceGetNvLinkErrorCounter(self, device: Any, link: int, counter: int) -> int: ...
+    def nvmlDeviceGetGpuFabricInfoV(self, device: Any, gpuFabricInfo: Any) -> None: ...
+    def nvmlDeviceGetGpuFabricInfo(self, device: Any, gpuFabricInfo: Any) -> None: ...
+    # Xid events (XidEventSet).
+    def nvmlEventSetCreate(self) -> Any: ...
+    def nvmlEventSetFree(self, eventSet: Any) -> None: ...
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int: ...
+    def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None: ...
+    def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> Any: ...
+    def nvmlEventSetWait(self, eventSet: Any, timeoutms: int) -> Any: ...
 
+
+START_CALL = "nvmlInit"
+"""The call that starts NVML: what the NVML worker waits on first (named in its "did not answer" line)."""
 
 _backend: NvmlBackend | None = None
 
@@ -156,6 +190,11 @@ class DeviceFailed(Exception):
         self.where = where
         self.reason = reason
         self.state = state
+
+
+class NvmlCallFailed(Exception):
+    """An NVML call that has no "unknown" to fall back on (an event set that cannot be made or waited on)
+    failed; the message says how, in NVML's words."""
 
 
 def _codes(lib: Any, *names: str) -> frozenset[int]:
@@ -253,6 +292,28 @@ class NvlinkEnd:
     remote_kind: RemoteKind | None
 
 
+NOT_IN_BINDINGS = -1
+"""``Answer.code`` when the nvidia-ml-py in use has no such function: read as the driver lacking it."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What one NVML query gave: ``value``, or ``None`` with ``why`` (NVML's words) and ``code`` (its
+    ``nvmlReturn_t``, or ``NOT_IN_BINDINGS``) saying why the signal is unknown."""
+
+    value: Any = None
+    why: str | None = None
+    code: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.why is None
+
+    def then(self, convert: Any) -> Answer:
+        """The same answer with ``convert`` applied to a value that came back."""
+        return Answer(convert(self.value)) if self.why is None and self.value is not None else self
+
+
 class Session:
     """An initialised NVML. Get one from ``session()``; it is valid only inside that ``with`` block."""
 
@@ -264,30 +325,49 @@ class Session:
         # nvidia-ml-py 12.535.x has no NVMLLibraryMismatchError (raised by newer bindings' unversioned
         # wrappers when the driver lacks the function): looking it up unconditionally crashed every read.
         self._mismatch: type[BaseException] | None = getattr(self._errors, "NVMLLibraryMismatchError", None)
+        self._function_not_found = int(getattr(self._errors, "NVML_ERROR_FUNCTION_NOT_FOUND", 13))
         self.warnings: list[str] = []
         """Values blanked by an unexpected NVML error, one line each (``GPU3: ... : Unknown Error``)."""
 
-    def _call(self, where: str, fn_name: str, *args: Any, **kwargs: Any) -> Any:
-        """Call ``lib.<fn_name>(*args)`` under the rule in the module docstring: ``None`` when the value is
-        not there (with a warning when NVML said something unexpected), ``DeviceFailed`` when the GPU is
-        gone."""
-        errors = self._errors
+    def query(self, where: str, fn_name: str, *args: Any, **kwargs: Any) -> Answer:
+        """The one door every NVML read of gputopo goes through: call ``lib.<fn_name>(*args)`` and say what
+        came back. An ``Answer`` with the value, or with ``why`` (NVML's words: ``Not Supported``,
+        ``Insufficient Permissions``, ...) and ``code`` when NVML could not give it; a function the bindings
+        or the driver lack answers ``missing``. Only a GPU that is gone raises (``DeviceFailed``, for
+        ``where``), so one GPU's loss never hides the others'."""
         fn = getattr(self._lib, fn_name, None)
-        if fn is None:  # bindings older than the function: same as the driver lacking it
-            return None
+        if fn is None:  # bindings older than the function: the same as the driver lacking it
+            return Answer(None, "Function Not Found (not in these nvidia-ml-py bindings)", NOT_IN_BINDINGS)
         try:
-            return fn(*args, **kwargs)
-        except errors.NVMLError as exc:
+            return Answer(fn(*args, **kwargs))
+        except self._errors.NVMLError as exc:
             if exc.value in self._gone:
                 raise DeviceFailed(where, str(exc)) from None
-            note = f"{where}: {_field_name(fn_name)} is n/a: NVML said {exc}"
-            if exc.value not in self._soft and note not in self.warnings:  # once per value, not per link
-                self.warnings.append(note)
-            return None
+            return Answer(None, str(exc), int(exc.value))
         except Exception as exc:
+            # Newer bindings' versioned wrappers on a driver without the function.
             if self._mismatch is not None and isinstance(exc, self._mismatch):
-                return None
+                return Answer(None, "Function Not Found", self._function_not_found)
             raise
+
+    def code(self, name: str) -> int | None:
+        """The value of NVML's constant ``name`` in these bindings (``None`` when they lack it)."""
+        value = getattr(self._errors, name, None)
+        return int(value[0] if isinstance(value, tuple) else value) if value is not None else None
+
+    def _call(self, where: str, fn_name: str, *args: Any, **kwargs: Any) -> Any:
+        """``query`` under the rule in the module docstring: the value, or ``None`` when it is not there
+        (with a warning when NVML said something unexpected); ``DeviceFailed`` when the GPU is gone."""
+        answer = self.query(where, fn_name, *args, **kwargs)
+        if answer.why is not None and not self.missing(answer) and answer.code not in self._soft:
+            note = f"{where}: {_field_name(fn_name)} is n/a: NVML said {answer.why}"
+            if note not in self.warnings:  # once per value, not per link
+                self.warnings.append(note)
+        return answer.value
+
+    def missing(self, answer: Answer) -> bool:
+        """Whether ``answer`` says the function is not there (bindings or driver older than it)."""
+        return answer.code in (NOT_IN_BINDINGS, self._function_not_found)
 
     def driver_version(self) -> str | None:
         """The NVIDIA driver version, e.g. ``550.54.15``."""
@@ -306,27 +386,26 @@ class Session:
 
     def device_count(self) -> int:
         """How many GPUs NVML sees; ``NvmlUnavailable`` when it cannot even count them."""
-        errors = self._errors
         try:
-            return int(self._lib.nvmlDeviceGetCount())
-        except errors.NVMLError as exc:
+            answer = self.query("driver", "nvmlDeviceGetCount")
+        except DeviceFailed as exc:
+            answer = Answer(None, exc.reason)
+        if answer.why is not None:
             raise NvmlUnavailable(
-                f"NVML started but cannot count the GPUs: {exc}",
+                f"NVML started but cannot count the GPUs: {answer.why}",
                 "check `nvidia-smi`; the driver may need a reload or the machine a reboot",
-            ) from None
+            )
+        return int(answer.value)
 
     def device(self, index: int) -> Device:
         """The GPU with NVML index ``index`` (= nvidia-smi's); ``DeviceFailed`` when it does not answer."""
-        errors = self._errors
-        try:
-            handle = self._lib.nvmlDeviceGetHandleByIndex(index)
-        except errors.NVMLError as exc:
+        answer = self.query(f"GPU{index}", "nvmlDeviceGetHandleByIndex", index)
+        if answer.why is not None:
             # Without a handle nothing about the GPU can be read: permission means "not ours to see",
             # anything else (lost, insufficient power, IRQ issue, unknown) leaves a GPU that cannot work.
-            refused = exc.value in _refused_error_codes(errors)
-            state = GPU_NOT_ACCESSIBLE if refused else GPU_FAILING
-            raise DeviceFailed(f"GPU{index}", str(exc), state) from None
-        return Device(self, index, handle)
+            refused = answer.code in _refused_error_codes(self._errors)
+            raise DeviceFailed(f"GPU{index}", answer.why, GPU_NOT_ACCESSIBLE if refused else GPU_FAILING)
+        return Device(self, index, answer.value)
 
     def path_code(self, a: Device, b: Device) -> str | None:
         """The PCIe path between two GPUs as a ``topo -m`` code (``PIX`` ... ``SYS``); ``None`` if unknown."""
@@ -530,6 +609,190 @@ class Device:
             ends.append(NvlinkEnd(link, up, remote, kinds.get(int(kind)) if kind is not None else None))
         return ends
 
+    # --- Health reads: each answer keeps why a value is unknown (system/health_reads.py) ----------------
+
+    def _a(self, fn_name: str, *args: Any) -> Answer:
+        return self.session.query(f"GPU{self.index}", fn_name, self.handle, *args)
+
+    def vbios(self) -> Answer:
+        """The VBIOS version (``96.00.99.00.01``)."""
+        return self._a("nvmlDeviceGetVbiosVersion").then(_text)
+
+    def ecc_mode(self) -> Answer:
+        """``(enabled now, enabled after the next reset)``."""
+        on = int(self.session._errors.NVML_FEATURE_ENABLED)
+        return self._a("nvmlDeviceGetEccMode").then(lambda m: (int(m[0]) == on, int(m[1]) == on))
+
+    def ecc_errors(
+        self, error: Literal["corrected", "uncorrected"], counter: Literal["volatile", "aggregate"]
+    ) -> Answer:
+        """The ECC error count of one kind: since the driver loaded (volatile) or over the GPU's life."""
+        s = self.session
+        kind = s.code(f"NVML_MEMORY_ERROR_TYPE_{error.upper()}")
+        which = s.code("NVML_VOLATILE_ECC" if counter == "volatile" else "NVML_AGGREGATE_ECC")
+        return self._a("nvmlDeviceGetTotalEccErrors", kind, which).then(int)
+
+    def remapped_rows(self) -> Answer:
+        """``(corrected, uncorrected, pending, failure)`` row remaps (Ampere and later)."""
+        return self._a("nvmlDeviceGetRemappedRows").then(
+            lambda r: (int(r[0]), int(r[1]), bool(int(r[2])), bool(int(r[3])))
+        )
+
+    def retired_pages(self, cause: Literal["sbe", "dbe"]) -> Answer:
+        """How many pages were retired for ``cause`` (before Ampere): multiple single-bit or a double-bit
+        ECC error."""
+        name = {
+            "sbe": "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS",
+            "dbe": "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR",
+        }[cause]
+        return self._a("nvmlDeviceGetRetiredPages", self.session.code(name)).then(len)
+
+    def retired_pages_pending(self) -> Answer:
+        """Whether a page retirement waits for the next reset."""
+        on = int(self.session._errors.NVML_FEATURE_ENABLED)
+        return self._a("nvmlDeviceGetRetiredPagesPendingStatus").then(lambda v: int(v) == on)
+
+    def clocks_event_reasons(self) -> Answer:
+        """NVML's clocks event reasons bitmask; drivers before r535 know the same bits under the older
+        ``...ClocksThrottleReasons`` name."""
+        answer = self._a("nvmlDeviceGetCurrentClocksEventReasons")
+        if self.session.missing(answer):
+            answer = self._a("nvmlDeviceGetCurrentClocksThrottleReasons")
+        return answer.then(int)
+
+    def temperature_c(self) -> Answer:
+        return self._a("nvmlDeviceGetTemperature", self.session._errors.NVML_TEMPERATURE_GPU).then(int)
+
+    def power_w(self) -> Answer:
+        """Power draw in W (NVML answers mW)."""
+        return self._a("nvmlDeviceGetPowerUsage").then(lambda mw: int(mw) / _MW_PER_W)
+
+    def power_limit_w(self) -> Answer:
+        """The enforced power limit in W."""
+        return self._a("nvmlDeviceGetEnforcedPowerLimit").then(lambda mw: int(mw) / _MW_PER_W)
+
+    def pcie_value(self, which: Literal["gen_current", "gen_max", "width_current", "width_max"]) -> Answer:
+        """One of the PCIe link's generation and width, current or maximum."""
+        name = {
+            "gen_current": "nvmlDeviceGetCurrPcieLinkGeneration",
+            "gen_max": "nvmlDeviceGetMaxPcieLinkGeneration",
+            "width_current": "nvmlDeviceGetCurrPcieLinkWidth",
+            "width_max": "nvmlDeviceGetMaxPcieLinkWidth",
+        }[which]
+        return self._a(name).then(int)
+
+    def pcie_replays(self) -> Answer:
+        return self._a("nvmlDeviceGetPcieReplayCounter").then(int)
+
+    def utilization(self) -> Answer:
+        """GPU utilisation over NVML's last sample period, percent."""
+        return self._a("nvmlDeviceGetUtilizationRates").then(lambda rates: int(rates.gpu))
+
+    def persistence_mode(self) -> Answer:
+        on = int(self.session._errors.NVML_FEATURE_ENABLED)
+        return self._a("nvmlDeviceGetPersistenceMode").then(lambda v: int(v) == on)
+
+    def mig_enabled(self) -> Answer:
+        """Whether MIG is enabled now."""
+        on = int(getattr(self.session._errors, "NVML_DEVICE_MIG_ENABLE", 1))
+        return self._a("nvmlDeviceGetMigMode").then(lambda m: int(m[0]) == on)
+
+    def field_value(self, field_id: int) -> Answer:
+        """One NVML field value; each field carries its own return code (``nvmlFieldValue_t.nvmlReturn``),
+        so one field's NOT_SUPPORTED does not hide the others."""
+        answer = self._a("nvmlDeviceGetFieldValues", [field_id])
+        if answer.why is not None or answer.value is None:
+            return answer
+        v = answer.value[0]
+        ret = int(v.nvmlReturn)
+        if ret != 0:
+            why = str(self.session._errors.NVMLError(ret))
+            if ret in self.session._gone:
+                raise DeviceFailed(f"GPU{self.index}", why)
+            return Answer(None, why, ret)
+        return Answer(int(getattr(v.value, _VALUE_MEMBERS.get(int(v.valueType), "ullVal"))))
+
+    def nvlink_errors(
+        self, link: int, counter: Literal["replay", "recovery", "crc_flit", "crc_data"]
+    ) -> Answer:
+        """One NVLink error counter of ``link``."""
+        name = {
+            "replay": "NVML_NVLINK_ERROR_DL_REPLAY",
+            "recovery": "NVML_NVLINK_ERROR_DL_RECOVERY",
+            "crc_flit": "NVML_NVLINK_ERROR_DL_CRC_FLIT",
+            "crc_data": "NVML_NVLINK_ERROR_DL_CRC_DATA",
+        }[counter]
+        return self._a("nvmlDeviceGetNvLinkErrorCounter", link, self.session.code(name)).then(int)
+
+    def fabric_info(self) -> Answer:
+        """The GPU's NVLink fabric registration (NVSwitch and NVL systems) as a ``FabricInfo``: asked
+        through ``nvmlDeviceGetGpuFabricInfoV`` (v2, with the health mask), else the v1 call."""
+        import ctypes
+
+        v1_type, v2_type, v2_version = _fabric_structs()
+        v2 = v2_type(version=v2_version)
+        answer = self._a("nvmlDeviceGetGpuFabricInfoV", ctypes.byref(v2))
+        if answer.ok:
+            return Answer(_fabric_of(v2, v2.healthMask))
+        if self.session.missing(answer):
+            v1 = v1_type()
+            answer = self._a("nvmlDeviceGetGpuFabricInfo", ctypes.byref(v1))
+            if answer.ok:
+                return Answer(_fabric_of(v1, None))
+        return answer
+
+
+@dataclass(frozen=True)
+class FabricInfo:
+    """A GPU's fabric registration: ``state`` (``NVML_GPU_FABRIC_STATE_*``), ``status`` (an
+    ``nvmlReturn_t``), its clique and (v2 only) the health mask."""
+
+    state: int
+    status: int
+    clique_id: int
+    health_mask: int | None
+
+
+def _fabric_of(info: Any, mask: Any) -> FabricInfo:
+    return FabricInfo(
+        int(info.state), int(info.status), int(info.cliqueId), int(mask) if mask is not None else None
+    )
+
+
+# nvmlValueType_t -> the member of nvmlValue_t that holds the value (nvml.h).
+_VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+_MW_PER_W = 1000.0
+
+
+@functools.cache
+def _fabric_structs() -> tuple[Any, Any, int]:
+    """The fabric info structs as nvml.h lays them out, ours rather than the bindings': nvidia-ml-py 12.535
+    declares the v1 struct with an 80-byte clusterUuid (the device UUID buffer size), where nvml.h has 16
+    (NVML_GPU_FABRIC_UUID_LEN), so every field after it would be read from the wrong place. Built on first
+    use, so that importing this module does not import ctypes. Returns (v1, v2, the v2 version word)."""
+    import ctypes
+
+    class FabricInfoV1(ctypes.Structure):
+        _fields_ = [
+            ("clusterUuid", ctypes.c_uint8 * 16),
+            ("status", ctypes.c_int),
+            ("cliqueId", ctypes.c_uint32),  # "partitionId" in r525-r535's nvml.h: the same field
+            ("state", ctypes.c_uint32),
+        ]
+
+    class FabricInfoV2(ctypes.Structure):
+        _fields_ = [
+            ("version", ctypes.c_uint32),
+            ("clusterUuid", ctypes.c_uint8 * 16),
+            ("status", ctypes.c_int),
+            ("cliqueId", ctypes.c_uint32),
+            ("state", ctypes.c_uint32),
+            ("healthMask", ctypes.c_uint32),
+        ]
+
+    # nvmlGpuFabricInfo_v2 = NVML_STRUCT_VERSION(GpuFabricInfo, 2): the struct's size | 2 << 24 (nvml.h).
+    return FabricInfoV1, FabricInfoV2, ctypes.sizeof(FabricInfoV2) | 2 << 24
+
 
 def _field_name(fn_name: str) -> str:
     """``nvmlDeviceGetMemoryInfo`` -> ``MemoryInfo``: the value a warning is about."""
@@ -620,30 +883,18 @@ def process_list(dev: Device, kind: ProcessListKind) -> ProcessList:
     answering raises ``DeviceFailed``.
     """
     session = dev.session
-    errors = session._errors
     base = _LIST_FUNCTIONS[kind]
     for name in (base, base + "_v2"):
-        fn = getattr(session._lib, name, None)
-        if fn is None:
-            continue
-        try:
-            raw = fn(dev.handle)
-        except errors.NVMLError as exc:
-            code = exc.value
-            if code == getattr(errors, "NVML_ERROR_FUNCTION_NOT_FOUND", None):
-                continue
-            if kind != "compute" and code == getattr(errors, "NVML_ERROR_NOT_SUPPORTED", None):
+        # A GPU that stopped answering raises DeviceFailed (the per-call rule: only a GPU that is gone fails).
+        answer = dev._a(name)
+        if session.missing(answer):
+            continue  # bindings or driver without this version; a newer bindings' mismatch error too
+        if answer.why is not None:
+            if kind != "compute" and answer.code == session.code("NVML_ERROR_NOT_SUPPORTED"):
                 return ProcessList(kind, ())
-            if code in session._gone:  # the per-call rule: only a GPU that is gone fails the GPU
-                raise DeviceFailed(f"GPU{dev.index}", str(exc)) from None
-            return ProcessList(kind, None, str(exc))
-        except Exception as exc:
-            # Newer bindings' unversioned wrapper on a driver without it; 12.535.x has no such class.
-            if session._mismatch is not None and isinstance(exc, session._mismatch):
-                continue
-            raise
+            return ProcessList(kind, None, answer.why)
         out = []
-        for p in raw or ():
+        for p in answer.value or ():
             used = getattr(p, "usedGpuMemory", None)
             out.append((int(p.pid), int(used) // _MIB if used is not None else None))
         return ProcessList(kind, tuple(out))
@@ -660,14 +911,11 @@ def process_name(s: Session, pid: int) -> str | None:
     and #1483), so a name that agrees is weak evidence on its own; kill-stale also requires the process to
     hold a GPU device file.
     """
-    errors = s._errors
-    fn = getattr(s._lib, "nvmlSystemGetProcessName", None)
-    if fn is None:
-        return None
     try:
-        return _text(fn(pid))
-    except errors.NVMLError:
+        answer = s.query(f"pid {pid}", "nvmlSystemGetProcessName", pid)
+    except DeviceFailed:
         return None
+    return _text(answer.value) if answer.ok else None
 
 
 # --- Xid events (the probe listens while its ranks run) -----------------------------------------------
@@ -687,26 +935,31 @@ class XidEventSet:
     """
 
     def __init__(self, s: Session, indices: Sequence[int]) -> None:
-        self._lib = s._lib
-        self._errors = e = s._errors
-        self._xid = int(getattr(e, "nvmlEventTypeXidCriticalError", 0x8))
+        self._s = s
+        self._xid = int(getattr(s._errors, "nvmlEventTypeXidCriticalError", 0x8))
         self._by_handle: dict[int | None, int] = {}
         self.registered: list[int] = []
         self.skipped: dict[int, str] = {}
-        self._set = self._lib.nvmlEventSetCreate()
+        created = s.query("events", "nvmlEventSetCreate")
+        if created.why is not None:
+            raise NvmlCallFailed(f"NVML cannot create an event set: {created.why}")
+        self._set = created.value
         for index in indices:
             try:
                 dev = s.device(index)
-                supported = int(self._lib.nvmlDeviceGetSupportedEventTypes(dev.handle))
-                if not supported & self._xid:
+                supported = dev._a("nvmlDeviceGetSupportedEventTypes")
+                if supported.why is not None:
+                    self.skipped[index] = supported.why
+                    continue
+                if not int(supported.value) & self._xid:
                     self.skipped[index] = "the driver reports no Xid events for it"
                     continue
-                self._lib.nvmlDeviceRegisterEvents(dev.handle, self._xid, self._set)
+                registered = dev._a("nvmlDeviceRegisterEvents", self._xid, self._set)
             except DeviceFailed as exc:
                 self.skipped[index] = exc.reason
                 continue
-            except e.NVMLError as exc:
-                self.skipped[index] = str(exc)
+            if registered.why is not None:
+                self.skipped[index] = registered.why
                 continue
             self._by_handle[_handle_address(dev.handle)] = index
             self.registered.append(index)
@@ -714,20 +967,22 @@ class XidEventSet:
     def wait(self, timeout_ms: int) -> tuple[int | None, int] | None:
         """The next Xid event as ``(gpu index, xid)`` (index ``None``: a handle not registered here), or
         ``None`` after ``timeout_ms`` without one (or an event of another type)."""
-        wait = getattr(self._lib, "nvmlEventSetWait_v2", None) or self._lib.nvmlEventSetWait
-        try:
-            data = wait(self._set, int(timeout_ms))
-        except self._errors.NVMLError as exc:
-            if exc.value == int(getattr(self._errors, "NVML_ERROR_TIMEOUT", 10)):
-                return None
-            raise
+        s = self._s
+        answer = s.query("events", "nvmlEventSetWait_v2", self._set, int(timeout_ms))
+        if s.missing(answer):
+            answer = s.query("events", "nvmlEventSetWait", self._set, int(timeout_ms))
+        if answer.code == (s.code("NVML_ERROR_TIMEOUT") or 10):
+            return None
+        if answer.why is not None:
+            raise NvmlCallFailed(f"NVML stopped waiting for events: {answer.why}")
+        data = answer.value
         if not int(data.eventType) & self._xid:
             return None
         return self._by_handle.get(_handle_address(data.device)), int(data.eventData)
 
     def close(self) -> None:
-        with suppress(self._errors.NVMLError):
-            self._lib.nvmlEventSetFree(self._set)
+        with suppress(DeviceFailed):
+            self._s.query("events", "nvmlEventSetFree", self._set)
 
 
 def _handle_address(handle: Any) -> int | None:

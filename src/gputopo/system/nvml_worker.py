@@ -97,7 +97,9 @@ class Worker:
         self._buffer = b""
         try:
             self._receive("the NVML worker's start", STARTUP_S)
-            self.header = self._receive("nvmlInit")
+            from gputopo.system import nvml
+
+            self.header = self._receive(nvml.START_CALL)
         except NoAnswer as exc:
             self._broken = exc.what
             raise

@@ -26,6 +26,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from gputopo.system.ports import network_summary
+
 STANDARD_LIB_DIRS = (
     "/lib",
     "/usr/lib",
@@ -133,10 +135,9 @@ def vbios_versions(indices: Iterable[int]) -> dict[int, str | None]:
         with nvml.session() as s:
             for i in indices:
                 try:
-                    value = s.device(i)._q("nvmlDeviceGetVbiosVersion")
+                    out[i] = s.device(i).vbios().value
                 except nvml.DeviceFailed:
-                    value = None
-                out[i] = value.decode() if isinstance(value, bytes) else value
+                    out[i] = None
     except Exception:  # noqa: BLE001 - no NVML (CPU machines, tests): the VBIOS is simply unknown
         return {}
     return out
@@ -173,5 +174,8 @@ def config_facts(topology: Any, gpus: Iterable[int], env: Mapping[str, str]) -> 
         "cuda": cuda,
         "torch": torch_version(),
         "vbios": vbios or None,
+        # GPUDirect RDMA mode, RDMA port count and rates (sysfs/procfs): one node without nvidia-peermem
+        # or with a port trained down shows as drift.
+        **network_summary(),
         "env": {k: v for k, v in nccl_env(env).items() if not k.startswith("TORCH_FR_")},
     }

@@ -18,7 +18,8 @@ The figures are NCCL's own priors (``src/graph/topo.h``), in GB/s per direction:
 Two choices are ours, not NCCL's, and are stated where they are used: PXB (several PCIe switches) is
 counted at 0.9 of the link rate, because its traffic shares switch uplinks with every GPU behind them
 and NCCL gives PIX and PXB the same figure, which would make "behind one switch" indistinguishable; and a
-ring's estimate is its slowest edge (DESIGN.md: measured ring busbw reaches 0.94-0.99 of this).
+ring's estimate is its slowest edge (docs/design.md "Bandwidth model": measured ring busbw reaches
+0.94-0.99 of this).
 
 A path is as fast as its slowest part. Ring all-reduce runs at the bottleneck edge of the best ring, so
 the estimated busbw of a set is the maximum over ring orders of the minimum edge bandwidth
@@ -297,7 +298,7 @@ def _figures(gpu: Gpu, assumptions: Assumptions) -> GpuFigures:
         per_link, nv_source = DEFAULT_NVLINK_GBPS, "assumed"
     pcie = gpu.pcie
     # Generation at its maximum (an idle GPU lowers its generation to save power and raises it under
-    # load), width as trained now (a link trained at x8 stays at x8 until the slot is fixed: DESIGN.md
+    # load), width as trained now (a link trained at x8 stays at x8 until the slot is fixed: docs/design.md
     # "Node health"), so a GPU trained at x8 loses to its x16 siblings.
     read_gen = pcie.gen_max if pcie is not None else None
     read_width = None

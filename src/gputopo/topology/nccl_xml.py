@@ -1,6 +1,6 @@
 """NCCL's own view of a machine (``NCCL_TOPO_DUMP_FILE`` / ``NCCL_TOPO_FILE`` XML) -> ``Topology`` (pure).
 
-The format (NCCL src/graph/xml.cc and topo.cc; the README's "NCCL's own topology as input" says what
+The format (NCCL src/graph/xml.cc and topo.cc; docs/topo.md "NCCL's own topology as input" says what
 we rely on)::
 
     <system version="1">

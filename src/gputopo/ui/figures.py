@@ -315,6 +315,44 @@ def speed_bars(tables: Sequence[tuple[str, Sequence[dict[str, Any]]]], stand_ins
     return _png(fig)
 
 
+# The per-GPU check's numbers: (row key, axis label, datasheet peak key or None).
+_GPU_PANELS = (
+    ("matmul_tflops", "matmul (TFLOP/s)", "matmul_tflops"),
+    ("memory_gbps", "device memory (GB/s)", "memory_gbps"),
+    ("h2d_gbps", "host to device (GB/s)", None),
+    ("d2h_gbps", "device to host (GB/s)", None),
+)
+_GPU_VERDICT_COLOR = {"pass": "C2", "slow": "C1", "corrupt": "C3", "undecided": "C3"}
+
+
+def gpu_bars(rows: Sequence[dict[str, Any]], stand_ins: bool) -> bytes:
+    """The per-GPU check as bars: one panel per number, a bar per GPU coloured by its verdict, the median
+    of every GPU dashed and the datasheet peak dotted where the report knows it."""
+    import statistics
+
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(_GPU_PANELS), figsize=(3.2 * len(_GPU_PANELS), 3.2), squeeze=False)
+    labels = [f"GPU{r.get('gpu')}" for r in rows]
+    colors = [_GPU_VERDICT_COLOR.get(str(r.get("verdict")), "C7") for r in rows]
+    for ax, (key, title, peak_key) in zip(axes[0], _GPU_PANELS, strict=True):
+        values = [float(r[key]) if isinstance(r.get(key), (int, float)) else 0.0 for r in rows]
+        ax.bar(range(len(rows)), values, color=colors)
+        measured = [v for v in values if v > 0]
+        if measured:
+            ax.axhline(statistics.median(measured), color="k", linestyle="--", linewidth=0.8)
+        peaks = {(r.get("peak") or {}).get(peak_key) for r in rows if peak_key and r.get("peak")} - {None}
+        for peak in peaks:
+            ax.axhline(float(peak), color="C0", linestyle=":", linewidth=1.0)
+        ax.set_xticks(range(len(rows)), labels, rotation=30, fontsize=7)
+        ax.set_title(title, fontsize=9)
+        ax.grid(True, axis="y", alpha=0.3)
+    what = "CPU stand-ins (simulated), process CPU time" if stand_ins else "each GPU on its own"
+    lines = "dashed: median" + ("" if stand_ins else ", dotted: datasheet peak")
+    fig.suptitle(f"{what}; green pass, orange slow, red corrupt; {lines}", fontsize=9)
+    fig.subplots_adjust(top=0.8, wspace=0.3)
+    return _png(fig)
+
+
 def link_code(topo: Topology, a: int, b: int) -> str | None:
     """The printed link code between two GPUs (for captions)."""
     link: Link | None = topo.gpu_link(a, b)

@@ -1,5 +1,5 @@
-"""The one finding shape (``findings.Finding``, DESIGN.md "finding") shown the same way everywhere: the
-same columns in the same order in the terminal, Markdown and HTML. Input is the JSON form
+"""The one finding shape (``findings.Finding``, docs/design.md "The finding") shown the same way everywhere:
+the same columns in the same order in the terminal, Markdown and HTML. Input is the JSON form
 (``Finding.to_json``), so saved reports render as fresh ones; older reports without the newer keys show
 ``-`` there."""
 

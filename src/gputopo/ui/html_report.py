@@ -154,6 +154,7 @@ def render_html(doc: dict[str, Any]) -> str:
         parts.append("<h2>All-reduce bandwidth</h2>")
         parts.append("<figure>" + _img(figures.busbw_curves(curves), "all-reduce busbw curves") + "</figure>")
 
+    parts += per_gpu_html((doc.get("probe") or {}).get("per_gpu"))
     parts += speed_section((doc.get("probe") or {}).get("sets") or [], simulated)
 
     probe = doc.get("probe") or {}
@@ -245,6 +246,66 @@ def speed_section(sets: list[dict[str, Any]], stand_ins: bool) -> list[str]:
         "global batch, with the speedup over one GPU."
         + "".join(f" <b>{_e(f)}</b>" for f in flags)
         + "</figcaption></figure>",
+    ]
+
+
+def per_gpu_html(per_gpu: dict[str, Any] | None) -> list[str]:
+    """The per-GPU check (``per_gpu`` of a probe document): a bar per GPU for each number, and the table
+    of numbers beside the median of its peers and the model's datasheet peak; nothing without one."""
+    rows = [r for r in (per_gpu or {}).get("gpus") or [] if isinstance(r.get("matmul_tflops"), (int, float))]
+    if not rows:
+        return []
+    stand_ins = bool((per_gpu or {}).get("simulated"))
+    tolerance = (per_gpu or {}).get("tolerance")
+    table_rows, classes = [], []
+    for r in (per_gpu or {}).get("gpus") or []:
+        med = r.get("peers_median") or {}
+        peak = r.get("peak") or {}
+
+        def cell(key: str, r: dict[str, Any] = r, med: dict[str, Any] = med) -> str:
+            value, ref = r.get(key), med.get(key)
+            if not isinstance(value, (int, float)):
+                return "-"
+            return f"{value:.4g}" + (f" (peers {ref:.4g})" if isinstance(ref, (int, float)) else "")
+
+        table_rows.append(
+            [
+                _e(f"GPU{r.get('gpu')}"),
+                _e(r.get("name")),
+                _e(cell("matmul_tflops")) + (f" / peak {_e(peak['matmul_tflops'])}" if peak else ""),
+                _e(cell("memory_gbps")) + (f" / peak {_e(peak['memory_gbps'])}" if peak else ""),
+                _e(cell("h2d_gbps")),
+                _e(cell("d2h_gbps")),
+                f"<code>{_e(r.get('result_hash'))}</code>",
+                _e(r.get("verdict")) + (f": {_e(r.get('why'))}" if r.get("why") else ""),
+            ]
+        )
+        verdict = str(r.get("verdict"))
+        classes.append(["", "", "", "", "", "", "", "pass" if verdict == "pass" else "fail"])
+    slow = f"more than {tolerance:.0%} below" if isinstance(tolerance, (int, float)) else "below"
+    return [
+        "<h2>Every GPU on its own</h2>",
+        "<figure>"
+        + _img(figures.gpu_bars(rows, stand_ins), "per-GPU matmul, memory and host copy bars")
+        + f"<figcaption>A GPU is slow {slow} the median of its peers of the same model (dashed: the "
+        "median of all of them), or below half its datasheet peak (dotted, where known); corrupt when its "
+        "result's bits differ from the majority or from its own second run."
+        + (" CPU stand-ins: a CPU's numbers, not a GPU's." if stand_ins else "")
+        + "</figcaption></figure>",
+        _table(
+            [
+                "GPU",
+                "model",
+                "matmul TFLOP/s",
+                "memory GB/s",
+                "host to device GB/s",
+                "device to host GB/s",
+                "result hash",
+                "verdict",
+            ],
+            table_rows,
+            classes,
+        ),
     ]
 
 
@@ -351,6 +412,7 @@ def render_probe_html(doc: dict[str, Any]) -> str:
         parts.append("<h2>All-reduce bandwidth</h2>")
         parts.append("<figure>" + _img(figures.busbw_curves(curves), "all-reduce busbw curves") + "</figure>")
 
+    parts += per_gpu_html(doc.get("per_gpu"))
     parts += speed_section(doc.get("sets") or [], cpu)
 
     transports = [(s, set_transports(s)) for s in doc.get("sets") or []]

@@ -18,6 +18,13 @@ from gputopo.probe.plan.options import Fault, Mode
 
 MODELS = ("resnet18", "resnet50", "tiny")
 
+# DCGM's diagnostic flags a GPU more than about 10% below its peers (its ``gflops_tolerance_pcnt``).
+DEFAULT_TOLERANCE = 0.10
+# CPU stand-ins share a small machine with everything else on it: repeated runs of the same stand-in
+# measured up to 15-20% apart on 2 busy cores, so a stand-in is slow only 25% below its peers unless
+# --tolerance says otherwise (the slow drill halves the speed, far beyond either).
+CPU_TOLERANCE = 0.25
+
 # CPU ranks stand in for GPUs; more than 8 would only oversubscribe a small machine further.
 CPU_STAND_INS = 8
 
@@ -48,6 +55,10 @@ class DeviceInventory:
     def bus_id(self, index: int) -> str | None:
         """The PCI bus id NVML gave GPU ``index`` (``None`` on CPU or when unknown)."""
         return next((g.bus_id for g in self.identities if g.index == index), None)
+
+    def cpu_affinity(self, index: int) -> str | None:
+        """The CPUs NVML names near GPU ``index`` (``None`` on CPU or when unknown)."""
+        return next((g.cpu_affinity for g in self.identities if g.index == index), None)
 
 
 @dataclass(frozen=True)
@@ -80,8 +91,19 @@ class ProbeConfig:
     max_bytes: int | None = None
     step_factor: int = 2
     iters: int | None = None
-    # --precision: the dp and ddp checks run once per precision (``checks`` holds ``dp@fp16`` and so on).
+    # --precision: the dp and ddp checks run once per precision (``checks`` holds ``dp@fp16`` and so on);
+    # the per-GPU check's matmul runs in the first one.
     precisions: tuple[str, ...] = (DEFAULT_PRECISION,)
+    # --tolerance: how far (a fraction) below its peers' median a GPU may measure before it is slow;
+    # ``None``: DEFAULT_TOLERANCE on GPUs, CPU_TOLERANCE on CPU stand-ins (``per_gpu_tolerance``).
+    tolerance: float | None = None
+
+    @property
+    def per_gpu_tolerance(self) -> float:
+        """The per-GPU check's tolerance: ``--tolerance``, or the device's default."""
+        if self.tolerance is not None:
+            return self.tolerance
+        return CPU_TOLERANCE if self.device == "cpu" else DEFAULT_TOLERANCE
 
     @property
     def backend(self) -> str:
@@ -202,6 +224,7 @@ def build_config(
     iters: int | None = None,
     inject_gpus: str | None = None,
     precisions: tuple[str, ...] | list[str] | None = None,
+    tolerance: float | None = None,
 ) -> ProbeConfig:
     """Check the options against what exists and freeze them.
 
@@ -266,6 +289,7 @@ def build_config(
     if not timeout_s > 0:
         raise UsageError(f"--timeout {timeout_s}: must be positive", "e.g. --timeout 120")
     check_sweep(min_bytes, max_bytes, step_factor, iters)
+    check_per_gpu(mode, inject, tolerance)
     smallest = 2 if each_pair else min(len(s) for s in sets)
     if inject_rank is not None:
         if inject is None:
@@ -301,7 +325,24 @@ def build_config(
         step_factor=step_factor,
         iters=iters,
         precisions=precisions,
+        tolerance=None if tolerance is None else float(tolerance),
     )
+
+
+def check_per_gpu(mode: Mode, inject: Fault | None, tolerance: float | None) -> None:
+    """``UsageError`` for a ``--tolerance`` outside (0, 1) or a per-GPU drill without the per-GPU check."""
+    from gputopo.probe.plan.options import PER_GPU_FAULTS
+
+    if tolerance is not None and not 0 < tolerance < 1:
+        raise UsageError(
+            f"--tolerance {tolerance * 100:g}: must be between 0 and 100 (percent)", "e.g. --tolerance 10"
+        )
+    if inject in PER_GPU_FAULTS and "gpu" not in mode.checks:
+        raise UsageError(
+            f"--inject {inject.value} goes into the per-GPU check, which --mode {mode.value} does not run "
+            "(across nodes, --inject slow delays one node)",
+            f"e.g. --mode gpu --inject {inject.value} --inject-gpus 1",
+        )
 
 
 def _inject_gpus(

@@ -54,6 +54,9 @@ class GpuIdentity:
     unavailable: str | None = None
     mig_enabled: bool = False
     mig_devices: tuple[str, ...] = ()
+    # NVML's CPUs near the GPU (``nvidia-smi topo -m``'s "CPU Affinity", e.g. ``0-31,64-95``): the per-GPU
+    # check's host copies run there, so its pinned buffers sit on the GPU's own NUMA node.
+    cpu_affinity: str | None = None
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from enum import Enum
 
-# Checks in the order one launch runs them: the exact copy check first, so a broken path is named before
-# the training checks fail in its wake.
-CHECK_ORDER = ("p2p", "dp", "ddp", "allreduce", "speed")
+# Checks in the order one launch runs them: every GPU on its own first (a slow or corrupt GPU is named
+# before the sets it belongs to fail in its wake), then the exact copy check, so a broken path is named
+# before the training checks fail in its wake.
+CHECK_ORDER = ("gpu", "p2p", "dp", "ddp", "allreduce", "speed")
 
 
 class Mode(str, Enum):
@@ -19,6 +20,7 @@ class Mode(str, Enum):
     DDP = "ddp"
     ALLREDUCE = "allreduce"
     P2P = "p2p"
+    GPU = "gpu"
     SPEED = "speed"
     ALL = "all"
 
@@ -36,11 +38,16 @@ class Fault(str, Enum):
     HANG = "hang"
     CRASH = "crash"
     OVERFLOW = "overflow"
-    SLOW = "slow"  # across nodes only: a delay before each of one node's collectives (a straggler)
+    # On one machine: the per-GPU check does its timed work twice on the GPUs named (half the speed);
+    # across nodes: a delay before each of one node's collectives (a straggler).
+    SLOW = "slow"
+    SDC = "sdc"  # silent data corruption: one bit of the per-GPU check's result flipped on the GPUs named
 
 
 # What the inter-node tests can plant (``gputopo.probe.ranks.crossnode``): no training runs there.
 ACROSS_NODE_FAULTS = (Fault.SLOW, Fault.CORRUPT, Fault.HANG, Fault.CRASH)
+# What only the per-GPU check (``gputopo.probe.ranks.pergpu``) can plant on one machine.
+PER_GPU_FAULTS = (Fault.SLOW, Fault.SDC)
 
 
 class Precision(str, Enum):

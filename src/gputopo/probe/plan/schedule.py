@@ -8,6 +8,8 @@ ddp), which run concurrently with those of other sets on other GPUs (pairs of ``
 rounds of a round-robin tournament, other sets first-fit into the rounds); then the all-reduce sweep.
 The checks that time bandwidth (p2p copies, the all-reduce sweep) run alone in their step, since sets
 sharing a PCIe switch or a CPU link would otherwise slow each other down and read as ``slow``.
+The per-GPU check (``gpu``: each GPU on its own, compared with its peers) is one job over the union of
+the sets' GPUs, in the first step: a GPU is measured once however many sets hold it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from gputopo.probe.plan.config import ProbeConfig
 from gputopo.probe.plan.options import check_rank
 
 # Checks whose numbers are bandwidths: never measured while another set runs.
-TIMED_CHECKS = frozenset({"p2p", "allreduce", "speed"})
+TIMED_CHECKS = frozenset({"gpu", "p2p", "allreduce", "speed"})
+# The per-GPU check: one job over every GPU of the run, in a step of its own before any set's checks.
+PER_GPU = "gpu"
 # Timed checks that run before a set's correctness checks; the rest run after them.
 _TIMED_FIRST = ("p2p",)
 
@@ -107,10 +111,22 @@ def make_plan(config: ProbeConfig, more_sets: tuple[tuple[int, ...], ...] = ()) 
     for s in (*listed, *more_sets):
         if s not in sets and tuple(sorted(s)) not in {tuple(sorted(x)) for x in sets}:
             sets.append(s)
+    steps: list[tuple[Job, ...]] = []
+    reported = list(sets)
+    if PER_GPU in checks:
+        # One job over every GPU, reported under the set that holds exactly them; where none does, under
+        # a set of its own (the only set, when no other check runs).
+        checks = tuple(c for c in checks if c != PER_GPU)
+        union = tuple(sorted({g for s in sets for g in s}))
+        home = next((s for s in sets if tuple(sorted(s)) == union), union)
+        if not checks:
+            sets, reported = [], [home]
+        elif home not in sets:
+            reported.append(home)
+        steps.append((Job(home, (PER_GPU,)),))
     first = tuple(c for c in checks if c in _TIMED_FIRST)
     together = tuple(c for c in checks if c not in TIMED_CHECKS)
     last = tuple(c for c in checks if c in TIMED_CHECKS and c not in _TIMED_FIRST)
-    steps: list[tuple[Job, ...]] = []
     if first:
         steps.extend((Job(s, first),) for s in sets)
     if together:
@@ -121,4 +137,4 @@ def make_plan(config: ProbeConfig, more_sets: tuple[tuple[int, ...], ...] = ()) 
         steps.extend(tuple(Job(s, together) for s in rnd) for rnd in first_fit(rounds, others))
     if last:
         steps.extend((Job(s, last),) for s in sets)
-    return Plan(rounds=tuple(steps), sets=tuple(sets))
+    return Plan(rounds=tuple(steps), sets=tuple(reported))

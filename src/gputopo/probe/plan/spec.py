@@ -21,10 +21,14 @@ _FAULT_CHECKS = {
     "nan": ("dp", "ddp"),
     "overflow": ("dp", "ddp"),
     "corrupt": ("p2p", "dp", "ddp", "allreduce"),
+    "sdc": ("gpu",),
+    "slow": ("gpu",),
 }
 
 
 _HALTING_SITES = ("dp", "ddp", "allreduce")
+# Where a hang or crash goes when the set runs none of those: the per-GPU check.
+_LAST_HALTING_SITE = "gpu"
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,8 @@ def inject_checks(fault: str | None, checks: tuple[str, ...]) -> tuple[str, ...]
         # By base name: ``dp@fp16`` is the dp check at another precision (gputopo.probe.judge.precision).
         return tuple(c for c in checks if c.partition("@")[0] in _FAULT_CHECKS[fault])
     first = next((c for c in checks if c.partition("@")[0] in _HALTING_SITES), None)
+    if first is None and _LAST_HALTING_SITE in checks:
+        first = _LAST_HALTING_SITE
     return (first,) if first else ()
 
 
@@ -101,6 +107,8 @@ def job_spec(
         "inject_ranks": list(site.ranks) if site.ranks is not None else None,
         "inject_checks": [c for c in site.checks if c in checks],
         "out_dir": str(out_dir),
+        # The per-GPU check's matmul precision: the first --precision.
+        "precision": config.precisions[0],
     }
 
 

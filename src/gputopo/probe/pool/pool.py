@@ -117,6 +117,8 @@ class Pool(Launch):
             "gpus": list(self.gpus),
             # NVML's PCI bus id per pool rank: each checks CUDA gave it that GPU (identity.check_rank_device).
             "bus_ids": [self.config.inventory.bus_id(g) for g in self.gpus],
+            # NVML's CPUs near each pool rank's GPU: the per-GPU check's host copies run there.
+            "cpu_affinity": [self.config.inventory.cpu_affinity(g) for g in self.gpus],
             "timeout_s": self.config.timeout_s,
             "out_dir": str(self.dir),
             "schedule": schedule,

@@ -9,7 +9,7 @@ bandwidth model expects for each set.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
@@ -17,10 +17,11 @@ from typing import Any
 from gputopo.errors import GputopoError, Interrupted
 from gputopo.probe.judge import verdict
 from gputopo.probe.judge.p2p import judge_p2p
+from gputopo.probe.judge.pergpu import judge_gpus, unfinished_rows
 from gputopo.probe.judge.verdict import CheckResult, SetResult
 from gputopo.probe.plan.config import ProbeConfig
 from gputopo.probe.plan.options import check_rank
-from gputopo.probe.plan.schedule import Job, Plan, make_plan
+from gputopo.probe.plan.schedule import PER_GPU, Job, Plan, make_plan
 from gputopo.probe.pool.launch import LaunchOutcome
 from gputopo.probe.pool.pool import run_pool
 from gputopo.probe.shared import ProbeRun, TopologyView
@@ -78,6 +79,12 @@ def judge_outcome(
     if stopped_in is None and outcome.status != "ok" and checks:
         # Every check finished, then something failed on the way out: still a failure of this launch.
         results[checks[-1]] = _unfinished(checks[-1], outcome)
+    per_gpu = results.get(PER_GPU)
+    if per_gpu is not None and per_gpu.kind in ("hung", "crashed"):
+        # Which GPU's rank died (or that every GPU hung), for the per-GPU table.
+        rank = outcome.failures[0].rank if outcome.failures else None
+        rows = unfinished_rows(outcome.job.gpus, per_gpu.kind, rank)
+        results[PER_GPU] = replace(per_gpu, metrics={**per_gpu.metrics, "rows": rows})
     return results
 
 
@@ -88,6 +95,8 @@ def _judge(
         from gputopo.probe.judge.precision import judge_precision
 
         return judge_precision(check, metrics)
+    if check == PER_GPU:
+        return judge_gpus(metrics, config.per_gpu_tolerance)
     if check == "speed":
         from gputopo.probe.judge.speed import judge_speed
 
@@ -126,6 +135,7 @@ def run_probe(
     view: TopologyView | None = None,
     on_warning: Callable[[str], None] | None = None,
     listen_xid: bool | None = None,
+    sick: Mapping[int, str] | None = None,
 ) -> ProbeRun:
     """Run the plan in a pool of ranks and judge it. Ctrl-C stops the ranks and propagates.
 
@@ -135,16 +145,22 @@ def run_probe(
     On GPUs read live, a GPU of a set with a health problem (one health sample) is warned about through
     ``on_warning`` (one line per GPU) and named in the run's caveats; and NVML's Xid events are listened
     for while the ranks run (``listen_xid``, default: on GPUs), so a crashed or hung check names the
-    Xid of its GPU.
+    Xid of its GPU. ``sick`` is health the caller already read (doctor's window: GPU -> its first
+    problem), handed down so the machine is not sampled again; ``view`` likewise the topology it read.
     """
     plan = plan or make_plan(config)
     live = config.device == "cuda" and config.topology_input is None
     gpus = sorted({g for s in plan.sets for g in s})
     # One health sample of the sets' GPUs (no counters' rise: that needs a window the probe does not
     # wait for); nothing when NVML cannot be read.
-    from gputopo.machine import read_live_health
+    if sick is not None:
+        sick = {g: what for g, what in sick.items() if g in gpus}
+    elif live:
+        from gputopo.machine import read_live_health
 
-    sick = read_live_health(gpus=gpus).unhealthy_gpus() if live else {}
+        sick = read_live_health(gpus=gpus).unhealthy_gpus()
+    else:
+        sick = {}
     for gpu, what in sorted(sick.items()):
         if on_warning is not None:
             on_warning(f"GPU{gpu} has a health problem: {what}; its results may show the fault, not the set")
@@ -178,7 +194,7 @@ def _run_probe(
     on_progress: ProgressFn | None,
     plan: Plan,
     view: TopologyView | None,
-    sick: dict[int, str],
+    sick: Mapping[int, str],
     watch: Any,
 ) -> ProbeRun:
     started_utc = datetime.now(timezone.utc)
@@ -286,7 +302,7 @@ def _probe_run(
     started_utc: datetime,
     started: float,
     launches: list[dict[str, Any]],
-    sick: dict[int, str],
+    sick: Mapping[int, str],
 ) -> ProbeRun:
     sets = [
         SetResult(gpus, tuple(by_set[gpus][c] for c in sorted(by_set[gpus], key=check_rank)))

@@ -318,6 +318,10 @@ def run_checks(ctx: Any, group: Any = None, devices: list[int] | None = None) ->
             wait_for_others(ctx, group)
         elif check == "speed":
             metrics = speed_run.speed_check(ctx, group, devices)
+        elif check == "gpu":
+            from gputopo.probe.ranks.pergpu import gpu_check
+
+            metrics = gpu_check(ctx, group)
         else:
             metrics = allreduce.allreduce_check(ctx, group)
         if base in ("ddp", "allreduce") and ctx.is_cuda:

@@ -12,6 +12,7 @@ from typing import Any
 from gputopo import __version__
 from gputopo.probe.judge.environment import describe_transports
 from gputopo.probe.judge.p2p import p2p_matrices
+from gputopo.probe.judge.pergpu import per_gpu_section
 from gputopo.probe.judge.verdict import FAIL, SKIPPED, SetResult
 from gputopo.probe.shared import ProbeRun
 
@@ -44,6 +45,8 @@ def config_dict(run: ProbeRun) -> dict[str, Any]:
         "sweep_bytes": list(c.sweep_bytes),
         "topology_input": c.topology_input,
         "precisions": list(c.precisions),
+        "tolerance": c.per_gpu_tolerance,
+        "inject_gpus": list(c.inject_gpus),
     }
 
 
@@ -76,6 +79,7 @@ def to_document(run: ProbeRun, report: dict[str, str] | None = None) -> dict[str
         "verdict": run.verdict,
         "caveats": list(run.environment.get("caveats") or []),
         "sets": [s.to_dict() for s in run.sets],
+        "per_gpu": per_gpu_section(_per_gpu_check(run)),
         "report": report,
         "started_utc": run.started_utc.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "wall_s": round(run.wall_s, 3),
@@ -85,6 +89,15 @@ def to_document(run: ProbeRun, report: dict[str, str] | None = None) -> dict[str
         "notes": list(run.notes),
         "warnings": list(run.warnings),
     }
+
+
+def _per_gpu_check(run: ProbeRun) -> dict[str, Any] | None:
+    """The per-GPU check of the run (``None`` when it did not run)."""
+    for s in run.sets:
+        for c in s.checks:
+            if c.name == "gpu":
+                return c.to_dict()
+    return None
 
 
 def verdict_line(doc: dict[str, Any]) -> str:
@@ -236,11 +249,72 @@ def loss_table(gpus: list[int], check: dict[str, Any]) -> list[str]:
     return lines
 
 
+def gpu_table(gpus: list[int], check: dict[str, Any]) -> list[str]:
+    """Every GPU on its own: its four numbers and result hash beside the median and the datasheet peak."""
+    from gputopo.probe.judge.pergpu import METRICS
+
+    m = check.get("metrics") or {}
+    rows = m.get("rows") or []
+    z = m.get("sizes") or {}
+    stand_in = m.get("device") == "cpu"
+    tolerance = m.get("tolerance")
+    lines = [
+        f"# gpu, set {set_label(gpus)}: every {'CPU stand-in' if stand_in else 'GPU'} on its own; "
+        f"{m.get('precision')} matmul {z.get('matmul_n')}^2 x{z.get('matmuls_per_rep')} per rep, "
+        f"{(z.get('copy_bytes') or 0) >> 20} MiB device copies, {(z.get('host_bytes') or 0) >> 20} MiB "
+        f"{'host' if stand_in else 'pinned host'} copies; {z.get('warmup_reps')} warm-up + "
+        f"{z.get('timed_reps')} timed reps, {'fastest' if stand_in else 'median'}; {m.get('concurrent')}",
+        f"# slow: more than {tolerance:.0%} below the median of its peers of the same model"
+        if isinstance(tolerance, (int, float))
+        else "# slow: below the median of its peers",
+        f"# {'gpu':>5} {'matmul':>10} {'memory':>10} {'h2d':>9} {'d2h':>9}  {'result hash':<17} verdict",
+        f"# {'':>5} {'(TFLOP/s)':>10} {'(GB/s)':>10} {'(GB/s)':>9} {'(GB/s)':>9}",
+    ]
+
+    def cells(values: list[Any]) -> str:
+        widths = (10, 10, 9, 9)
+        return " ".join(
+            f"{v:>{w}.4g}" if isinstance(v, (int, float)) else f"{'-':>{w}}"
+            for v, w in zip(values, widths, strict=True)
+        )
+
+    for r in rows:
+        digest = str(r.get("result_hash") or "-")
+        why = f": {r['why']}" if r.get("why") and r.get("verdict") != "pass" else ""
+        lines.append(
+            f"  {r.get('gpu'):>5} {cells([r.get(k) for k in METRICS])}  {digest:<17} {r.get('verdict')}{why}"
+        )
+    measured = [r for r in rows if isinstance(r.get("matmul_tflops"), (int, float))]
+    for name in dict.fromkeys(str(r.get("name")) for r in measured):
+        same = [r for r in measured if str(r.get("name")) == name]
+        medians = [_median_of([r.get(k) for r in same]) for k in METRICS]
+        lines.append(f"  {'median':>5} {cells(medians)}  ({name}, {len(same)})")
+        peak = same[0].get("peak")
+        if peak:
+            lines.append(
+                f"  {'peak':>5} {cells([peak.get('matmul_tflops'), peak.get('memory_gbps'), None, None])}  "
+                f"({peak.get('model')} datasheet: {peak.get('source')})"
+            )
+    if stand_in:
+        lines.append("# simulated: CPU stand-ins, timed in process CPU time; a CPU's numbers, not a GPU's")
+    lines.append(f"# {str(check.get('verdict')).upper()}: {check.get('detail')}")
+    return lines
+
+
+def _median_of(values: list[Any]) -> float | None:
+    import statistics
+
+    numbers = [float(v) for v in values if isinstance(v, (int, float))]
+    return statistics.median(numbers) if numbers else None
+
+
 def check_table(doc: dict[str, Any], gpus: list[int], check: dict[str, Any]) -> list[str]:
     """The detailed table of a check that ran, or nothing."""
     if check.get("kind") in ("hung", "crashed"):
         return []
     name = check.get("name")
+    if name == "gpu":
+        return gpu_table(gpus, check)
     if check.get("verdict") == SKIPPED and not (name == "p2p" and (check.get("metrics") or {}).get("pairs")):
         return []
     if name == "allreduce":

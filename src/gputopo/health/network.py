@@ -1,0 +1,553 @@
+"""The node's network ports, judged (pure): two readings of every InfiniBand/RoCE port and Ethernet
+interface -> findings in category ``network``, naming the device, the port and the GPUs behind it.
+
+The rules and their limits follow NVSentinel's NIC health monitor (NVIDIA/NVSentinel, design documents
+``docs/nic-health-monitor/link-counter-detection.md`` and ``link-state-detection.md``):
+
+- a rise of ``link_downed``, ``excessive_buffer_overrun_errors`` or ``local_link_integrity_errors`` between
+  two readings is fatal there (the link retrained, or the lossless contract was broken: NCCL's connections
+  over the port fail): a problem here;
+- ``symbol_error`` faster than 10 per second is its non-fatal degradation threshold (PAM4 links at HDR/NDR
+  always see some raw bit errors, so "any rise" would alarm forever): a problem here. NVSentinel computes a
+  rate only over at least its window; a reading shorter than 1 s is counted as 1 s here, so one stray
+  error in a 0-second check is never "1000/s";
+- a port that is not ACTIVE/LinkUp (DOWN, Polling, Disabled) while other ports of its kind (same link layer
+  and NIC model) are ACTIVE: its "card homogeneity" rule, fatal there, a problem here; a port with no GPU on
+  its NUMA node or PCIe switch (a management or storage port) only gets a note;
+- ``carrier_changes`` (Ethernet) rising more than 2 in the interval: its link-flap threshold;
+- a port slower than the others of its kind (200 among 400 Gb/s): its link speed degradation rule.
+
+The readings come from ``system/ports.py`` (sysfs, Documentation/ABI/stable/sysfs-class-infiniband and
+Documentation/ABI/testing/sysfs-class-net).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gputopo.findings import NOTE, PROBLEM, Finding
+from gputopo.topology.pcie_path import PciPath, normal_bdf
+
+NVSENTINEL = "NVSentinel NIC health monitor (docs/nic-health-monitor/link-counter-detection.md)"
+NVSENTINEL_STATE = "NVSentinel NIC health monitor (docs/nic-health-monitor/link-state-detection.md)"
+# Counters whose any rise is fatal in NVSentinel's table.
+FATAL_COUNTERS = ("link_downed", "excessive_buffer_overrun_errors", "local_link_integrity_errors")
+# What the reader reads (only these: each counters/ read is a firmware query on InfiniBand adapters).
+COUNTERS = (*FATAL_COUNTERS, "symbol_error", "link_error_recovery", "port_rcv_errors")
+# hw_counters/ (mlx5): rnr_nak_retry_err is fatal in NVSentinel's table (the connection is severed).
+HW_COUNTERS = ("rnr_nak_retry_err", "local_ack_timeout_err", "roce_slow_restart")
+SYMBOL_ERROR_PER_S = 10.0
+CARRIER_CHANGES_PER_INTERVAL = 2
+MIN_RATE_WINDOW_S = 1.0
+
+IB, ETH = "ib", "eth"
+NCCL_ACS = "NCCL troubleshooting guide, PCI Access Control Services (ACS)"
+
+
+@dataclass(frozen=True)
+class NetRule:
+    """One rule of the network and PCIe-path checks, as docs/health-rules.md lists it: its name, category,
+    severity, limit in words, what it means and its source (tests/test_netpath.py keeps the page and this
+    table in step)."""
+
+    name: str
+    category: str
+    severity: str
+    limit: str
+    meaning: str
+    source: str
+
+
+RULES: tuple[NetRule, ...] = (
+    NetRule(
+        "port_link_downed",
+        "network",
+        PROBLEM,
+        "any rise",
+        "the link retrained between the readings",
+        NVSENTINEL,
+    ),
+    NetRule(
+        "port_buffer_overrun",
+        "network",
+        PROBLEM,
+        "any rise",
+        "excessive_buffer_overrun_errors: the lossless contract broke",
+        NVSENTINEL,
+    ),
+    NetRule("port_link_integrity", "network", PROBLEM, "any rise", "local_link_integrity_errors", NVSENTINEL),
+    NetRule(
+        "port_rnr_nak_retry",
+        "network",
+        PROBLEM,
+        "any rise",
+        "hw_counters/rnr_nak_retry_err: a connection was severed",
+        NVSENTINEL,
+    ),
+    NetRule(
+        "port_symbol_errors",
+        "network",
+        PROBLEM,
+        "above 10/s (window at least 1 s)",
+        "symbol_error: the link degrades before its error correction gives out",
+        NVSENTINEL,
+    ),
+    NetRule(
+        "port_carrier_flaps",
+        "network",
+        PROBLEM,
+        "more than 2 per window",
+        "carrier_changes of an Ethernet interface",
+        NVSENTINEL,
+    ),
+    NetRule(
+        "port_down",
+        "network",
+        PROBLEM,
+        "DOWN, Polling or Disabled while a peer is ACTIVE",
+        "a port "
+        "of the same kind and NIC model is up; a note for a port with no GPU on its NUMA node or "
+        "switch",
+        NVSENTINEL_STATE,
+    ),
+    NetRule(
+        "port_slow",
+        "network",
+        PROBLEM,
+        "below the fastest active peer",
+        "a link trained down (200 among 400 Gb/s)",
+        NVSENTINEL_STATE,
+    ),
+    NetRule(
+        "gpudirect_off",
+        "network",
+        NOTE,
+        "RDMA ports, no peer-memory path",
+        "no nvidia_peermem, no nv_peer_mem, no DMA-BUF (open kernel module, Linux 5.12+)",
+        "NVIDIA GPU Operator, GPUDirect RDMA and GPUDirect Storage",
+    ),
+    NetRule(
+        "acs_redirect",
+        "pcie",
+        PROBLEM,
+        "ReqRedir+ or CmpltRedir+",
+        "a bridge below a GPU pair's (or "
+        "GPU-NIC pair's) meeting point redirects peer traffic to the root complex",
+        NCCL_ACS,
+    ),
+    NetRule(
+        "iommu_translated",
+        "config",
+        NOTE,
+        "intel_iommu=on / amd_iommu=on without iommu=pt",
+        "the IOMMU translates device DMA",
+        NCCL_ACS,
+    ),
+)
+
+
+@dataclass(frozen=True)
+class PortReading:
+    """One port as sysfs shows it. ``kind`` ``ib`` (an RDMA port: InfiniBand or RoCE) or ``eth`` (a network
+    interface that is not an RDMA device's); ``name`` ``mlx5_0:1`` or ``eth0``; ``state`` and
+    ``phys_state`` as sysfs spells them (``4: ACTIVE``, ``5: LinkUp``; Ethernet: ``operstate`` in
+    ``state``); ``rate_gbps`` the link rate (``None`` unknown or down); ``counters`` every readable
+    counter (``counters/*``, ``hw_counters/*`` prefixed ``hw_``, Ethernet ``carrier_changes``);
+    ``pci_bus_id`` the PCI function behind it, ``model`` its ``vendor:device``, ``numa_node`` its NUMA
+    node (-1: the platform gives none); ``gpus`` the nvidia-smi indices on its PCIe switch (its rail)."""
+
+    kind: str
+    name: str
+    device: str
+    port: str | None
+    state: str | None
+    phys_state: str | None = None
+    rate_gbps: float | None = None
+    link_layer: str | None = None
+    counters: Mapping[str, int] = field(default_factory=dict)
+    pci_bus_id: str | None = None
+    model: str | None = None
+    numa_node: int | None = None
+    netdev: str | None = None
+
+    @property
+    def active(self) -> bool:
+        """Up and passing traffic: ACTIVE and LinkUp (IB), ``up`` (Ethernet)."""
+        if self.kind == ETH:
+            return (self.state or "").lower() == "up"
+        return _word(self.state) == "ACTIVE" and _word(self.phys_state) in ("LINKUP", None)
+
+    @property
+    def group(self) -> tuple[str, str | None, str | None]:
+        """Ports judged against each other: same kind, link layer and NIC model."""
+        return (self.kind, self.link_layer, self.model)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "state": self.state,
+            "phys_state": self.phys_state,
+            "rate_gbps": self.rate_gbps,
+            "link_layer": self.link_layer,
+            "pci_bus_id": self.pci_bus_id,
+            "numa_node": self.numa_node,
+            "netdev": self.netdev,
+        }
+
+
+@dataclass(frozen=True)
+class PortSample:
+    """Every port at one moment (``taken_s``: ``time.monotonic()``)."""
+
+    ports: tuple[PortReading, ...]
+    taken_s: float
+
+
+def _word(state: str | None) -> str | None:
+    """``"4: ACTIVE"`` -> ``"ACTIVE"``; ``"5: LinkUp"`` -> ``"LINKUP"``."""
+    if state is None:
+        return None
+    return state.split(":", 1)[-1].strip().upper().replace(" ", "")
+
+
+def parse_rate_gbps(text: str | None) -> float | None:
+    """``"400 Gb/sec (4X NDR)"`` -> 400.0; ``None`` when absent or not a rate."""
+    m = re.match(r"\s*([0-9.]+)\s*Gb/sec", text or "")
+    return float(m.group(1)) if m else None
+
+
+def parse_speed_gbps(text: str | None) -> float | None:
+    """Ethernet ``speed`` (Mb/s; ``-1`` or unreadable when down) in Gb/s."""
+    try:
+        mbps = int((text or "").strip())
+    except ValueError:
+        return None
+    return mbps / 1000 if mbps > 0 else None
+
+
+@dataclass(frozen=True)
+class Rail:
+    """Which GPUs sit behind a port: ``switch`` those sharing a PCIe bridge with it, ``numa`` those on its
+    NUMA node."""
+
+    switch: tuple[int, ...] = ()
+    numa: tuple[int, ...] = ()
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        return self.switch or self.numa
+
+    def words(self) -> str:
+        if self.switch:
+            return f"GPUs behind it (same PCIe switch): {_gpus(self.switch)}"
+        if self.numa:
+            return f"GPUs on its NUMA node: {_gpus(self.numa)}"
+        return "no GPU on its PCIe switch or NUMA node"
+
+
+def rails(
+    ports: Sequence[PortReading], paths: Mapping[str, PciPath | str], gpus: Mapping[int, str]
+) -> dict[str, Rail]:
+    """The GPUs behind each port: those whose PCIe path shares a bridge with the port's (its switch or
+    root port: nvidia-smi's PIX/PXB), and those on its NUMA node. ``paths`` is keyed by sysfs bdf,
+    ``gpus`` maps an nvidia-smi index to its bus id."""
+    out: dict[str, Rail] = {}
+    gpu_paths = {i: paths.get(normal_bdf(bus)) for i, bus in gpus.items()}
+    for p in ports:
+        pp = paths.get(p.pci_bus_id or "")
+        switch: list[int] = []
+        numa: list[int] = []
+        for i, gp in sorted(gpu_paths.items()):
+            if not isinstance(gp, PciPath):
+                continue
+            shares = isinstance(pp, PciPath) and pp.host == gp.host and pp.bridges and gp.bridges
+            if shares and pp.bridges[0].bdf == gp.bridges[0].bdf:  # type: ignore[union-attr]
+                switch.append(i)
+            if p.numa_node is not None and gp.numa_node == p.numa_node:
+                numa.append(i)
+        out[p.name] = Rail(tuple(switch), tuple(numa))
+    return out
+
+
+def _gpus(indices: Sequence[int]) -> str:
+    return ", ".join(f"GPU{i}" for i in indices)
+
+
+def judge_ports(
+    first: PortSample, second: PortSample, rails: Mapping[str, Rail] | None = None
+) -> list[Finding]:
+    """Findings for the ports: counters that rose between ``first`` and ``second``, ports down while their
+    peers are up, ports slower than their peers. ``rails`` maps a port name to the GPUs behind it."""
+    rails = rails or {}
+    window_s = max(second.taken_s - first.taken_s, 0.0)
+    before = {p.name: p for p in first.ports}
+    out: list[Finding] = []
+    groups: dict[tuple[str, str | None, str | None], list[PortReading]] = {}
+    for p in second.ports:
+        groups.setdefault(p.group, []).append(p)
+    for p in second.ports:
+        rail = rails.get(p.name, Rail())
+        management = p.numa_node is not None and not rail.gpus
+        out += _state(p, groups[p.group], rail, management)
+        out += _slower(p, groups[p.group], rail, management)
+        old = before.get(p.name)
+        if old is not None:
+            out += _counters(old, p, window_s, rail)
+    out.sort(key=lambda f: f.severity != PROBLEM)
+    return out
+
+
+def _finding(
+    p: PortReading, what: str, remedy: str, rail: Rail, severity: str = PROBLEM, action: str = "drain"
+) -> Finding:
+    return Finding(
+        p.name,
+        f"{_port_words(p)}: {what}; {rail.words()}",
+        remedy,
+        severity=severity,
+        category="network",
+        action=action if severity == PROBLEM else "monitor",
+    )
+
+
+def _port_words(p: PortReading) -> str:
+    if p.kind == ETH:
+        return f"network interface {p.name}"
+    layer = "RoCE" if (p.link_layer or "").lower() == "ethernet" else "InfiniBand"
+    return f"{layer} port {p.name}" + (f" ({p.netdev})" if p.netdev else "")
+
+
+def _cable_remedy(p: PortReading) -> str:
+    if p.kind == ETH:
+        return f"check the cable and transceiver of {p.name} (`ethtool {p.name}`, `ip -s link show {p.name}`)"
+    dev, port = p.device, p.port or "1"
+    return (
+        f"check the cable and transceiver (`mlxlink -d {dev} -p {port}`, `ibstat {dev} {port}`); reseat or "
+        "replace them; drain the node while the jobs on it use this port"
+    )
+
+
+def _state(p: PortReading, peers: Sequence[PortReading], rail: Rail, management: bool) -> list[Finding]:
+    if p.active:
+        return []
+    up = [q for q in peers if q is not p and q.active]
+    shown = p.state if p.kind == ETH else f"{p.state or '?'}, {p.phys_state or '?'}"
+    if not up:
+        return [
+            _finding(
+                p,
+                f"not up ({shown}) and no other port of its kind is up: unused or not cabled",
+                "nothing to do if the port is not meant to be used; otherwise check its cable",
+                rail,
+                severity=NOTE,
+            )
+        ]
+    down = (
+        p.kind == ETH or _word(p.state) == "DOWN" or _word(p.phys_state) in ("POLLING", "DISABLED", "SLEEP")
+    )
+    what = f"{'down' if down else 'not active'} ({shown}) while {len(up)} other port(s) of its kind are up"
+    if management:
+        return [
+            _finding(
+                p, what + " (no GPU uses it: a management or storage port)", _cable_remedy(p), rail, NOTE
+            )
+        ]
+    if not down:  # INIT / ARMED: waiting for the subnet manager
+        return [
+            _finding(
+                p,
+                what + ": waiting for the subnet manager",
+                "check that a subnet manager runs on the fabric (`sminfo`) and sees this port",
+                rail,
+                action="config",
+            )
+        ]
+    return [
+        _finding(
+            p,
+            what + ": NCCL's traffic for these GPUs crosses the node to another NIC, or the job fails",
+            _cable_remedy(p) + f" ({NVSENTINEL_STATE})",
+            rail,
+        )
+    ]
+
+
+def _slower(p: PortReading, peers: Sequence[PortReading], rail: Rail, management: bool) -> list[Finding]:
+    if not p.active or p.rate_gbps is None:
+        return []
+    rates = [q.rate_gbps for q in peers if q.active and q.rate_gbps is not None]
+    if len(rates) < 2:
+        return []
+    top = max(rates)
+    if p.rate_gbps >= top:
+        return []
+    common = Counter(rates).most_common(1)[0][0]
+    what = (
+        f"runs at {p.rate_gbps:g} Gb/s while other ports of its kind run at {top:g} Gb/s "
+        f"(most at {common:g}): a link trained down, and every ring through it runs at its speed"
+    )
+    return [
+        _finding(
+            p,
+            what,
+            _cable_remedy(p) + f" ({NVSENTINEL_STATE})",
+            rail,
+            NOTE if management else PROBLEM,
+            "replace",
+        )
+    ]
+
+
+def _counters(old: PortReading, new: PortReading, window_s: float, rail: Rail) -> list[Finding]:
+    out: list[Finding] = []
+    window = f"{window_s:.1f} s"
+
+    def rise(name: str) -> int | None:
+        a, b = old.counters.get(name), new.counters.get(name)
+        if a is None or b is None or b < a:  # not read, or reset between the readings
+            return None
+        return b - a
+
+    for name in (*FATAL_COUNTERS, "hw_rnr_nak_retry_err"):
+        d = rise(name)
+        if d:
+            out.append(
+                _finding(
+                    new,
+                    f"{name} rose by {d} in {window} (now {new.counters[name]})",
+                    _cable_remedy(new) + f" ({NVSENTINEL}: any rise is fatal)",
+                    rail,
+                )
+            )
+    d = rise("symbol_error")
+    if d:
+        per_s = d / max(window_s, MIN_RATE_WINDOW_S)
+        if per_s > SYMBOL_ERROR_PER_S:
+            out.append(
+                _finding(
+                    new,
+                    f"symbol_error rose by {d} in {window} ({per_s:.0f}/s, above "
+                    f"{SYMBOL_ERROR_PER_S:g}/s): the link is degrading before its error correction gives out",
+                    _cable_remedy(new) + f" ({NVSENTINEL}: symbol_error above 10/s)",
+                    rail,
+                    action="replace",
+                )
+            )
+    d = rise("carrier_changes")
+    if d and d > CARRIER_CHANGES_PER_INTERVAL:
+        out.append(
+            _finding(
+                new,
+                f"the link flapped: carrier_changes rose by {d} in {window}",
+                _cable_remedy(new) + f" ({NVSENTINEL}: carrier_changes above 2 per interval)",
+                rail,
+                action="replace",
+            )
+        )
+    return out
+
+
+def gdr_mode(
+    has_rdma: bool, peermem: bool, nv_mem: bool, open_module: bool | None, kernel: tuple[int, int] | None
+) -> str | None:
+    """How GPUDirect RDMA can register GPU memory here: ``"nvidia_peermem"`` (the driver's module loaded),
+    ``"nv_peer_mem"`` (MLNX_OFED's older module: ``/sys/kernel/mm/memory_peers/nv_mem``), ``"dmabuf"`` (no
+    module, but the open GPU kernel module on Linux 5.12 or later: NCCL registers through DMA-BUF),
+    ``"none"``; ``None`` when there is no RDMA port (nothing to ask). The DMA-BUF requirements are the GPU
+    Operator's ("GPUDirect RDMA and GPUDirect Storage": open kernel modules, Linux 5.12+)."""
+    if not has_rdma:
+        return None
+    if peermem:
+        return "nvidia_peermem"
+    if nv_mem:
+        return "nv_peer_mem"
+    if open_module and kernel is not None and kernel >= (5, 12):
+        return "dmabuf"
+    return "none"
+
+
+def gdr_findings(mode: str | None, rdma_ports: int) -> list[Finding]:
+    """A note when the node has RDMA ports and no way for them to reach GPU memory directly."""
+    if mode != "none":
+        return []
+    return [
+        Finding(
+            "GPUDirect RDMA",
+            f"{rdma_ports} RDMA port(s) but GPUDirect RDMA is off: no nvidia_peermem in /proc/modules, no "
+            "/sys/kernel/mm/memory_peers/nv_mem, and no DMA-BUF path (it needs the open GPU kernel module "
+            "and Linux 5.12+): every inter-node transfer is staged through host memory, which costs "
+            "bandwidth and latency (NCCL falls back without saying so unless NCCL_DEBUG=INFO)",
+            "`sudo modprobe nvidia-peermem` (and load it at boot), or use the open GPU kernel module on "
+            "Linux 5.12+ for DMA-BUF; then `NCCL_DEBUG=INFO` shows `GPU Direct RDMA Enabled`",
+            severity=NOTE,
+            category="network",
+            action="config",
+        )
+    ]
+
+
+def network_facts(ports: Sequence[PortReading], mode: str | None) -> dict[str, object]:
+    """What a baseline and a run record keep about the network: GPUDirect mode, NIC count, rates."""
+    rdma = [p for p in ports if p.kind == IB]
+    return {
+        "gdr": mode,
+        "rdma_ports": len(rdma),
+        "rates_gbps": sorted((p.rate_gbps for p in rdma if p.rate_gbps is not None), reverse=True),
+        "ports": {p.name: p.rate_gbps for p in ports if p.kind == IB},
+    }
+
+
+def network_changes(saved: Any, now: Mapping[str, Any] | None) -> list[Finding]:
+    """What changed in the network facts since the baseline (``network_facts`` of both): a port gone or
+    slower is a problem; GPUDirect RDMA or the IOMMU mode changed is a note (a node that differs from its
+    siblings in either runs NCCL differently). A baseline without network facts (older) compares nothing."""
+    if not isinstance(saved, Mapping) or now is None:
+        return []
+    out: list[Finding] = []
+    old_ports = saved.get("ports") if isinstance(saved.get("ports"), Mapping) else {}
+    new_ports = now.get("ports") or {}
+    for name, rate in sorted(old_ports.items()):
+        if name not in new_ports:
+            out.append(
+                Finding(
+                    name,
+                    f"RDMA port {name} is in the baseline but not on this node",
+                    "check `ibstat` and the NIC's driver (`dmesg | grep mlx5`); a missing rail slows every "
+                    "inter-node job",
+                    category="network",
+                    action="drain",
+                )
+            )
+        elif (
+            isinstance(rate, (int, float))
+            and isinstance(new_ports[name], (int, float))
+            and new_ports[name] < rate
+        ):
+            out.append(
+                Finding(
+                    name,
+                    f"RDMA port {name} runs at {new_ports[name]:g} Gb/s, the baseline has {rate:g} Gb/s",
+                    "check the cable and transceiver (`mlxlink`); reseat or replace them",
+                    category="network",
+                    action="replace",
+                )
+            )
+    for key, words in (("gdr", "GPUDirect RDMA"), ("iommu", "the IOMMU mode")):
+        if key in saved and saved.get(key) != now.get(key):
+            out.append(
+                Finding(
+                    "GPUDirect RDMA" if key == "gdr" else "kernel command line",
+                    f"{words} is {now.get(key)} here, the baseline has {saved.get(key)}",
+                    "make the node match its siblings (nvidia-peermem loaded at boot, the same kernel "
+                    "command line), or save a new baseline if the change is meant",
+                    severity=NOTE,
+                    category="network" if key == "gdr" else "config",
+                    action="config",
+                )
+            )
+    return out

@@ -1,0 +1,242 @@
+"""The per-GPU check's pure parts: the judge (peers, majority, second run, datasheet), the plan (one job
+over every GPU, first), the drills' options, the report's table and section, doctor's findings and what
+recommend --from-report leaves out. No torch here: the runs on CPU ranks are in test_probe_pergpu_run.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from gputopo.errors import UsageError
+from gputopo.probe.judge.pergpu import (
+    EXPECTED_FRACTION,
+    judge_gpus,
+    judge_rows,
+    model_peak,
+    per_gpu_section,
+    unfinished_rows,
+)
+from gputopo.probe.plan.config import CPU_TOLERANCE, DEFAULT_TOLERANCE, DeviceInventory, build_config
+from gputopo.probe.plan.options import Fault, Mode
+from gputopo.probe.plan.schedule import make_plan
+from gputopo.probe.plan.spec import fault_site
+
+CPU = DeviceInventory("cpu", tuple(range(8)))
+GOOD = "aaaaaaaaaaaaaaaa"
+BAD = "bbbbbbbbbbbbbbbb"
+
+
+def row(gpu: int, tflops: float = 100.0, mem: float = 1000.0, h2d: float = 50.0, d2h: float = 50.0, **kw):
+    out = {
+        "gpu": gpu,
+        "name": "CPU stand-in",
+        "precision": "fp32",
+        "matmul_tflops": tflops,
+        "memory_gbps": mem,
+        "h2d_gbps": h2d,
+        "d2h_gbps": d2h,
+        "result_hash": GOOD,
+        "result_hash_rerun": GOOD,
+        "timing": "process CPU time (stand-in)",
+    }
+    out.update(kw)
+    return out
+
+
+def verdicts(rows, tolerance=0.10):
+    return {r["gpu"]: r["verdict"] for r in judge_rows(rows, tolerance)}
+
+
+def test_healthy_gpus_pass_with_their_peers_median():
+    rows = [row(0, 100), row(1, 96), row(2, 104), row(3, 99)]
+    judged = judge_rows(rows, 0.10)
+    assert [r["verdict"] for r in judged] == ["pass"] * 4
+    assert judged[0]["peers_median"]["matmul_tflops"] == 99  # of GPUs 1-3, itself left out
+    result = judge_gpus({"device": "cpu", "rows": rows}, 0.10)
+    assert result.verdict == "pass" and "bit-identical" in result.detail
+
+
+def test_a_gpu_more_than_the_tolerance_below_its_peers_is_slow_in_any_of_the_four_numbers():
+    assert verdicts([row(0), row(1, 50), row(2), row(3)])[1] == "slow"
+    assert verdicts([row(0), row(1), row(2, h2d=25), row(3)]) == {0: "pass", 1: "pass", 2: "slow", 3: "pass"}
+    # 8% below is within 10%, 12% is not; --tolerance moves the line.
+    assert verdicts([row(0), row(1, mem=920), row(2), row(3)])[1] == "pass"
+    assert verdicts([row(0), row(1, mem=880), row(2), row(3)])[1] == "slow"
+    assert verdicts([row(0), row(1, mem=880), row(2), row(3)], tolerance=0.15)[1] == "pass"
+    result = judge_gpus({"device": "cpu", "rows": [row(0), row(1, 50), row(2), row(3)]}, 0.10)
+    assert (
+        result.verdict == "fail" and result.kind == "slow" and result.detail.startswith("GPU1 slow: matmul")
+    )
+
+
+def test_gpus_of_different_models_are_not_compared():
+    rows = [row(0, 100, name="NVIDIA A"), row(1, 100, name="NVIDIA A"), row(2, 20, name="NVIDIA B")]
+    judged = judge_rows(rows, 0.10)
+    assert [r["verdict"] for r in judged] == ["pass"] * 3
+    assert judged[2]["peers"] == 0 and judged[2]["peers_median"]["matmul_tflops"] is None
+
+
+def test_a_hash_off_the_majority_is_corrupt_and_named():
+    rows = [row(0), row(1), row(2, result_hash=BAD), row(3)]
+    assert verdicts(rows) == {0: "pass", 1: "pass", 2: "corrupt", 3: "pass"}
+    result = judge_gpus({"device": "cpu", "rows": rows}, 0.10)
+    assert result.kind == "corrupt" and "GPU2 corrupt" in result.detail and "3 of 4" in result.detail
+
+
+def test_corrupt_comes_before_slow_and_both_are_named():
+    rows = [row(0), row(1, 40), row(2, result_hash=BAD), row(3)]
+    result = judge_gpus({"device": "cpu", "rows": rows}, 0.10)
+    assert result.kind == "corrupt" and "GPU1 slow" in result.detail and "GPU2 corrupt" in result.detail
+
+
+def test_two_gpus_fall_back_on_each_ones_second_run():
+    # A transient flip: GPU1's first run differs from its second, which agrees with GPU0.
+    assert verdicts([row(0), row(1, result_hash=BAD)]) == {0: "pass", 1: "corrupt"}
+    # Each repeats its own different result: one is wrong, and this run cannot tell which.
+    judged = judge_rows([row(0), row(1, result_hash=BAD, result_hash_rerun=BAD)], 0.10)
+    assert [r["verdict"] for r in judged] == ["undecided", "undecided"]
+    assert "could not be decided" in judged[0]["why"] and "GPU1" in judged[0]["why"]
+    result = judge_gpus(
+        {"device": "cpu", "rows": [row(0), row(1, result_hash=BAD, result_hash_rerun=BAD)]}, 0.1
+    )
+    assert result.verdict == "fail" and result.kind == "corrupt" and "third GPU" in result.remedy
+
+
+def test_no_majority_uses_the_second_run_too():
+    rows = [row(0), row(1, result_hash=BAD, result_hash_rerun=BAD), row(2, result_hash="c" * 16), row(3)]
+    # 2 of 4 agree: no majority. GPU2's second run (GOOD) differs from its first: corrupt.
+    got = verdicts(rows)
+    assert got[2] == "corrupt" and got[1] == "undecided"
+
+
+def test_a_lone_gpu_is_checked_against_its_own_second_run():
+    assert verdicts([row(0)]) == {0: "pass"}
+    assert verdicts([row(0, result_hash=BAD)]) == {0: "corrupt"}
+
+
+def test_the_datasheet_floor_catches_a_machine_held_down_alike():
+    name = "NVIDIA H100 80GB HBM3"
+    peak = model_peak(name)
+    assert (
+        peak is not None and peak.model == "H100 SXM" and peak.matmul_tflops["bf16"] == pytest.approx(989.4)
+    )
+    assert model_peak("NVIDIA H100 PCIe").model == "H100 PCIe" and model_peak("Tesla T4") is None
+    low = EXPECTED_FRACTION * peak.matmul_tflops["bf16"] * 0.9
+    cuda = {"name": name, "precision": "bf16", "timing": "CUDA events", "memory_gbps": 3000.0}
+    rows = [row(g, low, **cuda) for g in range(4)]
+    judged = judge_rows(rows, 0.10)
+    assert {r["verdict"] for r in judged} == {"slow"}
+    assert "datasheet" in judged[0]["why"] and judged[0]["peak"]["memory_gbps"] == 3350.0
+    healthy = [row(g, 700.0, **cuda) for g in range(4)]
+    assert {r["verdict"] for r in judge_rows(healthy, 0.10)} == {"pass"}
+
+
+def test_unfinished_rows_name_the_crashed_gpu():
+    rows = unfinished_rows((4, 5, 6), "crashed", 1)
+    assert [r["verdict"] for r in rows] == ["not judged", "crashed", "not judged"]
+    assert {r["verdict"] for r in unfinished_rows((4, 5), "hung", None)} == {"hung"}
+
+
+def test_the_report_section_carries_the_four_numbers_hash_and_median():
+    check = judge_gpus({"device": "cpu", "precision": "fp32", "rows": [row(0), row(1, 40), row(2)]}, 0.1)
+    section = per_gpu_section(check.to_dict())
+    assert section["verdict"] == "fail" and section["simulated"] is True and section["tolerance"] == 0.1
+    first = section["gpus"][1]
+    assert first["gpu"] == 1 and first["verdict"] == "slow" and first["result_hash"] == GOOD
+    for key in ("matmul_tflops", "memory_gbps", "h2d_gbps", "d2h_gbps"):
+        assert first[key] > 0 and first["peers_median"][key] > 0
+    assert per_gpu_section(None) is None
+
+
+def test_the_text_table_shows_numbers_median_and_verdicts():
+    from gputopo.probe.report.document import check_table
+
+    check = judge_gpus(
+        {
+            "device": "cpu",
+            "precision": "fp32",
+            "sizes": {"matmul_n": 8},
+            "rows": [row(0), row(1, 40), row(2)],
+        },
+        0.1,
+    ).to_dict()
+    text = "\n".join(check_table({}, [0, 1, 2], check))
+    assert "median" in text and "slow: matmul 40" in text and "simulated" in text and text.count(GOOD) == 3
+
+
+# --- the plan and the options ---------------------------------------------------------------------------
+
+
+def test_the_per_gpu_job_is_first_and_over_every_gpu_once():
+    plan = make_plan(build_config(CPU, ["0,1", "2,3"], mode=Mode.ALL))
+    first = plan.rounds[0]
+    assert [(j.gpus, j.checks) for j in first] == [((0, 1, 2, 3), ("gpu",))]
+    assert plan.sets == ((0, 1), (2, 3), (0, 1, 2, 3))
+    assert all("gpu" not in j.checks for rnd in plan.rounds[1:] for j in rnd)
+    # The union set gets no other check: it exists only to report the GPUs.
+    assert [j.checks for rnd in plan.rounds for j in rnd if j.gpus == (0, 1, 2, 3)] == [("gpu",)]
+
+
+def test_mode_gpu_reports_one_set_and_a_set_that_is_every_gpu_hosts_it():
+    plan = make_plan(build_config(CPU, ["0,1", "2,3"], mode=Mode.GPU))
+    assert plan.sets == ((0, 1, 2, 3),) and len(plan.rounds) == 1
+    plan = make_plan(build_config(CPU, ["3,2,1,0"], mode=Mode.ALL))
+    assert plan.rounds[0][0].gpus == (3, 2, 1, 0) and plan.sets == ((3, 2, 1, 0),)
+    plan = make_plan(build_config(CPU, ["0,1,2"], each_pair=True, mode=Mode.ALL))
+    assert plan.rounds[0][0].gpus == (0, 1, 2) and plan.sets[-1] == (0, 1, 2)
+    assert "gpu" in Mode.ALL.checks and "speed" not in Mode.ALL.checks
+
+
+def test_the_drills_land_in_the_per_gpu_job_of_the_named_gpus_only():
+    config = build_config(CPU, ["0,1,2,3"], mode=Mode.ALL, inject=Fault.SDC, inject_gpus="2")
+    site = fault_site(config, (0, 1, 2, 3), ("gpu", "dp", "ddp", "allreduce"))
+    assert site.checks == ("gpu",) and site.ranks == (2,)
+    config = build_config(CPU, ["0,1,2,3"], mode=Mode.GPU, inject=Fault.SLOW, inject_gpus="1")
+    assert fault_site(config, (0, 1, 2, 3), ("gpu",)).checks == ("gpu",)
+    # A hang goes into the first training check; with only the per-GPU check, into it.
+    hang = build_config(CPU, ["0,1"], mode=Mode.ALL, inject=Fault.HANG)
+    assert fault_site(hang, (0, 1), ("gpu", "dp", "ddp")).checks == ("dp",)
+    hang = build_config(CPU, ["0,1"], mode=Mode.GPU, inject=Fault.HANG)
+    assert fault_site(hang, (0, 1), ("gpu",)).checks == ("gpu",)
+
+
+def test_per_gpu_drills_and_tolerance_are_checked_before_anything_runs():
+    with pytest.raises(UsageError, match="per-GPU check"):
+        build_config(CPU, ["0,1"], mode=Mode.DDP, inject=Fault.SDC)
+    with pytest.raises(UsageError, match="--tolerance"):
+        build_config(CPU, ["0,1"], mode=Mode.GPU, tolerance=1.5)
+    assert build_config(CPU, ["0,1"], mode=Mode.GPU).per_gpu_tolerance == CPU_TOLERANCE
+    gpus = DeviceInventory("cuda", (0, 1))
+    assert build_config(gpus, ["0,1"], mode=Mode.GPU).per_gpu_tolerance == DEFAULT_TOLERANCE
+    assert build_config(gpus, ["0,1"], mode=Mode.GPU, tolerance=0.2).per_gpu_tolerance == 0.2
+
+
+# --- doctor and recommend --------------------------------------------------------------------------------
+
+
+def _probe_doc(rows):
+    check = judge_gpus({"device": "cuda", "rows": rows}, 0.1).to_dict()
+    return {
+        "schema": "gputopo/probe/v1",
+        "device": "cuda",
+        "sets": [{"gpus": [0, 1, 2, 3], "checks": [check]}],
+    }
+
+
+def test_doctor_names_each_slow_or_corrupt_gpu_in_the_one_finding_shape():
+    from gputopo.doctor import probe_findings
+
+    doc = _probe_doc([row(0), row(1, 40), row(2, result_hash=BAD), row(3)])
+    found = {f.where: f for f in probe_findings(doc)}
+    assert set(found) == {"GPU1", "GPU2"}
+    assert found["GPU1"].gpu == 1 and found["GPU1"].category == "compute" and "slow" in found["GPU1"].what
+    assert found["GPU2"].action == "drain" and "corrupt" in found["GPU2"].what
+
+
+def test_recommend_from_report_leaves_the_slow_and_corrupt_gpus_out():
+    from gputopo.recommend import evidence_from_report
+
+    evidence = evidence_from_report(
+        _probe_doc([row(0), row(1, 40), row(2, result_hash=BAD), row(3)]), "r.json"
+    )
+    assert sorted(g.gpus for g in evidence.failed) == [(1,), (2,)]
+    assert evidence_from_report(_probe_doc([row(0), row(1)]), "r.json").failed == ()

@@ -1,0 +1,99 @@
+"""`gputopo probe --mode gpu` and `gputopo doctor` on CPU ranks standing in for GPUs: real launches, the
+per-GPU check measured one stand-in at a time, and its drills (sdc, slow) named on the right stand-in."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("torchvision")
+
+from test_probe_cli import probe  # noqa: E402
+
+FOUR = ["--mode", "gpu", "--device", "cpu", "--gpus", "0,1,2,3", "--json"]
+NUMBERS = ("matmul_tflops", "memory_gbps", "h2d_gbps", "d2h_gbps")
+
+
+def per_gpu(tmp_path, *args: str) -> tuple[int, dict]:
+    done, _ = probe(tmp_path, *FOUR, *args)
+    assert done.stdout, done.stderr[-2000:]
+    return done.returncode, json.loads(done.stdout)
+
+
+def test_healthy_stand_ins_all_pass_with_four_positive_numbers(tmp_path):
+    code, doc = per_gpu(tmp_path)
+    assert code == 0 and doc["verdict"] == "pass"
+    (only,) = doc["sets"]
+    assert only["gpus"] == [0, 1, 2, 3] and [c["name"] for c in only["checks"]] == ["gpu"]
+    section = doc["per_gpu"]
+    assert section["simulated"] is True and [r["gpu"] for r in section["gpus"]] == [0, 1, 2, 3]
+    for r in section["gpus"]:
+        assert r["verdict"] == "pass" and all(r[k] > 0 for k in NUMBERS), r
+        assert all(r["peers_median"][k] > 0 for k in NUMBERS)
+    assert len({r["result_hash"] for r in section["gpus"]}) == 1
+    markdown = Path(doc["report"]["markdown"]).read_text()
+    assert "# gpu, set 0,1,2,3: every CPU stand-in on its own" in markdown
+
+
+@pytest.mark.slow
+def test_sdc_drill_names_the_corrupt_stand_in_and_only_it(tmp_path):
+    code, doc = per_gpu(tmp_path, "--inject", "sdc", "--inject-gpus", "2")
+    assert code == 1 and doc["verdict"] == "fail"
+    verdicts = {r["gpu"]: r["verdict"] for r in doc["per_gpu"]["gpus"]}
+    assert verdicts == {0: "pass", 1: "pass", 2: "corrupt", 3: "pass"}
+    check = doc["sets"][0]["checks"][0]
+    assert check["kind"] == "corrupt" and check["detail"].startswith("GPU2 corrupt")
+
+
+@pytest.mark.slow
+def test_sdc_drill_on_two_stand_ins_is_told_by_the_second_run(tmp_path):
+    done, _ = probe(tmp_path, "--mode", "gpu", "--device", "cpu", "--gpus", "0,1", "--json",
+                    "--inject", "sdc", "--inject-gpus", "1")  # fmt: skip
+    doc = json.loads(done.stdout)
+    assert {r["gpu"]: r["verdict"] for r in doc["per_gpu"]["gpus"]} == {0: "pass", 1: "corrupt"}
+
+
+@pytest.mark.slow
+def test_slow_drill_names_the_slow_stand_in_at_half_speed(tmp_path):
+    code, doc = per_gpu(tmp_path, "--inject", "slow", "--inject-gpus", "1")
+    assert code == 1
+    rows = {r["gpu"]: r for r in doc["per_gpu"]["gpus"]}
+    assert {g: r["verdict"] for g, r in rows.items()} == {0: "pass", 1: "slow", 2: "pass", 3: "pass"}
+    ratio = rows[1]["matmul_tflops"] / rows[1]["peers_median"]["matmul_tflops"]
+    assert 0.3 < ratio < 0.7  # the work doubled: about half the speed
+    assert doc["sets"][0]["checks"][0]["kind"] == "slow"
+
+
+@pytest.mark.slow
+def test_doctor_runs_it_on_every_gpu_of_the_simulated_machine(tmp_path):
+    from test_doctor import _doctor
+
+    done, doc = _doctor(tmp_path, "--simulate", "--steps", "2", "--inject", "sdc", "--inject-gpus", "3")
+    assert done.returncode == 1, done.stderr[-2000:]
+    rows = doc["probe"]["per_gpu"]["gpus"]
+    assert [r["gpu"] for r in rows] == [0, 1, 2, 3]  # every GPU of the sample machine
+    assert {r["gpu"]: r["verdict"] for r in rows} == {0: "pass", 1: "pass", 2: "pass", 3: "corrupt"}
+    found = [f for f in doc["findings"] if f["where"] == "GPU3"]
+    assert found and found[0]["category"] == "compute" and found[0]["gpu"] == 3
+    for rec in doc["recommendations"]:
+        assert rec["best"] is None or 3 not in rec["best"]["gpus"], rec
+
+
+def test_html_report_draws_a_bar_per_gpu_beside_the_table():
+    pytest.importorskip("matplotlib")
+    from gputopo.probe.judge.pergpu import judge_gpus, per_gpu_section
+    from gputopo.ui.html_report import render_probe_html
+
+    rows = [
+        {"gpu": g, "name": "CPU stand-in", "matmul_tflops": 1.0 if g != 1 else 0.5, "memory_gbps": 9.0,
+         "h2d_gbps": 3.0, "d2h_gbps": 3.0, "result_hash": "a" * 16, "result_hash_rerun": "a" * 16}
+        for g in range(4)
+    ]  # fmt: skip
+    check = judge_gpus({"device": "cpu", "rows": rows}, 0.25).to_dict()
+    doc = {"device": "cpu", "verdict": "fail", "sets": [{"gpus": [0, 1, 2, 3], "checks": [check]}]}
+    html = render_probe_html({**doc, "per_gpu": per_gpu_section(check)})
+    assert "<h2>Every GPU on its own</h2>" in html and html.count("data:image/png") == 1
+    assert "0.5 (peers 1)" in html and "slow: matmul 0.5" in html
