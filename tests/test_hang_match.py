@@ -109,6 +109,7 @@ def test_torch_analyzer_fed_the_raw_gloo_dump_fails_as_measured(base: Path) -> N
     ours = match_dumps(loaded.dumps)
     raw = copy.copy(ours)
     object.__setattr__(raw, "members", {"": ("", (0, 1, 2))})  # what the dump's pg_config says
+    object.__setattr__(raw, "rank_groups", {})
     opinion = ask_torch(list(loaded.dumps), raw)
     assert opinion.error is not None and opinion.error.startswith("KeyError")
     assert ours.groups[0].never_entered == (2,)
