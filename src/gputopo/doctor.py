@@ -24,6 +24,7 @@ from typing import Any
 from gputopo import __version__
 from gputopo.errors import GputopoError, Interrupted, UnavailableError, UsageError
 from gputopo.findings import PROBLEM, Finding, link_findings, nccl_env_findings
+from gputopo.health.check import DEFAULT_NVML_TIMEOUT_S, DEFAULT_SAMPLE_S
 from gputopo.model import Topology
 
 SCHEMA = "gputopo/doctor/v1"
@@ -48,7 +49,9 @@ class DoctorOptions:
     inject: Any = None  # a ``probe.plan.options.Fault`` for a drill, planted where ``inject_gpus`` says
     inject_gpus: str | None = None
     nvml_timeout_s: float | None = None  # per live NVML read; None: the default
-    health_sample_s: float = 2.0  # the health check's window between its two samples (check's --sample-s)
+    health_sample_s: float = (
+        DEFAULT_SAMPLE_S  # the health check's window between its two samples (check's --sample-s)
+    )
     skip_speed: bool = False
     # Across nodes (``gputopo.probe.plan.nodes.NodeOptions``): after this machine's checks, the inter-node
     # tests; ``inject`` then goes into them (on ``node.inject_node``), not into this machine's probes.
@@ -445,7 +448,7 @@ def check_health(machine: Machine, options: DoctorOptions) -> HealthStep:
     from gputopo.check import CheckOptions, run_check
 
     sample_s = max(0.0, options.health_sample_s)
-    nvml_timeout_s = options.nvml_timeout_s if options.nvml_timeout_s is not None else 5.0
+    nvml_timeout_s = options.nvml_timeout_s if options.nvml_timeout_s is not None else DEFAULT_NVML_TIMEOUT_S
     result = run_check(
         CheckOptions(
             sample_s=sample_s,
