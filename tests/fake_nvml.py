@@ -89,7 +89,7 @@ class FakeHealth:
     pcie_replays: int = 0
     persistence: bool = True
     vbios: str = "96.00.99.00.01"
-    fields: dict[int, int] = field(
+    fields: dict[Any, int] = field(
         default_factory=lambda: {230: 0}
     )  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: none
     nvlink_errors: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)
@@ -615,14 +615,16 @@ class FakeNvml:
         on = self._health(handle, "nvmlDeviceGetPersistenceMode").persistence
         return pynvml.NVML_FEATURE_ENABLED if on else pynvml.NVML_FEATURE_DISABLED
 
-    def nvmlDeviceGetFieldValues(self, handle: FakeHandle, fieldIds: list[int]) -> list[Any]:
+    def nvmlDeviceGetFieldValues(self, handle: FakeHandle, fieldIds: list[Any]) -> list[Any]:
+        """A field id, or a (field id, scope) pair as pynvml takes it: ``fields`` keys are ids, or
+        (id, link) for the NVLink-scoped counters."""
         h = self._health(handle, "nvmlDeviceGetFieldValues")
         out = []
         for fid in fieldIds:
             known = fid in h.fields
             out.append(
                 SimpleNamespace(
-                    fieldId=fid,
+                    fieldId=fid[0] if isinstance(fid, tuple) else fid,
                     nvmlReturn=pynvml.NVML_SUCCESS if known else pynvml.NVML_ERROR_NOT_SUPPORTED,
                     valueType=3,  # NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
                     value=SimpleNamespace(ullVal=h.fields.get(fid, 0)),

@@ -178,6 +178,15 @@ _RULES = (
         DCGM_FAIL, f"{W} MonitorNVLink4Fields (CRC at 100/s: fail)",
     ),
     Rule(
+        "nvlink5_error_rise", "nvlink", PROBLEM, "reset", 1, "errors in the window, per counter (>=)",
+        "an NVLink5 (Blackwell) error counter rising: malformed packets, buffer overruns, receive, remote, "
+        "general, link integrity, link recovery (failed or not), effective or symbol errors (NVML fields "
+        "206-211, 214, 215, 219, 221; the raw BER fields are not judged)",
+        f"{DCGM_LIMITS} DCGM_LIMIT_MAX_NVLINK_ERROR = 1; NVML field values scoped to each link",
+        "reset the GPU; errors that return need service",
+        DCGM_FAIL, f"{W} MonitorNVLink5Fields and MonitorNVLinkErrorFields (fail)",
+    ),
+    Rule(
         "nvlink_errors_history", "nvlink", NOTE, "monitor", 0, "errors since the counters were reset (>)",
         "NVLink replay/recovery errors in the counters' history (not rising now)",
         "gputopo policy (docs/health-rules.md): totals are history",

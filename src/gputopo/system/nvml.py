@@ -102,7 +102,7 @@ class NvmlBackend(Protocol):
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int: ...
     def nvmlDeviceGetPcieReplayCounter(self, handle: Any) -> int: ...
     def nvmlDeviceGetPersistenceMode(self, handle: Any) -> int: ...
-    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: list[int]) -> Sequence[Any]: ...
+    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: list[Any]) -> Sequence[Any]: ...
     def nvmlDeviceGetNvLinkErrorCounter(self, device: Any, link: int, counter: int) -> int: ...
     def nvmlDeviceGetGpuFabricInfoV(self, device: Any, gpuFabricInfo: Any) -> None: ...
     def nvmlDeviceGetGpuFabricInfo(self, device: Any, gpuFabricInfo: Any) -> None: ...
@@ -711,6 +711,25 @@ class Device:
                 raise DeviceFailed(f"GPU{self.index}", why)
             return Answer(None, why, ret)
         return Answer(int(getattr(v.value, _VALUE_MEMBERS.get(int(v.valueType), "ullVal"))))
+
+    def link_field_values(self, links: Sequence[int], field_ids: Sequence[int]) -> Answer:
+        """NVML field values scoped to NVLinks (``nvmlFieldValue_t.scopeId`` = the link), in one call: a
+        dict ``(link, field id) -> value`` of those that answered (a field the GPU lacks, NOT_SUPPORTED in
+        its own slot, is left out). The NVLink5 error counters (fields 206-215, 221) are read this way."""
+        pairs = [(f, link) for link in links for f in field_ids]
+        if not pairs:
+            return Answer({})
+        try:
+            answer = self._a("nvmlDeviceGetFieldValues", pairs)
+        except TypeError:  # bindings that take field ids only, no (field, scope) pairs
+            return Answer(None, "these bindings cannot scope a field to a link", NOT_IN_BINDINGS)
+        if answer.why is not None or answer.value is None:
+            return answer
+        out: dict[tuple[int, int], int] = {}
+        for (field_id, link), v in zip(pairs, answer.value, strict=False):
+            if int(v.nvmlReturn) == 0:
+                out[(link, field_id)] = int(getattr(v.value, _VALUE_MEMBERS.get(int(v.valueType), "ullVal")))
+        return Answer(out)
 
     def nvlink_errors(
         self, link: int, counter: Literal["replay", "recovery", "crc_flit", "crc_data"]
