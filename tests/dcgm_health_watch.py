@@ -27,10 +27,7 @@ WATCHES: dict[str, frozenset[str]] = {
 }
 
 # Watches gputopo has no rule for, and why (each must stay explained).
-NOT_COVERED = {
-    "MonitorMemUnrepairableFlag": "DCGM 4.6 DCGM_FI_DEV_MEMORY_UNREPAIRABLE: its NVML field is not in the "
-    "nvidia-ml-py gputopo supports, so it is not read yet",
-}
+NOT_COVERED = {}
 
 # Xid -> DCGM's severity (BuildXidMappings: m_devastatingXids and m_subsystemXids).
 XIDS: dict[int, str] = {

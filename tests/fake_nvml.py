@@ -95,6 +95,7 @@ class FakeHealth:
     nvlink_errors: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)
     fabric: tuple[int, int, int, int] | None = None
     xid_events: bool = True
+    unrepairable_memory: bool | None = None  # None: NOT_SUPPORTED (older drivers, most GPUs)
 
 
 @dataclass(frozen=True)
@@ -610,6 +611,12 @@ class FakeNvml:
 
     def nvmlDeviceGetPcieReplayCounter(self, handle: FakeHandle) -> int:
         return self._health(handle, "nvmlDeviceGetPcieReplayCounter").pcie_replays
+
+    def nvmlDeviceGetUnrepairableMemoryFlag_v1(self, handle: FakeHandle) -> int:
+        flag = self._health(handle, "nvmlDeviceGetUnrepairableMemoryFlag_v1").unrepairable_memory
+        if flag is None:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return int(flag)
 
     def nvmlDeviceGetPersistenceMode(self, handle: FakeHandle) -> int:
         on = self._health(handle, "nvmlDeviceGetPersistenceMode").persistence

@@ -250,3 +250,11 @@ def test_nvlink5_counters_on_the_c_fake_driver(driver: Path, tmp_path: Path) -> 
     assert doc["gpus"][0]["health"]["nvlinks"][2]["nvl5"] == [[208, 8], [221, 0]]
     (f,) = [f for f in doc["findings"] if f["rule"] == "nvlink5_error_rise"]
     assert f["what"].startswith("GPU0: NVLink5 receive errors rose by 3 in ")
+
+
+def test_unrepairable_memory_on_the_c_fake_driver(driver: Path, tmp_path: Path) -> None:
+    result = check(
+        driver, machine(tmp_path, [*healthy(0), "unrepairable 0 1", *healthy(1), "unrepairable 1 0"]), *FAST
+    )
+    assert result.returncode == 1
+    assert result.stdout.splitlines()[0] == "problems: the driver flags the memory of GPU0 as unrepairable"

@@ -195,3 +195,22 @@ def test_nvlink5_counters_are_read_per_link_through_the_door_and_each_rise_fails
     assert [(f.gpu, f.severity, f.action) for f in found] == [(1, PROBLEM, "reset"), (1, PROBLEM, "reset")]
     assert "NVLink5 receive errors rose by 3 in 2.0 s (NVML field 208; link 3: +3)" in found[0].what
     assert "NVLink5 symbol errors rose by 1" in found[1].what
+
+
+def test_unrepairable_memory_is_read_where_the_driver_has_it_and_fails_as_in_dcgm() -> None:
+    from fake_nvml import FakeNvml
+    from gputopo.health.judge import judge
+    from gputopo.health.readings import HealthSample
+    from gputopo.system import health_reads, nvml
+
+    fake = FakeNvml.nvswitch_box(health=True)
+    fake.gpus[2].health.unrepairable_memory = True
+    fake.gpus[3].health.unrepairable_memory = False
+    with fake.installed(), nvml.session() as s:
+        sample = HealthSample(tuple(health_reads.read_gpu_health(s, i) for i in range(s.device_count())), 0.0)
+    assert [g.memory_unrepairable for g in sample.gpus] == [None, None, True, False]
+    assert all(g.unknown == () for g in sample.gpus)  # a driver without it is no gap
+    found = judge(sample, sample, window_s=2.0).findings
+    assert [(f.gpu, f.rule, f.severity, f.action) for f in found] == [
+        (2, "memory_unrepairable", PROBLEM, "replace")
+    ]

@@ -34,6 +34,7 @@
  *   nverr I L REPLAY RECOVERY CRC_FLIT CRC_DATA     NVLink error counters of link L
  *   field I ID VALUE | fielderr I ID CODE           nvmlDeviceGetFieldValues: per-field value or return code
  *                                                   (a field not set answers NotSupported in its own slot)
+ *   unrepairable I 0|1                              nvmlDeviceGetUnrepairableMemoryFlag_v1 (newer drivers)
  *   lfield I L ID VALUE [STEP]                      a field scoped to NVLink L (scopeId L: the NVLink5 error
  *                                                   counters), rising by STEP at each read
  *   fabric I STATE STATUS CLIQUE HEALTHMASK         nvmlDeviceGetGpuFabricInfo(V)
@@ -91,7 +92,7 @@ typedef struct {
     int present, handle_err, minor, numaid, util;
     /* health */
     int has_ecc, ecc_cur, ecc_pend, has_eccerr, has_retired, has_remap, has_clocks, has_temp, has_power;
-    int has_replay, has_persist, persist, has_fabric, nfields;
+    int has_replay, has_persist, persist, has_fabric, nfields, has_unrepairable, unrepairable;
     unsigned long long eccerr[4], clocks;
     unsigned retired[3], remap[4], temp, power_mw, limit_mw, replay;
     unsigned fabric_state, fabric_clique, fabric_mask;
@@ -188,6 +189,8 @@ static int parse_health(const char *key, const char *line) {
         g->has_power = 1, g->power_mw = x, g->limit_mw = y;
     } else if (!strcmp(key, "replay") && sscanf(line, "%*s %*d %d", &x) == 1) {
         g->has_replay = 1, g->replay = x;
+    } else if (!strcmp(key, "unrepairable") && sscanf(line, "%*s %*d %d", &x) == 1) {
+        g->has_unrepairable = 1, g->unrepairable = x;
     } else if (!strcmp(key, "persist") && sscanf(line, "%*s %*d %d", &x) == 1) {
         g->has_persist = 1, g->persist = x;
     } else if (!strcmp(key, "vbios") && sscanf(line, "%*s %*d %63s", name) == 1) {
@@ -670,6 +673,19 @@ nvmlReturn_t nvmlDeviceGetPcieReplayCounter(void *h, unsigned *out) {
     *out = (unsigned)counter(hd->index, 4, g->replay);
     return OK;
 }
+#ifndef OLD_DRIVER
+typedef struct {
+    unsigned version, unrepairableMemory;
+} unrepairable_t;
+
+nvmlReturn_t nvmlDeviceGetUnrepairableMemoryFlag_v1(void *h, unrepairable_t *out) {
+    GPU_OF(h);
+    if (!g->has_unrepairable) return E_NOT_SUPPORTED;
+    out->unrepairableMemory = (unsigned)g->unrepairable;
+    return OK;
+}
+#endif
+
 nvmlReturn_t nvmlDeviceGetPersistenceMode(void *h, int *out) {
     GPU_OF(h);
     if (!g->has_persist) return E_NOT_SUPPORTED;

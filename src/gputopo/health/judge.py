@@ -278,6 +278,14 @@ def _memory(j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | Non
             f"{agg} uncorrectable ECC errors in {label}'s history (none since the driver loaded)",
             "history only; watch the volatile count and the remapped rows",
         )
+    if g.memory_unrepairable:
+        j.add(
+            "memory_unrepairable",
+            label,
+            i,
+            f"the driver flags the memory of {label} as unrepairable",
+            "the GPU cannot repair its memory: take it out of service and open an RMA",
+        )
     if g.remapped_rows_failure:
         j.add(
             "row_remap_failure",

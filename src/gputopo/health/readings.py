@@ -104,6 +104,7 @@ class GpuHealth:
     remapped_rows_uncorrected: int | None = None
     remapped_rows_pending: bool | None = None
     remapped_rows_failure: bool | None = None
+    memory_unrepairable: bool | None = None
     clocks_event_reasons: int | None = None
     temperature_c: int | None = None
     power_w: float | None = None

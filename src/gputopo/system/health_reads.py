@@ -84,6 +84,8 @@ def _read(dev: nvml.Device) -> GpuHealth:
     values["utilization_pct"] = r.get("utilisation", dev.utilization())
     values["persistence_mode"] = r.get("persistence mode", dev.persistence_mode())
     values["mig_enabled"] = dev.mig_enabled().value
+    # Newer drivers only (DCGM 4.6 reads it): where the driver or GPU lacks it, no gap is listed.
+    values["memory_unrepairable"] = dev.unrepairable_memory().value
     values["recovery_action"] = r.get("driver recovery action", dev.field_value(FIELD_GPU_RECOVERY_ACTION))
     ends = dev.nvlink_ends()
     values["nvlinks"] = _with_nvlink5(dev, tuple(_nvlink(r, end) for end in ends))
