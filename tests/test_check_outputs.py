@@ -187,3 +187,55 @@ def test_counters_are_judged_over_the_time_since_the_last_check(driver: Path, tm
     pcie = rules[(1, "pcie_replay_rate")]
     assert pcie["severity"] == "note" and "(40/min" in pcie["what"]
     assert again.returncode == 1
+
+
+def test_recommend_run_and_doctor_use_the_last_checks_judgement_while_fresh(
+    driver: Path, tmp_path: Path
+) -> None:
+    # check judges GPU0's NVLink replays over the 10 minutes since its last run; one live sample cannot.
+    state = tmp_path / "state.json"
+    lines = [*healthy(0), *healthy(1), "nverr 0 2 40 0 0 0"]
+    env = {"GPUTOPO_CHECK_STATE": str(state)}
+    path = machine(tmp_path, lines)
+    assert fake_driver.run(driver, path, "check", *FAST, timeout=60, extra_env=env).returncode == 0
+    doc = json.loads(state.read_text())
+    doc["counters"]["at"] = time.time() - 600
+    doc["counters"]["gpus"]["GPU-00000000-aaaa-bbbb-cccc-000000000000"]["links"]["2"][0] = 30
+    state.write_text(json.dumps(doc))
+    checked = fake_driver.run(driver, path, "check", *FAST, timeout=60, extra_env=env)
+    assert checked.returncode == 1 and "GPU0: NVLink replay errors rose by 10" in checked.stdout
+    rec = json.loads(
+        fake_driver.run(driver, path, "recommend", "--n", "1", "--json", timeout=60, extra_env=env).stdout
+    )
+    why = {e["gpu"]: e["why"] for e in rec["excluded"]}
+    assert list(why) == [0] and "NVLink replay errors rose by 10" in why[0] and "(gputopo check, " in why[0]
+    assert rec["best"]["gpus"] == [1]
+    run = fake_driver.run(
+        driver,
+        path,
+        "run",
+        "--n",
+        "1",
+        "--dry-run",
+        "--json",
+        "--",
+        "python",
+        "t.py",
+        timeout=60,
+        extra_env=env,
+    )
+    assert [e["gpu"] for e in json.loads(run.stdout)["excluded"]] == [0]
+    # Without the state (or once stale), one live sample says nothing about GPU0.
+    alone = json.loads(
+        fake_driver.run(
+            driver, path, "recommend", "--n", "1", "--json", timeout=60, extra_env={"GPUTOPO_CHECK_STATE": ""}
+        ).stdout
+    )
+    assert alone["excluded"] == []
+    doc = json.loads(state.read_text())
+    doc["last"]["at"] = time.time() - 3600
+    state.write_text(json.dumps(doc))
+    stale = json.loads(
+        fake_driver.run(driver, path, "recommend", "--n", "1", "--json", timeout=60, extra_env=env).stdout
+    )
+    assert stale["excluded"] == []

@@ -147,3 +147,21 @@ def test_list_rules_prints_the_table_itself_text_and_json(tmp_path: Path) -> Non
     doc = json.loads(list_rules("--json", "--thresholds", str(rules)).stdout)
     row = {r["name"]: r for r in doc["rules"]}
     assert row["nvlink_crc_per_s"]["limit"] == 250 and row["persistence_off"]["enabled"] is False
+
+
+def test_the_docs_rule_reference_is_the_table_itself() -> None:
+    from gputopo.ui.check_view import rules_markdown
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "health-rules.md"
+    text = page.read_text()
+    begin, end = "<!-- rules:begin -->\n", "<!-- rules:end -->"
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    table = rules_markdown(RULES.values(), sorted(XID_TABLE.items()))
+    if os.environ.get("GPUTOPO_WRITE_DOCS") == "1":
+        page.write_text(head + begin + table + end + tail)
+        return
+    assert rest.split(end, 1)[0] == table, (
+        "docs/health-rules.md's rule reference is out of date: GPUTOPO_WRITE_DOCS=1 pytest "
+        "tests/test_check_rules.py -k reference"
+    )

@@ -461,6 +461,13 @@ def check_health(machine: Machine, options: DoctorOptions) -> HealthStep:
         for f in result.findings
         if not (f.gpu in topo_errors and f.category == "driver" and "could not be read" in f.what)
     )
+    # The last `gputopo check` on this node, while fresh: its judgement over minutes (the state file) joins
+    # doctor's own window, so both name the same sick GPUs.
+    from gputopo.machine import last_check_problems
+
+    sick = {f.gpu for f in kept if f.severity == PROBLEM and f.gpu is not None}
+    uuids = {g.index: g.uuid for g in (result.sample.gpus if result.sample else ())}
+    kept += tuple(f for f in last_check_problems(uuids) if f.gpu not in sick)
     unhealthy: dict[int, str] = {}
     for f in kept:
         if f.severity == PROBLEM and f.gpu is not None:

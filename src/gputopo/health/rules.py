@@ -108,13 +108,6 @@ _RULES = (
         "watch the volatile count and the remapped rows",
     ),
     Rule(
-        "memory_unrepairable", "memory", PROBLEM, "replace", None, "",
-        "the driver flags the GPU's memory as unrepairable",
-        f"{W} MonitorMemUnrepairableFlag (DCGM_FI_DEV_MEMORY_UNREPAIRABLE, DCGM 4.6)",
-        "take the GPU out of service and open an RMA",
-        DCGM_FAIL, f"{W} MonitorMemUnrepairableFlag",
-    ),
-    Rule(
         "row_remap_failure", "memory", PROBLEM, "replace", None, "",
         "a row remapping failed: the memory cannot be repaired",
         f"{W} MonitorMemRowRemapFailures (fail)", "take the GPU out of service and open an RMA",

@@ -59,6 +59,7 @@ class CheckState:
     # (``health.network.since_last_run`` judges their rise since).
     ports: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     ports_at: float | None = None
+    problems: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def acknowledged(self) -> Acknowledged | None:
@@ -85,6 +86,7 @@ class CheckState:
                 "verdict": self.verdict,
                 "unhealthy": {str(k): v for k, v in sorted(self.unhealthy.items())},
                 "uuids": {str(k): v for k, v in sorted(self.uuids.items())},
+                "problems": [dict(p) for p in self.problems],
             },
         }
 
@@ -147,6 +149,7 @@ def _from_json(doc: dict[str, Any], node: str) -> CheckState:
         uuids={int(k): str(v) for k, v in (last.get("uuids") or {}).items()},
         ports={str(k): v for k, v in (counters.get("ports") or {}).items() if isinstance(v, dict)},
         ports_at=_num(counters.get("ports_at")),
+        problems=tuple(p for p in (last.get("problems") or []) if isinstance(p, dict)),
     )
 
 
@@ -248,14 +251,40 @@ def remember_judgement(
             unhealthy.setdefault(f.gpu, f.what)
     uuids = {g.index: g.uuid for g in (sample.gpus if sample else ()) if g.uuid}
     counters = counters_of(sample) if sample is not None else dict(state.counters)
+    problems = tuple(f.to_json() for f in findings if f.severity == PROBLEM and f.gpu is not None)
     return replace(
         state,
         judged_at=now,
         verdict=verdict,
         unhealthy=unhealthy,
         uuids=uuids,
+        problems=problems,
         counters=counters,
         counters_at=now if sample is not None else state.counters_at,
         ports=dict(ports) if ports else state.ports,
         ports_at=now if ports else state.ports_at,
     )
+
+
+def last_check_findings(
+    state: CheckState, now: float, live_uuids: Mapping[int, str | None], max_age_s: float = FRESH_S
+) -> tuple[list[Finding], float | None]:
+    """The last check's problems on single GPUs, while it is fresh (``max_age_s``), for the commands that
+    read one sample (recommend, run, topo, probe) or a window of their own (doctor): so they agree with
+    ``check`` on which GPUs are sick. Each says how old it is. Only GPUs whose UUID is the one the check
+    saw at that index (a renumbered or swapped GPU is not blamed). Also the age, or ``None`` when stale."""
+    from gputopo.findings import finding_from_json
+
+    if state.judged_at is None:
+        return [], None
+    age = now - state.judged_at
+    if age < 0 or age > max_age_s:
+        return [], None
+    words = f"{age / 60:.0f} min" if age >= 60 else f"{age:.0f} s"
+    out = []
+    for doc in state.problems:
+        f = finding_from_json(doc)
+        if f.gpu is None or (live_uuids.get(f.gpu) or None) != (state.uuids.get(f.gpu) or None):
+            continue
+        out.append(replace(f, what=f"{f.what} (gputopo check, {words} ago)"))
+    return out, age

@@ -3,9 +3,8 @@
 When NVML cannot start (driver/library mismatch, the module not loaded, a crashed driver) these still say
 whether the machine has GPUs: ``/dev/nvidia0``, ``/dev/nvidia1``, ... (one per GPU; ``nvidiactl`` and
 ``nvidia-uvm`` are not GPUs) and ``/proc/driver/nvidia/gpus/<bus id>/`` (one folder per GPU the kernel
-module bound). ``GPUTOPO_DEV_ROOT`` and ``GPUTOPO_PROCFS_ROOT`` move the two roots (tests, containers
-with the host's folders mounted elsewhere); ``GPUTOPO_PROCFS_ROOT`` is the name the sysfs/procfs readers
-use too.
+module bound). ``GPUTOPO_DEV_ROOT`` moves the device folder (tests, containers with the host's /dev
+mounted elsewhere); procfs is read through ``system.sysfs``'s view (``GPUTOPO_PROCFS_ROOT``).
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEV_ENV = "GPUTOPO_DEV_ROOT"
-PROCFS_ENV = "GPUTOPO_PROCFS_ROOT"
 _GPU_NODE = re.compile(r"nvidia(\d+)$")
 
 
@@ -50,11 +48,13 @@ def _names(folder: Path) -> list[str]:
 
 def read_nvidia_devices() -> NvidiaDevices:
     """What the device files and procfs say (empty where neither exists or they cannot be listed)."""
+    from gputopo.system.sysfs import view
+
     dev = Path(os.environ.get(DEV_ENV) or "/dev")
-    proc = Path(os.environ.get(PROCFS_ENV) or "/proc")
+    nvidia = view().proc_path("driver", "nvidia")
     files = tuple(f"/dev/{n}" for n in _names(dev) if _GPU_NODE.match(n))
-    gpus = tuple(_names(proc / "driver" / "nvidia" / "gpus"))
-    return NvidiaDevices(files, gpus, _module_version(proc / "driver" / "nvidia" / "version"))
+    gpus = tuple(_names(nvidia / "gpus"))
+    return NvidiaDevices(files, gpus, _module_version(nvidia / "version"))
 
 
 def _module_version(path: Path) -> str | None:
