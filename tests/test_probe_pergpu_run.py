@@ -74,7 +74,8 @@ def test_a_crash_in_the_per_gpu_check_names_its_gpu_and_recommend_leaves_it_out(
     assert done.returncode == 1, done.stderr[-2000:]
     doc = json.loads(done.stdout)
     check = doc["sets"][0]["checks"][0]
-    assert check["name"] == "gpu" and check["kind"] == "crashed" and check["metrics"]["rank"] == 1
+    assert check["name"] == "gpu" and check["kind"] == "crashed", check["detail"]
+    assert check["metrics"]["rank"] == 1, check["detail"]
     verdicts = {r["gpu"]: r["verdict"] for r in doc["per_gpu"]["gpus"]}
     assert verdicts == {0: "not judged", 1: "crashed", 2: "not judged"}
     from gputopo.recommend import evidence_from_report
