@@ -119,10 +119,13 @@ def recommendations(
 
     evidence = evidence_from_report(evidence_doc, "doctor probes") if evidence_doc else None
     sick = tuple(sorted((unhealthy or {}).items()))
+    redirected = redirected_pairs(topo)  # pairs behind an ACS-redirecting bridge rank after clean ones
     out = []
     for k in sizes:
         try:
-            rec = recommend(topo, Constraints(n=k, top=3, evidence=evidence, unhealthy=sick))
+            rec = recommend(
+                topo, Constraints(n=k, top=3, evidence=evidence, unhealthy=sick, redirected=redirected)
+            )
         except GputopoError as exc:
             out.append({"n": k, "best": None, "export": None, "why": exc.message})
             continue
@@ -157,18 +160,25 @@ def probe_section(
     sizes_sets: list[list[int]],
     options: DoctorOptions,
     hook: ProbeHook | None,
+    sick: Mapping[int, str] | None = None,
 ) -> dict[str, Any] | None:
     """Every pair (short) and the recommended larger sets in one probe run (one pool of ranks, a fresh
-    one only after a hang or crash); its ``gputopo/probe/v1`` document."""
+    one only after a hang or crash); its ``gputopo/probe/v1`` document. What doctor already read is
+    handed down: the machine's topology (for the GPU list and the bandwidth model) and, on a live
+    machine, the health its window found (``sick``), so the probe reads neither again."""
     from gputopo.probe.plan.config import build_config
     from gputopo.probe.plan.options import Mode
     from gputopo.probe.plan.schedule import Job, make_plan
     from gputopo.probe.pool.devices import detect_devices, require_torch
     from gputopo.probe.pool.runner import run_probe
     from gputopo.probe.report.document import to_document
+    from gputopo.probe.shared import TopologyView
 
     require_torch()
-    inventory = detect_devices("cpu" if machine.simulated else None, nvml_timeout_s=options.nvml_timeout_s)
+    live_topology = None if machine.simulated else machine.topology
+    inventory = detect_devices(
+        "cpu" if machine.simulated else None, nvml_timeout_s=options.nvml_timeout_s, topology=live_topology
+    )
     if inventory.device == "cuda":
         # A preset CUDA_VISIBLE_DEVICES (a Slurm job) limits the GPUs this process may probe.
         allowed = set(inventory.gpus)
@@ -200,11 +210,15 @@ def probe_section(
         timed = sizes_sets if inventory.device == "cuda" else [max(sizes_sets, key=len)]
         speed = tuple((Job(tuple(s), ("speed",)),) for s in timed if tuple(s) in plan.sets)
         plan = replace(plan, rounds=plan.rounds + speed)
+    # The topology read once: live, the machine doctor read; simulated, the sample it loaded (what the
+    # probe's --input would load again).
+    view = TopologyView(machine.topology) if inventory.device == "cuda" or topology_input else None
+    handed = {"plan": plan, "view": view, "sick": None if machine.simulated else dict(sick or {})}
     if hook is None:
-        run = run_probe(config, plan=plan)
+        run = run_probe(config, **handed)
     else:
         with hook(plan) as bars:
-            run = run_probe(config, bars.update, plan=plan)
+            run = run_probe(config, bars.update, **handed)
     return to_document(run)
 
 
@@ -241,18 +255,41 @@ def _code(topo: Topology, a: int, b: int) -> str | None:
     return link.code if link else None
 
 
-def probe_findings(probe: dict[str, Any] | None) -> list[Finding]:
-    """A problem for every failed check, with the probe's remedy."""
+def probe_findings(
+    probe: dict[str, Any] | None, redirected: tuple[tuple[int, int, tuple[str, ...]], ...] = ()
+) -> list[Finding]:
+    """A problem for every failed check, with the probe's remedy. Wrong data on a set with a pair whose
+    PCIe path crosses an ACS-redirecting bridge (``redirected``) names that bridge as the likely cause."""
     out = []
+    behind = {frozenset((a, b)): bridges for a, b, bridges in redirected}
     for s in (probe or {}).get("sets", []):
         where = "GPUs " + ",".join(str(g) for g in s["gpus"])
+        pairs = [
+            (a, b) for i, a in enumerate(s["gpus"]) for b in s["gpus"][i + 1 :] if frozenset((a, b)) in behind
+        ]
         for c in s["checks"]:
             if c["name"] == "gpu" and c["verdict"] == "fail" and c.get("kind") in ("slow", "corrupt"):
                 out += per_gpu_findings(c)  # one finding per GPU the per-GPU check found slow or corrupt
             elif c["verdict"] == "fail":
                 what = f"{c['name']} check failed ({c.get('kind')}): {c.get('detail')}"
+                if pairs and c.get("kind") in ("corrupt", "nan", "diverged"):
+                    bridges = sorted({br for a, b in pairs for br in behind[frozenset((a, b))]})
+                    what += (
+                        f"; the likely cause: ACS redirects P2P between "
+                        f"{', '.join(f'GPU{a}-GPU{b}' for a, b in pairs)} at bridge {', '.join(bridges)} "
+                        "(see that bridge's finding)"
+                    )
                 out.append(Finding(where, what, c.get("remedy") or "see the probe report"))
     return out
+
+
+def redirected_pairs(topo: Topology) -> tuple[tuple[int, int, tuple[str, ...]], ...]:
+    """This machine's GPU pairs behind an ACS-redirecting bridge (``fabric``); none for a simulated one."""
+    if not topo.live:
+        return ()
+    from gputopo import fabric
+
+    return fabric.redirected(fabric.gpu_bus_ids([(g.index, g.pci_bus_id) for g in topo.gpus]))
 
 
 def per_gpu_findings(check: dict[str, Any]) -> list[Finding]:
@@ -424,6 +461,13 @@ def check_health(machine: Machine, options: DoctorOptions) -> HealthStep:
         for f in result.findings
         if not (f.gpu in topo_errors and f.category == "driver" and "could not be read" in f.what)
     )
+    # The last `gputopo check` on this node, while fresh: its judgement over minutes (the state file) joins
+    # doctor's own window, so both name the same sick GPUs.
+    from gputopo.machine import last_check_problems
+
+    sick = {f.gpu for f in kept if f.severity == PROBLEM and f.gpu is not None}
+    uuids = {g.index: g.uuid for g in (result.sample.gpus if result.sample else ())}
+    kept += tuple(f for f in last_check_problems(uuids) if f.gpu not in sick)
     unhealthy: dict[int, str] = {}
     for f in kept:
         if f.severity == PROBLEM and f.gpu is not None:
@@ -493,7 +537,7 @@ def run_probes(
     try:
         best = [r["best"]["gpus"] for r in sets.first if r["best"]]
         local = replace(options, inject=None, inject_gpus=None) if options.node is not None else options
-        return ProbeStep(probe_section(machine, sets.usable, best, local, probe_hook), None)
+        return ProbeStep(probe_section(machine, sets.usable, best, local, probe_hook, sets.unhealthy), None)
     except UnavailableError as exc:
         return ProbeStep(None, f"not run: {exc.message}" + (f" ({exc.hint})" if exc.hint else ""))
 
@@ -508,7 +552,7 @@ class Judged:
 
 def judge(topo: Topology, sets: Sets, findings: list[Finding], probe: ProbeStep) -> Judged:
     """The probe's failed checks become findings; the probe's evidence re-ranks the sets."""
-    findings = findings + probe_findings(probe.doc)
+    findings = findings + probe_findings(probe.doc, redirected_pairs(topo))
     recs = recommendations(topo, sets.sizes, probe.doc, sets.unhealthy) if probe.doc else sets.first
     return Judged(findings, recs)
 
@@ -580,7 +624,10 @@ def across_nodes(
 
     node = options.node
     require_torch()
-    inventory = detect_devices("cpu" if machine.simulated else None, nvml_timeout_s=options.nvml_timeout_s)
+    live_topology = None if machine.simulated else machine.topology
+    inventory = detect_devices(
+        "cpu" if machine.simulated else None, nvml_timeout_s=options.nvml_timeout_s, topology=live_topology
+    )
     if inventory.device == "cuda":
         usable = [g for g in usable if g in set(inventory.gpus)]
     if not usable:

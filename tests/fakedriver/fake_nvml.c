@@ -306,7 +306,22 @@ static void load(const char *file) {
 }
 
 /* The configured answer of FUNCTION for GPU index (hangs here if told to); OK when nothing is set. */
+/* FAKE_NVML_TRACE=FILE: every call on a GPU appends "FUNCTION INDEX" to FILE (in append mode, so the
+ * worker processes of one command add to the same file): tests count how often a command reads. */
+static void trace(const char *fn, int index) {
+    static FILE *out;
+    static int tried;
+    if (!tried) {
+        const char *path = getenv("FAKE_NVML_TRACE");
+        tried = 1;
+        if (path && *path) out = fopen(path, "a");
+        if (out) setvbuf(out, NULL, _IOLBF, 0);
+    }
+    if (out) fprintf(out, "%s %d\n", fn, index);
+}
+
 static nvmlReturn_t rule(const char *fn, int index) {
+    trace(fn, index);
     for (int k = 0; k < nrules; k++) {
         if ((strcmp(rules[k].fn, fn) && strcmp(rules[k].fn, "*")) || (rules[k].gpu != -1 && rules[k].gpu != index)) continue;
         if (rules[k].hang) hang_forever();

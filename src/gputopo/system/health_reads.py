@@ -295,6 +295,24 @@ def _read_failed(index: int, exc: BaseException) -> GpuHealth:
     return GpuHealth(index=index, unknown=(Unknown(NOT_READ, " ".join(why.split())[:200]),))
 
 
+def sample_health(
+    window_s: float | None = None,
+    gpus: Sequence[int] | None = None,
+    timeout_s: float = nvml_worker.DEFAULT_TIMEOUT_S,
+    deadline: float | None = None,
+) -> tuple[HealthSample | None, HealthSample]:
+    """The one door into this machine's health, for every command: one sample of ``gpus`` (every GPU when
+    ``None``; indices NVML does not have are left out) when ``window_s`` is ``None`` (states only:
+    ``topo``, ``recommend``, ``run``, ``probe``), or two samples of every GPU ``window_s`` apart, so rising
+    counters are judged too (``check``, ``doctor``). Returns ``(first or None, last)``. ``NvmlUnavailable``
+    when NVML cannot start."""
+    if window_s is not None:
+        return read_two_samples(window_s, timeout_s=timeout_s, deadline=deadline)
+    with HealthReader(timeout_s) as reader:
+        wanted = None if gpus is None else [g for g in gpus if g < reader.count]
+        return None, reader.sample(wanted, deadline=deadline)
+
+
 def read_two_samples(
     window_s: float,
     timeout_s: float = nvml_worker.DEFAULT_TIMEOUT_S,

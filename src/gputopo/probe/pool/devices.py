@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from typing import TYPE_CHECKING
 
 from gputopo.errors import UnavailableError
 from gputopo.probe.plan.config import CPU_STAND_INS, DeviceInventory, describe_indices
 from gputopo.probe.plan.identity import GpuIdentity, allowed_gpus
+
+if TYPE_CHECKING:
+    from gputopo.model import Topology
 
 INSTALL_HINT = "pip install 'gputopo[probe]'  (it brings torch and torchvision)"
 
@@ -29,18 +33,22 @@ def require_torch() -> None:
 
 
 def detect_devices(
-    requested: str | None, need_cuda: bool = True, nvml_timeout_s: float | None = None
+    requested: str | None,
+    need_cuda: bool = True,
+    nvml_timeout_s: float | None = None,
+    topology: Topology | None = None,
 ) -> DeviceInventory:
     """What can be probed. ``requested`` is ``"cuda"``, ``"cpu"`` or ``None`` (CUDA if any).
 
     GPUs come from NVML, numbered as nvidia-smi numbers them and narrowed by a preset
     ``CUDA_VISIBLE_DEVICES`` (``identity``); ``need_cuda`` also asks torch whether it can drive them
-    (``probe --dry-run`` does not: it starts neither torch nor CUDA).
+    (``probe --dry-run`` does not: it starts neither torch nor CUDA). ``topology``: this machine as the
+    caller already read it live (doctor), so NVML is not read again.
     """
     if requested == "cpu":
         require_torch()
         return DeviceInventory("cpu", tuple(range(CPU_STAND_INS)), note="CPU ranks stand in for GPUs")
-    inventory = nvml_inventory(nvml_timeout_s=nvml_timeout_s, ask_cuda=need_cuda)
+    inventory = nvml_inventory(nvml_timeout_s=nvml_timeout_s, ask_cuda=need_cuda, topology=topology)
     if need_cuda:
         require_torch()
         from gputopo.probe.ranks.cuda import cuda_unavailable
@@ -59,6 +67,7 @@ def nvml_inventory(
     device_order: str | None = None,
     nvml_timeout_s: float | None = None,
     ask_cuda: bool = True,
+    topology: Topology | None = None,
 ) -> DeviceInventory:
     """The GPUs NVML lists, under the identity rule; ``preset`` and ``device_order`` default to this
     process's ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``. Integer entries of the preset are
@@ -71,7 +80,7 @@ def nvml_inventory(
     if device_order is None:
         device_order = os.environ.get("CUDA_DEVICE_ORDER")
     try:
-        topo = load_topology(None, nvml_timeout_s=nvml_timeout_s)
+        topo = topology if topology is not None else load_topology(None, nvml_timeout_s=nvml_timeout_s)
     except UnavailableError as exc:
         raise UnavailableError(f"--device cuda: {exc.message}", _CPU_HINT) from None
     identities = tuple(

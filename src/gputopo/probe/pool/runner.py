@@ -9,7 +9,7 @@ bandwidth model expects for each set.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
@@ -135,6 +135,7 @@ def run_probe(
     view: TopologyView | None = None,
     on_warning: Callable[[str], None] | None = None,
     listen_xid: bool | None = None,
+    sick: Mapping[int, str] | None = None,
 ) -> ProbeRun:
     """Run the plan in a pool of ranks and judge it. Ctrl-C stops the ranks and propagates.
 
@@ -144,16 +145,22 @@ def run_probe(
     On GPUs read live, a GPU of a set with a health problem (one health sample) is warned about through
     ``on_warning`` (one line per GPU) and named in the run's caveats; and NVML's Xid events are listened
     for while the ranks run (``listen_xid``, default: on GPUs), so a crashed or hung check names the
-    Xid of its GPU.
+    Xid of its GPU. ``sick`` is health the caller already read (doctor's window: GPU -> its first
+    problem), handed down so the machine is not sampled again; ``view`` likewise the topology it read.
     """
     plan = plan or make_plan(config)
     live = config.device == "cuda" and config.topology_input is None
     gpus = sorted({g for s in plan.sets for g in s})
     # One health sample of the sets' GPUs (no counters' rise: that needs a window the probe does not
     # wait for); nothing when NVML cannot be read.
-    from gputopo.machine import read_live_health
+    if sick is not None:
+        sick = {g: what for g, what in sick.items() if g in gpus}
+    elif live:
+        from gputopo.machine import read_live_health
 
-    sick = read_live_health(gpus=gpus).unhealthy_gpus() if live else {}
+        sick = read_live_health(gpus=gpus).unhealthy_gpus()
+    else:
+        sick = {}
     for gpu, what in sorted(sick.items()):
         if on_warning is not None:
             on_warning(f"GPU{gpu} has a health problem: {what}; its results may show the fault, not the set")
@@ -187,7 +194,7 @@ def _run_probe(
     on_progress: ProgressFn | None,
     plan: Plan,
     view: TopologyView | None,
-    sick: dict[int, str],
+    sick: Mapping[int, str],
     watch: Any,
 ) -> ProbeRun:
     started_utc = datetime.now(timezone.utc)
@@ -295,7 +302,7 @@ def _probe_run(
     started_utc: datetime,
     started: float,
     launches: list[dict[str, Any]],
-    sick: dict[int, str],
+    sick: Mapping[int, str],
 ) -> ProbeRun:
     sets = [
         SetResult(gpus, tuple(by_set[gpus][c] for c in sorted(by_set[gpus], key=check_rank)))
