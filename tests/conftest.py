@@ -25,6 +25,23 @@ def shared_fixtures() -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def _clean_sysfs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    import sysfs_tree
+
+    return sysfs_tree.every_bus_tree(tmp_path_factory.mktemp("sysfs")).env
+
+
+@pytest.fixture(autouse=True)
+def _no_host_sysfs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test reads a clean captured-shape sysfs/procfs tree (tests/sysfs_tree.py), never this host's
+    own (GPUTOPO_SYSFS_ROOT, GPUTOPO_PROCFS_ROOT): its NICs, ACS and kernel command line would change
+    the outcome. Tests marked ``gpu`` read the real machine."""
+    if request.node.get_closest_marker("gpu") is None:
+        for key, value in request.getfixturevalue("_clean_sysfs").items():
+            monkeypatch.setenv(key, value)
+
+
 GOLDEN = Path(__file__).parent / "golden"
 
 

@@ -248,3 +248,18 @@ def clean_tree_for(machine_file: Path) -> Tree:
         ngpus = sum(1 for line in text.splitlines() if line.startswith("gpu "))
         eight_gpu_node(root, ngpus=ngpus, nics=0)
     return Tree(root)
+
+
+def every_bus_tree(root: Path) -> Tree:
+    """A clean node with a PCI function at every ``0000:XX:00.0`` (so any fake GPU's bus id is found), all
+    below one ACS-clean switch in domain 0001, no network ports and no procfs files: what in-process tests
+    read instead of this host's /sys and /proc."""
+    tree = Tree(root)
+    host, rp, usp, dsp = "pci0001:00", "0001:00:01.0", "0001:01:00.0", "0001:02:00.0"
+    tree.bridge(host, [rp], CLEAN)
+    tree.bridge(host, [rp, usp], None)
+    tree.bridge(host, [rp, usp, dsp], CLEAN)
+    cfg = config_blob(0x10DE, 0x2331, False, None)
+    for bus in range(256):
+        tree.device(host, [rp, usp, dsp, f"0000:{bus:02x}:00.0"], cfg)
+    return tree

@@ -39,10 +39,21 @@ def test_a_healthy_node_exits_0_with_the_reason_first(driver: Path, tmp_path: Pa
     assert result.stdout.splitlines()[0] == "healthy: 2 GPUs, no problems"
 
 
-def test_a_pending_row_remap_exits_1_and_names_it_first(driver: Path, tmp_path: Path) -> None:
-    result = check(driver, machine(tmp_path, [*healthy(0), *healthy(1), "remap 1 0 0 1 0"]), *FAST)
+def test_a_failed_row_remap_exits_1_and_names_it_first(driver: Path, tmp_path: Path) -> None:
+    result = check(driver, machine(tmp_path, [*healthy(0), *healthy(1), "remap 1 0 2 0 1"]), *FAST)
     assert result.returncode == 1
-    assert result.stdout.splitlines()[0] == "problems: a row remapping is pending on GPU1"
+    assert result.stdout.splitlines()[0] == (
+        "problems: a row remapping failed on GPU1 (2 rows remapped for uncorrectable errors)"
+    )
+
+
+def test_a_pending_row_remap_is_reset_when_convenient_a_note(driver: Path, tmp_path: Path) -> None:
+    result = check(driver, machine(tmp_path, [*healthy(0), *healthy(1), "remap 1 0 0 1 0"]), *FAST)
+    assert result.returncode == 0
+    assert result.stdout.splitlines()[:2] == [
+        "healthy: 2 GPUs, no problems, 1 note",
+        "NOTE     GPU1       memory/reset: a row remapping is pending on GPU1",
+    ]
 
 
 def test_json_document(driver: Path, tmp_path: Path) -> None:
@@ -52,7 +63,9 @@ def test_json_document(driver: Path, tmp_path: Path) -> None:
     assert result.returncode == 1
     doc = json.loads(result.stdout)
     assert doc["schema"] == "gputopo/check/v1" and doc["verdict"] == "problems"
-    assert {"where", "gpu", "category", "what", "remedy", "severity", "action"} == set(doc["findings"][0])
+    assert {"where", "gpu", "category", "what", "remedy", "severity", "action", "rule"} == set(
+        doc["findings"][0]
+    )
     assert [f["what"] for f in doc["findings"] if f["severity"] == "problem"][:2] == [
         "NVML sees 1 GPUs, 2 expected",
         "GPU0: clocks held down by hardware slowdown (clocks event reasons 0x8; 34 C, 71 W of 700 W)",
@@ -104,12 +117,12 @@ def test_a_gpu_whose_answer_breaks_the_bindings_is_unknown_and_the_others_are_ju
 ) -> None:
     # A VBIOS version that is not UTF-8 makes nvidia-ml-py's own decode raise UnicodeDecodeError: a
     # surprise in one GPU's read. GPU0 is still judged (its pending row remap found), GPU1 is unknown.
-    path = machine(tmp_path, [*healthy(0), *healthy(1), "remap 0 0 0 1 0"])
+    path = machine(tmp_path, [*healthy(0), *healthy(1), "remap 0 0 0 0 1"])
     path.write_bytes(path.read_bytes() + b"vbios 1 \xff\xfe\n")
     result = check(driver, path, *FAST, "--json")
     assert result.returncode == 1, result.stderr
     doc = json.loads(result.stdout)
-    assert doc["reason"] == "a row remapping is pending on GPU0"
+    assert doc["reason"] == "a row remapping failed on GPU0 (0 rows remapped for uncorrectable errors)"
     assert doc["gpus"][1]["health"]["ecc_enabled"] is None
     [gpu1] = [n for n in doc["not_checked"] if n["what"].startswith("GPU1")]
     assert gpu1["why"].startswith("reading it failed: UnicodeDecodeError")

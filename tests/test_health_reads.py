@@ -144,12 +144,15 @@ def test_the_sick_node_of_the_issue(driver: Path, tmp_path: Path) -> None:
         "field 4 230 1",  # the driver asks for a GPU reset
     ]
     doc = read(driver, tmp_path, lines, window=0.5)
-    assert "row remapping is pending on GPU0" in problems(doc, 0)[0]["what"]
+    # A pending remap is reset-when-convenient (DCGM warns): a note, never a drain.
+    assert [(f["severity"], f["what"]) for f in doc["findings"] if f["gpu"] == 0] == [
+        ("note", "a row remapping is pending on GPU0")
+    ]
     assert "1 uncorrectable ECC errors on GPU1" in problems(doc, 1)[0]["what"]
     assert {f["category"] for f in problems(doc, 2)} == {"power", "thermal"}
     nv = problems(doc, 3)
     assert nv[0]["what"].startswith("GPU3: 2 of its 18 NVLinks are down (link 7, 9, to NVSwitches)")
-    assert "NVLink CRC errors rose by 400" in nv[1]["what"]
+    assert "NVLink CRC flit errors rose by 400" in nv[1]["what"]
     assert [f["what"] for f in problems(doc, 4)] == [
         "GPU4: the driver asks for recovery: GPU reset (NVML recovery action 1)"
     ]
@@ -171,7 +174,8 @@ def test_counters_rise_between_the_samples(driver: Path, tmp_path: Path) -> None
     assert (a["nvlinks"][2]["replay_errors"], b["nvlinks"][2]["replay_errors"]) == (0, 1)
     whats = [f["what"] for f in problems(doc, 0)]
     assert any("NVLink replay errors rose by 1" in w and "link 2: +1" in w for w in whats)
-    assert any("PCIe replays rose by 7" in w for w in whats)
+    # 7 replays in the window stay under the Gen5 x16 link's 31 a minute (DCGM's per-minute count).
+    assert not any("PCIe replays" in f["what"] for f in doc["findings"])
     assert doc["window_s"] >= 0.2
 
 
@@ -246,10 +250,12 @@ def test_a_gpu_the_budget_cut_from_the_second_sample_keeps_its_first_reading() -
         return GpuHealth(index=i, ecc_enabled=True, ecc_volatile_uncorrected=0, **kw)  # type: ignore[arg-type]
 
     cut = GpuHealth(index=1, unknown=(Unknown(NOT_READ, BUDGET_SPENT),))
-    first = HealthSample((sound(0), sound(1, remapped_rows_pending=True)), 0.0)
+    first = HealthSample((sound(0), sound(1, remapped_rows_failure=True)), 0.0)
     second = HealthSample((sound(0), cut), 2.0)
     one, two = _keep_first_reads(first, second)
     assert two.gpu(1) == first.gpu(1) and one.gpu(1) is None and one.gpu(0) == first.gpu(0)
     j = judge_samples(one, two)
-    assert [f.what for f in j.problems] == ["a row remapping is pending on GPU1"]
+    assert [f.what for f in j.problems] == [
+        "a row remapping failed on GPU1 (None rows remapped for uncorrectable errors)"
+    ]
     assert any(n.what == "GPU1: error counters' rise" and n.why == "one sample only" for n in j.not_checked)

@@ -51,7 +51,16 @@ def test_dmesg_T_local_times() -> None:
     assert [(e.xid, e.age_s, e.when) for e in found.events] == [(48, 2698.0, "Wed Nov 25 11:15:02 2026")]
     f = xid.xid_findings(found, GPUS)
     assert [(x.gpu, x.severity, x.action) for x in f] == [(2, PROBLEM, "reset")]
-    assert "last at Wed Nov 25 11:15:02 2026" in f[0].what
+    # Every output says when as a wall-clock time, never "seconds after boot".
+    at = NOW.timestamp() - 2698.0
+    assert found.events[0].at == at and f"last at {xid.wall_time(at)}" in f[0].what
+
+
+def test_boot_relative_stamps_are_said_as_wall_clock_times() -> None:
+    found = scan("[ 9000.0] NVRM: Xid (PCI:0000:18:00): 48, pid=1, DBE\n")
+    (f,) = xid.xid_findings(found, GPUS)
+    assert "after boot" not in f.what
+    assert f"last at {xid.wall_time(NOW.timestamp() - 1800.0)}" in f.what
 
 
 def test_journalctl_short_iso_with_zone() -> None:
@@ -89,8 +98,30 @@ def test_application_xids_are_notes_hardware_ones_problems() -> None:
         for code in (48, 63, 64, 74, 79, 92, 94, 95, 119, 120)
     )
     f = xid.xid_findings(scan(log), GPUS)
-    assert len(f) == 10 and {x.severity for x in f} == {PROBLEM} and {x.gpu for x in f} == {0}
-    assert {x.action for x in f if "failure" in x.what} == {"replace"}  # 64: remap failure
+    assert len(f) == 10 and {x.gpu for x in f} == {0}
+    by_code = {int(x.what.split()[1]): x for x in f}
+    # 63 and 94 are reset-when-convenient (NVIDIA's catalogue; DCGM warns), 92 a DCGM warning: notes.
+    assert {c for c, x in by_code.items() if x.severity == NOTE} == {63, 92, 94}
+    assert {c for c, x in by_code.items() if x.severity == PROBLEM} == {48, 64, 74, 79, 95, 119, 120}
+    assert by_code[64].action == "replace" and by_code[79].action == "drain"
+    assert by_code[94].action == "reset" and "when convenient" in by_code[94].remedy
+
+
+def test_xid_154_is_judged_by_the_recovery_action_its_line_names() -> None:
+    def one(text: str):  # type: ignore[no-untyped-def]
+        (f,) = xid.xid_findings(scan(f"[ 10000.0] NVRM: Xid (PCI:0000:18:00): 154, {text}\n"), GPUS)
+        return f.severity, f.action
+
+    assert one("GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)") == (
+        PROBLEM,
+        "reset",
+    )
+    assert one("GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)") == (
+        PROBLEM,
+        "reboot",
+    )
+    assert one("GPU recovery action changed from 0x0 (None) to 0x3 (Drain P2P)") == (NOTE, "monitor")
+    assert one("GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)") == (NOTE, "none")
 
 
 def test_an_xid_gputopos_table_does_not_know_is_a_note_to_look_up() -> None:
@@ -98,12 +129,38 @@ def test_an_xid_gputopos_table_does_not_know_is_a_note_to_look_up() -> None:
     assert (f.gpu, f.severity) == (0, NOTE) and "Xid catalog" in f.remedy
 
 
-def test_an_xid_for_a_bus_this_machine_lacks_is_a_note_on_no_gpu() -> None:
+def test_an_xid_for_a_bus_nvml_no_longer_lists_is_a_problem_on_that_bus() -> None:
     (f,) = xid.xid_findings(
         scan("[ 10000.0] NVRM: Xid (PCI:0000:ee:00): 79, pid=1, GPU has fallen off the bus.\n"), GPUS
     )
-    assert (f.where, f.gpu, f.severity) == ("PCI:0000:ee:00", None, NOTE)
-    assert "none of this machine's GPUs" in f.what
+    assert (f.where, f.gpu, f.severity, f.action, f.rule) == (
+        "PCI:0000:ee:00",
+        None,
+        PROBLEM,
+        "drain",
+        "xid_unlisted_gpu",
+    )
+    assert "a GPU NVML no longer lists" in f.what and "lspci -d 10de:" in f.remedy
+    # An application Xid there stays a note.
+    (f,) = xid.xid_findings(scan("[ 10000.0] NVRM: Xid (PCI:0000:ee:00): 13, pid=1, x\n"), GPUS)
+    assert f.severity == NOTE
+
+
+def test_lines_a_person_acknowledged_never_drain_again_and_new_ones_do() -> None:
+    log = (
+        "[ 9000.0] NVRM: Xid (PCI:0000:18:00): 79, pid=1, GPU has fallen off the bus.\n"
+        "[ 10700.0] NVRM: Xid (PCI:0000:2a:00): 48, pid=1, DBE\n"
+    )
+    found = scan(log)
+    old, new = found.events
+    ack = xid.Acknowledged(until=old.at + 60, keys=frozenset(), by="a person's resume")
+    f = xid.xid_findings(found, GPUS, acknowledged=ack)
+    assert [(x.where, x.severity) for x in f] == [("GPU1", PROBLEM), ("node", NOTE)]
+    assert "1 Xid line (Xid 79) acknowledged by a person's resume" in f[1].what
+    # A line of unknown age is acknowledged by its key.
+    unaged = xid.scan("NVRM: Xid (PCI:0000:18:00): 79, pid=1, off the bus\n", None, now=NOW)
+    ack = xid.Acknowledged(None, frozenset({unaged.events[0].key}))
+    assert [x.severity for x in xid.xid_findings(unaged, GPUS, acknowledged=ack)] == [NOTE]
 
 
 def test_bus_ids_match_whatever_the_domain_width_and_case() -> None:

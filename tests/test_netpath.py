@@ -345,3 +345,196 @@ def test_check_on_a_non_root_read_says_not_checked(driver: Path, tmp_path: Path)
     code, doc = check(driver, tmp_path, st.eight_gpu_node(tmp_path / "t", nics=0, config_length=64))
     assert code == 0 and doc["findings"] == []
     assert [n["what"].startswith("PCIe ACS") for n in ours(doc["not_checked"])] == [True]
+
+
+def recommend(driver: Path, tmp_path: Path, tree: st.Tree, *args: str) -> dict:  # type: ignore[type-arg]
+    out = fake_driver.run(
+        driver, machine(tmp_path), "recommend", "--json", *args, extra_env=tree.env, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+@needs_cc
+def test_recommend_avoids_gpus_5_and_6_behind_acs_redirect(driver: Path, tmp_path: Path) -> None:
+    tree = st.eight_gpu_node(tmp_path / "t", acs={RP2: st.REDIRECT, RP3: st.REDIRECT})
+    doc = recommend(driver, tmp_path, tree, "--n", "4", "--top", "2")
+    first, second = doc["candidates"]
+    assert first["gpus"] == [0, 1, 2, 3] and second["gpus"] == [4, 5, 6, 7]
+    assert any("GPU5-GPU6" in r and RP2 in r for r in second["reasons"])
+    assert "ACS-redirecting bridge" in second["reasons"][-1]
+
+
+@needs_cc
+def test_recommend_ranks_an_equally_wired_clean_set_first(driver: Path, tmp_path: Path) -> None:
+    """The same redirect on socket 0's root ports turns the PCI-order winner {0,1,2,3} into #2."""
+    rp0, rp1 = st.switch_bridges(0)[0], st.switch_bridges(1)[0]
+    clean = recommend(driver, tmp_path, st.eight_gpu_node(tmp_path / "clean"), "--n", "4", "--top", "2")
+    assert clean["best"]["gpus"] == [0, 1, 2, 3]
+    tree = st.eight_gpu_node(tmp_path / "t", acs={rp0: st.REDIRECT, rp1: st.REDIRECT})
+    doc = recommend(driver, tmp_path, tree, "--n", "4", "--top", "2")
+    assert [c["gpus"] for c in doc["candidates"]] == [[4, 5, 6, 7], [0, 1, 2, 3]]
+    assert "as fast as #1 on paper, but 4 of its pairs cross" in doc["candidates"][1]["reasons"][-1]
+
+
+@needs_cc
+def test_topo_shows_the_ports_and_each_pairs_acs(driver: Path, tmp_path: Path) -> None:
+    tree = st.eight_gpu_node(
+        tmp_path / "t", acs={RP2: st.REDIRECT, RP3: st.REDIRECT}, port_overrides={5: {"state": "1: DOWN"}}
+    )
+    out = fake_driver.run(driver, machine(tmp_path), "topo", extra_env=tree.env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "Network ports:" in text and re.search(r"mlx5_5:1\s+ib\s+1: DOWN", text)
+    assert re.search(r"mlx5_0:1 .* GPU0, GPU1", text)
+    assert re.search(r"^GPU5 +ACS +ACS +ACS +ACS +ok +X +ACS +ACS$", text, re.M)
+    assert re.search(r"^GPU6 +ACS +ACS +ACS +ACS +ACS +ACS +X +ok$", text, re.M)
+    assert f"bridge {RP2} redirects P2P of GPU4-GPU6, GPU4-GPU7, GPU5-GPU6" in text
+    assert "GPUDirect RDMA: nvidia_peermem (8 RDMA ports)" in text
+
+
+def test_a_probe_finding_wrong_data_on_a_redirected_pair_names_the_bridge() -> None:
+    from gputopo.doctor import probe_findings
+
+    probe = {
+        "sets": [
+            {
+                "gpus": [5, 6],
+                "checks": [{"name": "dp", "verdict": "fail", "kind": "nan", "detail": "loss NaN"}],
+            },
+            {
+                "gpus": [6, 7],
+                "checks": [{"name": "dp", "verdict": "fail", "kind": "nan", "detail": "loss NaN"}],
+            },
+        ]
+    }
+    redirected = ((5, 6, (RP2, RP3)),)
+    on_56, on_67 = probe_findings(probe, redirected)
+    assert f"the likely cause: ACS redirects P2P between GPU5-GPU6 at bridge {RP2}, {RP3}" in on_56.what
+    assert "likely cause" not in on_67.what
+
+
+# --- baselines, run records and drift carry the network facts ------------------------------------------
+
+
+@needs_cc
+def test_the_baseline_records_gdr_nic_count_and_rates_and_shows_their_drift(
+    driver: Path, tmp_path: Path
+) -> None:
+    saved = tmp_path / "golden.json"
+    code, _ = check(driver, tmp_path, st.eight_gpu_node(tmp_path / "good"), "--save-baseline", str(saved))
+    network = json.loads(saved.read_text())["network"]
+    assert network["gdr"] == "nvidia_peermem" and network["rdma_ports"] == 8
+    assert network["rates_gbps"] == [400.0] * 8 and network["ports"]["mlx5_3:1"] == 400.0
+    sick = st.eight_gpu_node(
+        tmp_path / "sick", port_overrides={3: {"rate": "200 Gb/sec (4X HDR)"}}, proc={"modules": ("nvidia",)}
+    )
+    code, doc = check(driver, tmp_path, sick, "--baseline", str(saved))
+    assert code == 1
+    whats = [f["what"] for f in doc["findings"]]
+    assert "RDMA port mlx5_3:1 runs at 200 Gb/s, the baseline has 400 Gb/s" in whats
+    assert "GPUDirect RDMA is none here, the baseline has nvidia_peermem" in whats
+
+
+def test_run_facts_and_drift_carry_the_gpudirect_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gputopo.probe.judge.drift import compare
+    from gputopo.system.run_facts import config_facts
+
+    for key, value in st.eight_gpu_node(tmp_path / "a").env.items():
+        monkeypatch.setenv(key, value)
+    on = config_facts(None, [], {})
+    assert on["gdr"] == "nvidia_peermem" and on["rdma_ports"] == 8 and on["nic_rates_gbps"] == ["400"] * 8
+    off = {**on, "gdr": "none"}
+    (drift,) = compare({"node0": on, "node1": off})
+    assert (
+        drift.text() == "GPUDirect RDMA: nvidia_peermem on node0; none on node1" and drift.severity == "note"
+    )
+
+
+def test_the_health_rules_page_lists_every_network_and_path_rule_with_its_source() -> None:
+    from gputopo.health.network import RULES
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "health-rules.md").read_text()
+    section = page.split("## Network ports and the PCIe path", 1)[1].split("\n## ", 1)[0]
+    for rule in RULES:
+        row = next((line for line in section.splitlines() if line.startswith(f"| `{rule.name}` |")), None)
+        assert row is not None, rule.name
+        assert f"| {rule.severity} |" in row and f"| {rule.limit} |" in row
+
+
+@needs_cc
+def test_doctor_carries_the_network_and_path_findings(driver: Path, tmp_path: Path) -> None:
+    pytest.importorskip("torch")  # doctor's tests run where its probe extras are installed
+    tree = st.eight_gpu_node(
+        tmp_path / "t", acs={RP2: st.REDIRECT, RP3: st.REDIRECT}, port_overrides={5: {"state": "1: DOWN"}}
+    )
+    out = fake_driver.run(
+        driver, machine(tmp_path), "doctor", "--skip-probe", "--json", extra_env=tree.env, timeout=280
+    )
+    doc = json.loads(out.stdout)
+    wheres = {f["where"]: f for f in doc["findings"]}
+    assert out.returncode == 1 and wheres["mlx5_5:1"]["category"] == "network"
+    assert "GPU5-GPU6" in wheres[f"PCIe bridge {RP2}"]["what"]
+    assert [r["best"]["gpus"] for r in doc["recommendations"] if r["n"] == 4] == [[0, 1, 2, 3]]
+
+
+def test_ethernet_interfaces_down_among_peers_or_flapping(tmp_path: Path) -> None:
+    tree = st.eight_gpu_node(tmp_path, nics=0)
+    devices = tmp_path / "sys" / "bus" / "pci" / "devices"
+    # Two 100 GbE ports on GPU0's and GPU2's switches (the GPUs' own functions stand in as their devices).
+    tree.netdev("ens1", devices / st.gpu_bdf(0))
+    tree.netdev("ens2", devices / st.gpu_bdf(2), operstate="down", speed=-1)
+    tree.netdev("lo", None)  # no device link: not a port
+    started = fabric.start(fs_of(tree))
+    tree.netdev("ens1", devices / st.gpu_bdf(0), carrier=9)
+    result = fabric.finish(started, GPUS)
+    by_where = {f.where: f for f in result.findings}
+    assert set(by_where) == {"ens1", "ens2"}
+    assert "carrier_changes rose by 8" in by_where["ens1"].what
+    assert (
+        "network interface ens2: down (down) while 1 other port(s) of its kind are up"
+        in by_where["ens2"].what
+    )
+    assert "GPU2, GPU3" in by_where["ens2"].what
+
+
+@needs_cc
+def test_check_with_a_state_file_judges_the_ports_since_the_last_run(driver: Path, tmp_path: Path) -> None:
+    tree = st.eight_gpu_node(tmp_path / "t")
+    state = tmp_path / "state.json"
+    code, doc = check(driver, tmp_path, tree, "--state", str(state))
+    assert code == 0 and doc["findings"] == []
+    saved = json.loads(state.read_text())
+    assert saved["counters"]["ports"]["mlx5_4:1"]["symbol_error"] == 0
+    # Ten minutes later: 300 symbol errors (0.5/s: nothing in a 0-second window, 1800/hour over the ten
+    # minutes, above the 120/hour NVSentinel calls fatal), and a link_downed since.
+    saved["counters"]["ports_at"] -= 600
+    state.write_text(json.dumps(saved))
+    tree.counter("mlx5_4", 1, "symbol_error", 300)
+    tree.counter("mlx5_4", 1, "link_downed", 1)
+    code, doc = check(driver, tmp_path, tree, "--state", str(state))
+    assert code == 1
+    (symbols,) = [f for f in doc["findings"] if f["rule"] == "port_symbol_errors_since_last"]
+    assert re.search(
+        r"symbol_error rose by 300 in 10 min \(1[78]\d\d/hour, above 120/hour\)", symbols["what"]
+    )
+    assert symbols["what"].endswith("[since the last check, 10 min ago]") and "GPU4, GPU5" in symbols["what"]
+    (downed,) = [f for f in doc["findings"] if f["rule"] == "port_link_downed"]
+    assert "since the last check" in downed["what"]
+    # The next run compares with what this one saw: nothing new.
+    code, doc = check(driver, tmp_path, tree, "--state", str(state))
+    assert code == 0 and doc["findings"] == []
+
+
+def test_every_rule_a_network_or_path_finding_names_is_in_the_table() -> None:
+    from gputopo.health import network
+    from gputopo.topology import pcie_path
+
+    names = {r.name for r in network.RULES}
+    used = set()
+    for module in (network, pcie_path):
+        used |= set(re.findall(r'rule="([a-z_]+)"', Path(module.__file__).read_text()))
+        used |= set(re.findall(r'"(port_[a-z_]+)"', Path(module.__file__).read_text())) - {"port_rcv_errors"}
+    assert used and used <= names, used - names

@@ -33,7 +33,7 @@ def test_a_sound_box_reads_every_signal_through_the_door():
 
 def test_a_sick_gpu_is_judged_from_what_the_door_read():
     fake = FakeNvml.nvswitch_box(health=True)
-    fake.gpus[2].health = FakeHealth(remapped_rows=(0, 1, 1, 0), fabric=(3, 0, 7, 0))
+    fake.gpus[2].health = FakeHealth(remapped_rows=(0, 1, 0, 1), fabric=(3, 0, 7, 0))
     result = judge(_sample(fake), _sample(fake))
     assert [(f.gpu, f.category) for f in result.findings if f.severity == "problem"] == [(2, "memory")]
 

@@ -149,10 +149,13 @@ def recommendations(
 
     evidence = evidence_from_report(evidence_doc, "doctor probes") if evidence_doc else None
     sick = tuple(sorted((unhealthy or {}).items()))
+    redirected = redirected_pairs(topo)  # pairs behind an ACS-redirecting bridge rank after clean ones
     out = []
     for k in sizes:
         try:
-            rec = recommend(topo, Constraints(n=k, top=3, evidence=evidence, unhealthy=sick))
+            rec = recommend(
+                topo, Constraints(n=k, top=3, evidence=evidence, unhealthy=sick, redirected=redirected)
+            )
         except GputopoError as exc:
             out.append({"n": k, "best": None, "export": None, "why": exc.message})
             continue
@@ -283,18 +286,41 @@ def _code(topo: Topology, a: int, b: int) -> str | None:
     return link.code if link else None
 
 
-def probe_findings(probe: dict[str, Any] | None) -> list[Finding]:
-    """A problem for every failed check, with the probe's remedy."""
+def probe_findings(
+    probe: dict[str, Any] | None, redirected: tuple[tuple[int, int, tuple[str, ...]], ...] = ()
+) -> list[Finding]:
+    """A problem for every failed check, with the probe's remedy. Wrong data on a set with a pair whose
+    PCIe path crosses an ACS-redirecting bridge (``redirected``) names that bridge as the likely cause."""
     out = []
+    behind = {frozenset((a, b)): bridges for a, b, bridges in redirected}
     for s in (probe or {}).get("sets", []):
         where = "GPUs " + ",".join(str(g) for g in s["gpus"])
+        pairs = [
+            (a, b) for i, a in enumerate(s["gpus"]) for b in s["gpus"][i + 1 :] if frozenset((a, b)) in behind
+        ]
         for c in s["checks"]:
             if c["name"] == "gpu" and c["verdict"] == "fail" and c.get("kind") in ("slow", "corrupt"):
                 out += per_gpu_findings(c)  # one finding per GPU the per-GPU check found slow or corrupt
             elif c["verdict"] == "fail":
                 what = f"{c['name']} check failed ({c.get('kind')}): {c.get('detail')}"
+                if pairs and c.get("kind") in ("corrupt", "nan", "diverged"):
+                    bridges = sorted({br for a, b in pairs for br in behind[frozenset((a, b))]})
+                    what += (
+                        f"; the likely cause: ACS redirects P2P between "
+                        f"{', '.join(f'GPU{a}-GPU{b}' for a, b in pairs)} at bridge {', '.join(bridges)} "
+                        "(see that bridge's finding)"
+                    )
                 out.append(Finding(where, what, c.get("remedy") or "see the probe report"))
     return out
+
+
+def redirected_pairs(topo: Topology) -> tuple[tuple[int, int, tuple[str, ...]], ...]:
+    """This machine's GPU pairs behind an ACS-redirecting bridge (``fabric``); none for a simulated one."""
+    if not topo.live:
+        return ()
+    from gputopo import fabric
+
+    return fabric.redirected(fabric.gpu_bus_ids([(g.index, g.pci_bus_id) for g in topo.gpus]))
 
 
 def per_gpu_findings(check: dict[str, Any]) -> list[Finding]:
@@ -470,6 +496,13 @@ def check_health(machine: Machine, options: DoctorOptions) -> HealthStep:
         for f in result.findings
         if not (f.gpu in topo_errors and f.category == "driver" and "could not be read" in f.what)
     )
+    # The last `gputopo check` on this node, while fresh: its judgement over minutes (the state file) joins
+    # doctor's own window, so both name the same sick GPUs.
+    from gputopo.machine import last_check_problems
+
+    sick = {f.gpu for f in kept if f.severity == PROBLEM and f.gpu is not None}
+    uuids = {g.index: g.uuid for g in (result.sample.gpus if result.sample else ())}
+    kept += tuple(f for f in last_check_problems(uuids) if f.gpu not in sick)
     unhealthy: dict[int, str] = {}
     for f in kept:
         if f.severity == PROBLEM and f.gpu is not None:
@@ -554,7 +587,7 @@ class Judged:
 
 def judge(topo: Topology, sets: Sets, findings: list[Finding], probe: ProbeStep) -> Judged:
     """The probe's failed checks become findings; the probe's evidence re-ranks the sets."""
-    findings = findings + probe_findings(probe.doc)
+    findings = findings + probe_findings(probe.doc, redirected_pairs(topo))
     recs = recommendations(topo, sets.sizes, probe.doc, sets.unhealthy) if probe.doc else sets.first
     return Judged(findings, recs)
 

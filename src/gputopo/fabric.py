@@ -17,6 +17,7 @@ from gputopo.findings import Finding
 from gputopo.health.network import (
     IB,
     PortSample,
+    Rail,
     gdr_findings,
     gdr_mode,
     judge_ports,
@@ -34,6 +35,7 @@ from gputopo.topology.pcie_path import (
     iommu_mode,
     judge_paths,
     normal_bdf,
+    redirected_pairs,
 )
 
 
@@ -57,11 +59,15 @@ class FabricResult:
     gdr: str | None = None
     iommu: str | None = None
     facts: Mapping[str, Any] = field(default_factory=dict)
+    rails: Mapping[str, Rail] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
             **self.facts,
-            "ports": [p.to_json() for p in (self.ports.ports if self.ports else ())],
+            "ports": [
+                {**p.to_json(), "gpus": list(self.rails[p.name].gpus if p.name in self.rails else ())}
+                for p in (self.ports.ports if self.ports else ())
+            ],
             "pairs": [p.to_json() for p in self.pairs],
         }
 
@@ -78,7 +84,8 @@ def finish(started: Started, gpus: Mapping[int, str]) -> FabricResult:
     second = read_ports(fs)
     nics = _nic_endpoints(second)
     paths = read_paths([*gpus.values(), *(n.bdf for n in nics)], fs)
-    findings = judge_ports(started.ports, second, rails(second.ports, paths, gpus))
+    behind = rails(second.ports, paths, gpus)
+    findings = judge_ports(started.ports, second, behind)
     judged = judge_paths(all_pairs(_gpu_endpoints(gpus), nics, paths))
     rdma = [p for p in second.ports if p.kind == IB]
     inputs = gdr_inputs(fs)
@@ -95,7 +102,16 @@ def finish(started: Started, gpus: Mapping[int, str]) -> FabricResult:
     if len(gpus) > 1 and not judged.pairs:
         not_checked.append(("PCIe ACS on the GPU pairs' paths", "no GPU pair to check"))
     facts = {**network_facts(second.ports, mode), "iommu": iommu}
-    return FabricResult(tuple(findings), tuple(not_checked), judged.pairs, second, mode, iommu, facts)
+    return FabricResult(
+        tuple(findings),
+        tuple(not_checked),
+        judged.pairs,
+        second,
+        mode,
+        iommu,
+        facts,
+        behind,
+    )
 
 
 def read_pairs(gpus: Mapping[int, str], fs: FsView | None = None) -> tuple[PairPath, ...]:
@@ -120,3 +136,31 @@ def _nic_endpoints(sample: PortSample) -> list[Endpoint]:
 def gpu_bus_ids(items: Sequence[tuple[int, str | None]]) -> dict[int, str]:
     """``{index: bus id}`` of the GPUs whose bus id is known."""
     return {i: bus for i, bus in items if bus}
+
+
+def snapshot(gpus: Mapping[int, str], fs: FsView | None = None) -> FabricResult:
+    """One reading for ``topo``: the ports (their state and rate judged against their peers; no counter
+    rise, which needs two readings), GPUDirect and IOMMU, and every GPU pair's and GPU-NIC pair's path."""
+    fs = fs or view()
+    return finish(Started(fs, read_ports(fs)), gpus)
+
+
+def redirected(
+    gpus: Mapping[int, str], fs: FsView | None = None
+) -> tuple[tuple[int, int, tuple[str, ...]], ...]:
+    """GPU pairs whose PCIe path crosses an ACS-redirecting bridge, with those bridges, for recommend."""
+    found = redirected_pairs(read_pairs(gpus, fs))
+    return tuple(
+        (min(k), max(k), bridges) for k, bridges in sorted(found.items(), key=lambda kv: sorted(kv[0]))
+    )
+
+
+def since_last_run(result: FabricResult, saved: Mapping[str, Any], saved_at: float | None) -> list[Finding]:
+    """The ports' counter rules over the time since the last check (its state file's counters)."""
+    import time
+
+    from gputopo.health.network import since_last_run as judge_since
+
+    if result.ports is None:
+        return []
+    return judge_since(saved, saved_at, result.ports, time.time(), result.rails, result.findings)

@@ -35,8 +35,9 @@ CATEGORIES = (
 )
 # What to do, from least to most disruptive: "monitor" keeps an eye on it, "reset" a GPU reset (or
 # reboot) clears it, "drain" take the node or GPU out of service now, "replace" hardware service,
-# "config" a setting to change. Named after DCGM's health-response actions and NVML's recovery actions.
-ACTIONS = ("none", "monitor", "reset", "drain", "replace", "config")
+# "config" a setting to change, "reboot" the node (NVML's node-reboot recovery action). Named after DCGM's
+# health-response actions and NVML's recovery actions.
+ACTIONS = ("none", "monitor", "reset", "drain", "replace", "config", "reboot")
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,8 @@ class Finding:
     The one finding shape of every command that judges (docs/design.md): ``where`` names the place
     (``GPU3``, ``GPU0-GPU1``, ``NCCL_IB_HCA``), ``gpu`` the nvidia-smi index when the finding belongs to
     one GPU (``None`` for a pair, the node or a setting), ``category`` one of ``CATEGORIES``, ``what`` the
-    evidence (counter values and window included), ``action`` one of ``ACTIONS``.
+    evidence (counter values and window included), ``action`` one of ``ACTIONS``; ``rule`` the health rule
+    that found it (``health.rules.RULES``), where one did.
     """
 
     where: str
@@ -56,9 +58,11 @@ class Finding:
     gpu: int | None = None
     category: str = "topology"
     action: str = "none"
+    rule: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The finding as the JSON object every output shows (the keys of docs/design.md's finding shape)."""
+        """The finding as the JSON object every output shows (the keys of docs/design.md's finding shape;
+        ``rule`` is ``null`` where no health rule found it)."""
         return asdict(self)
 
 
@@ -72,6 +76,7 @@ def finding_from_json(doc: dict[str, Any]) -> Finding:
         gpu=doc.get("gpu") if isinstance(doc.get("gpu"), int) else None,
         category=str(doc.get("category") or "topology"),
         action=str(doc.get("action") or "none"),
+        rule=str(doc["rule"]) if isinstance(doc.get("rule"), str) else None,
     )
 
 

@@ -11,8 +11,9 @@ from gputopo.errors import InputError
 from gputopo.model import Topology
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
+    from gputopo.findings import Finding
     from gputopo.health.judge import Judgement
 
 SAMPLE_PREFIX = "sample:"
@@ -109,4 +110,46 @@ def read_live_health(
         first, last = sample_health(sample_s if sample_s > 0 else None, gpus=gpus, timeout_s=timeout_s)
     except nvml.NvmlUnavailable as exc:
         return Judgement((), (NotChecked("health", exc.message),))
-    return judge(first, last) if first is not None else judge_one(last)
+    judged = judge(first, last) if first is not None else judge_one(last)
+    return with_last_check(judged, {g.index: g.uuid for g in last.gpus})
+
+
+def with_last_check(judged: Judgement, live_uuids: Mapping[int, str | None]) -> Judgement:
+    """``judged`` with the last ``gputopo check``'s problems added while it is fresh, so recommend, run,
+    topo and probe leave out the GPUs check found sick (rates over minutes included); a GPU already judged
+    sick here keeps its own finding."""
+    from gputopo.health.judge import Judgement
+
+    sick = set(judged.unhealthy_gpus())
+    added = tuple(f for f in last_check_problems(live_uuids) if f.gpu not in sick)
+    if not added:
+        return judged
+    findings = sorted((*judged.findings, *added), key=lambda f: f.severity != "problem")
+    return Judgement(tuple(findings), judged.not_checked)
+
+
+def last_check_problems(live_uuids: Mapping[int, str | None]) -> list[Finding]:
+    """The last ``gputopo check``'s problems on single GPUs while fresh (``health.state.FRESH_S``), each
+    saying how old, from its state file: ``GPUTOPO_CHECK_STATE``, or root's
+    ``/var/lib/gputopo/check-state.json``. Empty when there is none, it is stale, or it cannot be read."""
+    import os
+    import socket
+    import time
+
+    from gputopo.health.state import DEFAULT_ROOT_PATH, STATE_ENV, last_check_findings, loads
+
+    path = os.environ.get(STATE_ENV)
+    if path is None and os.geteuid() == 0:
+        path = DEFAULT_ROOT_PATH
+    if not path:
+        return []
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read(4 * 1024 * 1024)
+    except OSError:
+        return []
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".", 1)[0]
+    state, warning = loads(text, path, node)
+    if warning:
+        return []
+    return last_check_findings(state, time.time(), live_uuids)[0]

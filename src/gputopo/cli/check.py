@@ -2,22 +2,30 @@
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
 from gputopo.cli import app
 from gputopo.cli.common import JSON_OPTION, debug_enabled, examples, guarded
+from gputopo.health.check import (
+    DEFAULT_BUDGET_S,
+    DEFAULT_NVML_TIMEOUT_S,
+    DEFAULT_SAMPLE_S,
+    DEFAULT_SINCE,
+)
+from gputopo.health.node_action import DEFAULT_MAX_DRAINED
+from gputopo.ui.check_view import NPD_DEFAULT_MAX_OUTPUT, CheckFormat
 from gputopo.ui.output import Output
 
 if TYPE_CHECKING:
     from gputopo.health.check import CheckResult
-    from gputopo.system.slurm_node import SlurmAction
+    from gputopo.health.state import CheckState
 
-FORMATS = ("text", "json", "nagios")
+FORMAT_NAMES = "|".join(f.value for f in CheckFormat)
+PROM_FILE = "gputopo.prom"
 
 
 @app.command(
@@ -26,26 +34,33 @@ FORMATS = ("text", "json", "nagios")
         "gputopo check                              # exit 0 healthy, 1 problems, 3 could not check",
         "gputopo check --expect-gpus 8 --json       # gputopo/check/v1 document",
         "gputopo check --format nagios              # GPUTOPO OK|WARNING|CRITICAL|UNKNOWN - reason",
-        "gputopo check --save-baseline golden.json  # on a known-good node; then --baseline golden.json",
+        "gputopo check --format npd --max-output-length 200   # node-problem-detector custom plugin",
+        "gputopo check --textfile /var/lib/node_exporter     # writes gputopo.prom for node_exporter",
+        "gputopo check --drain --resume-if-healthy  # as Slurm's HealthCheckProgram (see docs/check.md)",
+        "gputopo check --save-baseline golden.json --fleet  # on a known-good node; then --baseline",
+        "gputopo check --list-rules                 # every rule: limit, severity, DCGM's, remedy, source",
         "dmesg -T | gputopo check --kernel-log - --since 30m",
     ),
 )
 @guarded
 def check_command(
     sample_s: float = typer.Option(
-        2.0, "--sample-s", metavar="SECONDS", help="Time between the two reads of the error counters."
+        DEFAULT_SAMPLE_S,
+        "--sample-s",
+        metavar="SECONDS",
+        help="Time between the two reads of the error counters.",
     ),
     budget: float = typer.Option(
-        20.0,
+        DEFAULT_BUDGET_S,
         "--budget",
         metavar="SECONDS",
-        help="End within this time; what was not read is reported unknown.",
+        help="End within this time (scontrol included); what was not read is reported unknown.",
     ),
     expect_gpus: Optional[int] = typer.Option(  # noqa: UP045 (typer)
-        None, "--expect-gpus", metavar="N", help="Fewer GPUs than N is a problem."
+        None, "--expect-gpus", metavar="N", help="Fewer GPUs than N (or a broken driver) is a problem."
     ),
     thresholds: Optional[Path] = typer.Option(  # noqa: UP045 (typer)
-        None, "--thresholds", metavar="FILE", help="Override health rules (TOML/JSON; docs/health-rules.md)."
+        None, "--thresholds", metavar="FILE", help="Override health rules (TOML/JSON; see --list-rules)."
     ),
     kernel_log: Optional[str] = typer.Option(  # noqa: UP045 (typer)
         None,
@@ -53,15 +68,24 @@ def check_command(
         metavar="FILE|-",
         help="Read Xid lines from a saved kernel log instead of dmesg.",
     ),
-    since: str = typer.Option("2h", "--since", metavar="DURATION", help="Xid window: 90s, 30m, 2h, 1d."),
+    since: str = typer.Option(
+        DEFAULT_SINCE, "--since", metavar="DURATION", help="Xid window: 90s, 30m, 2h, 1d."
+    ),
     save_baseline: Optional[Path] = typer.Option(  # noqa: UP045 (typer)
         None, "--save-baseline", metavar="FILE", help="Write this node's golden picture to FILE."
+    ),
+    fleet: bool = typer.Option(
+        False,
+        "--fleet",
+        help="With --save-baseline: leave out per-GPU identities (UUID, VBIOS) for siblings.",
     ),
     baseline_file: Optional[Path] = typer.Option(  # noqa: UP045 (typer)
         None, "--baseline", metavar="FILE", help="Compare this node with a saved baseline."
     ),
     drain: bool = typer.Option(
-        False, "--drain", help="On problems, drain this Slurm node (reason 'gputopo: ...')."
+        False,
+        "--drain",
+        help="On problems that need it, drain this Slurm node (never a node drained by a person).",
     ),
     resume_if_healthy: bool = typer.Option(
         False, "--resume-if-healthy", help="When healthy, resume the node if gputopo drained it (never else)."
@@ -69,30 +93,82 @@ def check_command(
     dry_run: bool = typer.Option(
         False, "--dry-run", help="With --drain/--resume-if-healthy: print the command only."
     ),
-    fmt: str = typer.Option("text", "--format", metavar="text|json|nagios", help="Output format."),
+    max_drained: str = typer.Option(
+        DEFAULT_MAX_DRAINED,
+        "--max-drained",
+        metavar="N|N%",
+        help="Drain nothing more while this many of the cluster's nodes carry a gputopo drain.",
+    ),
+    state_file: Optional[Path] = typer.Option(  # noqa: UP045 (typer)
+        None,
+        "--state",
+        metavar="FILE",
+        help="Remember drains, acknowledgements and counters between runs (root's default with --drain: "
+        "/var/lib/gputopo/check-state.json).",
+    ),
+    fmt: str = typer.Option("text", "--format", metavar=FORMAT_NAMES, help="Output format."),
     json_out: bool = JSON_OPTION,
+    max_output_length: int = typer.Option(
+        NPD_DEFAULT_MAX_OUTPUT,
+        "--max-output-length",
+        metavar="BYTES",
+        help="With --format npd: NPD's max_output_length (the line is cut to fit).",
+    ),
+    textfile: Optional[Path] = typer.Option(  # noqa: UP045 (typer)
+        None,
+        "--textfile",
+        metavar="DIR",
+        help="Also write DIR/gputopo.prom (node_exporter's textfile collector).",
+    ),
     nvml_timeout: float = typer.Option(
-        5.0, "--nvml-timeout", metavar="SECONDS", help="Seconds each GPU's NVML read may take."
+        DEFAULT_NVML_TIMEOUT_S,
+        "--nvml-timeout",
+        metavar="SECONDS",
+        help="Seconds each GPU's NVML read may take.",
+    ),
+    list_rules: bool = typer.Option(
+        False, "--list-rules", help="Print the rule table (with --thresholds applied; --json too) and exit."
     ),
 ) -> None:
     """Check this node's GPU health (ECC, row remaps, NVLink/PCIe errors, clocks, Xid, recovery action)."""
     started = time.monotonic()
     from gputopo.errors import GputopoError, UsageError
-    from gputopo.health import check as service
     from gputopo.health.rules import DEFAULT_THRESHOLDS, load_thresholds
     from gputopo.health.xid import parse_since
 
-    fmt = "json" if json_out else fmt
-    if fmt not in FORMATS:
-        raise UsageError(f"--format {fmt}: not a format", "one of text, json, nagios")
-    # Every input is checked before the machine is touched: bad usage never reads, and never drains.
-    service.validate_options(sample_s, budget, expect_gpus)
-    if not 0 < nvml_timeout < math.inf:
-        raise UsageError(f"--nvml-timeout {nvml_timeout:g}: must be positive", "e.g. --nvml-timeout 5")
-    since_s = parse_since(since)
     rules = load_thresholds(thresholds) if thresholds is not None else DEFAULT_THRESHOLDS
+    if list_rules:
+        _print_rules(rules, json_out or fmt == "json")
+        raise typer.Exit(0)
+    try:
+        form = CheckFormat("json" if json_out else fmt)
+    except ValueError:
+        raise UsageError(
+            f"--format {fmt}: not a format", f"one of {', '.join(f.value for f in CheckFormat)}"
+        ) from None
+    # Every input is checked before the machine is touched: bad usage never reads, and never drains.
     from gputopo.check import CheckOptions, load_baseline, run_check
+    from gputopo.health.node_action import parse_max_drained
 
+    options = CheckOptions(
+        sample_s=sample_s,
+        budget_s=budget,
+        nvml_timeout_s=nvml_timeout,
+        expect_gpus=expect_gpus,
+        thresholds=rules,
+        since_s=parse_since(since),
+    )
+    limit = parse_max_drained(max_drained)
+    if max_output_length < 1:
+        raise UsageError(f"--max-output-length {max_output_length}: must be 1 or more", "NPD's default is 80")
+    if textfile is not None and not textfile.is_dir():
+        raise UsageError(
+            f"--textfile {textfile}: not a folder", "name node_exporter's --collector.textfile.directory"
+        )
+    if fleet and save_baseline is None:
+        raise UsageError(
+            "--fleet: only with --save-baseline FILE", "gputopo check --save-baseline FILE --fleet"
+        )
     saved = load_baseline(baseline_file) if baseline_file is not None else None
     if save_baseline is not None:
         from gputopo.outputs import check_output
@@ -103,9 +179,27 @@ def check_command(
         from gputopo.system.kernel_log import read_log_file
 
         log = read_log_file(kernel_log)
-    options = CheckOptions(
-        sample_s, budget, nvml_timeout, expect_gpus, rules, since_s, log, saved, save_baseline
-    )
+    from dataclasses import replace
+
+    options = replace(options, kernel_log=log, baseline=saved, save_baseline=save_baseline, fleet=fleet)
+    out = Output(json_mode=False)
+    warnings: list[str] = []
+    acting = drain or resume_if_healthy
+    state, state_path = _load_state(state_file, acting, warnings)
+    deadline = started + budget
+    view = None
+    now = time.time()
+    if acting:
+        from gputopo.check import read_node_view
+        from gputopo.health.state import took_over
+
+        # Read the node first (state and reason): a person's resume or drain since gputopo drained it
+        # acknowledges the Xid lines up to now, before they are judged.
+        # A quarter of the budget at most: a hung scontrol must leave the GPUs their time.
+        view = read_node_view(started + budget / 4)
+        if state is not None and view.node is not None:
+            state = took_over(state, view.node.out_of_service, view.node.ours, now)
+    options = replace(options, state=state)
     try:
         result = run_check(options, started)
     except GputopoError:
@@ -115,65 +209,109 @@ def check_command(
         # scheduler could drain it): the check could not run, which is unknown (exit 3).
         if debug_enabled():
             raise
+        from gputopo.health import check as service
+
         result = service.summarize(
             None, None, (), (), time.monotonic() - started, f"internal error: {type(exc).__name__}: {exc}"
         )
-    slurm = _slurm(result, drain, resume_if_healthy, dry_run)
-    out = Output(json_mode=fmt == "json")
-    if fmt == "json":
-        doc = result.to_json()
-        if slurm is not None:
-            doc["slurm"] = slurm.to_json()
-        out.document(doc)
-        raise typer.Exit(result.exit_code)
-    if fmt == "nagios":
-        code, line = result.nagios()
-        out.line(line)
-        _say_slurm(out, slurm)
-        raise typer.Exit(code)
-    for line in _text_lines(result):
-        out.line(line)
-    if slurm is not None and slurm.command and not slurm.done and slurm.error is None:
-        out.line(slurm.command)  # --dry-run: the command only
-    _say_slurm(out, slurm)
-    raise typer.Exit(result.exit_code)
+    slurm = None
+    if view is not None:
+        from gputopo.check import act_on_node
+
+        slurm = act_on_node(
+            result,
+            view,
+            drain=drain,
+            resume=resume_if_healthy,
+            dry_run=dry_run,
+            max_drained=limit,
+            deadline=deadline,
+        )
+    if state is not None and state_path is not None:
+        _save_state(state_path, state, result, slurm, now, warnings)
+    from gputopo.ui.check_view import RenderContext, render, render_prometheus, slurm_lines
+
+    ctx = RenderContext(slurm=slurm, max_output_length=max_output_length, now=now)
+    if textfile is not None:
+        warnings += _write_textfile(textfile, render_prometheus(result, ctx).text)
+    rendered = render(form, result, ctx)
+    import sys
+
+    sys.stdout.write(rendered.text)
+    if (
+        form == CheckFormat.TEXT
+        and slurm is not None
+        and slurm.command
+        and not slurm.done
+        and slurm.error is None
+    ):
+        sys.stdout.write(slurm.command + "\n")  # --dry-run: the command only
+    sys.stdout.flush()
+    out.warnings([*warnings, *slurm_lines(slurm)])
+    raise typer.Exit(rendered.exit_code)
 
 
-def _slurm(result: CheckResult, drain: bool, resume: bool, dry_run: bool) -> SlurmAction | None:
-    """Drain on problems, resume when healthy; nothing on unknown (a check that could not run proves
-    nothing) and nothing on bad input (that never gets here)."""
-    if not drain and not resume:
-        return None
-    from gputopo.health.check import HEALTHY, PROBLEMS, one_line
-    from gputopo.system import slurm_node
+def _print_rules(rules: Any, as_json: bool) -> None:
+    import sys
 
-    if drain and result.verdict == PROBLEMS:
-        return slurm_node.drain(one_line(result.reason, 120), dry_run)
-    if resume and result.verdict == HEALTHY:
-        return slurm_node.resume_if_ours(dry_run)
-    return None
+    from gputopo.ui.check_view import rules_json, rules_text
+
+    table = list(rules.rules.values())
+    sys.stdout.write(rules_json(table) if as_json else rules_text(table))
 
 
-def _say_slurm(out: Output, slurm: SlurmAction | None) -> None:
-    if slurm is None:
-        return
-    if slurm.error is not None:
-        out.warn(f"slurm: could not {slurm.action} this node: {slurm.error}")
-    elif slurm.done:
-        out.warn(f"slurm: {slurm.command}")
+def _load_state(
+    path: Path | None, acting: bool, warnings: list[str]
+) -> tuple[CheckState | None, Path | None]:
+    """The state file named by ``--state`` (or the default) and what it holds; a fresh state when it is
+    new, corrupt or another node's (named in a warning)."""
+    from gputopo.check import default_state_path, load_state
+    from gputopo.system.slurm_node import node_name
+
+    path = path or default_state_path(acting)
+    if path is None:
+        return None, None
+    state, warning = load_state(path, node_name())
+    if warning:
+        warnings.append(warning)
+    return state, path
 
 
-def _text_lines(result: CheckResult) -> list[str]:
-    """The reason first (what a scheduler shows), then each finding with its remedy, then what was not
-    checked."""
-    lines = [
-        f"{result.verdict}: {result.reason}"
-        if not result.reason.startswith(result.verdict)
-        else result.reason
-    ]
-    for f in result.findings:
-        lines.append(f"{f.severity.upper():8} {f.where:<10} {f.category}/{f.action}: {f.what}")
-        lines.append(f"{'':8} {'':<10} -> {f.remedy}")
-    for n in result.not_checked:
-        lines.append(f"not checked: {n.what} ({n.why})")
-    return lines
+def _save_state(
+    path: Path, state: CheckState, result: CheckResult, slurm: Any, now: float, warnings: list[str]
+) -> None:
+    from gputopo.health import state as st
+
+    if slurm is not None and slurm.done and slurm.action == "drain":
+        state = st.drained(state, slurm.command or "", result.xid_keys, now)
+    elif slurm is not None and slurm.done and slurm.action == "resume":
+        state = st.resumed(state)
+    if result.verdict != "unknown":
+        state = st.remember_judgement(
+            state, now, result.verdict, result.findings, result.sample, result.ports
+        )
+    from gputopo.errors import GputopoError
+    from gputopo.report import atomic_write
+
+    # Written atomically (a temporary file and a rename; the folder made when missing): a check killed
+    # mid-write leaves the old state, never half a file.
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, st.dumps(state))
+    except (OSError, GputopoError) as exc:
+        why = getattr(exc, "message", None) or getattr(exc, "strerror", None) or str(exc)
+        warnings.append(f"--state {path}: not saved ({why})")
+
+
+def _write_textfile(folder: Path, text: str) -> list[str]:
+    """``DIR/gputopo.prom`` written atomically (a temporary file in DIR and a rename): node_exporter never
+    reads half a file."""
+    from gputopo.errors import GputopoError
+    from gputopo.report import atomic_write
+
+    try:
+        atomic_write(folder / PROM_FILE, text)
+    except (OSError, GputopoError) as exc:
+        why = getattr(exc, "message", None) or getattr(exc, "strerror", None) or str(exc)
+        return [f"--textfile {folder}: {PROM_FILE} not written ({why})"]
+    return []

@@ -120,6 +120,13 @@ def recommend_command(
     check_report_machine(constraints, topo, input is None, force_report, out.warn)
     constraints = within_preset(constraints, topo, ignore_visible, input is not None, out.warn)
     constraints, health = with_health(constraints, input, nvml_timeout)  # live: one health sample
+    if input is None and topo.live:  # live: ACS on each GPU pair's PCIe path (sysfs; docs/topo.md)
+        from dataclasses import replace
+
+        from gputopo import fabric
+
+        gpus = fabric.gpu_bus_ids([(g.index, g.pci_bus_id) for g in topo.gpus])
+        constraints = replace(constraints, redirected=fabric.redirected(gpus))
     rec = recommend(topo, constraints)
     doc = to_dict(rec, id_format.value)  # builds every env first: a --format uuid error comes before output
     doc["health"] = health

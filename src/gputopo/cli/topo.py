@@ -71,3 +71,12 @@ def topo_command(
     from gputopo.ui.topo_view import render_topology
 
     out.show(render_topology(topo, health))
+    if input is None and topo.live and not no_health:
+        # The network ports and each GPU pair's PCIe path (ACS), from sysfs (docs/topo.md).
+        from gputopo import fabric
+        from gputopo.ui.fabric_view import fabric_blocks
+
+        gpus = fabric.gpu_bus_ids([(g.index, g.pci_bus_id) for g in topo.gpus])
+        node = fabric.snapshot(gpus)
+        for block in fabric_blocks(node.to_json(), [f.to_json() for f in node.findings]):
+            out.show(block)

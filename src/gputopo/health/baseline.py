@@ -348,3 +348,14 @@ def _nic_changes(old: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, An
         for name in was
         if name not in now
     ]
+
+
+def fleet_baseline(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """``--save-baseline --fleet``: the wiring and the model without what differs between sibling nodes of
+    one build (each GPU's UUID and VBIOS, the host it came from), so every sibling compares cleanly against
+    one file."""
+    out = dict(doc)
+    out["fleet"] = True
+    out["source"] = None
+    out["gpus"] = [{**g, "uuid": None, "vbios": None} for g in doc.get("gpus", ())]
+    return out

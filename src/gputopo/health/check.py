@@ -9,19 +9,25 @@ codes instead: 0 OK, 1 WARNING (notes worth a look), 2 CRITICAL, 3 UNKNOWN.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from gputopo.errors import EXIT_OK, EXIT_PROBLEM, EXIT_UNAVAILABLE, UsageError
 from gputopo.findings import NOTE, PROBLEM, Finding
 from gputopo.health.judge import Judgement, NotChecked
 from gputopo.health.readings import BUDGET_SPENT, NOT_READ, GpuHealth, HealthSample
+from gputopo.model import GPU_NOT_ACCESSIBLE
 
 SCHEMA = "gputopo/check/v1"
 HEALTHY, PROBLEMS, UNKNOWN = "healthy", "problems", "unknown"
+# check's defaults, written once: the window between the two samples, the whole check's time budget, one
+# GPU's NVML deadline, and the Xid window (--since).
 DEFAULT_SAMPLE_S = 2.0
 DEFAULT_BUDGET_S = 20.0
-# Slurm's drain reason is free text on one line; long ones are cut (sinfo -R shows the first ~40 columns).
+DEFAULT_NVML_TIMEOUT_S = 5.0
+DEFAULT_SINCE = "2h"
+DEFAULT_SINCE_S = 7200.0
+# The one-line reason every output starts with.
 REASON_CHARS = 200
 
 
@@ -35,20 +41,14 @@ class CheckResult:
     findings: tuple[Finding, ...]
     not_checked: tuple[NotChecked, ...]
     elapsed_s: float
+    # The Xid lines of the window not acknowledged (their keys): what a drain now remembers.
+    xid_keys: tuple[str, ...] = ()
+    # The network ports' counters as read (port -> counter -> value): what the state file remembers.
+    ports: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
         return {HEALTHY: EXIT_OK, PROBLEMS: EXIT_PROBLEM}.get(self.verdict, EXIT_UNAVAILABLE)
-
-    def nagios(self) -> tuple[int, str]:
-        """(Nagios exit code, status line): ``GPUTOPO CRITICAL - ...``, ``OK``, ``WARNING``, ``UNKNOWN``."""
-        if self.verdict == PROBLEMS:
-            return 2, f"GPUTOPO CRITICAL - {self.reason}"
-        if self.verdict == UNKNOWN:
-            return 3, f"GPUTOPO UNKNOWN - {self.reason}"
-        if any(f.severity == NOTE for f in self.findings):
-            return 1, f"GPUTOPO WARNING - {self.reason}"
-        return 0, f"GPUTOPO OK - {self.reason}"
 
     def to_json(self) -> dict[str, object]:
         gpus = []
@@ -73,17 +73,25 @@ class CheckResult:
         }
 
 
-def validate_options(sample_s: float, budget_s: float, expect_gpus: int | None) -> None:
-    """The numbers of ``check``'s options; ``UsageError`` (exit 2) for one that makes no sense."""
+def validate_numbers(
+    sample_s: float, budget_s: float, nvml_timeout_s: float, expect_gpus: int | None
+) -> None:
+    """The numbers of ``check``'s options, one rule each; ``UsageError`` (exit 2) for one that makes no
+    sense. ``check.CheckOptions`` calls it once, when the options are built."""
     if not 0 < budget_s < math.inf:
         raise UsageError(
             f"--budget {budget_s:g}: must be more than 0 seconds (and finite)",
-            "e.g. --budget 20 (the default)",
+            f"e.g. --budget {DEFAULT_BUDGET_S:g} (the default)",
         )
     if not 0 <= sample_s < budget_s:  # NaN fails every comparison, so it lands here too
         raise UsageError(
             f"--sample-s {sample_s:g}: must be at least 0 and less than --budget ({budget_s:g} s)",
-            "e.g. --sample-s 2 (the default)",
+            f"e.g. --sample-s {DEFAULT_SAMPLE_S:g} (the default)",
+        )
+    if not 0 < nvml_timeout_s < math.inf:
+        raise UsageError(
+            f"--nvml-timeout {nvml_timeout_s:g}: must be positive",
+            f"e.g. --nvml-timeout {DEFAULT_NVML_TIMEOUT_S:g} (the default)",
         )
     if expect_gpus is not None and expect_gpus < 0:
         raise UsageError(f"--expect-gpus {expect_gpus}: must be 0 or more", "e.g. --expect-gpus 8")
@@ -96,6 +104,7 @@ def summarize(
     extra_not_checked: Sequence[NotChecked],
     elapsed_s: float,
     unavailable: str | None = None,
+    xid_keys: tuple[str, ...] = (),
 ) -> CheckResult:
     """Put the parts together. ``unavailable`` is why NVML could not be read at all (verdict unknown,
     unless a problem was found elsewhere, e.g. an Xid 79 in the kernel log)."""
@@ -104,7 +113,12 @@ def summarize(
     not_checked = tuple(judgement.not_checked if judgement else ()) + tuple(extra_not_checked)
     problems = [f for f in findings if f.severity == PROBLEM]
     notes = [f for f in findings if f.severity == NOTE]
-    read = [g for g in (sample.gpus if sample else ()) if g.error is not None or _was_read(g)]
+    # A GPU that refused access was not read: a node where every GPU refused is unknown, never healthy.
+    read = [
+        g
+        for g in (sample.gpus if sample else ())
+        if (g.error is not None and g.state != GPU_NOT_ACCESSIBLE) or (g.error is None and _was_read(g))
+    ]
     if problems:
         first = problems[0].what
         more = (
@@ -112,20 +126,36 @@ def summarize(
             if len(problems) > 1
             else ""
         )
-        return CheckResult(PROBLEMS, one_line(first + more), sample, tuple(findings), not_checked, elapsed_s)
+        return CheckResult(
+            PROBLEMS,
+            one_line(first, REASON_CHARS - len(more)) + more,
+            sample,
+            tuple(findings),
+            not_checked,
+            elapsed_s,
+            xid_keys,
+        )
     if unavailable is not None:
-        return CheckResult(UNKNOWN, one_line(unavailable), sample, tuple(findings), not_checked, elapsed_s)
+        return CheckResult(
+            UNKNOWN, one_line(unavailable), sample, tuple(findings), not_checked, elapsed_s, xid_keys
+        )
     if sample is None or not read:
         budget = any(u.why == BUDGET_SPENT for g in (sample.gpus if sample else ()) for u in g.unknown)
+        refused = [g for g in (sample.gpus if sample else ()) if g.state == GPU_NOT_ACCESSIBLE]
         why = "the time budget ran out before any GPU was read" if budget else "no GPU could be read"
-        return CheckResult(UNKNOWN, why, sample, tuple(findings), not_checked, elapsed_s)
+        if refused and not budget:
+            why = (
+                f"no GPU could be read: all {len(refused)} refused access ({refused[0].error}); run the "
+                "check as root"
+            )
+        return CheckResult(UNKNOWN, why, sample, tuple(findings), not_checked, elapsed_s, xid_keys)
     n = len(sample.gpus)
     parts = [f"healthy: {n} GPU{'s' if n != 1 else ''}, no problems"]
     if notes:
         parts.append(f"{len(notes)} note{'s' if len(notes) != 1 else ''}")
     if not_checked:
         parts.append(f"{len(not_checked)} not checked")
-    return CheckResult(HEALTHY, ", ".join(parts), sample, tuple(findings), not_checked, elapsed_s)
+    return CheckResult(HEALTHY, ", ".join(parts), sample, tuple(findings), not_checked, elapsed_s, xid_keys)
 
 
 def _was_read(g: GpuHealth) -> bool:

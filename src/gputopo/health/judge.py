@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gputopo.findings import PROBLEM, Finding
+from gputopo.findings import NOTE, PROBLEM, Finding
 from gputopo.health.readings import (
     CLOCKS_HW_POWER_BRAKE,
     CLOCKS_HW_SLOWDOWN,
@@ -102,14 +102,18 @@ class _Judge:
                 gpu=gpu,
                 category=rule.category,
                 action=kw.get("action", rule.action),
+                rule=rule_name,
             )
         )
 
     def skip(self, where: str, what: str, why: str) -> None:
         self.not_checked.setdefault((what, why), []).append(where)
 
-    def result(self) -> Judgement:
-        found = sorted(self.found, key=lambda f: (f.severity != PROBLEM, f.gpu if f.gpu is not None else -1))
+    def result(self, gpu_count: int = 0) -> Judgement:
+        found = sorted(
+            _node_level(self.found, gpu_count),
+            key=lambda f: (f.severity != PROBLEM, f.gpu if f.gpu is not None else -1),
+        )
         skipped = tuple(
             NotChecked(f"{', '.join(wheres)}: {what}", why)
             for (what, why), wheres in self.not_checked.items()
@@ -146,6 +150,14 @@ def judge(
         )
     for u in sample1.unknown:
         j.skip("node", u.what, u.why)
+    # DCGM MonitorNVLinkStatus skips links reported down while MIG is on (bug 200682374: NVML reports the
+    # links to a MIG GPU as down); the peers' links to it read down too, so no GPU's link status is judged
+    # while any GPU of the node is in MIG mode.
+    mig = [g.label for g in sample1.gpus if g.mig_enabled]
+    if mig:
+        j.skip(
+            "node", "NVLink status", f"{', '.join(mig)} in MIG mode (links to it read down, as DCGM knows)"
+        )
     for g1 in sample1.gpus:
         g0 = sample0.gpu(g1.index) if sample0 is not None else None
         if g1.error is not None and g1.state == GPU_NOT_ACCESSIBLE:
@@ -170,16 +182,55 @@ def judge(
             is_busy = g1.utilization_pct is not None and g1.utilization_pct >= BUSY_UTILIZATION_PCT
         usable = g0 is not None and g0.error is None and window_s is not None and window_s > 0
         _memory(j, g1, g0 if usable else None, window_s)
-        _nvlink(j, g1, g0 if usable else None, window_s)
+        _nvlink(j, g1, g0 if usable else None, window_s, judge_status=not mig)
         _pcie(j, g1, g0 if usable else None, window_s, is_busy)
-        _clocks(j, g1)
+        _clocks(j, g1, g0 if g0 is not None and g0.error is None else None)
         _driver(j, g1)
         if not usable:
             why = "one sample only" if g0 is None else "no time between the samples"
             if g0 is not None and g0.error is not None:
                 why = f"the first sample could not read it ({g0.error})"
             j.skip(g1.label, "error counters' rise", why)
-    return j.result()
+    return j.result(len(sample1.gpus))
+
+
+# Rules that, found on every GPU of a node alike, are one node fault (Fabric Manager down, the driver), said
+# once: a scheduler's reason then names the fault, not GPU0.
+_NODE_LEVEL = {
+    "fabric_not_ready": "the NVLink fabric is not ready on every GPU: nvidia-fabricmanager (or the NVLink "
+    "subnet manager) is not running or failed",
+    "fabric_unhealthy": "the NVLink fabric reports every GPU unhealthy",
+    "gpu_unreadable": "no GPU answers NVML: the driver is failing",
+}
+
+
+def _node_level(found: list[Finding], gpu_count: int) -> list[Finding]:
+    """One node finding for a rule found on all ``gpu_count`` (2 or more) GPUs, in place of one per GPU."""
+    if gpu_count < 2:
+        return found
+    out: list[Finding] = []
+    for f in found:
+        if f.rule not in _NODE_LEVEL:
+            out.append(f)
+            continue
+        same = [x for x in found if x.rule == f.rule]
+        if len({x.gpu for x in same}) < gpu_count:
+            out.append(f)
+        elif f is same[0]:
+            first = f.what.split(": ", 1)[-1] if f.what.startswith(f"{f.where}: ") else f.what
+            out.append(
+                Finding(
+                    "node",
+                    f"{_NODE_LEVEL[f.rule]} (all {gpu_count} GPUs; {f.where}: {first})",
+                    f.remedy,
+                    f.severity,
+                    gpu=None,
+                    category=f.category,
+                    action=f.action,
+                    rule=f.rule,
+                )
+            )
+    return out
 
 
 def _secs(window_s: float | None) -> str:
@@ -281,7 +332,9 @@ _SWITCH_REMEDY = (
 )
 
 
-def _nvlink(j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | None) -> None:
+def _nvlink(
+    j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | None, judge_status: bool = True
+) -> None:
     label, i = g.label, g.index
     remedy = _SWITCH_REMEDY.format(i=i)
     if g.nvlinks:
@@ -290,7 +343,7 @@ def _nvlink(j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | Non
         links = g.nvlinks
         down = [n for n in links if n.up is False]
         bridged = any(n.up for n in links) or any(n.remote_bus_id for n in links)
-        if down and not g.mig_enabled and bridged:
+        if down and judge_status and bridged:
             far = _far_ends(down)
             j.add(
                 "nvlink_down",
@@ -316,38 +369,42 @@ def _nvlink_counters(
 ) -> None:
     label, i = g.label, g.index
     before = {n.link: n for n in (g0.nvlinks or ())} if g0 is not None else {}
-    rises: dict[str, dict[int, int]] = {"replay": {}, "recovery": {}, "crc": {}}
+    rises: dict[str, dict[int, int]] = {"replay": {}, "recovery": {}, "CRC flit": {}, "CRC data": {}}
     history = 0
     for n in g.nvlinks or ():
         history += (n.replay_errors or 0) + (n.recovery_errors or 0)
         prev = before.get(n.link)
         if prev is None:
             continue
-        for kind, attrs in (
-            ("replay", ("replay_errors",)),
-            ("recovery", ("recovery_errors",)),
-            ("crc", ("crc_flit_errors", "crc_data_errors")),
+        for kind, attr in (
+            ("replay", "replay_errors"),
+            ("recovery", "recovery_errors"),
+            ("CRC flit", "crc_flit_errors"),
+            ("CRC data", "crc_data_errors"),
         ):
-            values = [_rise(getattr(prev, a), getattr(n, a)) for a in attrs]
-            known = [v for v in values if v is not None]
-            if known and sum(known) > 0:
-                rises[kind][n.link] = sum(known)
+            value = _rise(getattr(prev, attr), getattr(n, attr))
+            if value:
+                rises[kind][n.link] = value
     w = _secs(window_s) if window_s else "the window"
     for kind, rule in (("replay", "nvlink_replay_rise"), ("recovery", "nvlink_recovery_rise")):
         total = sum(rises[kind].values())
         if total and total >= j.t.limit(rule):
             what = f"{label}: NVLink {kind} errors rose by {total} in {w} ({_per_link(rises[kind])})"
             j.add(rule, label, i, what, remedy)
-    crc = sum(rises["crc"].values())
-    if crc and window_s:
+    # DCGM MonitorNVLink4Fields judges each counter (flit and data) against the rate on its own: 60/s of
+    # each is two counters below 100/s, not 120/s.
+    for kind in ("CRC flit", "CRC data"):
+        crc = sum(rises[kind].values())
+        if not crc or not window_s:
+            continue
         per_s = crc / window_s
         if per_s >= j.t.limit("nvlink_crc_per_s"):
             j.add(
                 "nvlink_crc_per_s",
                 label,
                 i,
-                f"{label}: NVLink CRC errors rose by {crc} in {w} ({per_s:.0f}/s; limit "
-                f"{j.t.limit('nvlink_crc_per_s'):g}/s; {_per_link(rises['crc'])})",
+                f"{label}: NVLink {kind} errors rose by {crc} in {w} ({per_s:.0f}/s; limit "
+                f"{j.t.limit('nvlink_crc_per_s'):g}/s per counter; {_per_link(rises[kind])})",
                 remedy,
             )
         elif crc >= j.t.limit("nvlink_crc_rise"):
@@ -355,8 +412,8 @@ def _nvlink_counters(
                 "nvlink_crc_rise",
                 label,
                 i,
-                f"{label}: NVLink CRC errors rose by {crc} in {w} ({per_s:.1f}/s, below "
-                f"{j.t.limit('nvlink_crc_per_s'):g}/s; {_per_link(rises['crc'])})",
+                f"{label}: NVLink {kind} errors rose by {crc} in {w} ({per_s:.1f}/s, below "
+                f"{j.t.limit('nvlink_crc_per_s'):g}/s; {_per_link(rises[kind])})",
                 "CRC errors are retried by the link; watch them, and look at the link if they climb",
             )
     if history > j.t.limit("nvlink_errors_history") and not rises["replay"] and not rises["recovery"]:
@@ -433,10 +490,30 @@ def _pcie(j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | None,
         "check the slot and riser (reseat the card), and the BIOS PCIe settings; `nvidia-smi -q -d PCIE` "
         "shows the link and `lspci -vv` the slot; bandwidth estimates count this GPU at its current width"
     )
+    replay_rise = _rise(g0.pcie_replays, g.pcie_replays) if g0 is not None and window_s else None
     if wc is not None and wm is not None and wc < wm:
         rule = "pcie_width_busy" if busy else "pcie_width_idle"
         state = "while busy" if busy else "(idle)"
-        j.add(rule, label, i, f"{label}: PCIe link trained at x{wc} of x{wm} {state}", link_remedy)
+        if replay_rise:
+            # A narrow link that also replays is failing, not just slow.
+            j.add(
+                rule,
+                label,
+                i,
+                f"{label}: PCIe link trained at x{wc} of x{wm} {state}, and its replays rose by "
+                f"{replay_rise} in {_secs(window_s)}",
+                link_remedy,
+                severity=PROBLEM,
+                action="replace",
+            )
+        else:
+            j.add(
+                rule,
+                label,
+                i,
+                f"{label}: PCIe link trained at x{wc} of x{wm} {state}: a slow link, ranked lower",
+                link_remedy,
+            )
     if busy and gc is not None and gm is not None and gc < gm:
         j.add(
             "pcie_gen_busy",
@@ -457,14 +534,17 @@ def _pcie(j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | None,
         j.skip(label, "PCIe replay rate", "the link generation or width is unknown")
         return
     per_min = expected_pcie_replays_per_min(gen, width, j.t.limit("pcie_replay_rate"))
-    allowed = per_min * window_s / 60
-    if rise > allowed:
+    # DCGM MonitorPcie counts the replays over a minute (startTime = now - 60 s) against the per-minute
+    # rate: a window shorter than a minute is judged as if the minute had no other replay, never scaled up
+    # (one replay in 2 s is not 30 a minute); a longer window (since the last run) as its rate per minute.
+    rate = rise * 60 / max(window_s, 60.0)
+    if rate > per_min:
         j.add(
             "pcie_replay_rate",
             label,
             i,
-            f"{label}: PCIe replays rose by {rise} in {_secs(window_s)} ({rise * 60 / window_s:.0f}/min; "
-            f"a Gen{gen} x{width} link at BER {j.t.limit('pcie_replay_rate'):g} allows {per_min}/min)",
+            f"{label}: PCIe replays rose by {rise} in {_secs(window_s)} ({rate:.0f}/min; a Gen{gen} x{width} "
+            f"link at BER {j.t.limit('pcie_replay_rate'):g} allows {per_min}/min)",
             "replays mean bit errors on the PCIe link: reseat the card or riser, check the slot; "
             "`nvidia-smi -q -d PCIE` shows the counter",
         )
@@ -478,14 +558,24 @@ _CLOCK_RULES: tuple[tuple[int, str, str], ...] = (
 )
 
 
-def _clocks(j: _Judge, g: GpuHealth) -> None:
+def _clocks(j: _Judge, g: GpuHealth, g0: GpuHealth | None) -> None:
+    """A clocks event bit counts only when both samples show it: one read catches transients (a power
+    brake pulse, a boost step) that no job notices."""
     reasons = g.clocks_event_reasons
     if reasons is None:
         return
     label, i = g.label, g.index
+    before = g0.clocks_event_reasons if g0 is not None else None
+    if before is None:
+        if any(reasons & bit for bit, _, _ in _CLOCK_RULES):
+            j.skip(label, "clocks event reasons", "seen in one sample only (a bit must hold in both)")
+        return
+    held = reasons & before
+    if any((reasons & ~before) & bit for bit, _, _ in _CLOCK_RULES):
+        j.skip(label, "clocks event reasons", "seen in one sample only (a bit must hold in both)")
     evidence = _thermal_evidence(g)
     for bit, rule, words in _CLOCK_RULES:
-        if reasons & bit:
+        if held & bit:
             j.add(
                 rule,
                 label,
@@ -509,13 +599,15 @@ def _thermal_evidence(g: GpuHealth) -> str:
 _RECOVERY_FINDING: dict[int, tuple[str, str]] = {
     # action: (finding action, remedy)
     1: ("reset", "drain the GPU and reset it (`nvidia-smi -r -i {i}`)"),
-    2: ("reset", "drain the node and reboot it"),
-    3: ("drain", "drain peer-to-peer work off the GPU (NVLink/P2P jobs) until it is reset"),
+    2: ("reboot", "drain the node and reboot it"),
+    3: ("monitor", "keep peer-to-peer work (NVLink/P2P jobs) off the GPU until it is reset; other jobs run"),
     4: ("drain", "drain the GPU, then reset it (`nvidia-smi -r -i {i}`)"),
     5: ("drain", "recover the IMEX domain (restart nvidia-imex on its nodes)"),
     6: ("reset", "drain the GPU and reset its PCIe bus (a node reboot does it too)"),
-    7: ("reset", "drain the node and reboot it (a full power cycle)"),
+    7: ("reboot", "drain the node and reboot it (a full power cycle)"),
 }
+# DCGM MonitorGpuRecoveryAction: drain P2P (3) warns; reset, reboot and drain-and-reset fail.
+_RECOVERY_NOTES = {3}
 
 
 def _driver(j: _Judge, g: GpuHealth) -> None:
@@ -531,6 +623,7 @@ def _driver(j: _Judge, g: GpuHealth) -> None:
             f"{label}: the driver asks for recovery: {words} (NVML recovery action {action})",
             remedy.format(i=i),
             action=what_to_do,
+            severity=NOTE if action in _RECOVERY_NOTES else j.t["recovery_action"].severity,
         )
     if g.persistence_mode is False:
         j.add(

@@ -26,7 +26,8 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from gputopo.findings import NOTE, PROBLEM, Finding
 from gputopo.topology.pcie_path import PciPath, normal_bdf
@@ -35,11 +36,127 @@ NVSENTINEL = "NVSentinel NIC health monitor (docs/nic-health-monitor/link-counte
 NVSENTINEL_STATE = "NVSentinel NIC health monitor (docs/nic-health-monitor/link-state-detection.md)"
 # Counters whose any rise is fatal in NVSentinel's table.
 FATAL_COUNTERS = ("link_downed", "excessive_buffer_overrun_errors", "local_link_integrity_errors")
+# What the reader reads (only these: each counters/ read is a firmware query on InfiniBand adapters).
+COUNTERS = (*FATAL_COUNTERS, "symbol_error", "link_error_recovery", "port_rcv_errors")
+# hw_counters/ (mlx5): rnr_nak_retry_err is fatal in NVSentinel's table (the connection is severed).
+HW_COUNTERS = ("rnr_nak_retry_err", "local_ack_timeout_err", "roce_slow_restart")
 SYMBOL_ERROR_PER_S = 10.0
 CARRIER_CHANGES_PER_INTERVAL = 2
 MIN_RATE_WINDOW_S = 1.0
 
 IB, ETH = "ib", "eth"
+NCCL_ACS = "NCCL troubleshooting guide, PCI Access Control Services (ACS)"
+
+
+@dataclass(frozen=True)
+class NetRule:
+    """One rule of the network and PCIe-path checks, as docs/health-rules.md lists it: its name, category,
+    severity, limit in words, what it means and its source (tests/test_netpath.py keeps the page and this
+    table in step)."""
+
+    name: str
+    category: str
+    severity: str
+    limit: str
+    meaning: str
+    source: str
+
+
+RULES: tuple[NetRule, ...] = (
+    NetRule(
+        "port_link_downed",
+        "network",
+        PROBLEM,
+        "any rise",
+        "the link retrained between the readings",
+        NVSENTINEL,
+    ),
+    NetRule(
+        "port_buffer_overrun",
+        "network",
+        PROBLEM,
+        "any rise",
+        "excessive_buffer_overrun_errors: the lossless contract broke",
+        NVSENTINEL,
+    ),
+    NetRule("port_link_integrity", "network", PROBLEM, "any rise", "local_link_integrity_errors", NVSENTINEL),
+    NetRule(
+        "port_rnr_nak_retry",
+        "network",
+        PROBLEM,
+        "any rise",
+        "hw_counters/rnr_nak_retry_err: a connection was severed",
+        NVSENTINEL,
+    ),
+    NetRule(
+        "port_symbol_errors",
+        "network",
+        PROBLEM,
+        "above 10/s (window at least 1 s)",
+        "symbol_error: the link degrades before its error correction gives out",
+        NVSENTINEL,
+    ),
+    NetRule(
+        "port_symbol_errors_since_last",
+        "network",
+        PROBLEM,
+        "above 120/hour since the last check",
+        "symbol_error over the time since the last check (--state): the IBTA limit (a bit error rate of "
+        "1e-12) NVSentinel calls fatal",
+        NVSENTINEL,
+    ),
+    NetRule(
+        "port_carrier_flaps",
+        "network",
+        PROBLEM,
+        "more than 2 per window",
+        "carrier_changes of an Ethernet interface",
+        NVSENTINEL,
+    ),
+    NetRule(
+        "port_down",
+        "network",
+        PROBLEM,
+        "DOWN, Polling or Disabled while a peer is ACTIVE",
+        "a port "
+        "of the same kind and NIC model is up; a note for a port with no GPU on its NUMA node or "
+        "switch",
+        NVSENTINEL_STATE,
+    ),
+    NetRule(
+        "port_slow",
+        "network",
+        PROBLEM,
+        "below the fastest active peer",
+        "a link trained down (200 among 400 Gb/s)",
+        NVSENTINEL_STATE,
+    ),
+    NetRule(
+        "gpudirect_off",
+        "network",
+        NOTE,
+        "RDMA ports, no peer-memory path",
+        "no nvidia_peermem, no nv_peer_mem, no DMA-BUF (open kernel module, Linux 5.12+)",
+        "NVIDIA GPU Operator, GPUDirect RDMA and GPUDirect Storage",
+    ),
+    NetRule(
+        "acs_redirect",
+        "pcie",
+        PROBLEM,
+        "ReqRedir+ or CmpltRedir+",
+        "a bridge below a GPU pair's (or "
+        "GPU-NIC pair's) meeting point redirects peer traffic to the root complex",
+        NCCL_ACS,
+    ),
+    NetRule(
+        "iommu_translated",
+        "config",
+        NOTE,
+        "intel_iommu=on / amd_iommu=on without iommu=pt",
+        "the IOMMU translates device DMA",
+        NCCL_ACS,
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -195,7 +312,13 @@ def judge_ports(
 
 
 def _finding(
-    p: PortReading, what: str, remedy: str, rail: Rail, severity: str = PROBLEM, action: str = "drain"
+    p: PortReading,
+    what: str,
+    remedy: str,
+    rail: Rail,
+    severity: str = PROBLEM,
+    action: str = "drain",
+    rule: str | None = None,
 ) -> Finding:
     return Finding(
         p.name,
@@ -204,6 +327,7 @@ def _finding(
         severity=severity,
         category="network",
         action=action if severity == PROBLEM else "monitor",
+        rule=rule,
     )
 
 
@@ -237,6 +361,7 @@ def _state(p: PortReading, peers: Sequence[PortReading], rail: Rail, management:
                 "nothing to do if the port is not meant to be used; otherwise check its cable",
                 rail,
                 severity=NOTE,
+                rule="port_down",
             )
         ]
     down = (
@@ -246,7 +371,12 @@ def _state(p: PortReading, peers: Sequence[PortReading], rail: Rail, management:
     if management:
         return [
             _finding(
-                p, what + " (no GPU uses it: a management or storage port)", _cable_remedy(p), rail, NOTE
+                p,
+                what + " (no GPU uses it: a management or storage port)",
+                _cable_remedy(p),
+                rail,
+                NOTE,
+                rule="port_down",
             )
         ]
     if not down:  # INIT / ARMED: waiting for the subnet manager
@@ -257,6 +387,7 @@ def _state(p: PortReading, peers: Sequence[PortReading], rail: Rail, management:
                 "check that a subnet manager runs on the fabric (`sminfo`) and sees this port",
                 rail,
                 action="config",
+                rule="port_down",
             )
         ]
     return [
@@ -265,6 +396,7 @@ def _state(p: PortReading, peers: Sequence[PortReading], rail: Rail, management:
             what + ": NCCL's traffic for these GPUs crosses the node to another NIC, or the job fails",
             _cable_remedy(p) + f" ({NVSENTINEL_STATE})",
             rail,
+            rule="port_down",
         )
     ]
 
@@ -291,13 +423,30 @@ def _slower(p: PortReading, peers: Sequence[PortReading], rail: Rail, management
             rail,
             NOTE if management else PROBLEM,
             "replace",
+            rule="port_slow",
         )
     ]
 
 
-def _counters(old: PortReading, new: PortReading, window_s: float, rail: Rail) -> list[Finding]:
+# The rule of each counter whose any rise is a problem.
+_RISE_RULES = {
+    "link_downed": "port_link_downed",
+    "excessive_buffer_overrun_errors": "port_buffer_overrun",
+    "local_link_integrity_errors": "port_link_integrity",
+    "hw_rnr_nak_retry_err": "port_rnr_nak_retry",
+}
+
+
+def _counters(
+    old: PortReading,
+    new: PortReading,
+    window_s: float,
+    rail: Rail,
+    symbol_per_s: float = SYMBOL_ERROR_PER_S,
+    symbol_rule: str = "port_symbol_errors",
+) -> list[Finding]:
     out: list[Finding] = []
-    window = f"{window_s:.1f} s"
+    window = f"{window_s:.1f} s" if window_s < 120 else f"{window_s / 60:.0f} min"
 
     def rise(name: str) -> int | None:
         a, b = old.counters.get(name), new.counters.get(name)
@@ -305,7 +454,7 @@ def _counters(old: PortReading, new: PortReading, window_s: float, rail: Rail) -
             return None
         return b - a
 
-    for name in FATAL_COUNTERS:
+    for name, rule in _RISE_RULES.items():
         d = rise(name)
         if d:
             out.append(
@@ -314,24 +463,28 @@ def _counters(old: PortReading, new: PortReading, window_s: float, rail: Rail) -
                     f"{name} rose by {d} in {window} (now {new.counters[name]})",
                     _cable_remedy(new) + f" ({NVSENTINEL}: any rise is fatal)",
                     rail,
+                    rule=rule,
                 )
             )
     d = rise("symbol_error")
     if d:
         per_s = d / max(window_s, MIN_RATE_WINDOW_S)
-        if per_s > SYMBOL_ERROR_PER_S:
+        if per_s > symbol_per_s:
+            limit = f"{symbol_per_s:g}/s" if symbol_per_s >= 1 else f"{symbol_per_s * 3600:g}/hour"
+            rate = f"{per_s:.0f}/s" if symbol_per_s >= 1 else f"{per_s * 3600:.0f}/hour"
             out.append(
                 _finding(
                     new,
-                    f"symbol_error rose by {d} in {window} ({per_s:.0f}/s, above "
-                    f"{SYMBOL_ERROR_PER_S:g}/s): the link is degrading before its error correction gives out",
-                    _cable_remedy(new) + f" ({NVSENTINEL}: symbol_error above 10/s)",
+                    f"symbol_error rose by {d} in {window} ({rate}, above {limit}): the link is degrading "
+                    "before its error correction gives out",
+                    _cable_remedy(new) + f" ({NVSENTINEL}: symbol_error above {limit})",
                     rail,
                     action="replace",
+                    rule=symbol_rule,
                 )
             )
     d = rise("carrier_changes")
-    if d and d > CARRIER_CHANGES_PER_INTERVAL:
+    if d and d > CARRIER_CHANGES_PER_INTERVAL and symbol_rule == "port_symbol_errors":
         out.append(
             _finding(
                 new,
@@ -339,8 +492,62 @@ def _counters(old: PortReading, new: PortReading, window_s: float, rail: Rail) -
                 _cable_remedy(new) + f" ({NVSENTINEL}: carrier_changes above 2 per interval)",
                 rail,
                 action="replace",
+                rule="port_carrier_flaps",
             )
         )
+    return out
+
+
+# Since the last check (the unattended check's state file): the IBTA's limit NVSentinel calls fatal, 120
+# symbol errors an hour (a bit error rate of 1e-12), instead of the short window's 10/s; the link-flap
+# threshold is per sampling interval, so it is not judged over the long window.
+SYMBOL_ERRORS_PER_HOUR = 120.0
+MIN_SINCE_LAST_S = 60.0
+
+
+def port_counters(sample: PortSample | None) -> dict[str, dict[str, int]]:
+    """Every port's counters as the check's state file keeps them."""
+    return {p.name: dict(p.counters) for p in (sample.ports if sample else ()) if p.counters}
+
+
+def since_last_run(
+    saved: Mapping[str, Any],
+    saved_at: float | None,
+    now: PortSample,
+    now_s: float,
+    rails: Mapping[str, Rail] | None = None,
+    window: Sequence[Finding] = (),
+) -> list[Finding]:
+    """The counter rules judged again over the time since the last check (``saved`` counters by port,
+    taken at ``saved_at``, epoch seconds; ``now_s`` now): a climb too slow for the check's own window is
+    seen over minutes. What the window already found (same rule, same port) is not said twice."""
+    if saved_at is None or not saved:
+        return []
+    elapsed = now_s - saved_at
+    if elapsed < MIN_SINCE_LAST_S:
+        return []
+    seen = {(f.rule, f.where) for f in window}
+    out: list[Finding] = []
+    for p in now.ports:
+        old = saved.get(p.name)
+        if not isinstance(old, Mapping):
+            continue
+        counters = {k: v for k, v in old.items() if isinstance(v, int) and not isinstance(v, bool)}
+        before = PortReading(p.kind, p.name, p.device, p.port, p.state, counters=counters)
+        found = _counters(
+            before,
+            p,
+            elapsed,
+            (rails or {}).get(p.name, Rail()),
+            SYMBOL_ERRORS_PER_HOUR / 3600,
+            "port_symbol_errors_since_last",
+        )
+        for f in found:
+            if (f.rule, f.where) in seen or (
+                f.rule == "port_symbol_errors_since_last" and ("port_symbol_errors", f.where) in seen
+            ):
+                continue
+            out.append(replace(f, what=f"{f.what} [since the last check, {elapsed / 60:.0f} min ago]"))
     return out
 
 
@@ -379,6 +586,7 @@ def gdr_findings(mode: str | None, rdma_ports: int) -> list[Finding]:
             severity=NOTE,
             category="network",
             action="config",
+            rule="gpudirect_off",
         )
     ]
 
@@ -392,3 +600,54 @@ def network_facts(ports: Sequence[PortReading], mode: str | None) -> dict[str, o
         "rates_gbps": sorted((p.rate_gbps for p in rdma if p.rate_gbps is not None), reverse=True),
         "ports": {p.name: p.rate_gbps for p in ports if p.kind == IB},
     }
+
+
+def network_changes(saved: Any, now: Mapping[str, Any] | None) -> list[Finding]:
+    """What changed in the network facts since the baseline (``network_facts`` of both): a port gone or
+    slower is a problem; GPUDirect RDMA or the IOMMU mode changed is a note (a node that differs from its
+    siblings in either runs NCCL differently). A baseline without network facts (older) compares nothing."""
+    if not isinstance(saved, Mapping) or now is None:
+        return []
+    out: list[Finding] = []
+    old_ports = saved.get("ports") if isinstance(saved.get("ports"), Mapping) else {}
+    new_ports = now.get("ports") or {}
+    for name, rate in sorted(old_ports.items()):
+        if name not in new_ports:
+            out.append(
+                Finding(
+                    name,
+                    f"RDMA port {name} is in the baseline but not on this node",
+                    "check `ibstat` and the NIC's driver (`dmesg | grep mlx5`); a missing rail slows every "
+                    "inter-node job",
+                    category="network",
+                    action="drain",
+                )
+            )
+        elif (
+            isinstance(rate, (int, float))
+            and isinstance(new_ports[name], (int, float))
+            and new_ports[name] < rate
+        ):
+            out.append(
+                Finding(
+                    name,
+                    f"RDMA port {name} runs at {new_ports[name]:g} Gb/s, the baseline has {rate:g} Gb/s",
+                    "check the cable and transceiver (`mlxlink`); reseat or replace them",
+                    category="network",
+                    action="replace",
+                )
+            )
+    for key, words in (("gdr", "GPUDirect RDMA"), ("iommu", "the IOMMU mode")):
+        if key in saved and saved.get(key) != now.get(key):
+            out.append(
+                Finding(
+                    "GPUDirect RDMA" if key == "gdr" else "kernel command line",
+                    f"{words} is {now.get(key)} here, the baseline has {saved.get(key)}",
+                    "make the node match its siblings (nvidia-peermem loaded at boot, the same kernel "
+                    "command line), or save a new baseline if the change is meant",
+                    severity=NOTE,
+                    category="network" if key == "gdr" else "config",
+                    action="config",
+                )
+            )
+    return out

@@ -34,10 +34,22 @@ XID_CATALOG = "NVIDIA Xid catalog, docs.nvidia.com/deploy/xid-errors"
 NVML_DOCS = "NVML API reference (nvml.h)"
 
 
+# DCGM's own verdict for the signal a rule reads: "fail" (DCGM_HEALTH_RESULT_FAIL), "warn"
+# (DCGM_HEALTH_RESULT_WARN), or "none" where DCGM's health watches have no such check.
+DCGM_FAIL, DCGM_WARN, DCGM_NONE = "fail", "warn", "none"
+# The finding actions that take a node out of service with ``check --drain``; "monitor", "config" and
+# "none" never do (a note never does either: only problems drain).
+DRAIN_ACTIONS = ("reset", "drain", "replace", "reboot")
+
+
 @dataclass(frozen=True)
 class Rule:
     """One health rule. ``limit`` is the number the rule compares against (``None`` when the rule is a
-    plain yes/no); ``unit`` says what the number counts; ``source`` where the rule comes from."""
+    plain yes/no); ``unit`` says what the number counts; ``source`` where the rule comes from; ``remedy``
+    what to do, in short. ``dcgm`` is DCGM's own severity for the same signal (``fail``, ``warn`` or
+    ``none``) and ``dcgm_source`` where DCGM says so; ``why`` says why gputopo's severity or action
+    differs from DCGM's (empty where they agree: problem with a drain action = fail, note or a monitor
+    action = warn)."""
 
     name: str
     category: str
@@ -47,171 +59,260 @@ class Rule:
     unit: str
     meaning: str
     source: str
+    remedy: str = ""
+    dcgm: str = DCGM_NONE
+    dcgm_source: str = ""
+    why: str = ""
     enabled: bool = True
 
+    @property
+    def drains(self) -> bool:
+        """Whether a finding of this rule takes the node out of service under ``--drain``."""
+        return self.severity == PROBLEM and self.action in DRAIN_ACTIONS
 
+    def to_json(self) -> dict[str, Any]:
+        """The row as ``check --list-rules --json`` prints it."""
+        return {
+            "name": self.name,
+            "category": self.category,
+            "limit": self.limit,
+            "unit": self.unit,
+            "severity": self.severity,
+            "action": self.action,
+            "drains": self.drains,
+            "dcgm": self.dcgm,
+            "dcgm_source": self.dcgm_source,
+            "why": self.why,
+            "meaning": self.meaning,
+            "remedy": self.remedy,
+            "source": self.source,
+            "enabled": self.enabled,
+        }
+
+
+W = DCGM_WATCH
 # fmt: off
 _RULES = (
     # --- memory -------------------------------------------------------------------------------------------
     Rule(
         "ecc_volatile_uncorrected", "memory", PROBLEM, "reset", 0, "errors since the driver loaded (>)",
         "uncorrectable ECC errors since the driver loaded",
-        f"{DCGM_WATCH} MonitorMemVolatileDbes: any volatile DBE fails",
+        f"{W} MonitorMemVolatileDbes: any volatile DBE fails",
+        "drain the GPU and reset it; if the errors return, RMA",
+        DCGM_FAIL, f"{W} MonitorMemVolatileDbes",
     ),
     Rule(
         "ecc_aggregate_uncorrected", "memory", NOTE, "monitor", 0, "errors over the GPU's life (>)",
         "uncorrectable ECC errors in the GPU's history (a note: the volatile count says what is current)",
         "gputopo policy (docs/health-rules.md): totals are history",
+        "watch the volatile count and the remapped rows",
     ),
     Rule(
         "row_remap_failure", "memory", PROBLEM, "replace", None, "",
         "a row remapping failed: the memory cannot be repaired",
-        f"{DCGM_WATCH} MonitorMemRowRemapFailures (fail)",
+        f"{W} MonitorMemRowRemapFailures (fail)", "take the GPU out of service and open an RMA",
+        DCGM_FAIL, f"{W} MonitorMemRowRemapFailures",
     ),
     Rule(
-        "row_remap_pending", "memory", PROBLEM, "reset", None, "",
-        "a row remapping is pending: a GPU reset applies it",
-        "NVML nvmlDeviceGetRemappedRows (isPending); Xid 63 'reset gpu to activate'",
+        "row_remap_pending", "memory", NOTE, "reset", None, "",
+        "a row remapping is pending: a GPU reset applies it (until then the driver keeps the bad row unused)",
+        "NVML nvmlDeviceGetRemappedRows (isPending); NVIDIA Xid catalogue, Xid 63: reset when convenient",
+        "reset the GPU when convenient (when its jobs end)",
+        DCGM_WARN, f"{W} MonitorMemRetiredPending and Xid 63 (warn)",
     ),
     Rule(
-        "remapped_rows_uncorrected", "memory", PROBLEM, "replace", 512, "rows (>=)",
+        "remapped_rows_uncorrected", "memory", NOTE, "replace", 512, "rows (>=)",
         "rows remapped for uncorrectable errors reach DCGM's limit",
         f"{DCGM_LIMITS} DCGM_LIMIT_MAX_ROW_REMAP_UNCORRECTABLE = 512",
+        "plan to replace the GPU (RMA)",
+        DCGM_WARN, f"{W} MonitorMemRowRemapUncorrectable (warn)",
     ),
     Rule(
-        "retired_pages_pending", "memory", PROBLEM, "reset", None, "",
+        "retired_pages_pending", "memory", NOTE, "reset", None, "",
         "pages are pending retirement: a GPU reset (or reboot) retires them",
-        f"{DCGM_WATCH} MonitorMemRetiredPending",
+        f"{W} MonitorMemRetiredPending (warn)", "reset the GPU when convenient (when its jobs end)",
+        DCGM_WARN, f"{W} MonitorMemRetiredPending",
     ),
     Rule(
         "retired_pages", "memory", PROBLEM, "replace", 63, "pages, SBE + DBE (>=)",
         "retired pages (single- plus double-bit) reach DCGM's limit",
-        f"{DCGM_LIMITS} DCGM_LIMIT_MAX_RETIRED_PAGES = 63",
+        f"{DCGM_LIMITS} DCGM_LIMIT_MAX_RETIRED_PAGES = 63", "take the GPU out of service and open an RMA",
+        DCGM_FAIL, f"{W} MonitorMemSbeDbeRetiredPages",
     ),
     Rule(
         "ecc_off", "config", NOTE, "config", None, "",
         "ECC is off on a GPU that has it: memory errors go undetected",
-        "NVML nvmlDeviceGetEccMode",
+        "NVML nvmlDeviceGetEccMode", "`nvidia-smi -e 1` and a GPU reset",
     ),
     # --- NVLink -------------------------------------------------------------------------------------------
     Rule(
         "nvlink_down", "nvlink", PROBLEM, "reset", None, "",
-        "an NVLink the GPU has is down",
-        f"{DCGM_WATCH} MonitorNVLinkStatus (fail; a MIG GPU's links read down: skipped, as DCGM does)",
+        "an NVLink the GPU has is down (not judged while any GPU of the node is in MIG mode)",
+        f"{W} MonitorNVLinkStatus (fail; links to MIG GPUs read down, bug 200682374)",
+        "check nvidia-fabricmanager; reset or reseat the GPU",
+        DCGM_FAIL, f"{W} MonitorNVLinkStatus",
     ),
     Rule(
         "nvlink_replay_rise", "nvlink", PROBLEM, "reset", 1, "errors in the window (>=)",
         "NVLink replay errors rising",
-        f"{DCGM_LIMITS} DCGM_LIMIT_MAX_NVLINK_ERROR = 1; replay and recovery fail in MonitorNVLink4Fields",
+        f"{DCGM_LIMITS} DCGM_LIMIT_MAX_NVLINK_ERROR = 1", "reset the GPU; errors that return need service",
+        DCGM_FAIL, f"{W} MonitorNVLink4Fields (replay: fail)",
     ),
     Rule(
         "nvlink_recovery_rise", "nvlink", PROBLEM, "reset", 1, "errors in the window (>=)",
         "NVLink recovery errors rising",
-        f"{DCGM_LIMITS} DCGM_LIMIT_MAX_NVLINK_ERROR = 1",
+        f"{DCGM_LIMITS} DCGM_LIMIT_MAX_NVLINK_ERROR = 1", "reset the GPU; errors that return need service",
+        DCGM_FAIL, f"{W} MonitorNVLink4Fields (recovery: fail)",
     ),
     Rule(
         "nvlink_crc_rise", "nvlink", NOTE, "monitor", 1, "errors in the window (>=)",
-        "NVLink CRC errors rising, below the rate that matters",
-        f"{DCGM_WATCH} MonitorNVLink4Fields (warn below the rate)",
+        "an NVLink CRC counter (flit or data, each on its own) rising below the rate that matters",
+        f"{W} MonitorNVLink4Fields (warn below the rate)", "watch it; look at the link if it climbs",
+        DCGM_WARN, f"{W} MonitorNVLink4Fields (CRC below 100/s: warn)",
     ),
     Rule(
-        "nvlink_crc_per_s", "nvlink", PROBLEM, "reset", 100, "errors per second (>=)",
-        "NVLink CRC errors rising at a rate that matters",
-        f"{DCGM_LIMITS} DCGM_LIMIT_MAX_NVLINK_CRC_ERROR = 100.0 (CRC errors matter at 100+ per second)",
+        "nvlink_crc_per_s", "nvlink", PROBLEM, "reset", 100, "errors per second, per counter (>=)",
+        "an NVLink CRC counter (flit or data, each on its own) rising at a rate that matters",
+        f"{DCGM_LIMITS} DCGM_LIMIT_MAX_NVLINK_CRC_ERROR = 100.0 per second, judged per field",
+        "reset the GPU; errors that return need service",
+        DCGM_FAIL, f"{W} MonitorNVLink4Fields (CRC at 100/s: fail)",
     ),
     Rule(
         "nvlink_errors_history", "nvlink", NOTE, "monitor", 0, "errors since the counters were reset (>)",
         "NVLink replay/recovery errors in the counters' history (not rising now)",
         "gputopo policy (docs/health-rules.md): totals are history",
+        "`nvidia-smi nvlink -e` shows them per link",
     ),
     Rule(
         "fabric_not_ready", "nvlink", PROBLEM, "drain", None, "",
         "the GPU's NVLink fabric registration is not complete: CUDA cannot start on it (error 802)",
         "NVML nvmlDeviceGetGpuFabricInfo (state, status)",
+        "check nvidia-fabricmanager; then reset the GPU or reboot",
+        DCGM_FAIL, f"{W} MonitorFabricFields (not started, failed: fail; in progress: warn)",
+        "in progress is a problem too: CUDA cannot start on the GPU until registration completes",
     ),
     Rule(
         "fabric_unhealthy", "nvlink", PROBLEM, "drain", None, "",
         "the fabric reports the GPU unhealthy (degraded bandwidth, bad route, bad config)",
-        f"{DCGM_WATCH} MonitorFabricFields (health mask: fail)",
+        f"{W} MonitorFabricFields (health mask: fail)", "check nvidia-fabricmanager; reset or reboot",
+        DCGM_FAIL, f"{W} MonitorFabricFields",
     ),
     # --- PCIe ---------------------------------------------------------------------------------------------
     Rule(
-        "pcie_replay_rate", "pcie", PROBLEM, "monitor", 1e-12, "bit error rate per lane",
-        "PCIe replays rising faster than a link at this bit error rate would replay",
-        f"{DCGM_WATCH} GetExpectedPcieReplayRate: gen speed x 1e-12 x 60 per lane per minute (warn)",
+        "pcie_replay_rate", "pcie", NOTE, "monitor", 1e-12, "bit error rate per lane",
+        "PCIe replays per minute above what a link at this bit error rate would replay",
+        f"{W} GetExpectedPcieReplayRate: gen speed x 1e-12 x 60 per lane per minute",
+        "reseat the card or riser, check the slot",
+        DCGM_WARN, f"{W} MonitorPcie (replays over a minute above the expected rate: warn)",
     ),
     Rule(
         "pcie_width_idle", "pcie", NOTE, "monitor", None, "",
-        "the PCIe link runs narrower than its maximum (idle GPU)",
+        "the PCIe link runs narrower than its maximum (idle GPU): a slow link",
         "gputopo policy (docs/health-rules.md): a narrow link is named; idle GPUs keep their width",
+        "check the slot and riser",
     ),
     Rule(
-        "pcie_width_busy", "pcie", PROBLEM, "replace", None, "",
-        "the PCIe link runs narrower than its maximum while the GPU works",
-        "gputopo policy (docs/health-rules.md): narrow while busy is a problem (slot, riser or card)",
+        "pcie_width_busy", "pcie", NOTE, "monitor", None, "",
+        "the PCIe link runs narrower than its maximum while the GPU works: a slow link (ranked lower); a "
+        "problem only when its replays rise too",
+        "gputopo policy (docs/health-rules.md): a narrow link that is not erroring carries jobs, slower",
+        "check the slot, riser and card at the next maintenance",
     ),
     Rule(
-        "pcie_gen_busy", "pcie", PROBLEM, "monitor", None, "",
+        "pcie_gen_busy", "pcie", NOTE, "monitor", None, "",
         "the PCIe link runs below its maximum generation while the GPU works (idle GPUs lower it on purpose)",
-        "gputopo's link finding (model.Gpu.pcie_below_max_while_busy)",
+        "gputopo's link finding (model.Gpu.pcie_below_max_while_busy)", "check the BIOS PCIe speed setting",
     ),
     # --- clocks, thermal, power ---------------------------------------------------------------------------
     Rule(
         "clocks_hw_slowdown", "power", PROBLEM, "drain", None, "",
-        "clocks held down by hardware slowdown (temperature, power brake or power draw too high)",
-        "NVML nvmlClocksEventReasonHwSlowdown (0x8); DCGM MonitorPower/MonitorThermal violations",
+        "clocks held down by hardware slowdown in both samples (temperature, power brake or draw too high)",
+        "NVML nvmlClocksEventReasonHwSlowdown (0x8)", "check cooling and power; service if it persists",
+        DCGM_WARN, f"{W} MonitorPower/MonitorThermal (violation time: warn)",
+        "held through the whole window, a hardware slowdown halves a GPU's speed and with it every "
+        "collective on the node; one read alone is never judged",
     ),
     Rule(
         "clocks_hw_thermal", "thermal", PROBLEM, "drain", None, "",
-        "clocks held down by hardware thermal slowdown",
-        "NVML nvmlClocksEventReasonHwThermalSlowdown (0x40)",
+        "clocks held down by hardware thermal slowdown in both samples",
+        "NVML nvmlClocksEventReasonHwThermalSlowdown (0x40)", "check cooling; service if it persists",
+        DCGM_WARN, f"{W} MonitorThermal (violation time: warn)",
+        "held through the whole window, it slows every collective on the node; one read is never judged",
     ),
     Rule(
-        "clocks_sw_thermal", "thermal", PROBLEM, "monitor", None, "",
-        "clocks held down by software thermal slowdown (the GPU is above its maximum operating temperature)",
-        "NVML nvmlClocksEventReasonSwThermalSlowdown (0x20); DCGM MonitorThermal (warn)",
+        "clocks_sw_thermal", "thermal", NOTE, "monitor", None, "",
+        "clocks held down by software thermal slowdown in both samples",
+        "NVML nvmlClocksEventReasonSwThermalSlowdown (0x20)", "check cooling",
+        DCGM_WARN, f"{W} MonitorThermal (warn)",
     ),
     Rule(
         "clocks_hw_power_brake", "power", PROBLEM, "drain", None, "",
-        "clocks held down by the external power brake",
-        "NVML nvmlClocksEventReasonHwPowerBrakeSlowdown (0x80)",
+        "clocks held down by the external power brake in both samples",
+        "NVML nvmlClocksEventReasonHwPowerBrakeSlowdown (0x80)", "check the power supply and the facility",
+        DCGM_WARN, f"{W} MonitorPower (violation time: warn)",
+        "held through the whole window, the brake slows every collective on the node",
     ),
     # --- driver, config, node -----------------------------------------------------------------------------
     Rule(
         "recovery_action", "driver", PROBLEM, "reset", None, "",
-        "the driver asks for a recovery action",
-        f"NVML field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (r570+); {DCGM_WATCH} MonitorGpuRecoveryAction",
+        "the driver asks for a recovery action (GPU reset, node reboot, drain and reset); drain P2P is a "
+        "note",
+        "NVML field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (r570+)", "follow the action the driver names",
+        DCGM_FAIL, f"{W} MonitorGpuRecoveryAction (reset, reboot, drain-and-reset: fail; drain P2P: warn)",
     ),
     Rule(
         "gpu_unreadable", "driver", PROBLEM, "reset", None, "",
-        "the GPU does not answer NVML",
-        "NVML: GPU is lost / reset required / no answer within the deadline",
+        "the GPU does not answer NVML", "NVML: GPU is lost / reset required / no answer within the deadline",
+        "look for Xid 79; reset the GPU or reboot",
+    ),
+    Rule(
+        "driver_unavailable", "driver", PROBLEM, "drain", None, "",
+        "NVML cannot start (or reads no GPU) while NVIDIA GPUs are present (/dev/nvidia*, "
+        "/proc/driver/nvidia/gpus, --expect-gpus): the driver is broken",
+        "gputopo policy (docs/health-rules.md): unknown is not healthy",
+        "reinstall or reload the driver (a library/kernel module "
+        "mismatch needs a reboot)",
+    ),
+    Rule(
+        "gpus_refused", "driver", PROBLEM, "drain", None, "",
+        "every GPU refused NVML access to root: nothing about the node could be judged",
+        "gputopo policy (docs/health-rules.md): unknown is not healthy",
+        "check the driver and the device files' permissions",
     ),
     Rule(
         "persistence_off", "config", NOTE, "config", None, "",
         "persistence mode is off: the driver tears the GPU down between jobs (slow starts, lost state)",
-        "NVIDIA driver persistence docs (nvidia-persistenced)",
+        "NVIDIA driver persistence docs (nvidia-persistenced)", "run nvidia-persistenced",
     ),
     Rule(
         "expect_gpus", "topology", PROBLEM, "drain", None, "GPUs",
         "fewer GPUs than expected (--expect-gpus)",
         "gputopo policy (docs/health-rules.md); aznhc and NHC check the GPU count the same way",
+        "look for Xid 79; reboot or reseat",
     ),
     # --- Xid ----------------------------------------------------------------------------------------------
     Rule(
         "xid_hardware", "xid", PROBLEM, "reset", None, "",
-        "a hardware Xid in the kernel log within the window",
-        f"{XID_CATALOG}; {DCGM_WATCH} BuildXidMappings",
+        "a hardware Xid in the kernel log within the window (each code's severity and action from "
+        "health.xid.XID_TABLE)",
+        f"{XID_CATALOG}; {W} BuildXidMappings", "per code: see `gputopo check --list-rules`",
+        DCGM_FAIL, f"{W} BuildXidMappings (per code)",
     ),
     Rule(
         "xid_application", "xid", NOTE, "none", None, "",
         "an application Xid in the kernel log (a program's fault, not the GPU's)",
-        XID_CATALOG,
+        XID_CATALOG, "check the application", DCGM_WARN, f"{W} BuildXidMappings (31, 43: warn)",
     ),
     Rule(
         "xid_unknown", "xid", NOTE, "monitor", None, "",
-        "an Xid gputopo's table does not classify, or one for a PCI address this machine lacks",
-        XID_CATALOG,
+        "an Xid gputopo's table does not classify", XID_CATALOG, "look the code up in NVIDIA's catalogue",
+    ),
+    Rule(
+        "xid_unlisted_gpu", "xid", PROBLEM, "reset", None, "",
+        "a hardware Xid for a PCI address NVML no longer lists (79: drain)",
+        f"{XID_CATALOG}; {W} BuildXidMappings (79: fail)",
+        "compare `nvidia-smi -L` with `lspci -d 10de:`; reboot; reseat or RMA if it returns",
+        DCGM_FAIL, f"{W} BuildXidMappings",
     ),
 )
 # fmt: on

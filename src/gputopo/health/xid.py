@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 from gputopo.errors import InputError, UsageError
-from gputopo.findings import Finding
+from gputopo.findings import NOTE, PROBLEM, Finding
 from gputopo.health.rules import DEFAULT_THRESHOLDS, Thresholds
 
 # Kernel logs larger than this are refused (a user's file) or cut to their newest part (the machine's own).
@@ -33,52 +33,131 @@ DEFAULT_SINCE = "2h"
 
 @dataclass(frozen=True)
 class XidClass:
-    """How an Xid is read: ``kind`` ``hardware`` (a problem on that GPU) or ``application`` (a program's
-    fault: a note), NVIDIA's short description, and what to do."""
+    """How an Xid is read: ``kind`` ``hardware`` (the GPU's) or ``application`` (a program's fault: a note),
+    NVIDIA's short description, what to do (``action``, one of ``findings.ACTIONS``), the remedy, our
+    ``severity`` (problem or note), DCGM's (``fail``, ``warn`` or ``none`` where DCGM does not map the
+    code) and ``why`` ours differs, where it does."""
 
     kind: str
     description: str
     action: str
     remedy: str
+    severity: str = PROBLEM
+    dcgm: str = "none"
+    why: str = ""
 
 
 _RESET = "drain the GPU and reset it (`nvidia-smi -r -i {i}`) or reboot; if it returns, open an RMA"
+_WHEN_CONVENIENT = (
+    "the error was contained (the job on it was stopped); reset the GPU when convenient, when its jobs end "
+    "(`nvidia-smi -r -i {i}`)"
+)
 _APP = "the program on the GPU faulted (bad memory access, killed job); check the application, not the GPU"
+_WATCH = "DCGM warns on it: watch for it repeating; `nvidia-smi -q -i {i}` shows the GPU's state"
+_NVL5 = "NVLink5 error (Blackwell)"
+_NVL5_XIDS = range(144, 151)
+_RESET_GROUP = "GPU error whose catalogue resolution is a GPU reset (Blackwell)"
 
-# Classification after NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors, "Analyzing Xid Errors with
+
+def _hw(
+    desc: str, action: str = "reset", remedy: str = _RESET, dcgm: str = "none", why: str = ""
+) -> XidClass:
+    return XidClass("hardware", desc, action, remedy, PROBLEM, dcgm, why)
+
+
+def _warn(desc: str, action: str = "monitor", remedy: str = _WATCH) -> XidClass:
+    return XidClass("hardware", desc, action, remedy, NOTE, "warn")
+
+
+def _app(desc: str, dcgm: str = "none") -> XidClass:
+    return XidClass("application", desc, "none", _APP, NOTE, dcgm)
+
+
+# Classification after NVIDIA's Xid catalogue (docs.nvidia.com/deploy/xid-errors, "Analyzing Xid Errors with
 # the Xid Catalog": the resolution buckets RESTART_APP vs RESET_GPU / RESTART_BM / CONTACT_SUPPORT) and
-# DCGM's BuildXidMappings (modules/health/DcgmHealthWatch.cpp: 48, 74, 79, 95, 119, 120, 140 fail).
+# DCGM's BuildXidMappings (modules/health/DcgmHealthWatch.cpp at 72fa3fe: 48, 74, 79, 95, 119, 120, 140
+# fail; 94 and the per-subsystem codes warn). Where ours differs from DCGM's, ``why`` says so.
 # fmt: off
 XID_TABLE: dict[int, XidClass] = {
-    13: XidClass("application", "graphics engine exception", "none", _APP),
-    31: XidClass("application", "GPU memory page fault (MMU error)", "none", _APP),
-    43: XidClass("application", "GPU stopped processing (channel reset)", "none", _APP),
-    45: XidClass("application", "preemptive cleanup after an earlier error (a killed context)", "none", _APP),
-    68: XidClass("application", "video decoder exception", "none", _APP),
-    69: XidClass("application", "graphics engine class error", "none", _APP),
-    109: XidClass("application", "context switch timeout", "none", _APP),
-    38: XidClass("hardware", "PCIe bus error (driver firmware)", "reset", _RESET),
-    48: XidClass("hardware", "double-bit ECC error", "reset", _RESET),
-    61: XidClass("hardware", "internal micro-controller breakpoint/warning", "reset", _RESET),
-    62: XidClass("hardware", "internal micro-controller halt", "reset", _RESET),
-    63: XidClass("hardware", "page retirement or row remapping recorded (reset to apply)", "reset", _RESET),
-    64: XidClass("hardware", "ECC page retirement or row remapping failure", "replace",
-                 "the GPU could not repair its memory: take it out of service and open an RMA"),
-    74: XidClass("hardware", "NVLink error", "reset", _RESET),
-    79: XidClass("hardware", "GPU has fallen off the bus", "drain",
-                 "drain the node; reboot it (a reset rarely brings the GPU back); if it returns, reseat "
-                 "the GPU and check power and the riser, then RMA"),
-    92: XidClass("hardware", "high single-bit ECC error rate", "monitor", _RESET),
-    94: XidClass("hardware", "contained ECC error (the application was stopped)", "reset", _RESET),
-    95: XidClass("hardware", "uncontained ECC error", "reset", _RESET),
-    119: XidClass("hardware", "GSP RPC timeout", "reset", _RESET),
-    120: XidClass("hardware", "GSP error", "reset", _RESET),
-    121: XidClass("hardware", "C2C link corrected error", "monitor", _RESET),
-    140: XidClass("hardware", "ECC unrecovered error", "reset", _RESET),
-    154: XidClass("hardware", "GPU recovery action changed", "reset",
-                  "the driver asks for a recovery action; `nvidia-smi -q` shows it; drain and follow it"),
+    13: _app("graphics engine exception"),
+    31: _app("GPU memory page fault (MMU error)", "warn"),
+    43: _app("GPU stopped processing (channel reset)", "warn"),
+    45: _app("preemptive cleanup after an earlier error (a killed context)"),
+    68: _app("video decoder exception"),
+    69: _app("graphics engine class error"),
+    32: _warn("PBDMA error (invalid or corrupted push buffer stream)"),
+    38: _warn("PCIe bus error (driver firmware)"),
+    39: _warn("PCIe fabric error"),
+    42: _warn("PCIe replay error"),
+    54: _warn("power state change"),
+    56: _warn("clock change"),
+    57: _warn("clock change due to power"),
+    58: _warn("clock change due to thermal"),
+    60: _warn("clocks event: thermal"),
+    67: _warn("NVLink error"),
+    73: _warn("NVLink flow control error"),
+    78: _warn("power state forced change"),
+    93: _warn("corrupt InfoROM (Volta)"),
+    121: _warn("C2C link corrected error"),
+    137: _warn("NVLink FLA privilege error"),
+    92: _warn("high single-bit ECC error rate"),
+    48: _hw("double-bit ECC error", dcgm="fail"),
+    61: _hw("internal micro-controller breakpoint/warning", dcgm="warn",
+            why="the catalogue's resolution is a GPU reset; DCGM files 61 as a thermal warning"),
+    62: _hw("internal micro-controller halt", dcgm="warn",
+            why="the catalogue's resolution is a GPU reset and the driver follows it with Xid 154 (reset "
+                "required); DCGM files 62 as a thermal warning"),
+    63: XidClass("hardware", "page retirement or row remapping recorded (reset to apply)", "reset",
+                 "a row was marked for remapping (the driver keeps it unused meanwhile); reset the GPU when "
+                 "convenient, when its jobs end (`nvidia-smi -r -i {i}`), to apply it", NOTE, "warn"),
+    94: XidClass("hardware", "contained ECC error (the application was stopped)", "reset",
+                 _WHEN_CONVENIENT, NOTE, "warn"),
+    64: _hw("ECC page retirement or row remapping failure", "replace",
+            "the GPU could not repair its memory: take it out of service and open an RMA", dcgm="fail"),
+    74: _hw("NVLink error", dcgm="fail"),
+    79: _hw("GPU has fallen off the bus", "drain",
+            "drain the node; reboot it (a reset rarely brings the GPU back); if it returns, reseat "
+            "the GPU and check power and the riser, then RMA", dcgm="fail"),
+    95: _hw("uncontained ECC error", dcgm="fail"),
+    109: _hw("context switch timeout", why="DCGM does not map it; the catalogue's resolution is a GPU reset"),
+    110: _hw(_RESET_GROUP, why="DCGM does not map it; the catalogue's resolution is a GPU reset"),
+    119: _hw("GSP RPC timeout", dcgm="fail"),
+    120: _hw("GSP error", dcgm="fail"),
+    136: _hw(_RESET_GROUP, why="DCGM does not map it; the catalogue's resolution is a GPU reset"),
+    140: _hw("ECC unrecovered error", dcgm="fail"),
+    143: _hw(_RESET_GROUP, why="DCGM does not map it; the catalogue's resolution is a GPU reset"),
+    **{code: _hw(_NVL5, why="DCGM does not map it; NVLink errors need a reset") for code in _NVL5_XIDS},
+    154: _hw(
+        "GPU recovery action changed", "reset",
+            "the driver asks for a recovery action; `nvidia-smi -q` shows it; follow it",
+            why="judged by the action the line names: none and drain P2P are notes; reboot asks for one"),
+    155: _hw(_RESET_GROUP, why="DCGM does not map it; the catalogue's resolution is a GPU reset"),
+    156: _hw(_RESET_GROUP, why="DCGM does not map it; the catalogue's resolution is a GPU reset"),
+    158: _hw(_RESET_GROUP, why="DCGM does not map it; the catalogue's resolution is a GPU reset"),
 }
 # fmt: on
+
+# Xid 154's text names the new recovery action: "GPU recovery action changed from 0x0 (None) to 0x1 (GPU
+# Reset Required)". The code after "to" is NVML's nvmlDeviceGpuRecoveryAction_t.
+_XID154_TO = re.compile(r"\bto 0x([0-9a-fA-F]+)")
+# recovery action -> (severity, action, words); DCGM MonitorGpuRecoveryAction: drain P2P warns.
+XID154_ACTIONS: dict[int, tuple[str, str, str]] = {
+    0: (NOTE, "none", "no action needed any more"),
+    1: (PROBLEM, "reset", "GPU reset required"),
+    2: (PROBLEM, "reboot", "node reboot required"),
+    3: (NOTE, "monitor", "drain peer-to-peer work (not a node drain)"),
+    4: (PROBLEM, "drain", "drain and reset"),
+}
+
+
+def xid154_action(text: str) -> tuple[str, str, str] | None:
+    """(severity, action, words) for the recovery action an Xid 154 line names; ``None`` when it names none
+    gputopo knows."""
+    m = _XID154_TO.search(text)
+    if m is None:
+        return None
+    return XID154_ACTIONS.get(int(m.group(1), 16))
+
 
 _XID_RE = re.compile(
     r"NVRM: Xid \((?:PCI:)?(?P<addr>[0-9a-fA-F]{1,8}:[0-9a-fA-F]{1,2}:[0-9a-fA-F]{1,2}(?:\.[0-7])?"
@@ -104,6 +183,24 @@ class XidEvent:
     age_s: float | None
     when: str | None
     text: str
+    at: float | None = None
+
+    @property
+    def key(self) -> str:
+        """What names this one log line across runs (the state file's acknowledgements): the code, the
+        address and the stamp as written (or the text, for a line without one)."""
+        return f"{self.xid}|{self.address.lower()}|{self.when or self.text[:80]}"
+
+    @property
+    def wall(self) -> str | None:
+        """When it happened as a wall-clock time (``2026-11-28 03:10:07 UTC``), never "seconds after boot";
+        ``None`` when its age is unknown."""
+        return wall_time(self.at) if self.at is not None else None
+
+
+def wall_time(epoch_s: float) -> str:
+    """Seconds since the epoch as a wall-clock time in the machine's zone: ``2026-11-28 03:10:07 UTC``."""
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(epoch_s))
 
 
 @dataclass(frozen=True)
@@ -201,6 +298,7 @@ def scan(
                 age_s=age,
                 when=when,
                 text=m.group("rest").strip()[:300],
+                at=now.timestamp() - age if age is not None else None,
             )
         )
     return XidScan(tuple(events), older, lines, since_s)
@@ -264,22 +362,36 @@ def classify(xid: int) -> XidClass | None:
     return XID_TABLE.get(xid)
 
 
+@dataclass(frozen=True)
+class Acknowledged:
+    """Xid lines a person has acknowledged by resuming the node gputopo drained for them (the state file):
+    every line up to ``until`` (seconds since the epoch) and the lines named in ``keys`` (those whose time
+    is unknown)."""
+
+    until: float | None = None
+    keys: frozenset[str] = frozenset()
+    by: str = "a person's resume"
+
+    def covers(self, e: XidEvent) -> bool:
+        if e.key in self.keys:
+            return True
+        return self.until is not None and e.at is not None and e.at <= self.until
+
+
 def xid_findings(
     found: XidScan,
     gpus: Iterable[tuple[int, str | None]],
     thresholds: Thresholds = DEFAULT_THRESHOLDS,
+    acknowledged: Acknowledged | None = None,
 ) -> list[Finding]:
-    """One finding per (GPU, Xid code): hardware Xids are problems on that GPU, application ones notes; an
-    Xid for a PCI address none of ``gpus`` (index, NVML bus id) has is a note pinned on no GPU. Severities,
-    and whether each kind is reported at all, come from the thresholds table (rules ``xid_hardware``,
-    ``xid_application``, ``xid_unknown``)."""
-    hardware, application, unknown = (
-        thresholds[n] for n in ("xid_hardware", "xid_application", "xid_unknown")
-    )
-    problem_severity, application_severity, unknown_severity = (
-        hardware.severity,
-        application.severity,
-        unknown.severity,
+    """One finding per (GPU, Xid code). Hardware Xids are problems on that GPU, or notes where NVIDIA's
+    catalogue and DCGM say reset when convenient (63, 94) or only warn; application ones notes. An Xid for
+    a PCI address none of ``gpus`` (index, NVML bus id) has is judged the same, on that bus id (rule
+    ``xid_unlisted_gpu``: a GPU NVML no longer lists is the commonest way an Xid 79 shows). Lines
+    ``acknowledged`` by a person's resume make one note and never a problem. Whether each kind is reported
+    at all, and the problem severity, come from the thresholds table."""
+    hardware, application, unknown, unlisted = (
+        thresholds[n] for n in ("xid_hardware", "xid_application", "xid_unknown", "xid_unlisted_gpu")
     )
     by_bus: dict[tuple[int, int, int], int] = {}
     for index, bus_id in gpus:
@@ -287,7 +399,11 @@ def xid_findings(
         if key is not None:
             by_bus[key] = index
     groups: dict[tuple[int | None, str, int], list[XidEvent]] = {}
+    acked: list[XidEvent] = []
     for e in found.events:
+        if acknowledged is not None and acknowledged.covers(e):
+            acked.append(e)
+            continue
         gpu = by_bus.get(e.bus_key)
         groups.setdefault((gpu, e.address if gpu is None else "", e.xid), []).append(e)
     window = _window_words(found.since_s)
@@ -300,56 +416,85 @@ def xid_findings(
         seen = f"{times} time{'s' if times != 1 else ''} {window}"
         if unaged:
             seen += f" ({unaged} of unknown age, counted as since boot)"
-        stamp = f", last at {last.when}" if last.when else ""
+        stamp = f", last at {last.wall or last.when}" if (last.wall or last.when) else ""
         desc = f" ({cls.description})" if cls else ""
-        kind = unknown if gpu is None or cls is None else hardware if cls.kind == "hardware" else application
-        if not kind.enabled:
-            continue
-        if gpu is None:
-            out.append(
-                Finding(
-                    f"PCI:{address}",
-                    f"Xid {xid}{desc} {seen}{stamp} for PCI {address}, which is none of this machine's GPUs "
-                    f"as NVML lists them: {last.text}",
-                    "a GPU that fell off the bus or is hidden from here (container, cgroup); compare with "
-                    "`nvidia-smi -L` and `lspci -d 10de:`",
-                    unknown_severity,
-                    gpu=None,
-                    category="xid",
-                    action="monitor",
-                )
-            )
-            continue
-        where = f"GPU{gpu}"
-        what = f"Xid {xid}{desc} on {where} {seen}{stamp}: {last.text}"
+        where = f"GPU{gpu}" if gpu is not None else f"PCI:{address}"
+        on = (
+            f"on {where}"
+            if gpu is not None
+            else (f"for PCI {address}, a GPU NVML no longer lists (fallen off the bus, or hidden from here)")
+        )
+        what = f"Xid {xid}{desc} {on} {seen}{stamp}: {last.text}"
+        i = gpu if gpu is not None else address
         if cls is None:
-            out.append(
-                Finding(
-                    where,
-                    what,
-                    "look the code up in NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors)",
-                    unknown_severity,
-                    gpu=gpu,
-                    category="xid",
-                    action="monitor",
+            if unknown.enabled:
+                out.append(
+                    Finding(
+                        where,
+                        what,
+                        "look the code up in NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors)",
+                        unknown.severity,
+                        gpu=gpu,
+                        category="xid",
+                        action="monitor",
+                        rule="xid_unknown",
+                    )
                 )
-            )
-        elif cls.kind == "hardware":
-            out.append(
-                Finding(
-                    where,
-                    what,
-                    cls.remedy.format(i=gpu),
-                    problem_severity,
-                    gpu=gpu,
-                    category="xid",
-                    action=cls.action,
+            continue
+        if cls.kind == "application":
+            if application.enabled:
+                out.append(
+                    Finding(
+                        where,
+                        what,
+                        cls.remedy,
+                        application.severity,
+                        gpu=gpu,
+                        category="xid",
+                        action="none",
+                        rule="xid_application",
+                    )
                 )
+            continue
+        rule = hardware if gpu is not None else unlisted
+        if not rule.enabled:
+            continue
+        severity, action, remedy = (
+            (rule.severity if cls.severity == PROBLEM else NOTE),
+            cls.action,
+            cls.remedy.format(i=i),
+        )
+        if xid == 154:
+            named = xid154_action(last.text)
+            if named is not None:
+                severity = rule.severity if named[0] == PROBLEM else NOTE
+                action = named[1]
+                remedy = f"the driver asks: {named[2]}; `nvidia-smi -q -i {i}` shows the recovery action"
+        if gpu is None:
+            remedy = (
+                f"{remedy}; compare `nvidia-smi -L` with `lspci -d 10de:` (the GPU at PCI {address} is gone "
+                "from NVML's list)"
             )
-        else:
-            out.append(
-                Finding(where, what, cls.remedy, application_severity, gpu=gpu, category="xid", action="none")
+        out.append(
+            Finding(where, what, remedy, severity, gpu=gpu, category="xid", action=action, rule=rule.name)
+        )
+    if acked:
+        codes = sorted({e.xid for e in acked})
+        until = acknowledged.until if acknowledged is not None else None
+        when = f" at {wall_time(until)}" if until is not None else ""
+        out.append(
+            Finding(
+                "node",
+                f"{len(acked)} Xid line{'s' if len(acked) != 1 else ''} (Xid {', '.join(map(str, codes))}) "
+                f"acknowledged by {acknowledged.by if acknowledged else 'a resume'}{when}: not judged again",
+                "nothing to do: a new Xid line is judged as usual",
+                NOTE,
+                gpu=None,
+                category="xid",
+                action="none",
+                rule="xid_hardware",
             )
+        )
     return out
 
 

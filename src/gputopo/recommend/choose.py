@@ -43,7 +43,7 @@ def recommend(topo: Topology, constraints: Constraints) -> Recommendation:
             fewer_hint(excluded),
         )
     model = build_model(topo, constraints.assumptions)
-    p = make_problem(topo, model, available, constraints.evidence)
+    p = make_problem(topo, model, available, constraints.evidence, constraints.redirected)
     shapes = set_shapes(p, n)
     if not shapes:
         raise UsageError(

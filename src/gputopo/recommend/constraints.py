@@ -37,6 +37,9 @@ class Constraints:
     # words; left out unless ``allow_unhealthy``. Empty when health was not read (``--input``).
     unhealthy: tuple[tuple[int, str], ...] = ()
     allow_unhealthy: bool = False
+    # GPU pairs whose PCIe path crosses a bridge where ACS redirects peer traffic, with those bridges
+    # (``fabric.redirected``, live machines only): a set holding one ranks after an equally fast set without.
+    redirected: tuple[tuple[int, int, tuple[str, ...]], ...] = ()
 
 
 @dataclass(frozen=True)

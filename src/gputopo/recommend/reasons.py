@@ -211,6 +211,14 @@ def _reasons(
     if lower_bound:
         missing = [f"GPU{a}-GPU{b}" for a, b in pairs if (a, b) in p.unknown]
         out.append(f"at least this: {len(missing)} link(s) not in the input ({', '.join(missing[:3])})")
+    behind = [(a, b) for a, b in pairs if (a, b) in p.redirected]
+    if behind:
+        bridges = sorted({br for pair in behind for br in p.redirected[pair]})
+        named = ", ".join(f"GPU{a}-GPU{b}" for a, b in behind[:4]) + (", ..." if len(behind) > 4 else "")
+        out.append(
+            f"P2P between {named} crosses a bridge where ACS redirects it ({', '.join(bridges)}): "
+            "up to the root complex, slower, and corrupt where the IOMMU translates (`gputopo check`)"
+        )
     if gpus in p.set_measured:
         out.append(f"measured {p.set_measured[gpus]:.1f} GB/s busbw for this set in the probe report")
     if best is not None:
@@ -232,6 +240,12 @@ def _versus_best(p: Problem, gpus: tuple[int, ...], ring: Ring | None, best: tup
                 f"vs {p.model.edge(ta, tb).code} at {p.gbps(ta, tb):.1f} GB/s"
             )
         return "slower than #1"
+    redirects = sum(1 for pair in itertools.combinations(gpus, 2) if pair in p.redirected)
+    if redirects > best_shape.redirects:
+        return (
+            f"as fast as #1 on paper, but {redirects} of its pairs cross an ACS-redirecting bridge "
+            f"(#1: {best_shape.redirects})"
+        )
     pair_sum = sum(p.w(a, b) for a, b in itertools.combinations(gpus, 2))
     if pair_sum < best_shape.pair_sum:
         return (

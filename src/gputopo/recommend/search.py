@@ -3,9 +3,11 @@
 The objective, in order (docs/design.md "Choosing a set"):
 
 1. the estimated ring all-reduce busbw: the best ring's slowest edge (``bandwidth.best_ring``);
-2. the sum of all pair bandwidths in the set (all-to-all traffic);
-3. fewer NUMA nodes / CPU sockets spanned;
-4. lower PCI order (the sorted nvidia-smi indices, compared lexicographically).
+2. fewer GPU pairs whose PCIe path crosses a bridge where ACS redirects peer traffic (read live by
+   ``fabric``: such a pair's P2P goes up to the root complex, slow or corrupt; docs/topo.md);
+3. the sum of all pair bandwidths in the set (all-to-all traffic);
+4. fewer NUMA nodes / CPU sockets spanned;
+5. lower PCI order (the sorted nvidia-smi indices, compared lexicographically).
 
 The search is exact. GPUs that look the same to everyone else (same bandwidth to every other GPU, same
 NUMA node, same probe findings) are interchangeable, so a set is described by how many GPUs it takes from
@@ -72,6 +74,9 @@ class Problem:
     labels: dict[int, str | None]
     set_measured: dict[tuple[int, ...], float] = field(default_factory=dict)
     classes: list[list[int]] = field(default_factory=list)
+    # GPU pairs (both orders) whose PCIe path crosses a bridge where ACS redirects peer traffic -> those
+    # bridges (``fabric``, live machines only): ranked after an equally fast set without such a pair.
+    redirected: dict[tuple[int, int], tuple[str, ...]] = field(default_factory=dict)
     rings: dict[tuple[int, ...], Ring | None] = field(default_factory=dict)
 
     def w(self, a: int, b: int) -> int:
@@ -91,7 +96,11 @@ class Problem:
 
 
 def make_problem(
-    topo: Topology, model: BandwidthModel, gpus: list[int], evidence: ProbeEvidence | None
+    topo: Topology,
+    model: BandwidthModel,
+    gpus: list[int],
+    evidence: ProbeEvidence | None,
+    redirected: tuple[tuple[int, int, tuple[str, ...]], ...] = (),
 ) -> Problem:
     measured: dict[tuple[int, int], float] = {}
     set_measured: dict[tuple[int, ...], float] = {}
@@ -133,6 +142,9 @@ def make_problem(
         {g: local[g][1] for g in gpus},
         set_measured,
     )
+    for a, b, bridges in redirected:
+        if a in members and b in members:
+            problem.redirected[(a, b)] = problem.redirected[(b, a)] = bridges
     problem.classes = _classes(problem)
     return problem
 
@@ -151,6 +163,7 @@ def _classes(p: Problem) -> list[list[int]]:
             p.weight[(u, x)] == p.weight[(r, x)]
             and ((u, x) in p.forbidden) == ((r, x) in p.forbidden)
             and ((u, x) in p.unknown) == ((r, x) in p.unknown)
+            and ((u, x) in p.redirected) == ((r, x) in p.redirected)
             for x in p.gpus
             if x != u and x != r
         )
@@ -175,6 +188,7 @@ class Shape:
     pair_sum: int
     spans: int
     bound: int  # an upper bound on the ring value (exact for n <= 2)
+    redirects: int = 0  # pairs in the set whose PCIe path an ACS-redirecting bridge crosses
 
 
 def set_shapes(p: Problem, n: int) -> list[Shape]:
@@ -209,7 +223,8 @@ def set_shapes(p: Problem, n: int) -> list[Shape]:
             bound = inner[present[0]] if len(present) == 1 else cross[present[0]][present[1]]
         else:
             bound = min(_second_fastest(i, present, counts, inner, cross) for i in present)
-        shapes.append(Shape(tuple(counts), gpus, pair_sum, spans, bound))
+        redirects = sum(1 for a, b in itertools.combinations(gpus, 2) if (a, b) in p.redirected)
+        shapes.append(Shape(tuple(counts), gpus, pair_sum, spans, bound, redirects))
 
     def place(i: int, left: int) -> None:
         if left == 0:
@@ -251,9 +266,10 @@ def _value(p: Problem, shape: Shape) -> int:
     return ring.busbw_gbps if ring else 0  # type: ignore[return-value]
 
 
-def _key(value: int, shape: Shape) -> tuple[int, int, int, tuple[int, ...]]:
-    """Sort key, smaller is better: ring value, pair sum, NUMA nodes spanned, PCI order."""
-    return (-value, -shape.pair_sum, shape.spans, shape.gpus)
+def _key(value: int, shape: Shape) -> tuple[int, int, int, int, tuple[int, ...]]:
+    """Sort key, smaller is better: ring value, pairs behind an ACS-redirecting bridge, pair sum, NUMA
+    nodes spanned, PCI order."""
+    return (-value, shape.redirects, -shape.pair_sum, shape.spans, shape.gpus)
 
 
 def rank_shapes(p: Problem, shapes: list[Shape], top: int) -> list[tuple[int, Shape]]:
@@ -261,7 +277,7 @@ def rank_shapes(p: Problem, shapes: list[Shape], top: int) -> list[tuple[int, Sh
 
     Visits shapes by their optimistic key; stops once the bound can no longer beat the last kept one.
     """
-    kept: list[tuple[tuple[int, int, int, tuple[int, ...]], int, Shape]] = []
+    kept: list[tuple[tuple[int, int, int, int, tuple[int, ...]], int, Shape]] = []
     for shape in sorted(shapes, key=lambda s: _key(s.bound, s)):
         if len(kept) >= top and _key(shape.bound, shape) >= kept[-1][0]:
             break

@@ -18,7 +18,16 @@ import re
 import time
 from pathlib import Path
 
-from gputopo.health.network import ETH, IB, PortReading, PortSample, parse_rate_gbps, parse_speed_gbps
+from gputopo.health.network import (
+    COUNTERS,
+    ETH,
+    HW_COUNTERS,
+    IB,
+    PortReading,
+    PortSample,
+    parse_rate_gbps,
+    parse_speed_gbps,
+)
 from gputopo.system.pci_path import device_of, pci_ids
 from gputopo.system.sysfs import FsView, names, read_int, read_text, view
 
@@ -38,8 +47,8 @@ def read_ports(fs: FsView | None = None) -> PortSample:
         netdevs = names(ib_root / dev / "device" / "net")
         for port in names(ib_root / dev / "ports"):
             folder = ib_root / dev / "ports" / port
-            counters = _numbers(folder / "counters", "")
-            counters.update(_numbers(folder / "hw_counters", "hw_"))
+            counters = _numbers(folder / "counters", COUNTERS, "")
+            counters.update(_numbers(folder / "hw_counters", HW_COUNTERS, "hw_"))
             ports.append(
                 PortReading(
                     IB,
@@ -83,9 +92,13 @@ def read_ports(fs: FsView | None = None) -> PortSample:
     return PortSample(tuple(ports), time.monotonic())
 
 
-def _numbers(folder: Path, prefix: str) -> dict[str, int]:
+def _numbers(folder: Path, wanted: tuple[str, ...], prefix: str) -> dict[str, int]:
+    """The ``wanted`` counters of ``folder`` that exist. Only those the rules read: on an InfiniBand device
+    every read of a ``counters/`` file is a PerfMgmt MAD to the adapter's firmware
+    (drivers/infiniband/core/sysfs.c, ``get_perf_mad``), so reading all twenty of them on eight ports,
+    twice, would cost the check time it does not need to spend."""
     out: dict[str, int] = {}
-    for name in names(folder):
+    for name in wanted:
         value = read_int(folder / name)
         if value is not None:
             out[prefix + name] = value
@@ -111,3 +124,26 @@ def gdr_inputs(fs: FsView | None = None) -> dict[str, object]:
 def read_cmdline(fs: FsView | None = None) -> str | None:
     """The kernel command line (``/proc/cmdline``); ``None`` when it cannot be read."""
     return read_text((fs or view()).proc_path("cmdline"))
+
+
+def network_summary(fs: FsView | None = None) -> dict[str, object]:
+    """What a run record and the cross-node drift keep about this node's network: the GPUDirect RDMA mode
+    (``None`` without RDMA ports), the RDMA port count, and their rates in Gb/s, fastest first."""
+    from gputopo.health.network import gdr_mode
+
+    fs = fs or view()
+    rdma = [p for p in read_ports(fs).ports if p.kind == IB]
+    inputs = gdr_inputs(fs)
+    mode = gdr_mode(
+        bool(rdma),
+        bool(inputs["peermem"]),
+        bool(inputs["nv_mem"]),
+        inputs["open_module"],  # type: ignore[arg-type]
+        inputs["kernel"],  # type: ignore[arg-type]
+    )
+    rates = sorted((p.rate_gbps for p in rdma if p.rate_gbps is not None), reverse=True)
+    return {
+        "gdr": mode,
+        "rdma_ports": len(rdma) if rdma else None,
+        "nic_rates_gbps": [f"{r:g}" for r in rates],
+    }

@@ -5,8 +5,9 @@ slurmd runs a ``HealthCheckProgram`` as root with almost no environment: no ``PA
 without one in the places Slurm packages install it (``system.scontrol.scontrol_path``), and the node is
 ``SLURMD_NODENAME`` or the short host name.
 
-Only a drain whose reason starts with ``gputopo:`` is ever resumed: a node an administrator drained
-stays drained.
+What may be done is decided in ``health.node_action`` (pure: never overrule a person); this module reads
+the nodes (``scontrol show node``) and runs the one update, each call cut off at the time left in the
+check's ``--budget`` (a hung ``scontrol`` is killed and reported, never waited on).
 """
 
 from __future__ import annotations
@@ -17,24 +18,38 @@ import socket
 import subprocess
 from dataclasses import dataclass
 
+from gputopo.health.node_action import PREFIX, NodeInfo, parse_show_node
 from gputopo.system.scontrol import scontrol_path
 
-PREFIX = "gputopo:"
+__all__ = ["PREFIX", "SlurmAction", "drain", "node_name", "read_nodes", "resume", "scontrol"]
+
+# The longest one scontrol call may take when the budget leaves more.
 TIMEOUT_S = 10.0
+NOT_FOUND = "scontrol not found (PATH, /usr/bin, /usr/local/bin, ...)"
 
 
 @dataclass(frozen=True)
 class SlurmAction:
     """What was done (or would be, with ``--dry-run``): ``action`` drain|resume|none, the command as a
-    shell line, and ``error`` when scontrol failed or is missing."""
+    shell line, ``error`` when scontrol failed or is missing, ``held_back`` why nothing was done where
+    something could have been, and the node as Slurm showed it before."""
 
     action: str
     command: str | None
     done: bool
     error: str | None = None
+    held_back: str | None = None
+    node: NodeInfo | None = None
 
     def to_json(self) -> dict[str, object]:
-        return {"action": self.action, "command": self.command, "done": self.done, "error": self.error}
+        return {
+            "action": self.action,
+            "command": self.command,
+            "done": self.done,
+            "error": self.error,
+            "held_back": self.held_back,
+            "node": self.node.to_json() if self.node is not None else None,
+        }
 
 
 def scontrol() -> str | None:
@@ -48,18 +63,21 @@ def node_name() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".", 1)[0]
 
 
-def _run(args: list[str]) -> tuple[str | None, str | None]:
+def _run(args: list[str], timeout_s: float) -> tuple[str | None, str | None]:
+    if timeout_s <= 0:
+        return None, "not run: the time budget (--budget) was spent"
+    limit = min(TIMEOUT_S, timeout_s)
     try:
         done = subprocess.run(
             args,
             capture_output=True,
             text=True,
             errors="replace",
-            timeout=TIMEOUT_S,
+            timeout=limit,
             stdin=subprocess.DEVNULL,
         )
     except subprocess.TimeoutExpired:
-        return None, f"scontrol did not answer within {TIMEOUT_S:g} s"
+        return None, f"scontrol did not answer within {limit:.1f} s (cut off to keep --budget)"
     except OSError as exc:
         return None, f"scontrol: {exc.strerror or exc}"
     if done.returncode != 0:
@@ -68,48 +86,37 @@ def _run(args: list[str]) -> tuple[str | None, str | None]:
     return done.stdout, None
 
 
-def current_reason(exe: str, node: str) -> tuple[str | None, str | None]:
-    """(the node's drain reason without Slurm's ``[user@time]`` stamp or ``None``, error)."""
-    out, err = _run([exe, "show", "node", node])
+def read_nodes(timeout_s: float) -> tuple[list[NodeInfo] | None, str | None]:
+    """Every node as ``scontrol show node`` prints it (state and reason), or (``None``, why not)."""
+    exe = scontrol()
+    if exe is None:
+        return None, NOT_FOUND
+    out, err = _run([exe, "show", "node"], timeout_s)
     if out is None:
         return None, err
-    for part in out.splitlines():
-        part = part.strip()
-        if part.startswith("Reason="):
-            reason = part[len("Reason=") :]
-            if reason.endswith("]") and " [" in reason:
-                reason = reason[: reason.rindex(" [")]
-            return reason.strip() or None, None
-    return None, None
+    return parse_show_node(out), None
 
 
-def drain(reason: str, dry_run: bool) -> SlurmAction:
-    """``scontrol update NodeName=<node> State=DRAIN Reason="gputopo: <reason>"``."""
+def drain(node: str, reason: str, dry_run: bool, timeout_s: float) -> SlurmAction:
+    """``scontrol update NodeName=<node> State=DRAIN Reason="<reason>"`` (``reason`` starts with
+    ``gputopo:``)."""
     exe = scontrol() or "scontrol"
-    args = [exe, "update", f"NodeName={node_name()}", "State=DRAIN", f"Reason={PREFIX} {reason}"]
+    args = [exe, "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"]
     line = shlex.join(args)
     if dry_run:
         return SlurmAction("drain", line, False)
     if scontrol() is None:
-        return SlurmAction("drain", line, False, "scontrol not found (PATH, /usr/bin, /usr/local/bin, ...)")
-    _, err = _run(args)
+        return SlurmAction("drain", line, False, NOT_FOUND)
+    _, err = _run(args, timeout_s)
     return SlurmAction("drain", line, err is None, err)
 
 
-def resume_if_ours(dry_run: bool) -> SlurmAction:
-    """Resume the node only when its drain reason starts with ``gputopo:``."""
-    exe = scontrol()
-    node = node_name()
-    if exe is None:
-        return SlurmAction("none", None, False, "scontrol not found (PATH, /usr/bin, /usr/local/bin, ...)")
-    reason, err = current_reason(exe, node)
-    if err is not None:
-        return SlurmAction("none", None, False, err)
-    if not reason or not reason.startswith(PREFIX):
-        return SlurmAction("none", None, False)
+def resume(node: str, dry_run: bool, timeout_s: float) -> SlurmAction:
+    """``scontrol update NodeName=<node> State=RESUME`` (the caller has seen gputopo's own reason)."""
+    exe = scontrol() or "scontrol"
     args = [exe, "update", f"NodeName={node}", "State=RESUME"]
     line = shlex.join(args)
     if dry_run:
         return SlurmAction("resume", line, False)
-    _, err = _run(args)
+    _, err = _run(args, timeout_s)
     return SlurmAction("resume", line, err is None, err)

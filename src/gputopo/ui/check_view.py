@@ -1,0 +1,254 @@
+"""``gputopo check``'s outputs: one table of formats, one renderer function per format.
+
+Adding a format is one function and one row of ``RENDERERS``: the function takes the ``CheckResult`` and
+what was done to the Slurm node, and returns the text for stdout and the exit code. Every format starts
+from the same verdict and one-line reason.
+
+- ``text``: the reason first (what a scheduler shows), then each finding with its remedy, then what was
+  not checked. Exit 0 healthy, 1 problems, 3 could not check.
+- ``json``: the ``gputopo/check/v1`` document (with ``slurm`` when ``--drain``/``--resume-if-healthy``).
+- ``nagios``: ``GPUTOPO OK|WARNING|CRITICAL|UNKNOWN - reason``, Nagios's codes 0/1/2/3.
+- ``npd``: node-problem-detector's custom plugin (pkg/custompluginmonitor/plugin/plugin.go): NPD reads
+  all of stdout, trims it and cuts it at ``max_output_length`` bytes (default 80), and maps exit 0 to OK, 1
+  to NonOK and anything else to Unknown. So: one line, cut to fit ``--max-output-length``, codes 0/1/3.
+- ``prometheus``: the text exposition format for node_exporter's textfile collector: the gauge
+  ``gputopo_check_status`` (the exit code) and one ``gputopo_check_finding`` sample per finding with
+  dcgm-exporter's label names (``gpu``, ``UUID``, ``pci_bus_id``) plus ``category``, ``rule``,
+  ``severity`` and ``action``.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from gputopo.findings import NOTE, Finding
+from gputopo.health.check import PROBLEMS, UNKNOWN, CheckResult
+from gputopo.health.rules import Rule
+
+# NPD's own default max_output_length (pkg/custompluginmonitor/types/config.go: defaultMaxOutputLength).
+NPD_DEFAULT_MAX_OUTPUT = 80
+
+
+class CheckFormat(str, enum.Enum):
+    """``check --format``'s values (``--json`` is ``json``)."""
+
+    TEXT = "text"
+    JSON = "json"
+    NAGIOS = "nagios"
+    NPD = "npd"
+    PROMETHEUS = "prometheus"
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """What goes to stdout (ending in a newline) and the exit code."""
+
+    text: str
+    exit_code: int
+
+
+@dataclass(frozen=True)
+class RenderContext:
+    """What a renderer may need besides the result: the Slurm action (``system.slurm_node.SlurmAction``
+    or ``None``), NPD's output limit, and the check's wall-clock time (seconds since the epoch)."""
+
+    slurm: Any = None
+    max_output_length: int = NPD_DEFAULT_MAX_OUTPUT
+    now: float = 0.0
+    state_age_s: float | None = None
+
+
+def first_line(result: CheckResult) -> str:
+    """The verdict and the reason: ``problems: ...``, ``healthy: 8 GPUs, no problems``, ``unknown: ...``."""
+    if result.reason.startswith(result.verdict):
+        return result.reason
+    return f"{result.verdict}: {result.reason}"
+
+
+def render_text(result: CheckResult, ctx: RenderContext) -> Rendered:
+    lines = [first_line(result)]
+    for f in result.findings:
+        lines.append(f"{f.severity.upper():8} {f.where:<10} {f.category}/{f.action}: {f.what}")
+        lines.append(f"{'':8} {'':<10} -> {f.remedy}")
+    for n in result.not_checked:
+        lines.append(f"not checked: {n.what} ({n.why})")
+    return Rendered("\n".join(lines) + "\n", result.exit_code)
+
+
+def render_json(result: CheckResult, ctx: RenderContext) -> Rendered:
+    doc = result.to_json()
+    if ctx.slurm is not None:
+        doc["slurm"] = ctx.slurm.to_json()
+    return Rendered(json.dumps(doc, indent=2) + "\n", result.exit_code)
+
+
+def render_nagios(result: CheckResult, ctx: RenderContext) -> Rendered:
+    if result.verdict == PROBLEMS:
+        return Rendered(f"GPUTOPO CRITICAL - {result.reason}\n", 2)
+    if result.verdict == UNKNOWN:
+        return Rendered(f"GPUTOPO UNKNOWN - {result.reason}\n", 3)
+    if any(f.severity == NOTE for f in result.findings):
+        return Rendered(f"GPUTOPO WARNING - {result.reason}\n", 1)
+    return Rendered(f"GPUTOPO OK - {result.reason}\n", 0)
+
+
+def fit_bytes(text: str, limit: int) -> str:
+    """``text`` on one line in at most ``limit`` UTF-8 bytes (cut with ``...`` when longer): NPD cuts its
+    plugin's output at ``max_output_length`` bytes, possibly inside a character."""
+    flat = " ".join(text.split())
+    if len(flat.encode()) <= limit:
+        return flat
+    cut = flat.encode()[: max(0, limit - 3)].decode("utf-8", errors="ignore").rstrip()
+    return cut + "..."
+
+
+def render_npd(result: CheckResult, ctx: RenderContext) -> Rendered:
+    return Rendered(fit_bytes(first_line(result), ctx.max_output_length) + "\n", result.exit_code)
+
+
+def _label(value: object) -> str:
+    text = "" if value is None else str(value)
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(pairs: Iterable[tuple[str, object]]) -> str:
+    return "{" + ",".join(f'{k}="{_label(v)}"' for k, v in pairs) + "}"
+
+
+def _finding_labels(f: Finding, result: CheckResult) -> tuple[tuple[str, object], ...]:
+    gpu = result.sample.gpu(f.gpu) if result.sample is not None and f.gpu is not None else None
+    bus = gpu.pci_bus_id if gpu is not None else (f.where[4:] if f.where.startswith("PCI:") else "")
+    return (
+        ("gpu", "" if f.gpu is None else f.gpu),
+        ("UUID", gpu.uuid if gpu is not None else ""),
+        ("pci_bus_id", bus),
+        ("category", f.category),
+        ("rule", f.rule or ""),
+        ("severity", f.severity),
+        ("action", f.action),
+    )
+
+
+def render_prometheus(result: CheckResult, ctx: RenderContext) -> Rendered:
+    """The text exposition format (version 0.0.4). Findings with the same labels (two Xid codes on one
+    GPU) are one sample whose value counts them: a series appears once per scrape."""
+    out = [
+        "# HELP gputopo_check_status gputopo check's exit code: 0 healthy, 1 problems, 3 could not check.",
+        "# TYPE gputopo_check_status gauge",
+        f"gputopo_check_status {result.exit_code}",
+        "# HELP gputopo_check_gpus GPUs the check read.",
+        "# TYPE gputopo_check_gpus gauge",
+        f"gputopo_check_gpus {len(result.sample.gpus) if result.sample is not None else 0}",
+        "# HELP gputopo_check_duration_seconds How long the check took.",
+        "# TYPE gputopo_check_duration_seconds gauge",
+        f"gputopo_check_duration_seconds {result.elapsed_s:.3f}",
+    ]
+    if ctx.now:
+        out += [
+            "# HELP gputopo_check_timestamp_seconds When the check ran (seconds since the epoch).",
+            "# TYPE gputopo_check_timestamp_seconds gauge",
+            f"gputopo_check_timestamp_seconds {ctx.now:.3f}",
+        ]
+    counts: dict[tuple[tuple[str, object], ...], int] = {}
+    for f in result.findings:
+        key = _finding_labels(f, result)
+        counts[key] = counts.get(key, 0) + 1
+    out += [
+        "# HELP gputopo_check_finding A finding of gputopo check (the value counts those with these labels).",
+        "# TYPE gputopo_check_finding gauge",
+    ]
+    for key, n in counts.items():
+        out.append(f"gputopo_check_finding{_labels(key)} {n}")
+    return Rendered("\n".join(out) + "\n", result.exit_code)
+
+
+Renderer = Callable[[CheckResult, RenderContext], Rendered]
+
+# The format table: one row per format.
+RENDERERS: dict[CheckFormat, Renderer] = {
+    CheckFormat.TEXT: render_text,
+    CheckFormat.JSON: render_json,
+    CheckFormat.NAGIOS: render_nagios,
+    CheckFormat.NPD: render_npd,
+    CheckFormat.PROMETHEUS: render_prometheus,
+}
+
+
+def render(fmt: CheckFormat, result: CheckResult, ctx: RenderContext) -> Rendered:
+    return RENDERERS[fmt](result, ctx)
+
+
+def slurm_lines(slurm: Any) -> list[str]:
+    """What was done to the Slurm node, or held back and why, as warning lines (stderr)."""
+    if slurm is None:
+        return []
+    lines = []
+    if slurm.held_back is not None:
+        lines.append(f"slurm: {slurm.held_back}")
+    if slurm.error is not None:
+        verb = slurm.action if slurm.action in ("drain", "resume") else "act on"
+        lines.append(f"slurm: could not {verb} this node: {slurm.error}")
+    elif slurm.done:
+        lines.append(f"slurm: {slurm.command}")
+    return lines
+
+
+# --- the rule table -----------------------------------------------------------------------------------------
+
+RULE_COLUMNS = ("name", "category", "limit", "severity", "action", "dcgm", "remedy", "source")
+
+
+def _limit(rule: Rule) -> str:
+    if rule.limit is None:
+        return "-"
+    return f"{rule.limit:g} {rule.unit}".strip()
+
+
+def rules_text(rules: Iterable[Rule]) -> str:
+    """``check --list-rules``: one block per rule, from the table itself."""
+    lines = []
+    for r in rules:
+        state = "" if r.enabled else " (disabled)"
+        drains = "drains" if r.drains else "does not drain"
+        head = f"{r.name}{state}  [{r.category}] {r.severity}/{r.action}, {drains}"
+        lines.append(f"{head}; limit {_limit(r)}")
+        lines.append(f"    {r.meaning}")
+        lines.append(f"    remedy: {r.remedy or '-'}")
+        dcgm = f"{r.dcgm} ({r.dcgm_source})" if r.dcgm_source else r.dcgm
+        lines.append(f"    DCGM: {dcgm}" + (f"; ours differs: {r.why}" if r.why else ""))
+        lines.append(f"    source: {r.source}")
+    return "\n".join(lines) + "\n"
+
+
+def rules_json(rules: Iterable[Rule]) -> str:
+    return json.dumps({"schema": "gputopo/rules/v1", "rules": [r.to_json() for r in rules]}, indent=2) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def rules_markdown(rules: Iterable[Rule], xids: Iterable[tuple[int, Any]] = ()) -> str:
+    """The rule reference of docs/health-rules.md, generated from the table (a test keeps them equal)."""
+    lines = [
+        "| rule | category | limit | ours | DCGM | remedy | source |",
+        "|------|----------|-------|------|------|--------|--------|",
+    ]
+    for r in rules:
+        ours = f"{r.severity}, {r.action}" + (" (drains)" if r.drains else "")
+        dcgm = r.dcgm + (f": {r.why}" if r.why else "")
+        lines.append(
+            f"| `{r.name}` | {r.category} | {_cell(_limit(r))} | {ours} | {_cell(dcgm)} | "
+            f"{_cell(r.remedy)} | {_cell(r.source)} |"
+        )
+    xid_rows = list(xids)
+    if xid_rows:
+        lines += ["", "| Xid | what | ours | DCGM |", "|-----|------|------|------|"]
+        for code, c in xid_rows:
+            dcgm = c.dcgm + (f": {c.why}" if c.why else "")
+            lines.append(f"| {code} | {_cell(c.description)} | {c.severity}, {c.action} | {_cell(dcgm)} |")
+    return "\n".join(lines) + "\n"
