@@ -17,6 +17,7 @@ HELPER = Path(__file__).resolve().parent / "helpers" / "fr_dumps.py"
 PREFIX = "rank_trace"
 WORLD = 3
 _CACHE: dict[str, Path] = {}
+WORLDS = {"subgroups4": 4}  # scenarios that need more ranks than WORLD
 
 
 def real_dumps(scenario: str, base: Path) -> Path:
@@ -27,12 +28,13 @@ def real_dumps(scenario: str, base: Path) -> Path:
     pytest.importorskip("torch")
     if scenario in _CACHE:
         return _CACHE[scenario]
+    world = WORLDS.get(scenario, WORLD)
     out = base / scenario
     if out.exists():
         shutil.rmtree(out)
     env = {**os.environ, "TORCH_FR_BUFFER_SIZE": "2000"}
     run = subprocess.run(
-        [sys.executable, str(HELPER), scenario, str(out), str(WORLD)],
+        [sys.executable, str(HELPER), scenario, str(out), str(world)],
         env=env,
         capture_output=True,
         text=True,

@@ -323,3 +323,40 @@ def test_nodes_with_different_nccl_are_a_config_problem(base: Path, tmp_path: Pa
     # node-b's record names no NCCL variable: node-a's NCCL_DEBUG is a difference, and only a note.
     assert by_where["NCCL_DEBUG"]["severity"] == "note"
     assert "WARN on node-a (node 0); (unset) on node-b (node 1)" in by_where["NCCL_DEBUG"]["what"]
+
+
+def test_ras_ranks_are_named_by_their_global_rank_and_a_lagging_rank_is_named(tmp_path: Path) -> None:
+    """RAS numbers ranks per communicator: a communicator of global ranks 4 and 5 calls them 0 and 1. The
+    run record's PIDs give the global ranks; rank 1 one AllReduce behind the others (RAS MISMATCH) is
+    named as lagging, by its global rank."""
+    comm = json.loads(RAS_JSON)
+    c = comm["communicators"][0]
+    c["ranks"][0]["pid"], c["ranks"][1]["pid"] = 5004, 5005
+    c["ranks"][1]["collective_counts"]["AllReduce"] = 4  # the others made 5
+    c["missing_ranks"] = []
+    c["ranks"].append({**c["ranks"][0], "rank": 2, "pid": 5006})
+    ras = tmp_path / "ras.json"
+    ras.write_text(json.dumps(comm))
+    record = {
+        "schema": "gputopo/run-record/v1",
+        "host": "node-b",
+        "gpus": [{"local_rank": i, "index": i} for i in range(3)],
+        "ranks": [{"rank": 4 + i, "local_rank": i, "pid": 5004 + i} for i in range(3)],
+    }
+    (tmp_path / "run-record-node-b.json").write_text(json.dumps(record))
+    result = invoke(
+        "hang", "--ras-json", str(ras), "--run-record", str(tmp_path / "run-record-node-b.json"), "--json"
+    )
+    doc = json.loads(result.stdout)
+    assert result.exit_code == 1 and doc["verdict"] == "hang", doc["reason"]
+    (lag,) = doc["ras"]["lagging"]
+    assert (lag["rank"], lag["global_rank"], lag["op"], lag["count"], lag["others"]) == (
+        1,
+        5,
+        "AllReduce",
+        4,
+        5,
+    )
+    assert "global rank 5 (rank 1 of communicator 0x5a1e) made 4 AllReduce" in doc["reason"]
+    (finding,) = [f for f in doc["findings"] if "RAS MISMATCH" in f["what"]]
+    assert finding["where"].startswith("rank 5 (")

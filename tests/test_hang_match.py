@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gputopo.hang.load import Dump, index_entries, load_dumps
+from gputopo.hang.load import Dump, load_dumps, make_dump
 from gputopo.hang.match import match_dumps
 from gputopo.hang.triage import triage
 from hang_dumps import real_dumps
@@ -109,6 +109,7 @@ def test_torch_analyzer_fed_the_raw_gloo_dump_fails_as_measured(base: Path) -> N
     ours = match_dumps(loaded.dumps)
     raw = copy.copy(ours)
     object.__setattr__(raw, "members", {"": ("", (0, 1, 2))})  # what the dump's pg_config says
+    object.__setattr__(raw, "rank_groups", {})
     opinion = ask_torch(list(loaded.dumps), raw)
     assert opinion.error is not None and opinion.error.startswith("KeyError")
     assert ours.groups[0].never_entered == (2,)
@@ -135,17 +136,7 @@ def _as_nccl(dump: Dump, states: dict[int, str]) -> Dump:
         e["profiling_name"] = "nccl:" + e["profiling_name"].split(":", 1)[1]
         e["state"] = states.get(e["collective_seq_id"], "completed")
         entries.append(e)
-    return Dump(
-        dump.rank,
-        dump.path,
-        dump.format,
-        dump.version,
-        dump.comm_lib_version,
-        {},
-        {},
-        entries,
-        index_entries(entries),
-    )
+    return make_dump(dump.rank, dump.path, entries, fmt=dump.format, version=dump.version)
 
 
 def test_nccl_states_name_the_rank_stuck_inside_and_join_its_gpu_health(base: Path) -> None:
@@ -185,9 +176,7 @@ def test_a_wrapped_ring_buffer_still_finds_the_hang(base: Path) -> None:
     wrapped = []
     for d in loaded.dumps:
         entries = d.entries[2:] if d.rank == 0 else d.entries  # rank 0 lost seq 1 and 2 to the ring
-        wrapped.append(
-            Dump(d.rank, d.path, d.format, d.version, None, {}, {}, entries, index_entries(entries))
-        )
+        wrapped.append(make_dump(d.rank, d.path, entries, fmt=d.format, version=d.version))
     (group,) = match_dumps(wrapped).groups
     assert group.collective.seq == 5 and group.never_entered == (2,)
 

@@ -24,6 +24,21 @@ How each fault behaves under gloo, measured with torch 2.14.1:
 - ``ok``: everybody completes everything.
 - ``subgroup``: ranks 0 and 1 form a second group; rank 1 never calls its all_reduce there, while the
   default group is fine.
+- ``moe``: what an expert-parallel step does, healthy: ``all_to_all_single`` with uneven splits (rank r
+  sends r+1 elements to every peer), ``scatter`` and ``gather`` from rank 0, ``all_gather``; then the
+  last rank never enters the next all_reduce (a real hang after the uneven ones). gloo 2.14 records
+  ``all_to_all_single`` as ``gloo:all_to_all`` with each rank's own sizes, and scatter's input (gather's
+  output) only on the root (measured).
+- ``subgroups4``: 4 ranks, ``new_subgroups(group_size=2)``: groups {0,1} (named ``1``) and {2,3} (``2``)
+  (gloo records each rank's as ``pg_config['']``). Both all-reduce once; then {0,1} all-reduces again
+  and completes, while in {2,3} rank 3 never enters it (rank 2 waits). Groups that share one name on
+  different ranks come from ``split_group``, which gloo on CPU cannot make (torch 2.14.1, measured:
+  "No device associated with the default pg, not safe to split any process groups", and
+  ``init_process_group(device_id=cpu)`` is refused: "must be an accelerator with an index"); that case
+  is built in torch's NCCL format (``tests/nccl_dumps.py``). gloo records no send/recv either.
+- ``skip``: a training loop of two all_reduces per step (the loss, then the gradients, same sizes,
+  different lines); rank 2 skips the gradients' all_reduce in step 2, then every rank calls barrier:
+  rank 2 makes one all_reduce fewer, and from its skip on its calls come from the other line.
 """
 
 from __future__ import annotations
@@ -35,7 +50,20 @@ import time
 from pathlib import Path
 
 COLLECTIVE_TIMEOUT_S = 2
-SCENARIOS = ("never", "op", "size", "size_small", "dtype", "crash", "ok", "subgroup")
+SCENARIOS = (
+    "never",
+    "op",
+    "size",
+    "size_small",
+    "dtype",
+    "crash",
+    "ok",
+    "subgroup",
+    "moe",
+    "subgroups4",
+    "skip",
+)
+SKIP_STEPS = 4
 PREFIX = "rank_trace"
 WARMUP_STEPS = 3
 
@@ -52,6 +80,26 @@ def stall_in_data_loader(seconds):
 
 def wrong_op_broadcast(dist, t):
     dist.broadcast(t, 0)
+
+
+def reduce_loss(dist, t):
+    dist.all_reduce(t)
+
+
+def reduce_grads(dist, t):
+    dist.all_reduce(t)
+
+
+def expert_exchange(dist, torch, rank, world):
+    """An MoE layer's token exchange: rank r sends r+1 elements to each peer (uneven splits)."""
+    send = [rank + 1] * world
+    recv = [r + 1 for r in range(world)]
+    out = torch.empty(sum(recv))
+    dist.all_to_all_single(out, torch.ones(sum(send)), recv, send)
+    got = torch.empty(2)
+    dist.scatter(got, [torch.ones(2) for _ in range(world)] if rank == 0 else None, src=0)
+    dist.gather(torch.ones(2), [torch.empty(2) for _ in range(world)] if rank == 0 else None, dst=0)
+    dist.all_gather([torch.empty(2) for _ in range(world)], torch.ones(2))
 
 
 def _rank_main(rank: int, world: int, scenario: str, out: str, store_file: str) -> None:
@@ -72,6 +120,8 @@ def _rank_main(rank: int, world: int, scenario: str, out: str, store_file: str) 
     dist.broadcast(t, 0)
     last = rank == world - 1
     sub = dist.new_group([0, 1]) if scenario == "subgroup" else None
+    if scenario == "subgroups4":
+        sub, _ = dist.new_subgroups(group_size=2)
     try:
         if scenario == "never" and last:
             stall_in_data_loader(COLLECTIVE_TIMEOUT_S + 2)
@@ -91,6 +141,24 @@ def _rank_main(rank: int, world: int, scenario: str, out: str, store_file: str) 
                 dist.all_reduce(t, group=sub)
             elif rank == 1:
                 stall_in_data_loader(COLLECTIVE_TIMEOUT_S + 2)
+        elif scenario == "moe":
+            expert_exchange(dist, torch, rank, world)
+            if last:
+                stall_in_data_loader(COLLECTIVE_TIMEOUT_S + 2)
+            else:
+                train_step(dist, torch, t)
+        elif scenario == "subgroups4":
+            dist.all_reduce(t, group=sub)
+            if rank == 3:
+                stall_in_data_loader(COLLECTIVE_TIMEOUT_S + 2)
+            else:
+                dist.all_reduce(t, group=sub)
+        elif scenario == "skip":
+            for step in range(SKIP_STEPS):
+                reduce_loss(dist, t)
+                if not (rank == 2 and step == 2):
+                    reduce_grads(dist, t)
+            dist.barrier()
         else:
             train_step(dist, torch, t)
     except RuntimeError:

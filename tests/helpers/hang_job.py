@@ -5,6 +5,10 @@ rank "stalls in its data loader" and never enters the next all-reduce while the 
 timer in every rank plays the NCCL watchdog's dump-on-timeout (gloo has none): it writes the rank's
 Flight Recorder dump with torch's dump API to ``TORCH_FR_DUMP_TEMP_FILE<rank>``, the file `gputopo run`
 armed, while the other ranks are still stuck inside the collective, and ends the rank.
+
+``HANG_JOB_DUMP_AFTER_S=never`` leaves the timer out: the job hangs until it is stopped (what a job
+under NCCL's default 10-minute watchdog does for its first 10 minutes), for ``gputopo hang --live`` and
+for the evidence a stopped ``gputopo run`` takes. ``HANG_JOB_TIMEOUT_S`` sets gloo's timeout (60 s).
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import threading
 import time
 from pathlib import Path
 
-DUMP_AFTER_S = 4.0
+DUMP_AFTER_S = os.environ.get("HANG_JOB_DUMP_AFTER_S", "4")
+TIMEOUT_S = float(os.environ.get("HANG_JOB_TIMEOUT_S", "60"))
 
 
 def train_step(dist, t):
@@ -37,18 +42,20 @@ def main() -> None:
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=TIMEOUT_S))
     rank, world = dist.get_rank(), dist.get_world_size()
     t = torch.ones(8)
     for _ in range(3):
         train_step(dist, t)
     dist.barrier()
-    threading.Timer(DUMP_AFTER_S, dump_and_leave, args=(rank,)).start()
-    if rank == world - 1:
-        stall_in_data_loader(60)
+    if DUMP_AFTER_S != "never":
+        threading.Timer(float(DUMP_AFTER_S), dump_and_leave, args=(rank,)).start()
+    stuck = int(os.environ.get("HANG_JOB_STUCK_RANK", world - 1))
+    if rank == stuck:
+        stall_in_data_loader(TIMEOUT_S)
     else:
         train_step(dist, t)
-    time.sleep(60)
+    time.sleep(TIMEOUT_S)
 
 
 if __name__ == "__main__":

@@ -287,7 +287,9 @@ def _save_state(
     elif slurm is not None and slurm.done and slurm.action == "resume":
         state = st.resumed(state)
     if result.verdict != "unknown":
-        state = st.remember_judgement(state, now, result.verdict, result.findings, result.sample)
+        state = st.remember_judgement(
+            state, now, result.verdict, result.findings, result.sample, result.ports
+        )
     from gputopo.errors import GputopoError
     from gputopo.report import atomic_write
 

@@ -16,13 +16,15 @@ from gputopo.ui.output import Output
 @app.command(
     "hang",
     epilog=examples(
-        "gputopo hang reports/run-20260101-1200/fr          # the dumps of a run launched by gputopo run",
-        "gputopo hang /tmp/nccl_trace_rank_                 # a dump prefix (TORCH_FR_DUMP_TEMP_FILE)",
+        "gputopo hang reports/run-20260101T120000Z          # the run folder `gputopo run` printed",
+        "gputopo hang reports/run-20260101T120000Z/fr-dump- # its dumps by prefix (TORCH_FR_DUMP_TEMP_FILE)",
         "gputopo hang dumps/ --run-record node0.json --run-record node1.json",
         "gputopo hang dumps/ --ras                          # also ask this node's NCCL RAS",
         "gputopo hang --ras-json ras.json                   # a saved `ncclras -f json`",
         "gputopo hang dumps/ --html hang.html               # the ranks drawn per host and group",
-        "gputopo hang reports/run-1 --nccl-log job.log      # with NCCL DIAG lines from the job's output",
+        "gputopo hang reports/run-20260101T120000Z --nccl-log job.log   # with NCCL DIAG lines",
+        "gputopo hang --live                                # the newest run, still running: its stacks",
+        "gputopo hang --live reports/run-20260101T120000Z   # that run (on each node of a shared folder)",
     ),
 )
 @guarded
@@ -61,19 +63,29 @@ def hang_command(
         "--torch-check",
         help="Also run torch's own analyzer (torch.distributed.flight_recorder) and say where it disagrees.",
     ),
+    live: bool = typer.Option(
+        False,
+        "--live",
+        help="The job started by `gputopo run` still runs on this node: take every local rank's Python "
+        "stack with py-spy (and its Flight Recorder through torch's control plane, where the job serves "
+        "it) into the run folder, without stopping the job, and judge them with what is there. PATH is "
+        "the run folder (default: the newest reports/run-*).",
+    ),
 ) -> None:
     """Name the collective a hung job is stuck in, the ranks that never joined or called it differently,
     and where they ran. Exit 0 no hang, 1 a hang or mismatch, 2 bad input, 3 nothing (conclusive) to
     analyse."""
     from gputopo.hang.load import paused_gc
-    from gputopo.hang.render import render_text
     from gputopo.hang.service import analyse
+    from gputopo.ui.hang_view import HangFormat, render
 
     out = Output(json_mode=json_out)
     if html is not None:
         from gputopo.outputs import check_output
 
         check_output(html, "--html", "hang.html")  # before any work: a fifo or a folder is refused at once
+    if live:
+        paths = [_take_live(out, list(paths or []))]
     with paused_gc(freeze=True):  # one process, one report: the dumps' dicts need no collecting
         report = analyse(
             list(paths or []),
@@ -85,20 +97,65 @@ def hang_command(
             nccl_log=nccl_log,
         )
     if html is not None:
-        _write_html(html, report)
+        _write_html(html, render(report, HangFormat.HTML))
         out.hint(f"HTML report: {html}")
     out.document(report.document())
-    for line in render_text(report):
-        out.line(line)
+    if not json_out:
+        out.line(render(report, HangFormat.TEXT).rstrip("\n"))
     if report.exit_code:
         raise typer.Exit(report.exit_code)
 
 
-def _write_html(path: Path, report: object) -> None:
-    from gputopo.hang.html import render_html
+def _take_live(out: Output, paths: list[Path]) -> Path:
+    """--live: this node's ranks' stacks (and live dumps) into the run folder; returns the folder."""
+    from gputopo.errors import InputError, UnavailableError, UsageError
+    from gputopo.hang.live import newest_run_dir, take, targets_here
+    from gputopo.system import run_facts
+    from gputopo.system.pyspy import MISSING_HINT, find_pyspy
+
+    if len(paths) > 1:
+        raise UsageError(
+            "--live takes one run folder", "e.g. gputopo hang --live reports/run-20260101T120000Z"
+        )
+    run_dir = paths[0] if paths else newest_run_dir(Path("reports"))
+    if run_dir is None:
+        raise InputError("--live: no run folder under reports/", "give the folder `gputopo run` printed")
+    if not run_dir.is_dir():
+        raise InputError(f"--live {run_dir}: no such folder", "give the folder `gputopo run` printed")
+    if find_pyspy() is None:
+        raise UnavailableError("--live: py-spy is not installed", MISSING_HINT)
+    host = run_facts.hostname()
+    targets = targets_here(run_dir, host)
+    if not targets:
+        raise InputError(
+            f"--live {run_dir}: its run record names no rank with a PID on this host ({host})",
+            "run it on a node of the job, in a folder `gputopo run` wrote (its record lists the ranks' PIDs)",
+        )
+    import os
+
+    gone = [t.rank for t in targets if not os.path.exists(f"/proc/{t.pid}")]
+    if len(gone) == len(targets):
+        raise InputError(
+            f"--live {run_dir}: none of this host's ranks is running any more",
+            f"the job has ended: gputopo hang {run_dir} reads what it left",
+        )
+    from gputopo.hang.live import summary
+
+    ev = take(run_dir, [t for t in targets if t.rank not in gone], host, "live")
+    out.hint(f"--live: {summary(ev)}")
+    for problem in ev.problems:
+        out.warn(problem)
+    if ev.hint and all(s.error for s in ev.stacks):
+        raise UnavailableError(f"--live: no rank's stack could be read ({ev.problems[0]})", ev.hint)
+    if ev.hint:
+        out.hint(ev.hint)
+    return run_dir
+
+
+def _write_html(path: Path, page: str) -> None:
     from gputopo.outputs import write_output
 
-    write_output(path, render_html(report), "--html")  # type: ignore[arg-type]
+    write_output(path, page, "--html")
 
 
 def _local_health(hosts: set[str]) -> dict[tuple[str, int], list[dict[str, object]]]:

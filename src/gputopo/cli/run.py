@@ -148,8 +148,55 @@ def run_command(
     from gputopo.system.launcher import run_supervised
 
     env = merged_env(os.environ, plan)
-    env.update(_arm(out, topo, plan, env, flight_recorder, nccl_diagnostics, run_dir))
-    raise typer.Exit(run_supervised(plan.argv, env))
+    armed = _arm(out, topo, plan, env, flight_recorder, nccl_diagnostics, run_dir)
+    env.update(armed.env)
+    env["GPUTOPO_RUN_DIR"] = str(armed.folder.resolve())
+    raise typer.Exit(run_supervised(plan.argv, env, on_ranks=armed.record_ranks, on_stop=armed.take_evidence))
+
+
+class _Armed:
+    """The run folder and this node's run record, kept up to date with the ranks' PIDs, and the
+    evidence taken when the run is stopped."""
+
+    def __init__(self, out: Output, folder: Path, path: Path, record: dict, env: dict[str, str]) -> None:
+        self.out, self.folder, self.path, self.record, self.env = out, folder, path, record, env
+
+    def record_ranks(self, ranks: list) -> None:
+        from gputopo.launch.record import with_ranks
+        from gputopo.report import atomic_write
+
+        found = [
+            {"rank": r.rank, "local_rank": r.local_rank, "pid": r.pid, "started": round(r.started, 3)}
+            for r in ranks
+        ]
+        self.record = with_ranks(self.record, found)
+        atomic_write(self.path, json.dumps(self.record, indent=2) + "\n")
+
+    def take_evidence(self, signum: int, ranks: list) -> None:
+        """Stopped (scancel, Ctrl-C, kill): the ranks' stacks (and live dumps) into the run folder before
+        the job is stopped, so `gputopo hang RUN_DIR` can name the stuck rank afterwards."""
+        import signal as _signal
+
+        from gputopo.hang.live import Target, take
+        from gputopo.system import run_facts
+
+        gpus = {g.get("local_rank"): g.get("index") for g in self.record.get("gpus") or []}
+        targets = [Target(r.rank, r.pid, r.local_rank, gpus.get(r.local_rank)) for r in ranks]
+        if not targets:
+            return
+        name = _signal.Signals(signum).name
+        self.out.err.print(
+            f"gputopo run: {name}: taking the ranks' stacks before stopping the job",
+            markup=False,
+            highlight=False,
+        )
+        ev = take(self.folder, targets, run_facts.hostname(), f"stopped by {name}")
+        from gputopo.hang.live import summary
+
+        line = f"gputopo run: {summary(ev)}; after it stops: gputopo hang {self.folder}"
+        self.out.err.print(line, markup=False, highlight=False, soft_wrap=True)
+        if ev.hint:
+            self.out.hint(ev.hint)
 
 
 def _arm(
@@ -160,7 +207,7 @@ def _arm(
     flight_recorder: bool,
     diagnostics: bool,
     run_dir: Path | None,
-) -> dict[str, str]:
+) -> _Armed:
     """The run folder with this node's run record in it, and the variables that arm the Flight Recorder
     (and NCCL's diagnostics); returns what to add to the child's environment."""
     from gputopo.launch.line import is_torchrun
@@ -221,7 +268,7 @@ def _arm(
         highlight=False,
         soft_wrap=True,
     )
-    return recorder.env
+    return _Armed(out, folder, path, record, recorder.env)
 
 
 def _new_run_dir(base: Path, now: datetime) -> Path:

@@ -41,15 +41,32 @@ MAX_RANKS = 1 << 20
 # by whoever wrote them, so ``<prefix><rank>.json`` is accepted too.
 _DUMP_NAME = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d+)(?P<ext>\.json|\.pkl|\.pickle)?$")
 # Files gputopo itself writes beside the dumps.
-_NOT_DUMPS = re.compile(r"^(gputopo-|run-record|ras)", re.IGNORECASE)
+_NOT_DUMPS = re.compile(r"^(gputopo-|run-record|ras|stacks-|\.)", re.IGNORECASE)
 
 
 # pg name -> (desc, collective_seq_id -> the entries with that id), collectives only
 GroupIndex = dict[str, tuple[str, dict[int, list[dict[str, Any]]]]]
+# pg name -> that group's point-to-point entries (``is_p2p``), in the order recorded
+P2pIndex = dict[str, list[dict[str, Any]]]
+
+# What loading may cost in memory, as a multiple of the file's size (plus a floor for small files): a
+# real dump holds about one container per 16-50 bytes and loads to about 5x its size (measured on
+# torch 2.14 gloo dumps, pickle and JSON); a crafted one of nothing but empty lists (``]]]]``, ``[[[[``)
+# would load to 30-60x. Each container or short string costs a Python object of 50-70 bytes, so the
+# count of their opening bytes bounds the memory before anything is parsed.
+MEMORY_FACTOR = 10
+MEMORY_FLOOR = 1 << 20
+_OBJECT_BYTES = 64
+# How deep a dump's values may nest: an entry's sizes are lists of int lists, its frames a list of dicts.
+MAX_DEPTH = 3
 
 
 class UnsafeDumpError(InputError):
     """A pickle that asks to import or call something: refused, nothing in it ran (exit 2)."""
+
+
+class CraftedDumpError(InputError):
+    """A file built to cost memory or nest without end, not a dump torch wrote (exit 2)."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +82,7 @@ class Dump:
     pg_status: dict[str, Any]
     entries: list[dict[str, Any]]
     groups: GroupIndex = field(default_factory=dict)  # index_entries(entries)
+    p2p: P2pIndex = field(default_factory=dict)  # point-to-point entries by group name
     host: str | None = None  # torch 2.14's dumps carry neither; kept for dumps that do
     pid: int | None = None
 
@@ -146,6 +164,12 @@ def find_dump_files(spec: Path) -> list[tuple[int, Path]]:
             raise InputError(f"{spec}: no such folder or file prefix", "give the dump folder or prefix")
         prefix = spec.name
         candidates = sorted(p for p in parent.iterdir() if p.is_file() and p.name.startswith(prefix))
+        if not candidates:
+            # Neither a path nor the prefix of any file: a typo, bad input (exit 2), not "no dumps".
+            raise InputError(
+                f"{spec}: no such folder, file or file prefix",
+                "give the run folder (gputopo run prints it) or a dump prefix such as /tmp/trace_rank_",
+            )
     found: list[tuple[int, Path]] = []
     for p in candidates:
         if _NOT_DUMPS.match(p.name) and prefix is None:
@@ -223,10 +247,13 @@ def load_one(rank: int, path: Path, max_bytes: int = MAX_DUMP_BYTES) -> Dump | S
     if not data:
         return Skipped(path, rank, "empty file (the rank died while dumping?)")
     is_json = path.suffix == ".json" or data[:1] in (b"{", b"[")
+    check_budget(data, is_json, path)
     try:
         doc = json.loads(data) if is_json else safe_loads(data, path)
     except UnsafeDumpError:
         raise
+    except RecursionError:
+        raise _crafted(path, "nests deeper than Python's parser goes") from None
     except json.JSONDecodeError as exc:
         return Skipped(path, rank, f"not valid JSON (truncated?) at byte {exc.pos}")
     except Exception as exc:  # noqa: BLE001 -- any way a damaged file fails to load means: skip it, say why
@@ -236,14 +263,50 @@ def load_one(rank: int, path: Path, max_bytes: int = MAX_DUMP_BYTES) -> Dump | S
     return _as_dump(rank, path, "json" if is_json else "pickle", doc)
 
 
+def check_budget(data: bytes, is_json: bool, path: Path) -> None:
+    """Refuse, before parsing, a file whose objects would cost more than ``MEMORY_FACTOR`` times its size:
+    every container and short string is a Python object of 50-70 bytes, and its opening byte is counted
+    (in a pickle: EMPTY_LIST/DICT/TUPLE, MARK, TUPLE1-3 and SHORT_BINUNICODE; a string that happens to
+    hold those bytes only makes the count larger, so a real dump passes with room to spare)."""
+    if is_json:
+        objects = data.count(b"[") + data.count(b"{")
+    else:
+        objects = sum(data.count(op) for op in (b"]", b"}", b")", b"(", b"\x85", b"\x86", b"\x87", b"\x8c"))
+    if objects * _OBJECT_BYTES > MEMORY_FACTOR * len(data) + MEMORY_FLOOR:
+        raise _crafted(
+            path,
+            f"holds about {objects} containers in {len(data)} bytes (would take about "
+            f"{objects * _OBJECT_BYTES // 2**20} MiB to load; a dump torch wrote has one per 16 bytes "
+            "or more)",
+        )
+
+
+def _crafted(path: Path, why: str) -> CraftedDumpError:
+    return CraftedDumpError(
+        f"{path}: not a Flight Recorder dump: it {why}; refused",
+        "dumps come from torch's writer (TORCH_FR_DUMP_TEMP_FILE<rank>); where did this file come from?",
+    )
+
+
 def _as_dump(rank: int, path: Path, fmt: str, doc: Any) -> Dump | Skipped:
-    if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
+    if not isinstance(doc, dict):
+        return Skipped(path, rank, "not a Flight Recorder dump (not a dict)")
+    entries = doc.get("entries")
+    if entries is None and ("version" in doc or "pg_config" in doc):
+        # torch's JSON writer leaves 'entries' out when the buffer is empty (FlightRecorderDetail.hpp,
+        # dump_json: ``if (!entries.empty()) result[entries_key_str] = entries;``): a rank that recorded
+        # nothing, whose dump says "never entered", not "no dump".
+        entries = []
+    if not isinstance(entries, list):
         return Skipped(path, rank, "not a Flight Recorder dump (no 'entries' list)")
     pg_config = doc.get("pg_config") if isinstance(doc.get("pg_config"), dict) else {}
     pg_status = doc.get("pg_status") if isinstance(doc.get("pg_status"), dict) else {}
-    groups = index_entries(doc["entries"])
-    if groups is None:
+    if not _flat_tables(pg_config) or not _flat_tables(pg_status):
+        raise _crafted(path, "nests its pg_config or pg_status deeper than torch writes them")
+    indexed = index_entries(entries, path)
+    if indexed is None:
         return Skipped(path, rank, "not a Flight Recorder dump (an entry lacks its group or sequence id)")
+    groups, p2p = indexed
     host = doc.get("hostname") or doc.get("host_name")
     pid = doc.get("pid")
     return Dump(
@@ -256,23 +319,71 @@ def _as_dump(rank: int, path: Path, fmt: str, doc: Any) -> Dump | Skipped:
         else None,
         pg_config=pg_config,
         pg_status=pg_status,
-        entries=doc["entries"],
+        entries=entries,
         groups=groups,
+        p2p=p2p,
         host=host if isinstance(host, str) else None,
         pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
     )
 
 
-def index_entries(entries: list[Any]) -> GroupIndex | None:
-    """The entries by group and sequence id (point-to-point ops left out), or ``None`` when an entry
-    lacks what the matching cannot do without: a ``(name, desc)`` group and an integer sequence id.
-    One pass, since a job's dumps hold 100 000s of entries."""
+def _flat_tables(table: dict[Any, Any]) -> bool:
+    """pg_config / pg_status: a dict of dicts of scalars, as torch writes them."""
+    for v in table.values():
+        if not isinstance(v, dict):
+            return False
+        for x in v.values():
+            if isinstance(x, (list, dict, tuple, set)):
+                return False
+    return True
+
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _shallow(e: dict[str, Any]) -> bool:
+    """Whether an entry nests no deeper than torch writes one: sizes are lists of int lists, dtypes lists
+    of names, frames a list of dicts of scalars, everything else a scalar or ``process_group``'s pair.
+    What is shown or compared later (repr, ==, JSON) recurses, so a deeper value is refused here."""
+    for key, v in e.items():
+        c = v.__class__
+        if c in (str, int, float, bool) or v is None:
+            continue
+        if key in ("input_sizes", "output_sizes"):
+            if c is not list or any(
+                s.__class__ is not list or not all(x.__class__ is int for x in s) for s in v
+            ):
+                return False
+        elif key == "frames":
+            if c is not list or any(
+                f.__class__ is not dict or not all(x.__class__ in _SCALARS for x in f.values()) for f in v
+            ):
+                return False
+        elif c in (list, tuple):
+            if not all(x.__class__ in _SCALARS for x in v):
+                return False
+        else:
+            return False
+    return True
+
+
+def index_entries(entries: list[Any], path: Path | None = None) -> tuple[GroupIndex, P2pIndex] | None:
+    """The collectives by group and sequence id, and the point-to-point entries by group, or ``None``
+    when an entry lacks what the matching cannot do without: a ``(name, desc)`` group and an integer
+    sequence id. Raises ``CraftedDumpError`` for an entry nested deeper than torch writes one. One pass,
+    since a job's dumps hold 100 000s of entries."""
     out: GroupIndex = {}
+    p2p: P2pIndex = {}
     try:
         for e in entries:
-            if e.get("is_p2p"):
-                continue
+            if not _shallow(e):
+                raise _crafted(path or Path("?"), "has an entry nested deeper than torch writes one")
             name, desc = e["process_group"]
+            if e.get("is_p2p"):
+                if name.__class__ is not str:
+                    return None
+                p2p.setdefault(name, []).append(e)
+                continue
             seq = e["collective_seq_id"]
             if seq.__class__ is not int or name.__class__ is not str:
                 return None
@@ -286,7 +397,23 @@ def index_entries(entries: list[Any]) -> GroupIndex | None:
                 same.append(e)
     except (AttributeError, KeyError, TypeError, ValueError):
         return None
-    return out
+    return out, p2p
+
+
+def make_dump(
+    rank: int,
+    path: Path,
+    entries: list[dict[str, Any]],
+    pg_config: dict[str, Any] | None = None,
+    pg_status: dict[str, Any] | None = None,
+    fmt: str = "pickle",
+    version: str = "2.10",
+) -> Dump:
+    """A ``Dump`` of entries already in memory (tests, torch's control plane), indexed as a file's is."""
+    indexed = index_entries(entries, path)
+    if indexed is None:
+        raise InputError(f"{path}: an entry lacks its group or sequence id", "give torch's own dump")
+    return Dump(rank, path, fmt, version, None, pg_config or {}, pg_status or {}, entries, *indexed)
 
 
 @contextmanager

@@ -11,6 +11,13 @@ v2.28.7-1 (the first with JSON output), v2.28.9-1, v2.29.2-1 and v2.30.3-1:
   "considered_dead"}}]}], "ras": {"collection_time_sec", "timeouts_count"}}``. In 2.28.7 a missing rank
   had no ``status`` (it ends at ``nvml_dev``); the reader takes both. ``host`` is the peer's IP address
   as text (``ncclSocketToHost``, no DNS) or ``"unknown"``; ``pid`` is -1 when unknown.
+- each present rank carries ``collective_counts`` (``jsonWriteRankData``: one count per NCCL function,
+  ``ncclFuncToString``: Broadcast, Reduce, AllGather, ReduceScatter, AllReduce, ...). RAS's text output
+  says ``MISMATCH`` for a communicator whose ranks' counts differ from the first rank's
+  (``rasAuxComm.firstCollOpCounts``, ``RAS_ACE_MISMATCH``): here the ranks whose count is below the most
+  common one are named as lagging (``RasReport.lagging``);
+- RAS numbers ranks within each communicator (``rank->commRank``), not globally: a global rank is found
+  through the host and PID a run record gives it (``hang.triage``), never assumed.
 - The port listens on ``localhost:28028`` unless ``NCCL_RAS_ADDR`` (``host:port``) says otherwise
   (``src/ras/client.cc``, ``rasClientInitSocket``). Talking to it (the client protocol) is machine work
   and lives in ``gputopo.system.nccl_ras``; this module only reads what comes back (pure).
@@ -47,6 +54,8 @@ class RasRank:
     dead: bool = False
     async_error: int = 0
     abort_flag: bool = False
+    counts: tuple[tuple[str, int], ...] = ()  # collective_counts, as RAS gives them
+    global_rank: int | None = None  # filled by triage from a run record (host and PID)
 
     @property
     def trouble(self) -> str | None:
@@ -67,6 +76,7 @@ class RasRank:
         return {
             "comm": self.comm,
             "rank": self.rank,
+            "global_rank": self.global_rank,
             "host": self.host,
             "pid": self.pid,
             "gpu": {"index": self.nvml_dev, "cuda_dev": self.cuda_dev} if self.nvml_dev is not None else None,
@@ -87,6 +97,28 @@ class RasReport:
     @property
     def troubled(self) -> tuple[RasRank, ...]:
         return tuple(r for r in self.ranks if r.trouble)
+
+    @property
+    def lagging(self) -> tuple[tuple[RasRank, str, int, int], ...]:
+        """(rank, function, its count, the most common count) for every present rank whose count of a
+        collective is below the rest of its communicator's (RAS's ``MISMATCH``): it is behind, and the
+        others wait for it."""
+        out: list[tuple[RasRank, str, int, int]] = []
+        by_comm: dict[str, list[RasRank]] = {}
+        for r in self.ranks:
+            if not r.missing and r.counts:
+                by_comm.setdefault(r.comm, []).append(r)
+        for ranks in by_comm.values():
+            if len(ranks) < 2:
+                continue
+            names = sorted({n for r in ranks for n, _ in r.counts})
+            for name in names:
+                values = [dict(r.counts).get(name, 0) for r in ranks]
+                common = max(set(values), key=lambda v: (values.count(v), v))
+                for r, v in zip(ranks, values, strict=True):
+                    if v < common:
+                        out.append((r, name, v, common))
+        return tuple(out)
 
 
 def _rank(comm: str, r: dict[str, Any], **state: Any) -> RasRank:
@@ -117,6 +149,7 @@ def parse_ras_json(text: str, source: str) -> RasReport:
         name = str(comm.get("hash", "?"))
         for r in comm.get("ranks") or []:
             st = r.get("status") or {}
+            counts = r.get("collective_counts") if isinstance(r.get("collective_counts"), dict) else {}
             ranks.append(
                 _rank(
                     name,
@@ -124,6 +157,7 @@ def parse_ras_json(text: str, source: str) -> RasReport:
                     missing=False,
                     async_error=_int(st.get("async_error"), 0),
                     abort_flag=bool(st.get("abort_flag")),
+                    counts=tuple((str(k), _int(v, 0)) for k, v in counts.items()),
                 )
             )
         for r in comm.get("missing_ranks") or []:

@@ -10,9 +10,10 @@ from pathlib import Path
 
 from gputopo.errors import UsageError
 from gputopo.hang import record as rec
-from gputopo.hang.load import Loaded, NothingToAnalyse, load_dumps
+from gputopo.hang.load import Loaded, NothingToAnalyse, find_dump_files, load_dumps
 from gputopo.hang.match import match_dumps
 from gputopo.hang.ras import RasReport, parse_ras_json, ras_address, read_ras_file
+from gputopo.hang.stacks import RankStack, read_stacks
 from gputopo.hang.triage import HangReport, Health, triage
 
 HealthReader = Callable[[set[str]], Health]
@@ -34,8 +35,15 @@ def analyse(
             "nothing to analyse: no dump folder, --ras, --ras-json or --nccl-log",
             "e.g. gputopo hang reports/run-*/fr",
         )
-    loaded: Loaded | None = load_dumps(list(paths)) if paths else None
     folders = {p if p.is_dir() else p.parent for p in paths}
+    stacks = _stacks(sorted(folders))
+    loaded: Loaded | None = None
+    if paths:
+        try:
+            loaded = load_dumps(_with_live_dumps(paths))
+        except NothingToAnalyse:
+            if not stacks:
+                raise
     record_paths = list(run_records) or rec.find_records(sorted(folders))
     records = [rec.read_record(p) for p in record_paths]
     placement, assumed = rec.place_ranks(records)
@@ -90,8 +98,9 @@ def analyse(
         health=found_health,
         torch_analyzer=opinion,
         notes=notes,
+        stacks=stacks,
     )
-    if loaded is None and ras is None:
+    if loaded is None and ras is None and not stacks:
         # Only a log: it can say what NCCL's diagnostics found, not whether the job hangs.
         report = replace(
             report,
@@ -102,3 +111,30 @@ def analyse(
         return report
     found = sorted([*report.findings, *drift], key=lambda f: f["severity"] != "problem")
     return replace(report, findings=tuple(found))
+
+
+def _stacks(folders: list[Path]) -> list[RankStack]:
+    """The ranks' stacks every node wrote into these folders (``gputopo hang --live``, a stopped
+    ``gputopo run``), the latest per rank."""
+    latest: dict[int, RankStack] = {}
+    for folder in folders:
+        for s in read_stacks(folder):
+            old = latest.get(s.rank)
+            if old is None or (s.taken or "") >= (old.taken or ""):
+                latest[s.rank] = s
+    return [latest[r] for r in sorted(latest)]
+
+
+def _with_live_dumps(paths: Sequence[Path]) -> list[Path]:
+    """A run folder with no dumps of its own stands for the dumps taken from the running job through
+    torch's control plane (its ``live/`` folder), when there are any."""
+    from gputopo.hang.live import LIVE_DUMPS
+
+    out: list[Path] = []
+    for p in paths:
+        live = p / LIVE_DUMPS
+        if p.is_dir() and live.is_dir() and not find_dump_files(p) and find_dump_files(live):
+            out.append(live)
+        else:
+            out.append(p)
+    return out

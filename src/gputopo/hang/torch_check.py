@@ -71,17 +71,29 @@ def ask_torch(dumps: list[Dump], ours: MatchResult) -> TorchOpinion:
     finally:
         logger.disabled = False
     version = str(getattr(torch, "__version__", "")) or None
-    pg_config = {
+    shared = {
         name: {"name": name, "desc": desc, "ranks": str(sorted(ranks))}
         for name, (desc, ranks) in members.items()
     }
+
+    def pg_config(rank: int) -> dict[str, dict[str, str]]:
+        """The rank's own groups (a name can stand for different ranks on different ranks: split_group),
+        as torch's builder reads them per rank (``_pg_guids[(pg_uid, global_rank)]``)."""
+        own = ours.rank_groups.get(rank)
+        if not own:
+            return shared
+        return {
+            **shared,
+            **{n: {"name": n, "desc": desc, "ranks": str(sorted(rs))} for n, (desc, rs) in own.items()},
+        }
+
     details = {
         f"rank{d.rank}": {
             "host_name": f"rank{d.rank}",
             "rank": d.rank,
             "entries": list(d.entries),
             "version": d.version,
-            "pg_config": pg_config,
+            "pg_config": pg_config(d.rank),
         }
         for d in dumps
     }
@@ -133,7 +145,19 @@ def compare(opinion: TorchOpinion, ours: MatchResult, missing: set[int]) -> list
         return []
     diffs: list[str] = []
     for g in ours.groups:
-        theirs = opinion.problems.get((g.pg, g.collective.seq))
+        if g.p2p:
+            # torch's analyzer files point-to-point ops under their collective_seq_id, with the op's
+            # name ("send 0->1"): the group's problem whose op is a send or recv is the same one.
+            theirs = next(
+                (
+                    v
+                    for (pg, _), v in opinion.problems.items()
+                    if pg == g.pg and str(v["op"]).split(" ")[0] in ("send", "recv")
+                ),
+                None,
+            )
+        else:
+            theirs = opinion.problems.get((g.pg, g.collective.seq))
         our_ranks = set(g.never_entered) | {m.rank for m in g.mismatches}
         if theirs is None and not our_ranks:
             continue  # ours names only ranks without a dump; torch's cannot decide without them

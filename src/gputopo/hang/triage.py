@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gputopo.hang.load import Loaded
@@ -26,8 +26,9 @@ from gputopo.hang.match import (
     MatchResult,
     Suspect,
 )
-from gputopo.hang.ras import RasReport
+from gputopo.hang.ras import RasRank, RasReport
 from gputopo.hang.record import Placement
+from gputopo.hang.stacks import RankStack, StackVerdict, judge
 
 SCHEMA = "gputopo/hang/v1"
 HANG, MISMATCHED, NO_HANG, INCOMPLETE = "hang", "mismatch", "no_hang", "incomplete"
@@ -60,6 +61,11 @@ _REMEDY = {
         "folder (`gputopo run` does both)"
     ),
 }
+_REMEDY_STACK = (
+    "this rank is not where the others wait: its frame is where it is stuck (a data loader, I/O, a lock, "
+    "a loop that does not end, a different code path); fix that code, or look at its host if the frame "
+    "is in I/O"
+)
 _HARDWARE_CATEGORIES = {"memory", "nvlink", "pcie", "thermal", "power", "xid", "driver"}
 
 
@@ -80,6 +86,8 @@ class HangReport:
     health: dict[tuple[str, int], list[dict[str, Any]]] = field(default_factory=dict)
     torch_analyzer: dict[str, Any] | None = None
     notes: tuple[str, ...] = ()
+    stacks: tuple[RankStack, ...] = ()
+    stack_verdict: StackVerdict | None = None
 
     @property
     def exit_code(self) -> int:
@@ -113,23 +121,72 @@ class HangReport:
             "torch_analyzer": self.torch_analyzer,
             "findings": list(self.findings),
             "notes": list(self.notes),
+            "suspects": self._suspects_doc(),
+            "stacks": [s.as_dict() for s in self.stacks],
+            "stacks_verdict": self.stack_verdict.sentence if self.stack_verdict else None,
+        }
+
+    def _suspects_doc(self) -> list[dict[str, Any]]:
+        """Every group's suspects and those found from stacks alone, one row per rank and reason, each
+        with where it ran and the frame it was last seen in (its stack, else its dump's call site)."""
+        rows: list[dict[str, Any]] = []
+        frames = {}
+        for st in self.stacks:
+            kind, what, frame = st.where()
+            frames[st.rank] = str(frame) if frame else None
+        seen: set[tuple[int, str]] = set()
+        for g in self.match.groups if self.match else ():
+            for s in g.suspects:
+                if (s.rank, s.why) in seen:
+                    continue
+                seen.add((s.rank, s.why))
+                frame = frames.get(s.rank)
+                if frame is None and s.last_collective and s.last_collective.stack:
+                    frame = _user_frame(s.last_collective.stack)
+                rows.append(self._placed(s.rank, s.why, s.what, frame, g.pg))
+        for s in self.stack_verdict.suspects if self.stack_verdict else ():
+            if (s.rank, s.why) not in seen:
+                seen.add((s.rank, s.why))
+                rows.append(self._placed(s.rank, s.why, s.what, s.frame, None))
+        return sorted(rows, key=lambda r: r["rank"])
+
+    def _placed(self, rank: int, why: str, what: str, frame: str | None, pg: str | None) -> dict[str, Any]:
+        p = self.placement.get(rank)
+        st = next((s for s in self.stacks if s.rank == rank), None)
+        gpu = p.gpu_index if p and p.gpu_index is not None else (st.gpu if st else None)
+        return {
+            "rank": rank,
+            "why": why,
+            "what": what,
+            "group": pg,
+            "host": (p.host if p else None) or (st.host if st else None),
+            "local_rank": p.local_rank if p and p.local_rank is not None else (st.local_rank if st else None),
+            "gpu": gpu,
+            "pid": (p.pid if p else None) or (st.pid if st else None),
+            "frame": frame,
         }
 
     def _group_doc(self, g: GroupResult) -> dict[str, Any]:
         c = g.collective
+        collective: dict[str, Any] = {
+            "seq": c.seq,
+            "op": c.op,
+            "sizes": c.sizes,
+            "dtype": c.dtype,
+            "backend": c.backend,
+        }
+        if c.peer is not None:
+            collective["peer"] = c.peer
         return {
             "pg": g.pg,
             "desc": g.desc,
             "ranks": list(g.ranks),
             "membership": g.membership,
             "kind": g.kind,
-            "collective": {
-                "seq": c.seq,
-                "op": c.op,
-                "sizes": c.sizes,
-                "dtype": c.dtype,
-                "backend": c.backend,
-            },
+            "p2p": g.p2p,
+            "collective": collective,
+            "calls": {"per_rank": {str(r): v for r, v in g.calls.items()}, "note": g.calls_note},
+            "pg_status": {str(r): v for r, v in g.pg_status.items()},
             "completed": list(g.completed),
             "inside": list(g.entered),
             "never_entered": list(g.never_entered),
@@ -170,6 +227,10 @@ class HangReport:
             "communicators": self.ras.communicators,
             "timeouts": self.ras.timeouts,
             "troubled": [r.as_dict() for r in self.ras.troubled],
+            "lagging": [
+                {**r.as_dict(), "op": op, "count": n, "others": common}
+                for r, op, n, common in self.ras.lagging
+            ],
         }
 
 
@@ -182,8 +243,9 @@ def triage(
     health: Health | None = None,
     torch_analyzer: dict[str, Any] | None = None,
     notes: Sequence[str] = (),
+    stacks: Sequence[RankStack] = (),
 ) -> HangReport:
-    """Judge the matching (and RAS), place each suspect, and write the findings."""
+    """Judge the matching (and RAS, and the ranks' stacks), place each suspect, and write the findings."""
     placement = dict(placement or {})
     assumed = list(assumed)
     source = "run-record" if placement else "none"
@@ -192,6 +254,8 @@ def triage(
             if d.rank not in placement and (d.host or d.pid):
                 placement[d.rank] = Placement(d.rank, d.host, None, None, None, None, d.pid, "dump")
                 source = "dump" if source == "none" else source
+    if ras is not None:
+        ras = _ras_global(ras, placement)
     if ras is not None and _place_from_ras(ras, match, placement):
         assumed.append(
             "NCCL RAS placed ranks no record did: a communicator as large as the world numbers its ranks "
@@ -220,22 +284,54 @@ def triage(
                 _finding(_where(r, placement.get(r)), None, "process", "no dump", _REMEDY[NO_DUMP], "note")
             )
     if ras is not None:
-        for rr in ras.troubled:
-            gpu = f", GPU {rr.nvml_dev}" if rr.nvml_dev is not None else ""
-            host = rr.host or "unknown host"
+        for rr, op, n, common in ras.lagging:
             findings.append(
                 _finding(
-                    f"rank {rr.rank} ({host}{gpu}, pid {rr.pid if rr.pid else '?'})",
+                    _ras_where(rr),
                     rr.nvml_dev,
                     "process",
-                    f"NCCL RAS: rank {rr.rank} of communicator {rr.comm} is {rr.trouble}",
+                    f"NCCL RAS: {_ras_name(rr)} made {n} {op} where the others of communicator "
+                    f"{rr.comm} made {common}: it is behind them (RAS MISMATCH), and they wait for it",
+                    _REMEDY[NEVER_ENTERED],
+                    "problem",
+                    "none",
+                )
+            )
+        for rr in ras.troubled:
+            findings.append(
+                _finding(
+                    _ras_where(rr),
+                    rr.nvml_dev,
+                    "process",
+                    f"NCCL RAS: {_ras_name(rr)} is {rr.trouble}",
                     "a dead or unresponsive rank stops every collective of its communicator: look at that "
                     "process and host first (exit code, `dmesg`, Xid); `ncclras -v` shows the detail",
                     "problem",
                     "none",
                 )
             )
+    stack_verdict = judge(list(stacks)) if stacks else None
+    for sv in stack_verdict.suspects if stack_verdict else ():
+        p = placement.get(sv.rank)
+        findings.append(
+            _finding(
+                _where(sv.rank, p),
+                p.gpu_index if p else None,
+                "process",
+                sv.what + (f"; {stack_verdict.waiting}" if stack_verdict and stack_verdict.waiting else ""),
+                _REMEDY_STACK,
+                "problem",
+                "none",
+            )
+        )
     verdict, reason = _verdict(groups, missing, ras, loaded)
+    if stack_verdict is not None:
+        if stack_verdict.suspects and (verdict in (NO_HANG, INCOMPLETE) or loaded is None):
+            verdict, reason = HANG, stack_verdict.sentence
+        elif loaded is None and ras is None:
+            verdict, reason = INCOMPLETE, stack_verdict.sentence
+        elif groups:
+            reason += f" (stacks: {stack_verdict.sentence})"
     return HangReport(
         verdict=verdict,
         reason=reason,
@@ -250,7 +346,42 @@ def triage(
         health=health_map,
         torch_analyzer=torch_analyzer,
         notes=tuple(notes) + (match.notes if match else ()),
+        stacks=tuple(stacks),
+        stack_verdict=stack_verdict,
     )
+
+
+def _ras_name(rr: RasRank) -> str:
+    """A RAS rank as the user knows it: its global rank where a run record says it, and always which
+    communicator's rank it is (RAS numbers ranks per communicator)."""
+    within = f"rank {rr.rank} of communicator {rr.comm}"
+    return f"global rank {rr.global_rank} ({within})" if rr.global_rank is not None else within
+
+
+def _ras_where(rr: RasRank) -> str:
+    gpu = f", GPU {rr.nvml_dev}" if rr.nvml_dev is not None else ""
+    head = (
+        f"rank {rr.global_rank}" if rr.global_rank is not None else f"communicator {rr.comm} rank {rr.rank}"
+    )
+    return f"{head} ({rr.host or 'unknown host'}{gpu}, pid {rr.pid if rr.pid else '?'})"
+
+
+def _ras_global(ras: RasReport, placement: dict[int, Placement]) -> RasReport:
+    """Each RAS rank's global rank, from the run records: the placed rank with the same PID (and the same
+    host, where both hosts are known and more than one rank has that PID). RAS gives the host as an IP
+    address and a run record as a host name, so the PID decides, and a PID that several hosts share
+    with no host to tell them apart stays unmapped."""
+    by_pid: dict[int, list[Placement]] = {}
+    for p in placement.values():
+        if p.pid is not None and p.source == "run-record":
+            by_pid.setdefault(p.pid, []).append(p)
+    mapped = []
+    for r in ras.ranks:
+        found = by_pid.get(r.pid or -1, [])
+        if len(found) > 1:
+            found = [p for p in found if r.host is not None and p.host == r.host]
+        mapped.append(replace(r, global_rank=found[0].rank) if len(found) == 1 else r)
+    return replace(ras, ranks=tuple(mapped))
 
 
 def _place_from_ras(ras: RasReport, match: MatchResult | None, placement: dict[int, Placement]) -> int:
@@ -274,28 +405,53 @@ def _verdict(
 ) -> tuple[str, str]:
     if groups:
         g = next((x for x in groups if x.mismatches), groups[0])
-        c = g.collective
-        at = f"{c.op} (seq {c.seq}) of group {g.pg} ({g.desc})"
-        if g.mismatches:
-            ranks = ",".join(str(m.rank) for m in g.mismatches)
-            return MISMATCHED, f"rank(s) {ranks} called {at} differently: {g.mismatches[0].what}"
-        lead = g.suspects[0] if g.suspects else None
-        if g.never_entered:
-            waiting = ",".join(str(r) for r in g.entered) or "none"
-            return HANG, (
-                f"rank(s) {_ranks(g.never_entered)} never entered {at}; rank(s) {waiting} wait inside it"
-            )
-        if g.no_dump:
-            return HANG, f"rank(s) {_ranks(g.no_dump)} left no dump while the others wait in {at}"
-        return (
-            HANG,
-            f"rank(s) {_ranks(s.rank for s in g.suspects)} stuck inside {at}" if lead else f"stuck in {at}",
+        verdict, reason = _group_verdict(g)
+        return verdict, reason + (f"; {g.calls_note}" if g.calls_note else "")
+    return _no_group_verdict(missing, ras, loaded)
+
+
+def _at(g: GroupResult) -> str:
+    c = g.collective
+    if g.p2p:
+        way = "to" if c.op == "send" else "from"
+        return f"{c.op} {way} rank {c.peer} (p2p seq {c.seq}) of group {g.pg} ({g.desc})"
+    return f"{c.op} (seq {c.seq}) of group {g.pg} ({g.desc})"
+
+
+def _group_verdict(g: GroupResult) -> tuple[str, str]:
+    at = _at(g)
+    if g.mismatches:
+        ranks = ",".join(str(m.rank) for m in g.mismatches)
+        return MISMATCHED, f"rank(s) {ranks} called {at} differently: {g.mismatches[0].what}"
+    lead = g.suspects[0] if g.suspects else None
+    if g.p2p and lead is not None and lead.why in (NEVER_ENTERED, NO_DUMP):
+        return HANG, f"rank {lead.rank} {lead.what} (group {g.pg} ({g.desc}), p2p seq {g.collective.seq})"
+    if g.never_entered:
+        waiting = ",".join(str(r) for r in g.entered) or "none"
+        return HANG, (
+            f"rank(s) {_ranks(g.never_entered)} never entered {at}; rank(s) {waiting} wait inside it"
         )
+    if g.no_dump:
+        return HANG, f"rank(s) {_ranks(g.no_dump)} left no dump while the others wait in {at}"
+    return (
+        HANG,
+        f"rank(s) {_ranks(s.rank for s in g.suspects)} stuck inside {at}" if lead else f"stuck in {at}",
+    )
+
+
+def _no_group_verdict(
+    missing: Sequence[int], ras: RasReport | None, loaded: Loaded | None
+) -> tuple[str, str]:
     troubled = ras.troubled if ras else ()
+    lagging = ras.lagging if ras else ()
     if loaded is None:
         if troubled:
             return HANG, f"NCCL RAS names {len(troubled)} troubled rank(s): " + ", ".join(
-                f"{r.rank} ({r.trouble})" for r in troubled[:5]
+                f"{_ras_name(r)} ({r.trouble})" for r in troubled[:5]
+            )
+        if lagging:
+            return HANG, "NCCL RAS: " + "; ".join(
+                f"{_ras_name(r)} made {n} {op}, the others {c}" for r, op, n, c in lagging[:5]
             )
         return NO_HANG, "NCCL RAS: every rank of every communicator is present and healthy"
     if missing:
@@ -315,7 +471,11 @@ def _suspect_findings(
     g: GroupResult, s: Suspect, p: Placement | None, health: dict[tuple[str, int], list[dict[str, Any]]]
 ) -> list[dict[str, Any]]:
     c = g.collective
-    at = f"{c.op} (seq {c.seq}, sizes {c.sizes}, {'/'.join(c.dtype) or '?'}) of group {g.pg} ({g.desc})"
+    at = (
+        _at(g)
+        if g.p2p
+        else f"{c.op} (seq {c.seq}, sizes {c.sizes}, {'/'.join(c.dtype) or '?'}) of group {g.pg} ({g.desc})"
+    )
     gpu = p.gpu_index if p else None
     where = _where(s.rank, p)
     on_gpu = health.get((p.host, gpu), []) if p and p.host and gpu is not None else []

@@ -215,3 +215,24 @@ def run_record(
         "command": list(command),
         "created": created,
     }
+
+
+def with_ranks(record: Mapping[str, Any], found: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The record with this node's ranks as the launch found them (``found``: ``rank``, ``local_rank``,
+    ``pid``, ``started``), each given its host and GPU (local rank i has the i-th chosen GPU), so
+    ``gputopo hang`` can name a suspect's process and ``--live`` can look at it."""
+    gpus = {g.get("local_rank"): g for g in record.get("gpus") or []}
+    rows = []
+    for r in found:
+        gpu = gpus.get(r.get("local_rank"))
+        rows.append(
+            {
+                "rank": r["rank"],
+                "local_rank": r.get("local_rank"),
+                "pid": r.get("pid"),
+                "started": r.get("started"),
+                "host": record.get("host"),
+                "gpu": gpu.get("index") if gpu else None,
+            }
+        )
+    return {**record, "ranks": rows}

@@ -14,14 +14,16 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gputopo.errors import UnavailableError, UsageError
-from gputopo.launch.line import LaunchTools
+from gputopo.model import LaunchTools
 
 # Every process of a `gputopo run` launch carries this in its environment (torchrun passes its environment
 # to the ranks), so a stop finds them even once they are reparented away from the command.
@@ -60,15 +62,104 @@ def has_numa_binding(run_py: Path) -> bool:
         return False
 
 
-def run_supervised(argv: Sequence[str], env: Mapping[str, str], grace_s: float = COMMAND_GRACE_S) -> int:
+# How often the ranks' PIDs are looked for: often while the job starts, then now and then (an elastic
+# restart gives the ranks new PIDs).
+RANK_POLL_FAST_S = 0.5
+RANK_POLL_FAST_FOR_S = 120.0
+RANK_POLL_SLOW_S = 5.0
+
+
+@dataclass(frozen=True)
+class RankProcess:
+    """A rank of the launch as the machine shows it: its global rank and local rank (from the
+    environment torch's elastic agent gives each worker: RANK, LOCAL_RANK; torch/distributed/elastic/
+    agent/server/local_elastic_agent.py, ``_start_workers``), its PID and start time."""
+
+    rank: int
+    local_rank: int | None
+    pid: int
+    started: float
+
+
+def find_ranks(root_pid: int, marker: str | None = None) -> list[RankProcess]:
+    """The ranks among ``root_pid``'s descendants: each process whose environment has RANK (and this
+    launch's marker, when given) and whose parent does not have the same RANK (a rank's own children,
+    data loader workers, inherit its environment). Only our own user's processes can be read."""
+    import psutil
+
+    try:
+        kids = psutil.Process(root_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    rank_of: dict[int, int] = {}
+    facts: dict[int, tuple[int | None, float, int]] = {}
+    for p in kids:
+        try:
+            env = p.environ()
+            if marker is not None and env.get(RUN_MARKER_ENV) != marker:
+                continue
+            raw = env.get("RANK")
+            if raw is None or not raw.isdigit():
+                continue
+            local = env.get("LOCAL_RANK")
+            rank_of[p.pid] = int(raw)
+            facts[p.pid] = (int(local) if local and local.isdigit() else None, p.create_time(), p.ppid())
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    out = []
+    for pid, rank in rank_of.items():
+        local, started, parent = facts[pid]
+        if rank_of.get(parent) == rank:
+            continue  # a child of the rank (a data loader worker), not the rank
+        out.append(RankProcess(rank, local, pid, started))
+    return sorted(out, key=lambda r: r.rank)
+
+
+class RankWatcher(threading.Thread):
+    """Looks for the launch's ranks until told to stop, and calls ``on_change`` with every new set (the
+    run record is rewritten with them)."""
+
+    def __init__(self, root_pid: int, marker: str, on_change: Callable[[list[RankProcess]], None]) -> None:
+        super().__init__(name="gputopo-rank-watcher", daemon=True)
+        self.root_pid, self.marker, self.on_change = root_pid, marker, on_change
+        self.stopped = threading.Event()
+        self.latest: list[RankProcess] = []
+
+    def run(self) -> None:
+        begun = time.monotonic()
+        seen: list[RankProcess] = []
+        while not self.stopped.is_set():
+            try:
+                found = find_ranks(self.root_pid, self.marker)
+            except Exception:  # noqa: BLE001 -- a failed look must not take the launch down; look again
+                found = seen
+            if found and found != seen:
+                seen = found
+                self.latest = found
+                with contextlib.suppress(Exception):
+                    self.on_change(found)
+            fast = time.monotonic() - begun < RANK_POLL_FAST_FOR_S
+            self.stopped.wait(RANK_POLL_FAST_S if fast else RANK_POLL_SLOW_S)
+
+
+def run_supervised(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    grace_s: float = COMMAND_GRACE_S,
+    on_ranks: Callable[[list[RankProcess]], None] | None = None,
+    on_stop: Callable[[int, list[RankProcess]], None] | None = None,
+) -> int:
     """Run ``argv`` in ``env`` as a child and return its exit code (128 + N when signal N ended it).
 
     The child stays in this process group, so Ctrl-C in a terminal reaches it directly, as it would without
     gputopo. When gputopo itself is stopped (``KeyboardInterrupt`` or ``errors.Interrupted`` carrying the
     signal), the signal is passed on to the command, which gets ``grace_s`` to end; then every process of
     the launch still running (its descendants, and anything carrying ``RUN_MARKER_ENV``) is stopped, and
-    the interrupt goes on up. Raises ``UsageError`` when the program is not found, ``UnavailableError``
-    when it cannot be run.
+    the interrupt goes on up. ``on_ranks`` is called with the ranks' PIDs whenever they change (found
+    from the launch's processes, ``find_ranks``); ``on_stop(signum, ranks)`` is called when gputopo is
+    stopped, before the signal is passed on (to take the ranks' stacks while they still hang; it must
+    bound its own time). Raises ``UsageError`` when the program is not found, ``UnavailableError`` when
+    it cannot be run.
     """
     if not argv:
         raise UsageError(
@@ -86,11 +177,25 @@ def run_supervised(argv: Sequence[str], env: Mapping[str, str], grace_s: float =
         raise UnavailableError(
             f"{program}: cannot run ({exc.strerror})", "check that it is executable"
         ) from None
+    watcher = None
+    if on_ranks is not None or on_stop is not None:
+        watcher = RankWatcher(proc.pid, marker, on_ranks or (lambda ranks: None))
+        watcher.start()
     try:
         code = proc.wait()
     except KeyboardInterrupt as exc:
-        stop_launch(proc, marker, int(getattr(exc, "signum", signal.SIGINT)), grace_s)
+        signum = int(getattr(exc, "signum", signal.SIGINT))
+        if watcher is not None:
+            watcher.stopped.set()
+        if on_stop is not None:
+            ranks = watcher.latest if watcher is not None and watcher.latest else find_ranks(proc.pid, marker)
+            with contextlib.suppress(Exception):
+                on_stop(signum, ranks)
+        stop_launch(proc, marker, signum, grace_s)
         raise
+    finally:
+        if watcher is not None:
+            watcher.stopped.set()
     return 128 - code if code < 0 else code
 
 

@@ -1,11 +1,36 @@
-"""The text form of a hang report: the verdict first, then each stuck group and its suspects, then what
-is missing, the findings and what was assumed. Plain lines (pure), so the output reads the same piped."""
+"""The views of a hang report, one per format (the format table: ``HangFormat`` and ``RENDERERS``):
+text (the verdict first, then each stuck group and its suspects, the ranks' stacks, what is missing,
+the findings and what was assumed; plain lines, so the output reads the same piped), JSON
+(``gputopo/hang/v1``) and HTML (``ui.hang_html``). Adding a format is one function and one row."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from enum import Enum
+
 from gputopo.hang.triage import HangReport, user_frame
+from gputopo.ui.hang_html import render_html
 
 STACK_LINES = 6
+
+
+class HangFormat(str, Enum):
+    """The forms ``gputopo hang`` writes its report in."""
+
+    TEXT = "text"
+    JSON = "json"
+    HTML = "html"
+
+
+def render_json(report: HangReport) -> str:
+    """The ``gputopo/hang/v1`` document."""
+    return json.dumps(report.document(), indent=2, default=str) + "\n"
+
+
+def render(report: HangReport, fmt: HangFormat) -> str:
+    """The report in ``fmt``."""
+    return RENDERERS[fmt](report)
 
 
 def render_text(report: HangReport) -> list[str]:
@@ -22,9 +47,14 @@ def render_text(report: HangReport) -> list[str]:
     for g in doc["groups"]:
         c = g["collective"]
         lines.append("")
+        if g["p2p"]:
+            way = "to" if c["op"] == "send" else "from"
+            at = f"{c['op']} {way} rank {c.get('peer')} (p2p seq {c['seq']})"
+        else:
+            at = f"{c['op']} seq {c['seq']}"
         lines.append(
             f"group {g['pg']} ({g['desc']}), ranks {_span(g['ranks'])}: {g['kind']} at "
-            f"{c['op']} seq {c['seq']}, "
+            f"{at}, "
             f"sizes {c['sizes']}, dtype {'/'.join(c['dtype']) or '?'}"
             + (f" ({c['backend']})" if c["backend"] else "")
         )
@@ -34,6 +64,16 @@ def render_text(report: HangReport) -> list[str]:
         )
         if not g["state_tracked"]:
             lines.append("  (gloo records no start or completion: states stay 'scheduled')")
+        if g["calls"]["note"]:
+            lines.append(f"  calls: {g['calls']['note']}")
+        if g["pg_status"]:
+            lines.append(
+                "  pg_status (enqueued/started/completed): "
+                + "; ".join(
+                    f"rank {r}: {st.get('enqueued', '?')}/{st.get('started', '?')}/{st.get('completed', '?')}"
+                    for r, st in g["pg_status"].items()
+                )
+            )
         for m in g["mismatches"]:
             lines.append(f"  mismatch: rank {m['rank']} {m['what']}")
         for s in g["suspects"]:
@@ -69,6 +109,20 @@ def render_text(report: HangReport) -> list[str]:
                 lines.append("    stack: not in this dump (JSON dumps carry none; the pickle dump has them)")
             for h in s["health"]:
                 lines.append(f"    health: {h.get('severity')}: {h.get('what')}")
+    if doc["stacks"]:
+        lines.append("")
+        lines.append(f"stacks: {doc['stacks_verdict']}")
+        for st in doc["stacks"]:
+            where = f"{st['host'] or '?'} pid {st['pid'] or '?'}"
+            if st["error"]:
+                lines.append(f"  rank {st['rank']} ({where}): no stack: {st['error']}")
+            elif st["in"] == "collective":
+                lines.append(
+                    f"  rank {st['rank']} ({where}): in {st['what']}"
+                    + (f", called from {st['frame']}" if st["frame"] else "")
+                )
+            else:
+                lines.append(f"  rank {st['rank']} ({where}): in {st['frame']}, not in a collective")
     if doc["missing_dumps"]:
         lines.append("")
         lines.append("missing dumps: " + "; ".join(f"rank {r}: no dump" for r in doc["missing_dumps"]))
@@ -126,3 +180,10 @@ def _span(ranks: list[int]) -> str:
         out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
         i = j + 1
     return ",".join(out)
+
+
+RENDERERS: dict[HangFormat, Callable[[HangReport], str]] = {
+    HangFormat.TEXT: lambda report: "\n".join(render_text(report)) + "\n",
+    HangFormat.JSON: render_json,
+    HangFormat.HTML: render_html,
+}

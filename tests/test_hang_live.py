@@ -1,0 +1,189 @@
+"""`gputopo hang --live` and the evidence a stopped `gputopo run` leaves, on a real hanging 4-rank gloo job
+(tests/helpers/hang_job.py under `gputopo run --torchrun`): rank 2 sits in its own function
+(stall_in_data_loader) while ranks 0, 1 and 3 wait in all_reduce. Stacks are taken with the real py-spy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from gputopo.hang.stacks import from_pyspy, judge
+from gputopo.system import pyspy
+
+HERE = Path(__file__).resolve().parent
+SRC = str(HERE.parent / "src")
+JOB = HERE / "helpers" / "hang_job.py"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "TORCH_FR_", "TORCH_NCCL_"))}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
+    return {**env, **extra}
+
+
+def _gputopo(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gputopo", *args],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=cwd,
+        timeout=timeout,
+    )
+
+
+def test_pyspy_reads_a_rank_in_its_own_function(tmp_path: Path) -> None:
+    """The real py-spy on a real process: its stack leads to the function it sits in."""
+    if pyspy.find_pyspy() is None:
+        pytest.skip("py-spy is not installed")
+    script = tmp_path / "job.py"
+    script.write_text("import time\n\ndef load_next_batch():\n    time.sleep(60)\n\nload_next_batch()\n")
+    proc = subprocess.Popen([sys.executable, str(script)])
+    try:
+        time.sleep(1.0)
+        read = pyspy.dump(proc.pid)
+        assert read.error is None, read.error
+        stack = from_pyspy(read.threads, 2, "here", 2, proc.pid, 2)
+        kind, what, frame = stack.where()
+        assert (kind, what, str(frame)) == ("own_code", "load_next_batch", "load_next_batch (job.py:4)")
+        assert proc.poll() is None  # py-spy did not stop it
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_refused_ptrace_is_one_line_with_how_to_allow_it(tmp_path: Path) -> None:
+    """py-spy's own refusal (what it prints when ptrace is not allowed) becomes a sentence and a hint."""
+    fake = tmp_path / "py-spy"
+    fake.write_text(
+        "#!/bin/sh\n"
+        "echo 'Error: Failed to attach to process: Operation not permitted (os error 1)' >&2\n"
+        "exit 1\n"
+    )
+    fake.chmod(0o755)
+    read = pyspy.dump(os.getpid(), exe=str(fake))
+    assert read.error and read.error.startswith("ptrace refused") and "ptrace_scope" in (read.hint or "")
+
+
+def test_live_without_pyspy_is_exit_3_with_the_install_line(tmp_path: Path, monkeypatch) -> None:
+    from conftest import invoke
+
+    run = tmp_path / "run"
+    run.mkdir()
+    monkeypatch.setattr(pyspy, "find_pyspy", lambda: None)
+    result = invoke("hang", "--live", str(run))
+    assert result.exit_code == 3
+    assert "py-spy is not installed" in result.output and "pip install py-spy" in result.output
+
+
+def test_stacks_alone_name_the_odd_rank_out() -> None:
+    def threads(*frames: tuple[str, str]) -> list[dict]:
+        return [
+            {
+                "thread_name": "MainThread",
+                "os_thread_id": 1,
+                "frames": [{"name": n, "filename": f, "line": 3} for n, f in frames],
+            }
+        ]
+
+    wait = threads(
+        ("all_reduce", "/venv/torch/distributed/distributed_c10d.py"),
+        ("wrapper", "/venv/torch/distributed/c10d_logger.py"),
+        ("train_step", "/job/train.py"),
+    )
+    odd = threads(("load_next_batch", "/job/data.py"), ("train", "/job/train.py"))
+    stacks = [from_pyspy(wait if r != 2 else odd, r, "h", r, 100 + r, r) for r in range(4)]
+    verdict = judge(stacks)
+    assert verdict is not None
+    assert [(s.rank, s.why, s.frame) for s in verdict.suspects] == [
+        (2, "not_in_collective", "load_next_batch (data.py:3)")
+    ]
+    assert verdict.sentence == (
+        "rank 2 is in load_next_batch (data.py:3), not in a collective; rank(s) 0, 1, 3 wait in all_reduce"
+    )
+
+
+def _record(run: Path) -> dict:
+    paths = list(run.glob("run-record-*.json"))
+    return json.loads(paths[0].read_text()) if paths else {}
+
+
+@pytest.mark.slow
+def test_live_names_rank_2_keeps_the_job_and_sigterm_leaves_the_evidence(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    if pyspy.find_pyspy() is None:
+        pytest.skip("py-spy is not installed")
+    run = tmp_path / "run"
+    job_env = _env(HANG_JOB_DUMP_AFTER_S="never", HANG_JOB_TIMEOUT_S="300", HANG_JOB_STUCK_RANK="2")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gputopo", "run", "--n", "4", "--torchrun", "--input", "sample:seed-8gpu-nv4",
+         "--run-dir", str(run), "--", str(JOB)],
+        cwd=tmp_path, env=job_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        # `gputopo run` writes every rank's PID, local rank and GPU into the record as the ranks start
+        deadline = time.monotonic() + 180
+        while len(_record(run).get("ranks") or []) < 4:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the ranks never showed up in the run record"
+            time.sleep(0.5)
+        record = _record(run)
+        ranks = {r["rank"]: r for r in record["ranks"]}
+        assert sorted(ranks) == [0, 1, 2, 3]
+        assert all(r["host"] == socket.gethostname() and psutil.pid_exists(r["pid"]) for r in ranks.values())
+        assert [ranks[i]["local_rank"] for i in range(4)] == [0, 1, 2, 3]
+        assert [ranks[i]["gpu"] for i in range(4)] == [g["index"] for g in record["gpus"]]
+        # --live, until the ranks have reached where they hang (torch's import takes a while on 2 cores)
+        doc: dict = {}
+        while time.monotonic() < deadline:
+            live = _gputopo("hang", "--live", str(run), "--json", cwd=tmp_path)
+            assert live.returncode in (0, 1, 3), live.stderr
+            doc = json.loads(live.stdout)
+            if doc["suspects"] and len([s for s in doc["stacks"] if s["in"] == "collective"]) == 3:
+                break
+            time.sleep(2)
+        assert live.returncode == 1, live.stderr
+        (suspect,) = doc["suspects"]
+        assert suspect["rank"] == 2 and suspect["why"] == "not_in_collective"
+        assert suspect["frame"].startswith("stall_in_data_loader (hang_job.py:")
+        assert (suspect["pid"], suspect["local_rank"], suspect["gpu"]) == (
+            ranks[2]["pid"],
+            2,
+            ranks[2]["gpu"],
+        )
+        assert suspect["host"] == socket.gethostname()
+        assert "rank(s) 0, 1, 3 wait in all_reduce" in doc["reason"]
+        # the job keeps running after --live
+        time.sleep(1.0)
+        assert proc.poll() is None and all(psutil.pid_exists(r["pid"]) for r in ranks.values())
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        (run / f"stacks-{socket.gethostname()}.json").unlink()  # what follows must come from the stop
+        # SIGTERM to gputopo alone (as `kill`, or a scheduler that signals the launcher)
+        os.kill(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=90)
+        assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+        assert "taking the ranks' stacks before stopping the job" in err
+        left = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert left == [], left
+        stacks = json.loads((run / f"stacks-{socket.gethostname()}.json").read_text())
+        assert stacks["why"] == "stopped by SIGTERM" and len(stacks["ranks"]) == 4
+        after = _gputopo("hang", str(run), "--json", cwd=tmp_path)
+        assert after.returncode == 1, after.stderr
+        (suspect,) = json.loads(after.stdout)["suspects"]
+        assert suspect["rank"] == 2 and suspect["frame"].startswith("stall_in_data_loader")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
