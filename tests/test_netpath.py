@@ -498,3 +498,43 @@ def test_ethernet_interfaces_down_among_peers_or_flapping(tmp_path: Path) -> Non
         in by_where["ens2"].what
     )
     assert "GPU2, GPU3" in by_where["ens2"].what
+
+
+@needs_cc
+def test_check_with_a_state_file_judges_the_ports_since_the_last_run(driver: Path, tmp_path: Path) -> None:
+    tree = st.eight_gpu_node(tmp_path / "t")
+    state = tmp_path / "state.json"
+    code, doc = check(driver, tmp_path, tree, "--state", str(state))
+    assert code == 0 and doc["findings"] == []
+    saved = json.loads(state.read_text())
+    assert saved["counters"]["ports"]["mlx5_4:1"]["symbol_error"] == 0
+    # Ten minutes later: 300 symbol errors (0.5/s: nothing in a 0-second window, 1800/hour over the ten
+    # minutes, above the 120/hour NVSentinel calls fatal), and a link_downed since.
+    saved["counters"]["ports_at"] -= 600
+    state.write_text(json.dumps(saved))
+    tree.counter("mlx5_4", 1, "symbol_error", 300)
+    tree.counter("mlx5_4", 1, "link_downed", 1)
+    code, doc = check(driver, tmp_path, tree, "--state", str(state))
+    assert code == 1
+    (symbols,) = [f for f in doc["findings"] if f["rule"] == "port_symbol_errors_since_last"]
+    assert re.search(
+        r"symbol_error rose by 300 in 10 min \(1[78]\d\d/hour, above 120/hour\)", symbols["what"]
+    )
+    assert symbols["what"].endswith("[since the last check, 10 min ago]") and "GPU4, GPU5" in symbols["what"]
+    (downed,) = [f for f in doc["findings"] if f["rule"] == "port_link_downed"]
+    assert "since the last check" in downed["what"]
+    # The next run compares with what this one saw: nothing new.
+    code, doc = check(driver, tmp_path, tree, "--state", str(state))
+    assert code == 0 and doc["findings"] == []
+
+
+def test_every_rule_a_network_or_path_finding_names_is_in_the_table() -> None:
+    from gputopo.health import network
+    from gputopo.topology import pcie_path
+
+    names = {r.name for r in network.RULES}
+    used = set()
+    for module in (network, pcie_path):
+        used |= set(re.findall(r'rule="([a-z_]+)"', Path(module.__file__).read_text()))
+        used |= set(re.findall(r'"(port_[a-z_]+)"', Path(module.__file__).read_text())) - {"port_rcv_errors"}
+    assert used and used <= names, used - names

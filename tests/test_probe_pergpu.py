@@ -240,3 +240,21 @@ def test_recommend_from_report_leaves_the_slow_and_corrupt_gpus_out():
     )
     assert sorted(g.gpus for g in evidence.failed) == [(1,), (2,)]
     assert evidence_from_report(_probe_doc([row(0), row(1)]), "r.json").failed == ()
+
+
+def test_doctor_views_show_each_gpu_beside_its_peers_median():
+    from rich.console import Console
+
+    from gputopo.ui.doctor_markdown import per_gpu_markdown
+    from gputopo.ui.doctor_view import per_gpu_tables
+
+    probe = _probe_doc([row(0), row(1, 40), row(2), row(3)])
+    probe["per_gpu"] = per_gpu_section(probe["sets"][0]["checks"][0])
+    console = Console(width=140, record=True, color_system=None)
+    for part in per_gpu_tables(probe["per_gpu"]):
+        console.print(part)
+    text = console.export_text()
+    assert "Every GPU on its own" in text and "40 (100)" in text and "slow" in text
+    markdown = "\n".join(per_gpu_markdown(probe))
+    assert markdown.startswith("## Every GPU on its own") and "slow: matmul 40" in markdown
+    assert per_gpu_tables(None) == [] and per_gpu_markdown({"sets": []}) == []

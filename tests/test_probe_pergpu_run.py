@@ -68,6 +68,22 @@ def test_slow_drill_names_the_slow_stand_in_at_half_speed(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_crash_in_the_per_gpu_check_names_its_gpu_and_recommend_leaves_it_out(tmp_path):
+    done, _ = probe(tmp_path, "--mode", "gpu", "--device", "cpu", "--gpus", "0,1,2", "--json",
+                    "--inject", "crash", "--inject-gpus", "1")  # fmt: skip
+    assert done.returncode == 1, done.stderr[-2000:]
+    doc = json.loads(done.stdout)
+    check = doc["sets"][0]["checks"][0]
+    assert check["name"] == "gpu" and check["kind"] == "crashed", check["detail"]
+    assert check["metrics"]["rank"] == 1, check["detail"]
+    verdicts = {r["gpu"]: r["verdict"] for r in doc["per_gpu"]["gpus"]}
+    assert verdicts == {0: "not judged", 1: "crashed", 2: "not judged"}
+    from gputopo.recommend import evidence_from_report
+
+    assert [g.gpus for g in evidence_from_report(doc, "r.json").failed] == [(1,)]
+
+
+@pytest.mark.slow
 def test_doctor_runs_it_on_every_gpu_of_the_simulated_machine(tmp_path):
     from test_doctor import _doctor
 

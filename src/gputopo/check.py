@@ -27,6 +27,7 @@ from gputopo.health.check import (
     validate_numbers,
 )
 from gputopo.health.judge import Judgement, NotChecked, judge
+from gputopo.health.network import port_counters
 from gputopo.health.readings import HealthSample
 from gputopo.health.rules import DEFAULT_THRESHOLDS, Thresholds
 from gputopo.health.state import CheckState, previous_sample, since_last_run
@@ -105,15 +106,18 @@ def run_check(options: CheckOptions, started: float | None = None) -> CheckResul
     )
     extra += net.findings
     not_checked += [NotChecked(what, why) for what, why in net.not_checked]
+    if options.state is not None:  # the ports' counters over the time since the last check, too
+        extra += fabric.since_last_run(net, options.state.ports, options.state.ports_at)
     if options.baseline is not None or options.save_baseline is not None:
         why_not = _no_time_for_baseline(options, sample, deadline)
         if why_not is None:
             extra += _baseline(options, sample, net.facts)
         else:
             not_checked.append(NotChecked("baseline comparison", why_not))
-    return summarize(
+    result = summarize(
         sample, judgement, extra, not_checked, time.monotonic() - started, unavailable, xid_keys=xid_keys
     )
+    return replace(result, ports=port_counters(net.ports))
 
 
 def _unknown_is_not_healthy(
@@ -154,8 +158,9 @@ def _unknown_is_not_healthy(
         out.append(
             Finding(
                 "node",
-                f"every GPU ({len(gpus)}) refused NVML access to root ({refused[0].error}): nothing about "
-                "them could be judged",
+                f"every GPU ({len(gpus)}) refused NVML access to root ({refused[0].error}; driver "
+                f"{sample.driver_version if sample is not None and sample.driver_version else 'unknown'}): "
+                "nothing about them could be judged",
                 "check the driver (`nvidia-smi`) and the device files' permissions (`ls -l /dev/nvidia*`)",
                 rules["gpus_refused"].severity,
                 gpu=None,
@@ -319,7 +324,7 @@ def act_on_node(
     )
     if decision.action == "drain" and decision.reason is not None:
         done = slurm_node.drain(view.name, decision.reason, dry_run, deadline - time.monotonic())
-        return replace(done, node=view.node)
+        return replace(done, node=view.node, reason=decision.reason)
     if decision.action == "resume":
         done = slurm_node.resume(view.name, dry_run, deadline - time.monotonic())
         return replace(done, node=view.node)

@@ -17,6 +17,7 @@ from gputopo.findings import Finding
 from gputopo.health.network import (
     IB,
     PortSample,
+    Rail,
     gdr_findings,
     gdr_mode,
     judge_ports,
@@ -58,13 +59,13 @@ class FabricResult:
     gdr: str | None = None
     iommu: str | None = None
     facts: Mapping[str, Any] = field(default_factory=dict)
-    rails: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    rails: Mapping[str, Rail] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
             **self.facts,
             "ports": [
-                {**p.to_json(), "gpus": list(self.rails.get(p.name, ()))}
+                {**p.to_json(), "gpus": list(self.rails[p.name].gpus if p.name in self.rails else ())}
                 for p in (self.ports.ports if self.ports else ())
             ],
             "pairs": [p.to_json() for p in self.pairs],
@@ -109,7 +110,7 @@ def finish(started: Started, gpus: Mapping[int, str]) -> FabricResult:
         mode,
         iommu,
         facts,
-        {name: rail.gpus for name, rail in behind.items()},
+        behind,
     )
 
 
@@ -152,3 +153,14 @@ def redirected(
     return tuple(
         (min(k), max(k), bridges) for k, bridges in sorted(found.items(), key=lambda kv: sorted(kv[0]))
     )
+
+
+def since_last_run(result: FabricResult, saved: Mapping[str, Any], saved_at: float | None) -> list[Finding]:
+    """The ports' counter rules over the time since the last check (its state file's counters)."""
+    import time
+
+    from gputopo.health.network import since_last_run as judge_since
+
+    if result.ports is None:
+        return []
+    return judge_since(saved, saved_at, result.ports, time.time(), result.rails, result.findings)

@@ -9,8 +9,8 @@ codes instead: 0 OK, 1 WARNING (notes worth a look), 2 CRITICAL, 3 UNKNOWN.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from gputopo.errors import EXIT_OK, EXIT_PROBLEM, EXIT_UNAVAILABLE, UsageError
 from gputopo.findings import NOTE, PROBLEM, Finding
@@ -43,6 +43,8 @@ class CheckResult:
     elapsed_s: float
     # The Xid lines of the window not acknowledged (their keys): what a drain now remembers.
     xid_keys: tuple[str, ...] = ()
+    # The network ports' counters as read (port -> counter -> value): what the state file remembers.
+    ports: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gputopo.findings import NOTE, PROBLEM, Finding
@@ -94,6 +94,15 @@ RULES: tuple[NetRule, ...] = (
         PROBLEM,
         "above 10/s (window at least 1 s)",
         "symbol_error: the link degrades before its error correction gives out",
+        NVSENTINEL,
+    ),
+    NetRule(
+        "port_symbol_errors_since_last",
+        "network",
+        PROBLEM,
+        "above 120/hour since the last check",
+        "symbol_error over the time since the last check (--state): the IBTA limit (a bit error rate of "
+        "1e-12) NVSentinel calls fatal",
         NVSENTINEL,
     ),
     NetRule(
@@ -303,7 +312,13 @@ def judge_ports(
 
 
 def _finding(
-    p: PortReading, what: str, remedy: str, rail: Rail, severity: str = PROBLEM, action: str = "drain"
+    p: PortReading,
+    what: str,
+    remedy: str,
+    rail: Rail,
+    severity: str = PROBLEM,
+    action: str = "drain",
+    rule: str | None = None,
 ) -> Finding:
     return Finding(
         p.name,
@@ -312,6 +327,7 @@ def _finding(
         severity=severity,
         category="network",
         action=action if severity == PROBLEM else "monitor",
+        rule=rule,
     )
 
 
@@ -345,6 +361,7 @@ def _state(p: PortReading, peers: Sequence[PortReading], rail: Rail, management:
                 "nothing to do if the port is not meant to be used; otherwise check its cable",
                 rail,
                 severity=NOTE,
+                rule="port_down",
             )
         ]
     down = (
@@ -354,7 +371,12 @@ def _state(p: PortReading, peers: Sequence[PortReading], rail: Rail, management:
     if management:
         return [
             _finding(
-                p, what + " (no GPU uses it: a management or storage port)", _cable_remedy(p), rail, NOTE
+                p,
+                what + " (no GPU uses it: a management or storage port)",
+                _cable_remedy(p),
+                rail,
+                NOTE,
+                rule="port_down",
             )
         ]
     if not down:  # INIT / ARMED: waiting for the subnet manager
@@ -365,6 +387,7 @@ def _state(p: PortReading, peers: Sequence[PortReading], rail: Rail, management:
                 "check that a subnet manager runs on the fabric (`sminfo`) and sees this port",
                 rail,
                 action="config",
+                rule="port_down",
             )
         ]
     return [
@@ -373,6 +396,7 @@ def _state(p: PortReading, peers: Sequence[PortReading], rail: Rail, management:
             what + ": NCCL's traffic for these GPUs crosses the node to another NIC, or the job fails",
             _cable_remedy(p) + f" ({NVSENTINEL_STATE})",
             rail,
+            rule="port_down",
         )
     ]
 
@@ -399,13 +423,30 @@ def _slower(p: PortReading, peers: Sequence[PortReading], rail: Rail, management
             rail,
             NOTE if management else PROBLEM,
             "replace",
+            rule="port_slow",
         )
     ]
 
 
-def _counters(old: PortReading, new: PortReading, window_s: float, rail: Rail) -> list[Finding]:
+# The rule of each counter whose any rise is a problem.
+_RISE_RULES = {
+    "link_downed": "port_link_downed",
+    "excessive_buffer_overrun_errors": "port_buffer_overrun",
+    "local_link_integrity_errors": "port_link_integrity",
+    "hw_rnr_nak_retry_err": "port_rnr_nak_retry",
+}
+
+
+def _counters(
+    old: PortReading,
+    new: PortReading,
+    window_s: float,
+    rail: Rail,
+    symbol_per_s: float = SYMBOL_ERROR_PER_S,
+    symbol_rule: str = "port_symbol_errors",
+) -> list[Finding]:
     out: list[Finding] = []
-    window = f"{window_s:.1f} s"
+    window = f"{window_s:.1f} s" if window_s < 120 else f"{window_s / 60:.0f} min"
 
     def rise(name: str) -> int | None:
         a, b = old.counters.get(name), new.counters.get(name)
@@ -413,7 +454,7 @@ def _counters(old: PortReading, new: PortReading, window_s: float, rail: Rail) -
             return None
         return b - a
 
-    for name in (*FATAL_COUNTERS, "hw_rnr_nak_retry_err"):
+    for name, rule in _RISE_RULES.items():
         d = rise(name)
         if d:
             out.append(
@@ -422,24 +463,28 @@ def _counters(old: PortReading, new: PortReading, window_s: float, rail: Rail) -
                     f"{name} rose by {d} in {window} (now {new.counters[name]})",
                     _cable_remedy(new) + f" ({NVSENTINEL}: any rise is fatal)",
                     rail,
+                    rule=rule,
                 )
             )
     d = rise("symbol_error")
     if d:
         per_s = d / max(window_s, MIN_RATE_WINDOW_S)
-        if per_s > SYMBOL_ERROR_PER_S:
+        if per_s > symbol_per_s:
+            limit = f"{symbol_per_s:g}/s" if symbol_per_s >= 1 else f"{symbol_per_s * 3600:g}/hour"
+            rate = f"{per_s:.0f}/s" if symbol_per_s >= 1 else f"{per_s * 3600:.0f}/hour"
             out.append(
                 _finding(
                     new,
-                    f"symbol_error rose by {d} in {window} ({per_s:.0f}/s, above "
-                    f"{SYMBOL_ERROR_PER_S:g}/s): the link is degrading before its error correction gives out",
-                    _cable_remedy(new) + f" ({NVSENTINEL}: symbol_error above 10/s)",
+                    f"symbol_error rose by {d} in {window} ({rate}, above {limit}): the link is degrading "
+                    "before its error correction gives out",
+                    _cable_remedy(new) + f" ({NVSENTINEL}: symbol_error above {limit})",
                     rail,
                     action="replace",
+                    rule=symbol_rule,
                 )
             )
     d = rise("carrier_changes")
-    if d and d > CARRIER_CHANGES_PER_INTERVAL:
+    if d and d > CARRIER_CHANGES_PER_INTERVAL and symbol_rule == "port_symbol_errors":
         out.append(
             _finding(
                 new,
@@ -447,8 +492,62 @@ def _counters(old: PortReading, new: PortReading, window_s: float, rail: Rail) -
                 _cable_remedy(new) + f" ({NVSENTINEL}: carrier_changes above 2 per interval)",
                 rail,
                 action="replace",
+                rule="port_carrier_flaps",
             )
         )
+    return out
+
+
+# Since the last check (the unattended check's state file): the IBTA's limit NVSentinel calls fatal, 120
+# symbol errors an hour (a bit error rate of 1e-12), instead of the short window's 10/s; the link-flap
+# threshold is per sampling interval, so it is not judged over the long window.
+SYMBOL_ERRORS_PER_HOUR = 120.0
+MIN_SINCE_LAST_S = 60.0
+
+
+def port_counters(sample: PortSample | None) -> dict[str, dict[str, int]]:
+    """Every port's counters as the check's state file keeps them."""
+    return {p.name: dict(p.counters) for p in (sample.ports if sample else ()) if p.counters}
+
+
+def since_last_run(
+    saved: Mapping[str, Any],
+    saved_at: float | None,
+    now: PortSample,
+    now_s: float,
+    rails: Mapping[str, Rail] | None = None,
+    window: Sequence[Finding] = (),
+) -> list[Finding]:
+    """The counter rules judged again over the time since the last check (``saved`` counters by port,
+    taken at ``saved_at``, epoch seconds; ``now_s`` now): a climb too slow for the check's own window is
+    seen over minutes. What the window already found (same rule, same port) is not said twice."""
+    if saved_at is None or not saved:
+        return []
+    elapsed = now_s - saved_at
+    if elapsed < MIN_SINCE_LAST_S:
+        return []
+    seen = {(f.rule, f.where) for f in window}
+    out: list[Finding] = []
+    for p in now.ports:
+        old = saved.get(p.name)
+        if not isinstance(old, Mapping):
+            continue
+        counters = {k: v for k, v in old.items() if isinstance(v, int) and not isinstance(v, bool)}
+        before = PortReading(p.kind, p.name, p.device, p.port, p.state, counters=counters)
+        found = _counters(
+            before,
+            p,
+            elapsed,
+            (rails or {}).get(p.name, Rail()),
+            SYMBOL_ERRORS_PER_HOUR / 3600,
+            "port_symbol_errors_since_last",
+        )
+        for f in found:
+            if (f.rule, f.where) in seen or (
+                f.rule == "port_symbol_errors_since_last" and ("port_symbol_errors", f.where) in seen
+            ):
+                continue
+            out.append(replace(f, what=f"{f.what} [since the last check, {elapsed / 60:.0f} min ago]"))
     return out
 
 
@@ -487,6 +586,7 @@ def gdr_findings(mode: str | None, rdma_ports: int) -> list[Finding]:
             severity=NOTE,
             category="network",
             action="config",
+            rule="gpudirect_off",
         )
     ]
 

@@ -55,6 +55,10 @@ class CheckState:
     verdict: str | None = None
     unhealthy: Mapping[int, str] = field(default_factory=dict)
     uuids: Mapping[int, str] = field(default_factory=dict)
+    # The network ports' counters of the last check (port name -> counter -> value), taken at ``ports_at``
+    # (``health.network.since_last_run`` judges their rise since).
+    ports: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    ports_at: float | None = None
     problems: tuple[Mapping[str, Any], ...] = ()
 
     @property
@@ -71,7 +75,12 @@ class CheckState:
             if self.drained_at is None
             else {"at": self.drained_at, "reason": self.drained_reason, "events": list(self.drained_events)},
             "acknowledged": {"until": self.ack_until, "keys": list(self.ack_keys), "by": self.ack_by},
-            "counters": {"at": self.counters_at, "gpus": dict(self.counters)},
+            "counters": {
+                "at": self.counters_at,
+                "gpus": dict(self.counters),
+                "ports": dict(self.ports),
+                "ports_at": self.ports_at,
+            },
             "last": {
                 "at": self.judged_at,
                 "verdict": self.verdict,
@@ -138,6 +147,8 @@ def _from_json(doc: dict[str, Any], node: str) -> CheckState:
         verdict=last.get("verdict") if isinstance(last.get("verdict"), str) else None,
         unhealthy={int(k): str(v) for k, v in (last.get("unhealthy") or {}).items()},
         uuids={int(k): str(v) for k, v in (last.get("uuids") or {}).items()},
+        ports={str(k): v for k, v in (counters.get("ports") or {}).items() if isinstance(v, dict)},
+        ports_at=_num(counters.get("ports_at")),
         problems=tuple(p for p in (last.get("problems") or []) if isinstance(p, dict)),
     )
 
@@ -226,7 +237,12 @@ def since_last_run(findings: Sequence[Finding], window: Sequence[Finding], minut
 
 
 def remember_judgement(
-    state: CheckState, now: float, verdict: str, findings: Sequence[Finding], sample: HealthSample | None
+    state: CheckState,
+    now: float,
+    verdict: str,
+    findings: Sequence[Finding],
+    sample: HealthSample | None,
+    ports: Mapping[str, Mapping[str, int]] | None = None,
 ) -> CheckState:
     """The judgement other commands read back: the sick GPUs (index -> first problem) and their UUIDs."""
     unhealthy: dict[int, str] = {}
@@ -245,6 +261,8 @@ def remember_judgement(
         problems=problems,
         counters=counters,
         counters_at=now if sample is not None else state.counters_at,
+        ports=dict(ports) if ports else state.ports,
+        ports_at=now if ports else state.ports_at,
     )
 
 

@@ -257,6 +257,7 @@ def judge_paths(pairs: Iterable[PairPath]) -> PathJudgement:
                 severity=PROBLEM,
                 category="pcie",
                 action="config",
+                rule="acs_redirect",
             )
         )
     unread = [p for p in pairs if p.not_checked]
@@ -313,6 +314,7 @@ def iommu_findings(mode: str | None) -> list[Finding]:
             severity=NOTE,
             category="config",
             action="config",
+            rule="iommu_translated",
         )
     ]
 

@@ -55,6 +55,7 @@ def to_markdown(doc: dict[str, Any]) -> str:
                 gpus = ",".join(map(str, s["gpus"]))
                 lines.append(f"| {gpus} | {c['name']} | {c['verdict']}{kind} | {_md(c.get('detail'))} |")
         lines.append("")
+        lines += per_gpu_markdown(doc["probe"])
         lines += speed_markdown(doc["probe"])
     elif doc["probe_note"]:
         lines += [f"Probes {doc['probe_note']}.", ""]
@@ -93,6 +94,18 @@ def health_markdown(doc: dict[str, Any]) -> list[str]:
     if skipped:
         lines += ["Not checked:", "", *(f"- {_md(s)}" for s in skipped), ""]
     return lines
+
+
+def per_gpu_markdown(probe: dict[str, Any]) -> list[str]:
+    """The per-GPU check's table (each GPU's numbers, the median, the datasheet peak), as the probe's."""
+    from gputopo.probe.report.document import gpu_table
+
+    out: list[str] = []
+    for s in probe.get("sets") or []:
+        for c in s["checks"]:
+            if c["name"] == "gpu" and c.get("kind") not in ("hung", "crashed"):
+                out += ["```", *gpu_table(s["gpus"], c), "```", ""]
+    return ["## Every GPU on its own", "", *out] if out else []
 
 
 def speed_markdown(probe: dict[str, Any]) -> list[str]:

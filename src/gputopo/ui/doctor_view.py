@@ -47,7 +47,7 @@ def render_doctor(doc: dict[str, Any]) -> RenderableType:
     if probe:
         names = [
             n
-            for n in ("p2p", "dp", "ddp", "allreduce")
+            for n in ("gpu", "p2p", "dp", "ddp", "allreduce")
             if any(c["name"] == n for s in probe["sets"] for c in s["checks"])
         ]
         failed = any(c["verdict"] == "fail" for s in probe["sets"] for c in s["checks"])
@@ -69,6 +69,7 @@ def render_doctor(doc: dict[str, Any]) -> RenderableType:
                 cells.append(Text(c["verdict"] + kind, style=style))
             t.add_row(",".join(map(str, s["gpus"])), *cells)
         parts.append(t)
+        parts += per_gpu_tables(probe.get("per_gpu"))
     elif doc.get("probe_note"):
         parts.append(Text(f"probes {doc['probe_note']}", style="yellow"))
     stale = doc.get("stale") or {}
@@ -120,3 +121,24 @@ def health_section(doc: dict[str, Any]) -> list[RenderableType]:
     if skipped:
         parts.append(Text("health not checked: " + "; ".join(skipped), style="dim"))
     return parts
+
+
+def per_gpu_tables(per_gpu: dict[str, Any] | None) -> list[RenderableType]:
+    """The per-GPU check: each GPU's four numbers beside its peers' median, and its verdict."""
+    rows = (per_gpu or {}).get("gpus") or []
+    if not rows:
+        return []
+    what = "CPU stand-in" if (per_gpu or {}).get("simulated") else "GPU"
+    t = Table(title=f"Every {what} on its own (peers' median in brackets)", title_justify="left")
+    for name in ("GPU", "matmul TFLOP/s", "memory GB/s", "H2D GB/s", "D2H GB/s", "verdict"):
+        t.add_column(name)
+    for r in rows:
+        med = r.get("peers_median") or {}
+        cells = []
+        for key in ("matmul_tflops", "memory_gbps", "h2d_gbps", "d2h_gbps"):
+            value, ref = r.get(key), med.get(key)
+            text = f"{value:.4g}" if isinstance(value, (int, float)) else "-"
+            cells.append(text + (f" ({ref:.4g})" if isinstance(ref, (int, float)) else ""))
+        style = "green" if r.get("verdict") == "pass" else "bold red"
+        t.add_row(f"GPU{r.get('gpu')}", *cells, Text(str(r.get("verdict")), style=style))
+    return [t]
