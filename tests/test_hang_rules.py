@@ -87,6 +87,7 @@ def test_counts_point_at_the_skipped_call(base: Path, fmt: str) -> None:
     assert group.calls_note == note
     assert note in report.reason
     assert report.document()["groups"][0]["calls"]["note"] == note
+    _torch_agrees(*_analyse(folder / "json" if fmt == "json" else folder)[:2])  # torch: rank 2, seq 12
 
 
 def test_a_json_dump_without_entries_is_a_rank_that_never_entered(base: Path, tmp_path: Path) -> None:
