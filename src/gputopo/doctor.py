@@ -24,7 +24,7 @@ from typing import Any
 from gputopo import __version__
 from gputopo.errors import GputopoError, Interrupted, UnavailableError, UsageError
 from gputopo.findings import PROBLEM, Finding, link_findings, nccl_env_findings
-from gputopo.model import Topology
+from gputopo.model import DEFAULT_HEALTH_WINDOW_S, DEFAULT_NVML_TIMEOUT_S, Topology
 
 SCHEMA = "gputopo/doctor/v1"
 DEFAULT_SAMPLE = "quad-nv4-pairs-2socket"
@@ -33,9 +33,11 @@ COMMON_SIZES = (2, 4)
 MAX_SIMULATED_GPUS = 8
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DoctorOptions:
-    """What the user chose; ``None`` means the default for the device (tiny ResNet on CPU)."""
+    """What the user chose, by keyword, built and validated once per command (``check_options``); each
+    default is written here once. ``None`` means the default for the device (tiny ResNet on CPU, the
+    quick show's micro CNN in a simulation)."""
 
     input: str | None = None
     steps: int | None = None  # None: DEFAULT_STEPS, or the quick show's QUICK_STEPS
@@ -48,7 +50,9 @@ class DoctorOptions:
     inject: Any = None  # a ``probe.plan.options.Fault`` for a drill, planted where ``inject_gpus`` says
     inject_gpus: str | None = None
     nvml_timeout_s: float | None = None  # per live NVML read; None: the default
-    health_sample_s: float = 2.0  # the health check's window between its two samples (check's --sample-s)
+    health_sample_s: float = (
+        DEFAULT_HEALTH_WINDOW_S  # the health check's window between its two samples (check's --sample-s)
+    )
     skip_speed: bool = False
     # Across nodes (``gputopo.probe.plan.nodes.NodeOptions``): after this machine's checks, the inter-node
     # tests; ``inject`` then goes into them (on ``node.inject_node``), not into this machine's probes.
@@ -480,7 +484,7 @@ def check_health(machine: Machine, options: DoctorOptions) -> HealthStep:
     from gputopo.check import CheckOptions, run_check
 
     sample_s = max(0.0, options.health_sample_s)
-    nvml_timeout_s = options.nvml_timeout_s if options.nvml_timeout_s is not None else 5.0
+    nvml_timeout_s = options.nvml_timeout_s if options.nvml_timeout_s is not None else DEFAULT_NVML_TIMEOUT_S
     result = run_check(
         CheckOptions(
             sample_s=sample_s,

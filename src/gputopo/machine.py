@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gputopo.errors import InputError
-from gputopo.model import Topology
+from gputopo.model import DEFAULT_NVML_TIMEOUT_S, Topology
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -105,7 +105,7 @@ def read_live_health(
     from gputopo.system import nvml
     from gputopo.system.health_reads import sample_health
 
-    timeout_s = nvml_timeout_s if nvml_timeout_s is not None else 5.0
+    timeout_s = nvml_timeout_s if nvml_timeout_s is not None else DEFAULT_NVML_TIMEOUT_S
     try:
         first, last = sample_health(sample_s if sample_s > 0 else None, gpus=gpus, timeout_s=timeout_s)
     except nvml.NvmlUnavailable as exc:

@@ -20,6 +20,7 @@ from gputopo.cli.nodes import (
 )
 from gputopo.cli.topo import NVML_TIMEOUT_OPTION
 from gputopo.errors import EXIT_PROBLEM, InputError, Interrupted, UnavailableError, UsageError
+from gputopo.model import DEFAULT_HEALTH_WINDOW_S
 from gputopo.probe.plan.options import Fault
 from gputopo.ui.output import Output
 
@@ -103,7 +104,7 @@ def doctor_command(
     inject_node: Optional[int] = INJECT_NODE_OPTION,  # noqa: UP045 (typer)
     nvml_timeout: float = NVML_TIMEOUT_OPTION,
     sample_s: float = typer.Option(
-        2.0,
+        DEFAULT_HEALTH_WINDOW_S,
         "--sample-s",
         metavar="SECONDS",
         help="The health check's window: error counters are read twice this far apart and judged by "
@@ -140,12 +141,12 @@ def doctor_command(
         )
     ensure_report_dir(report_dir)
     options = DoctorOptions(
-        input,
-        steps,
-        timeout,
-        skip_probe,
-        model,
-        report_dir,
+        input=input,
+        steps=steps,
+        timeout_s=timeout,
+        skip_probe=skip_probe,
+        model=model,
+        report_dir=report_dir,
         simulate=simulate,
         inject=inject,
         inject_gpus=inject_gpus,

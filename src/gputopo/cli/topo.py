@@ -8,12 +8,12 @@ import typer
 
 from gputopo.cli import app
 from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, examples, guarded, read_topology
+from gputopo.model import DEFAULT_NVML_TIMEOUT_S
 from gputopo.ui.output import Output
 
-# Shared by the commands that read the live machine (topo, recommend, doctor). The default mirrors
-# gputopo.system.nvml_worker.DEFAULT_TIMEOUT_S, spelled here so --help does not import it.
+# Shared by the commands that read the live machine (topo, recommend, probe, doctor): declared once.
 NVML_TIMEOUT_OPTION = typer.Option(
-    5.0,
+    DEFAULT_NVML_TIMEOUT_S,
     "--nvml-timeout",
     metavar="SECONDS",
     help="Seconds each live NVML read (start-up, one GPU, one GPU pair) may take; a GPU that does not "
