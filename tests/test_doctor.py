@@ -85,8 +85,13 @@ def test_doctor_live_flags_link_problems_and_leaves_busy_gpus_out(tmp_path):
     with FakeNvml.pcie_box().installed():
         doc = run_doctor(DoctorOptions(skip_probe=True, report_dir=tmp_path))
     assert doc["simulated"] is False
-    assert doc["verdict"] == "problems"
-    assert any(f["where"] == "GPU2" and "while busy" in f["what"] for f in doc["findings"])
+    # A link trained narrower than its maximum is a slow link (a note, ranked lower), a problem only when
+    # its replays rise too (issue 28): the verdict stays healthy, the busy GPU is still left out.
+    assert doc["verdict"] == "healthy"
+    assert any(
+        f["where"] == "GPU2" and "while busy" in f["what"] and f["severity"] == "note"
+        for f in doc["findings"]
+    )
     assert [e["gpu"] for e in doc["left_out"]] == [2]
     for r in doc["recommendations"]:
         assert 2 not in r["best"]["gpus"]

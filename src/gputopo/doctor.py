@@ -24,7 +24,8 @@ from typing import Any
 from gputopo import __version__
 from gputopo.errors import GputopoError, Interrupted, UnavailableError, UsageError
 from gputopo.findings import PROBLEM, Finding, link_findings, nccl_env_findings
-from gputopo.model import DEFAULT_HEALTH_WINDOW_S, DEFAULT_NVML_TIMEOUT_S, Topology
+from gputopo.health.check import DEFAULT_NVML_TIMEOUT_S, DEFAULT_SAMPLE_S
+from gputopo.model import Topology
 
 SCHEMA = "gputopo/doctor/v1"
 DEFAULT_SAMPLE = "quad-nv4-pairs-2socket"
@@ -51,7 +52,7 @@ class DoctorOptions:
     inject_gpus: str | None = None
     nvml_timeout_s: float | None = None  # per live NVML read; None: the default
     health_sample_s: float = (
-        DEFAULT_HEALTH_WINDOW_S  # the health check's window between its two samples (check's --sample-s)
+        DEFAULT_SAMPLE_S  # the health check's window between its two samples (check's --sample-s)
     )
     skip_speed: bool = False
     # Across nodes (``gputopo.probe.plan.nodes.NodeOptions``): after this machine's checks, the inter-node

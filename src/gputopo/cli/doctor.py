@@ -20,7 +20,7 @@ from gputopo.cli.nodes import (
 )
 from gputopo.cli.topo import NVML_TIMEOUT_OPTION
 from gputopo.errors import EXIT_PROBLEM, InputError, Interrupted, UnavailableError, UsageError
-from gputopo.model import DEFAULT_HEALTH_WINDOW_S
+from gputopo.health.check import DEFAULT_SAMPLE_S
 from gputopo.probe.plan.options import Fault
 from gputopo.ui.output import Output
 
@@ -104,7 +104,7 @@ def doctor_command(
     inject_node: Optional[int] = INJECT_NODE_OPTION,  # noqa: UP045 (typer)
     nvml_timeout: float = NVML_TIMEOUT_OPTION,
     sample_s: float = typer.Option(
-        DEFAULT_HEALTH_WINDOW_S,
+        DEFAULT_SAMPLE_S,
         "--sample-s",
         metavar="SECONDS",
         help="The health check's window: error counters are read twice this far apart and judged by "
