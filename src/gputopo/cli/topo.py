@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from gputopo.cli import app
@@ -32,7 +30,7 @@ NVML_TIMEOUT_OPTION = typer.Option(
 )
 @guarded
 def topo_command(
-    input: Optional[str] = typer.Option(None, "--input", "-i", metavar=INPUT_METAVAR, help=INPUT_HELP),  # noqa: UP045 (typer)
+    input: str | None = typer.Option(None, "--input", "-i", metavar=INPUT_METAVAR, help=INPUT_HELP),
     json_out: bool = JSON_OPTION,
     list_samples: bool = typer.Option(False, "--list-samples", help="Name the built-in sample machines."),
     nvml_timeout: float = NVML_TIMEOUT_OPTION,
