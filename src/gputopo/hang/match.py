@@ -37,7 +37,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gputopo.hang.load import MAX_RANKS, Dump, paused_gc
+from gputopo.hang.load import MAX_RANKS, Dump, crafted_entry, deep_entry, paused_gc, shallow_entry
 from gputopo.hang.oprules import ALL_TO_ALL, LOOSE, alltoall_totals, entry_key, op_name
 from gputopo.hang.oprules import mismatch as oprules_mismatch
 
@@ -146,8 +146,21 @@ def match_dumps(
 ) -> MatchResult:
     """Match the dumps' collectives and point-to-point ops. ``world_size`` (from a run record) bounds the
     world; ranks in ``unusable`` had a dump that could not be read (they count as having none)."""
+    ordered = sorted(dumps, key=lambda d: d.rank)
     with paused_gc():
-        return _match_dumps(sorted(dumps, key=lambda d: d.rank), world_size, set(unusable))
+        try:
+            return _match_dumps(ordered, world_size, set(unusable))
+        except (RecursionError, TypeError, _DeepEntry):
+            # Comparing, hashing or showing an entry nested deeper than torch writes one: find the dump
+            # (only now: the common path checks nothing) and refuse it in one line (exit 2).
+            culprit = deep_entry(ordered)
+            if culprit is None:
+                raise
+            raise crafted_entry(culprit) from None
+
+
+class _DeepEntry(Exception):
+    """An entry about to be shown nests deeper than torch writes one."""
 
 
 def _match_dumps(dumps: list[Dump], world_size: int | None, unusable: set[int]) -> MatchResult:
@@ -298,6 +311,8 @@ def _frames(e: dict[str, Any]) -> tuple[str, ...] | None:
 
 
 def _call(e: dict[str, Any], pg_size: int = 0, order: list[int] | None = None) -> Call:
+    if not shallow_entry(e):
+        raise _DeepEntry  # what is shown is rendered and written as JSON: both recurse
     prof = str(e.get("profiling_name", ""))
     backend, _, op = prof.rpartition(":")
     peer = None
@@ -570,6 +585,20 @@ def _first_difference(
         theirs = [seqs[q].get(s) for q in refs]
         if mine is not None and all(t is not None and t[-1] is mine[-1] for t in theirs):
             continue
+        if mine is not None and all(
+            t is not None
+            and len(t) == len(mine)
+            and all(
+                a.get("profiling_name") == b.get("profiling_name")
+                and a.get("input_sizes") == b.get("input_sizes")
+                and a.get("output_sizes") == b.get("output_sizes")
+                and a.get("input_dtypes") == b.get("input_dtypes")
+                and a.get("frames") == b.get("frames")
+                for a, b in zip(t, mine, strict=True)
+            )
+            for t in theirs
+        ):
+            continue  # the same call, from the same line (the cheap way: no key built)
         if mine is not None and all(
             t is not None and t[-1].get("profiling_name") == mine[-1].get("profiling_name") for t in theirs
         ):
