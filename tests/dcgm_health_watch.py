@@ -24,16 +24,10 @@ WATCHES: dict[str, frozenset[str]] = {
     "MonitorNVLink5Fields": frozenset({"fail"}),
     "MonitorNVLinkStatus": frozenset({"fail"}),
     "MonitorFabricFields": frozenset({"warn", "fail"}),
-    "MonitorNVLinkErrorFields": frozenset({"warn", "fail"}),
 }
 
 # Watches gputopo has no rule for, and why (each must stay explained).
-NOT_COVERED = {
-    "MonitorMemUnrepairableFlag": "DCGM 4.6 DCGM_FI_DEV_MEMORY_UNREPAIRABLE: its NVML field is not in the "
-    "nvidia-ml-py gputopo supports, so it is not read yet",
-    "MonitorNVLink5Fields": "NVLink5 counters (NVML fields 206-215, 221-222) need NVML reads not made yet",
-    "MonitorNVLinkErrorFields": "NVSwitch/NVLink5 aggregate counters, read with MonitorNVLink5Fields",
-}
+NOT_COVERED = {}
 
 # Xid -> DCGM's severity (BuildXidMappings: m_devastatingXids and m_subsystemXids).
 XIDS: dict[int, str] = {

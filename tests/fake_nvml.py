@@ -89,12 +89,13 @@ class FakeHealth:
     pcie_replays: int = 0
     persistence: bool = True
     vbios: str = "96.00.99.00.01"
-    fields: dict[int, int] = field(
+    fields: dict[Any, int] = field(
         default_factory=lambda: {230: 0}
     )  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: none
     nvlink_errors: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)
     fabric: tuple[int, int, int, int] | None = None
     xid_events: bool = True
+    unrepairable_memory: bool | None = None  # None: NOT_SUPPORTED (older drivers, most GPUs)
 
 
 @dataclass(frozen=True)
@@ -611,18 +612,26 @@ class FakeNvml:
     def nvmlDeviceGetPcieReplayCounter(self, handle: FakeHandle) -> int:
         return self._health(handle, "nvmlDeviceGetPcieReplayCounter").pcie_replays
 
+    def nvmlDeviceGetUnrepairableMemoryFlag_v1(self, handle: FakeHandle) -> int:
+        flag = self._health(handle, "nvmlDeviceGetUnrepairableMemoryFlag_v1").unrepairable_memory
+        if flag is None:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return int(flag)
+
     def nvmlDeviceGetPersistenceMode(self, handle: FakeHandle) -> int:
         on = self._health(handle, "nvmlDeviceGetPersistenceMode").persistence
         return pynvml.NVML_FEATURE_ENABLED if on else pynvml.NVML_FEATURE_DISABLED
 
-    def nvmlDeviceGetFieldValues(self, handle: FakeHandle, fieldIds: list[int]) -> list[Any]:
+    def nvmlDeviceGetFieldValues(self, handle: FakeHandle, fieldIds: list[Any]) -> list[Any]:
+        """A field id, or a (field id, scope) pair as pynvml takes it: ``fields`` keys are ids, or
+        (id, link) for the NVLink-scoped counters."""
         h = self._health(handle, "nvmlDeviceGetFieldValues")
         out = []
         for fid in fieldIds:
             known = fid in h.fields
             out.append(
                 SimpleNamespace(
-                    fieldId=fid,
+                    fieldId=fid[0] if isinstance(fid, tuple) else fid,
                     nvmlReturn=pynvml.NVML_SUCCESS if known else pynvml.NVML_ERROR_NOT_SUPPORTED,
                     valueType=3,  # NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
                     value=SimpleNamespace(ullVal=h.fields.get(fid, 0)),

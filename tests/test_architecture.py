@@ -251,3 +251,81 @@ def test_nvml_calls_only_the_typed_backend_and_the_fake_implements_all_of_it():
     assert len(called) > 40
     assert called - declared == set(), "called through the door but not in NvmlBackend"
     assert {n for n in declared if not hasattr(FakeNvml, n)} == set(), "NvmlBackend functions FakeNvml lacks"
+
+
+# --- The drawing's numbers ----------------------------------------------------------------------------
+
+
+def floors() -> list[list[str]]:
+    """The floors of pyproject's first layers contract, top down, each a list of module prefixes."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: gputopo depends on tomli there
+        import tomli as tomllib
+    doc = tomllib.loads((SRC.parent / "pyproject.toml").read_text())
+    layers = doc["tool"]["importlinter"]["contracts"][0]["layers"]
+    return [[m.strip() for m in re.split(r"[|:]", layer)] for layer in layers]
+
+
+def floor_of(module: str, prefixes: list[list[str]]) -> int | None:
+    """The floor (0 = top) of the longest prefix that holds ``module``; ``None`` when no floor does."""
+    best: tuple[int, int] | None = None
+    for i, names in enumerate(prefixes):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and (best is None or len(name) > best[1]):
+                best = (i, len(name))
+    return best[0] if best is not None else None
+
+
+def arrows_back_up(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Imports that point up: to a higher floor, or between two sibling rooms that import each other
+    (the back half of a circle between rooms, which ``acyclic_siblings`` would need an exception for)."""
+    layers = floors()
+    up = []
+    for src, targets in graph.items():
+        for dst in targets:
+            a, b = floor_of(src, layers), floor_of(dst, layers)
+            if a is not None and b is not None and b < a:
+                up.append((src, dst))
+    # Rooms: gputopo's direct subpackages and modules; a pair of rooms importing each other is a circle.
+    room = {m: ".".join(m.split(".")[:2]) for m in graph}
+    between: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for src, targets in graph.items():
+        for dst in targets:
+            if room[src] != room.get(dst, room[src]):
+                between.setdefault((room[src], room[dst]), []).append((src, dst))
+    # A room stands on the highest floor of its modules (procs/ on the services floor, by procs.survey).
+    room_floor: dict[str, int] = {}
+    for m, r in room.items():
+        f = floor_of(m, layers)
+        if f is not None:
+            room_floor[r] = min(f, room_floor.get(r, f))
+    for (a, b), edges in between.items():
+        lower = a in room_floor and b in room_floor and room_floor[a] > room_floor[b]
+        if (b, a) in between and lower:  # the edge from the lower room to the higher one points back up
+            up += edges
+    return sorted(set(up))
+
+
+def test_the_drawing_has_no_arrow_back_up_and_no_circle(capsys):
+    graph = import_graph()
+    packages = sorted(n for n, p in module_names().items() if p.name == "__init__.py")
+    up = arrows_back_up(graph)
+    cycle = find_cycle(graph)
+    with capsys.disabled():
+        print(
+            f"\ndrawing: {len(packages)} packages, {len(module_names())} modules, {len(floors())} floors, "
+            f"{len(up)} arrows back up, {0 if cycle is None else 1} circles"
+        )
+    assert up == [], up
+    assert cycle is None
+
+
+def test_the_arrow_finder_finds_a_planted_arrow_back_up():
+    graph = import_graph()
+    graph["gputopo.system.lsof"] = graph["gputopo.system.lsof"] | {"gputopo.procs.survey"}  # to a service
+    assert ("gputopo.system.lsof", "gputopo.procs.survey") in arrows_back_up(graph)
+    graph = import_graph()
+    # The old arrow: system/ down into a pure module of procs/, whose service imports system/.
+    graph["gputopo.system.lsof"] = graph["gputopo.system.lsof"] | {"gputopo.procs.holders"}
+    assert ("gputopo.system.lsof", "gputopo.procs.holders") in arrows_back_up(graph)

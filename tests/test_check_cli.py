@@ -242,3 +242,35 @@ def test_a_hung_gpu_skips_the_baseline_comparison_rather_than_wait_on_it_again(
     assert doc["gpus"][1]["health"]["state"] == "not responding"
     [skipped] = [n for n in doc["not_checked"] if n["what"] == "baseline comparison"]
     assert skipped["why"].startswith("GPU1 did not answer NVML")
+
+
+def test_every_gpu_refusing_access_is_never_healthy(driver: Path, tmp_path: Path) -> None:
+    # NVML's Insufficient Permissions (4) for every GPU: nothing could be judged. For root (the health
+    # check's user) that is a broken node: a problem naming the driver. Never "healthy", never exit 0.
+    import os
+
+    lines = [*healthy(0), *healthy(1), "handle 0 4", "handle 1 4"]
+    result = check(driver, machine(tmp_path, lines), *FAST, "--format", "nagios")
+    assert result.returncode != 0 and not result.stdout.startswith("GPUTOPO OK")
+    text = check(driver, machine(tmp_path, lines), *FAST)
+    if os.geteuid() == 0:
+        assert text.returncode == 1
+        assert text.stdout.startswith(
+            "problems: every GPU (2) refused NVML access to root (Insufficient Permissions; driver 570.86.15)"
+        )
+    else:
+        assert text.returncode == 3 and "all 2 refused access" in text.stdout
+
+
+def test_all_refused_reads_unknown_for_a_user() -> None:
+    from gputopo.health.check import summarize
+    from gputopo.health.readings import GpuHealth, HealthSample
+
+    refused = tuple(
+        GpuHealth(index=i, error="Insufficient Permissions", state="not accessible") for i in range(2)
+    )
+    result = summarize(HealthSample(refused, 0.0), None, (), (), 0.1)
+    assert (result.verdict, result.exit_code) == ("unknown", 3)
+    assert result.reason == (
+        "no GPU could be read: all 2 refused access (Insufficient Permissions); run the check as root"
+    )

@@ -239,3 +239,41 @@ def test_recommend_run_and_doctor_use_the_last_checks_judgement_while_fresh(
         fake_driver.run(driver, path, "recommend", "--n", "1", "--json", timeout=60, extra_env=env).stdout
     )
     assert stale["excluded"] == []
+
+
+def _bindings_have(what: str) -> bool:
+    """Whether the installed nvidia-ml-py has ``what``: the unrepairable-memory call, or (field, scope)
+    pairs in nvmlDeviceGetFieldValues (the oldest supported bindings may lack either; gputopo then reads
+    neither, and says nothing)."""
+    import inspect
+
+    import pynvml
+
+    if what == "scoped fields":
+        return "scopeId" in inspect.getsource(pynvml.nvmlDeviceGetFieldValues)
+    return hasattr(pynvml, what)
+
+
+@pytest.mark.skipif(
+    not _bindings_have("scoped fields"), reason="these nvidia-ml-py bindings cannot scope a field"
+)
+def test_nvlink5_counters_on_the_c_fake_driver(driver: Path, tmp_path: Path) -> None:
+    # Link 2's NVLink5 receive-error counter (NVML field 208, scoped to the link) rises by 3 a read.
+    lines = [*healthy(0), "lfield 0 2 208 5 3", "lfield 0 2 221 0"]
+    result = check(driver, machine(tmp_path, lines), *FAST, "--json")
+    assert result.returncode == 1, result.stdout + result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["gpus"][0]["health"]["nvlinks"][2]["nvl5"] == [[208, 8], [221, 0]]
+    (f,) = [f for f in doc["findings"] if f["rule"] == "nvlink5_error_rise"]
+    assert f["what"].startswith("GPU0: NVLink5 receive errors rose by 3 in ")
+
+
+@pytest.mark.skipif(
+    not _bindings_have("nvmlDeviceGetUnrepairableMemoryFlag_v1"), reason="these nvidia-ml-py bindings lack it"
+)
+def test_unrepairable_memory_on_the_c_fake_driver(driver: Path, tmp_path: Path) -> None:
+    result = check(
+        driver, machine(tmp_path, [*healthy(0), "unrepairable 0 1", *healthy(1), "unrepairable 1 0"]), *FAST
+    )
+    assert result.returncode == 1
+    assert result.stdout.splitlines()[0] == "problems: the driver flags the memory of GPU0 as unrepairable"

@@ -142,3 +142,20 @@ def test_check_options_are_keyword_only_and_validated_once() -> None:
         assert err.value.message.startswith(words)
     with pytest.raises(UsageError):
         dataclasses.replace(o, sample_s=-1.0)
+
+
+def test_the_hint_names_the_flag_that_would_admit_a_gpu_never_one_given() -> None:
+    from gputopo.recommend.constraints import Exclusion
+    from gputopo.recommend.reasons import fewer_hint
+
+    # A health finding that says "while busy" is a health reason: --allow-unhealthy admits it.
+    sick = Exclusion(2, "health: GPU2: PCIe link trained at x8 of x16 while busy, and its replays rose by 3")
+    assert (
+        fewer_hint((sick,))
+        == "ask for fewer GPUs, or count GPUs with a health problem in with --allow-unhealthy"
+    )
+    busy = Exclusion(1, "busy: 2 compute processes (pid 10, 11)")
+    assert fewer_hint((busy,)) == "ask for fewer GPUs, or count busy GPUs in with --allow-busy"
+    both = fewer_hint((busy, sick))
+    assert "--allow-busy" in both and "--allow-unhealthy" in both
+    assert fewer_hint((Exclusion(0, "excluded by --exclude"),)) == "ask for fewer GPUs"

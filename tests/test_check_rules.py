@@ -165,3 +165,52 @@ def test_the_docs_rule_reference_is_the_table_itself() -> None:
         "docs/health-rules.md's rule reference is out of date: GPUTOPO_WRITE_DOCS=1 pytest "
         "tests/test_check_rules.py -k reference"
     )
+
+
+# --- NVLink5 (Blackwell) counters, read through the NVML door ---------------------------------------------
+
+
+def test_nvlink5_counters_are_read_per_link_through_the_door_and_each_rise_fails() -> None:
+    from fake_nvml import FakeNvml
+    from gputopo.health.judge import judge
+    from gputopo.health.readings import HealthSample
+    from gputopo.system import health_reads, nvml
+
+    def sample(fake: FakeNvml) -> HealthSample:
+        with fake.installed(), nvml.session() as s:
+            return HealthSample(
+                tuple(health_reads.read_gpu_health(s, i) for i in range(s.device_count())), 0.0
+            )
+
+    fake = FakeNvml.nvswitch_box(health=True)
+    before = sample(fake)
+    assert all(n.nvl5 is None for g in before.gpus for n in g.nvlinks)  # before NVLink5: nothing, no gap
+    assert all(g.unknown == () for g in before.gpus)
+    fake.gpus[1].health.fields.update({(208, 3): 5, (221, 3): 0, (221, 4): 0})
+    first = sample(fake)
+    assert first.gpus[1].nvlinks[3].nvl5 == ((208, 5), (221, 0))
+    fake.gpus[1].health.fields.update({(208, 3): 8, (221, 4): 1})
+    second = sample(fake)
+    found = [f for f in judge(first, second, window_s=2.0).findings if f.rule == "nvlink5_error_rise"]
+    assert [(f.gpu, f.severity, f.action) for f in found] == [(1, PROBLEM, "reset"), (1, PROBLEM, "reset")]
+    assert "NVLink5 receive errors rose by 3 in 2.0 s (NVML field 208; link 3: +3)" in found[0].what
+    assert "NVLink5 symbol errors rose by 1" in found[1].what
+
+
+def test_unrepairable_memory_is_read_where_the_driver_has_it_and_fails_as_in_dcgm() -> None:
+    from fake_nvml import FakeNvml
+    from gputopo.health.judge import judge
+    from gputopo.health.readings import HealthSample
+    from gputopo.system import health_reads, nvml
+
+    fake = FakeNvml.nvswitch_box(health=True)
+    fake.gpus[2].health.unrepairable_memory = True
+    fake.gpus[3].health.unrepairable_memory = False
+    with fake.installed(), nvml.session() as s:
+        sample = HealthSample(tuple(health_reads.read_gpu_health(s, i) for i in range(s.device_count())), 0.0)
+    assert [g.memory_unrepairable for g in sample.gpus] == [None, None, True, False]
+    assert all(g.unknown == () for g in sample.gpus)  # a driver without it is no gap
+    found = judge(sample, sample, window_s=2.0).findings
+    assert [(f.gpu, f.rule, f.severity, f.action) for f in found] == [
+        (2, "memory_unrepairable", PROBLEM, "replace")
+    ]

@@ -187,3 +187,51 @@ def test_live_names_rank_2_keeps_the_job_and_sigterm_leaves_the_evidence(tmp_pat
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+@pytest.mark.slow
+def test_live_reads_the_flight_recorder_through_torchs_control_plane(tmp_path: Path) -> None:
+    """A job that runs inside worker_main() on the socket the docs name: --live takes each rank's Flight
+    Recorder while it hangs (fr_trace_json), and the matching names rank 2 with the stacks."""
+    pytest.importorskip("torch.distributed.elastic.control_plane")
+    if pyspy.find_pyspy() is None:
+        pytest.skip("py-spy is not installed")
+    run = tmp_path / "run"
+    job_env = _env(
+        HANG_JOB_DUMP_AFTER_S="never",
+        HANG_JOB_TIMEOUT_S="300",
+        HANG_JOB_STUCK_RANK="2",
+        HANG_JOB_CONTROL_PLANE="1",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gputopo", "run", "--n", "3", "--torchrun", "--input", "sample:seed-8gpu-nv4",
+         "--run-dir", str(run), "--", str(JOB)],
+        cwd=tmp_path, env=job_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        doc: dict = {}
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            if len(_record(run).get("ranks") or []) == 3:
+                live = _gputopo("hang", "--live", str(run), "--json", cwd=tmp_path)
+                doc = json.loads(live.stdout) if live.stdout else {}
+                if doc.get("groups") and len([s for s in doc["stacks"] if s["in"] == "collective"]) == 2:
+                    break
+            time.sleep(2)
+        assert doc.get("groups"), doc
+        assert sorted(p.name for p in (run / "live").iterdir()) == [f"fr-live-{r}.json" for r in range(3)]
+        assert doc["dumps"]["count"] == 3 and doc["dumps"]["formats"] == ["json"]
+        (group,) = doc["groups"]
+        assert group["never_entered"] == [2] and group["collective"]["op"] == "all_reduce"
+        (suspect,) = [s for s in doc["suspects"] if s["rank"] == 2]
+        assert suspect["frame"].startswith("stall_in_data_loader")  # the stack joins the dump's answer
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()

@@ -258,3 +258,20 @@ def test_doctor_views_show_each_gpu_beside_its_peers_median():
     markdown = "\n".join(per_gpu_markdown(probe))
     assert markdown.startswith("## Every GPU on its own") and "slow: matmul 40" in markdown
     assert per_gpu_tables(None) == [] and per_gpu_markdown({"sets": []}) == []
+
+
+def test_a_crashed_or_hung_per_gpu_job_names_each_gpus_part():
+    from gputopo.probe.plan.schedule import Job
+    from gputopo.probe.pool.launch import LaunchOutcome, RankFailure
+    from gputopo.probe.pool.runner import judge_outcome
+    from gputopo.probe.shared import TopologyView
+
+    config = build_config(CPU, ["4,5,6"], mode=Mode.GPU)
+    died = RankFailure(1, 86, None, 123, "injected crash", "")
+    outcome = LaunchOutcome(Job((4, 5, 6), ("gpu",)), "failed", {}, None, (died,), {}, 1.0, 10.0)
+    result = judge_outcome(outcome, ("gpu",), TopologyView(None), config)["gpu"]
+    assert result.kind == "crashed"
+    assert [r["verdict"] for r in result.metrics["rows"]] == ["not judged", "crashed", "not judged"]
+    hung = LaunchOutcome(Job((4, 5, 6), ("gpu",)), "timeout", {}, None, (), {}, 20.0, 10.0)
+    result = judge_outcome(hung, ("gpu",), TopologyView(None), config)["gpu"]
+    assert result.kind == "hung" and {r["verdict"] for r in result.metrics["rows"]} == {"hung"}

@@ -23,6 +23,7 @@ def per_gpu(tmp_path, *args: str) -> tuple[int, dict]:
     return done.returncode, json.loads(done.stdout)
 
 
+@pytest.mark.slow
 def test_healthy_stand_ins_all_pass_with_four_positive_numbers(tmp_path):
     code, doc = per_gpu(tmp_path)
     assert code == 0 and doc["verdict"] == "pass"

@@ -123,16 +123,17 @@ print(json.dumps({{"lines": lines, "sick": seen["sick"], "listening": seen["list
 def test_a_probe_on_gpus_warns_once_per_sick_gpu_and_listens(driver: Path, tmp_path: Path) -> None:
     from test_health_reads import healthy
 
-    lines = [*(line for i in range(4) for line in healthy(i)), "remap 1 0 0 1 0", "clocks 3 8"]
+    # One live sample judges states (a clocks event bit needs two samples, so it is not used here).
+    lines = [*(line for i in range(4) for line in healthy(i)), "remap 1 0 2 0 1", "eccerr 3 0 1 0 1"]
     path = tmp_path / "sick.txt"
     path.write_text("\n".join(["driver 570.86.15", "cuda 12080", *lines]) + "\n")
     done = fake_driver.run_python(driver, path, WARN.format(), timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout)
     assert got["lines"] == [
-        "GPU1 has a health problem: a row remapping is pending on GPU1; its results may show the fault, "
-        "not the set",
-        "GPU3 has a health problem: GPU3: clocks held down by hardware slowdown (clocks event reasons 0x8; "
-        "34 C, 71 W of 700 W); its results may show the fault, not the set",
+        "GPU1 has a health problem: a row remapping failed on GPU1 (2 rows remapped for uncorrectable "
+        "errors); its results may show the fault, not the set",
+        "GPU3 has a health problem: 1 uncorrectable ECC errors on GPU3 since the driver loaded; its results "
+        "may show the fault, not the set",
     ]
     assert sorted(got["sick"]) == ["1", "3"] and got["listening"] is True

@@ -158,8 +158,9 @@ def _unknown_is_not_healthy(
         out.append(
             Finding(
                 "node",
-                f"every GPU ({len(gpus)}) refused NVML access to root ({refused[0].error}): nothing about "
-                "them could be judged",
+                f"every GPU ({len(gpus)}) refused NVML access to root ({refused[0].error}; driver "
+                f"{sample.driver_version if sample is not None and sample.driver_version else 'unknown'}): "
+                "nothing about them could be judged",
                 "check the driver (`nvidia-smi`) and the device files' permissions (`ls -l /dev/nvidia*`)",
                 rules["gpus_refused"].severity,
                 gpu=None,
@@ -323,7 +324,7 @@ def act_on_node(
     )
     if decision.action == "drain" and decision.reason is not None:
         done = slurm_node.drain(view.name, decision.reason, dry_run, deadline - time.monotonic())
-        return replace(done, node=view.node)
+        return replace(done, node=view.node, reason=decision.reason)
     if decision.action == "resume":
         done = slurm_node.resume(view.name, dry_run, deadline - time.monotonic())
         return replace(done, node=view.node)

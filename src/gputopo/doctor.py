@@ -24,6 +24,7 @@ from typing import Any
 from gputopo import __version__
 from gputopo.errors import GputopoError, Interrupted, UnavailableError, UsageError
 from gputopo.findings import PROBLEM, Finding, link_findings, nccl_env_findings
+from gputopo.health.check import DEFAULT_NVML_TIMEOUT_S, DEFAULT_SAMPLE_S
 from gputopo.model import Topology
 
 SCHEMA = "gputopo/doctor/v1"
@@ -38,7 +39,7 @@ class DoctorOptions:
     """What the user chose; ``None`` means the default for the device (tiny ResNet on CPU)."""
 
     input: str | None = None
-    steps: int = 5
+    steps: int | None = None  # None: DEFAULT_STEPS, or the quick show's QUICK_STEPS
     timeout_s: float = 120.0
     skip_probe: bool = False
     model: str | None = None
@@ -48,7 +49,9 @@ class DoctorOptions:
     inject: Any = None  # a ``probe.plan.options.Fault`` for a drill, planted where ``inject_gpus`` says
     inject_gpus: str | None = None
     nvml_timeout_s: float | None = None  # per live NVML read; None: the default
-    health_sample_s: float = 2.0  # the health check's window between its two samples (check's --sample-s)
+    health_sample_s: float = (
+        DEFAULT_SAMPLE_S  # the health check's window between its two samples (check's --sample-s)
+    )
     skip_speed: bool = False
     # Across nodes (``gputopo.probe.plan.nodes.NodeOptions``): after this machine's checks, the inter-node
     # tests; ``inject`` then goes into them (on ``node.inject_node``), not into this machine's probes.
@@ -56,6 +59,35 @@ class DoctorOptions:
     on_row: Any = None  # prints the inter-node progress
     on_start: Any = None  # called with the ``Machine`` once it is read, before anything slow (a first line)
     nccl_log: Path | None = None  # a job's output whose ``NCCL DIAG`` lines join the findings (--nccl-log)
+    full: bool = False  # a simulation runs the full probe, not the quick show
+
+
+# The first look a newcomer gets without a GPU (``doctor`` or ``doctor --simulate`` on the default sample)
+# is a quick show: the same checks of every pair and set on CPU stand-ins, with a micro CNN for two steps
+# and no speed table (stand-ins' timings are never judged); ``--full`` runs the full probe.
+DEFAULT_STEPS = 5
+QUICK_STEPS = 2
+QUICK_MODEL = "micro"
+
+
+def quick_show(machine: Machine, options: DoctorOptions) -> bool:
+    """Whether this run is the quick simulated show: the default sample simulated on CPU ranks, no drill,
+    no nodes, not ``--full``. A machine given with ``--input`` gets the full probe."""
+    return (
+        machine.simulated
+        and options.input is None
+        and options.inject is None
+        and options.node is None
+        and not options.full
+        and not options.skip_probe
+    )
+
+
+def quick_words(options: DoctorOptions) -> str:
+    """How the quick show differs from the full probe, for its label."""
+    model = options.model or QUICK_MODEL
+    steps = options.steps or QUICK_STEPS
+    return f"a quick show ({model} model, {steps} steps, no speed table; --full runs the full probe)"
 
 
 @dataclass(frozen=True)
@@ -65,6 +97,7 @@ class Machine:
     topology: Topology
     simulated: bool
     why_simulated: str | None
+    quick: bool = False  # the quick simulated show (``quick_show``), labelled in ``why_simulated``
 
 
 # Given a probe plan, a context manager whose value has ``update(job, row)`` (progress bars).
@@ -184,12 +217,13 @@ def probe_section(
         allowed = set(inventory.gpus)
         usable = [g for g in usable if g in allowed]
         sizes_sets = [s for s in sizes_sets if set(s) <= allowed]
-    model = options.model or ("tiny" if inventory.device == "cpu" else "resnet18")
+    quick = machine.quick
+    model = options.model or (QUICK_MODEL if quick else "tiny" if inventory.device == "cpu" else "resnet18")
     topology_input = machine.topology.source if machine.simulated else None
     common = {
         "mode": Mode.ALL,
         "model": model,
-        "steps": options.steps,
+        "steps": options.steps or (QUICK_STEPS if quick else DEFAULT_STEPS),
         "timeout_s": options.timeout_s,
         "report_dir": options.report_dir,
         "topology_input": topology_input,
@@ -203,7 +237,7 @@ def probe_section(
     else:
         config = build_config(inventory, [str(usable[0])], **common, **drill)
     plan = make_plan(config, more_sets=bigger)
-    if not options.skip_speed and sizes_sets:
+    if not options.skip_speed and not quick and sizes_sets:
         # The speed table (one GPU, DataParallel, DDP, DDP+AMP) on each recommended set, as steps of
         # their own after the checks, in the same pool. CPU stand-ins' timings are shown but never
         # judged, so a simulation times only its largest set.
@@ -358,7 +392,7 @@ def interrupted_document(
 
 def check_options(options: DoctorOptions) -> None:
     """Usage errors in the options, before anything is read (exit 2)."""
-    if options.steps < 1:
+    if options.steps is not None and options.steps < 1:
         raise UsageError(f"--steps {options.steps}: must be at least 1", "e.g. --steps 5")
     if not options.timeout_s > 0:
         raise UsageError(f"--timeout {options.timeout_s:g}: must be positive", "e.g. --timeout 120")
@@ -406,6 +440,10 @@ def read_machine(options: DoctorOptions) -> Machine:
             f"{topo.source} has {len(topo.gpus)} GPUs; CPU ranks stand in for at most {MAX_SIMULATED_GPUS}",
             "pick a smaller sample (gputopo topo --list-samples), or add --skip-probe",
         )
+    if quick_show(machine, options):
+        machine = replace(
+            machine, why_simulated=f"{machine.why_simulated}; {quick_words(options)}", quick=True
+        )
     return machine
 
 
@@ -445,7 +483,7 @@ def check_health(machine: Machine, options: DoctorOptions) -> HealthStep:
     from gputopo.check import CheckOptions, run_check
 
     sample_s = max(0.0, options.health_sample_s)
-    nvml_timeout_s = options.nvml_timeout_s if options.nvml_timeout_s is not None else 5.0
+    nvml_timeout_s = options.nvml_timeout_s if options.nvml_timeout_s is not None else DEFAULT_NVML_TIMEOUT_S
     result = run_check(
         CheckOptions(
             sample_s=sample_s,

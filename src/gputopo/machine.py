@@ -101,11 +101,12 @@ def read_live_health(
     those GPUs (a probe's sets). Never raises for a machine that cannot be read: NVML missing or failing
     comes back as one ``not_checked`` entry (health unknown, never healthy).
     """
+    from gputopo.health.check import DEFAULT_NVML_TIMEOUT_S
     from gputopo.health.judge import Judgement, NotChecked, judge, judge_one
     from gputopo.system import nvml
     from gputopo.system.health_reads import sample_health
 
-    timeout_s = nvml_timeout_s if nvml_timeout_s is not None else 5.0
+    timeout_s = nvml_timeout_s if nvml_timeout_s is not None else DEFAULT_NVML_TIMEOUT_S
     try:
         first, last = sample_health(sample_s if sample_s > 0 else None, gpus=gpus, timeout_s=timeout_s)
     except nvml.NvmlUnavailable as exc:

@@ -281,3 +281,16 @@ class Topology:
     def gpu_indices(self) -> tuple[int, ...]:
         """nvidia-smi indices of all GPUs, in matrix order."""
         return tuple(g.index for g in self.gpus)
+
+
+# What the machine offers a launch (``system.launcher`` reads it; ``launch.line`` builds the torchrun line).
+@dataclass(frozen=True)
+class LaunchTools:
+    """What the machine offers the launch: ``torchrun`` (the argv that starts it, ``None`` without torch),
+    whether that torch knows ``--numa-binding`` (``None``: torch not found), and whether ``numactl`` is
+    on PATH."""
+
+    torchrun: tuple[str, ...] | None = ("torchrun",)
+    torch_version: str | None = None
+    numa_binding: bool | None = None
+    numactl: bool = False

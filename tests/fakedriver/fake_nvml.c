@@ -34,6 +34,9 @@
  *   nverr I L REPLAY RECOVERY CRC_FLIT CRC_DATA     NVLink error counters of link L
  *   field I ID VALUE | fielderr I ID CODE           nvmlDeviceGetFieldValues: per-field value or return code
  *                                                   (a field not set answers NotSupported in its own slot)
+ *   unrepairable I 0|1                              nvmlDeviceGetUnrepairableMemoryFlag_v1 (newer drivers)
+ *   lfield I L ID VALUE [STEP]                      a field scoped to NVLink L (scopeId L: the NVLink5 error
+ *                                                   counters), rising by STEP at each read
  *   fabric I STATE STATUS CLIQUE HEALTHMASK         nvmlDeviceGetGpuFabricInfo(V)
  *   rise I COUNTER STEP [L]                         COUNTER rises by STEP at each read: ecc_vol_corr,
  *                                                   ecc_vol_unc, ecc_agg_corr, ecc_agg_unc, pcie_replay, or
@@ -83,13 +86,13 @@ typedef struct {
 
 /* Counter ids for "rise": ECC 0-3, PCIe replays 4, NVLink 8 + link * 4 + kind. */
 #define NCOUNTERS (8 + MAXL * 4)
-#define MAXFIELDS 16
+#define MAXFIELDS 64
 
 typedef struct {
     int present, handle_err, minor, numaid, util;
     /* health */
     int has_ecc, ecc_cur, ecc_pend, has_eccerr, has_retired, has_remap, has_clocks, has_temp, has_power;
-    int has_replay, has_persist, persist, has_fabric, nfields;
+    int has_replay, has_persist, persist, has_fabric, nfields, has_unrepairable, unrepairable;
     unsigned long long eccerr[4], clocks;
     unsigned retired[3], remap[4], temp, power_mw, limit_mw, replay;
     unsigned fabric_state, fabric_clique, fabric_mask;
@@ -101,6 +104,8 @@ typedef struct {
     unsigned field_id[MAXFIELDS];
     long long field_val[MAXFIELDS];
     int field_ret[MAXFIELDS];
+    int field_scope[MAXFIELDS]; /* -1: any scope; else the NVLink the field is scoped to */
+    long long field_step[MAXFIELDS], field_reads[MAXFIELDS];
     char bus[32], uuid[96], name[96];
     unsigned gen_cur, gen_max, width_cur, width_max;
     unsigned long long total, used, reserved;
@@ -184,6 +189,8 @@ static int parse_health(const char *key, const char *line) {
         g->has_power = 1, g->power_mw = x, g->limit_mw = y;
     } else if (!strcmp(key, "replay") && sscanf(line, "%*s %*d %d", &x) == 1) {
         g->has_replay = 1, g->replay = x;
+    } else if (!strcmp(key, "unrepairable") && sscanf(line, "%*s %*d %d", &x) == 1) {
+        g->has_unrepairable = 1, g->unrepairable = x;
     } else if (!strcmp(key, "persist") && sscanf(line, "%*s %*d %d", &x) == 1) {
         g->has_persist = 1, g->persist = x;
     } else if (!strcmp(key, "vbios") && sscanf(line, "%*s %*d %63s", name) == 1) {
@@ -195,8 +202,16 @@ static int parse_health(const char *key, const char *line) {
     } else if ((!strcmp(key, "field") || !strcmp(key, "fielderr")) &&
                sscanf(line, "%*s %*d %d %lld", &x, (long long *)&a) == 2 && g->nfields < MAXFIELDS) {
         g->field_id[g->nfields] = x;
+        g->field_scope[g->nfields] = -1;
         g->field_val[g->nfields] = !strcmp(key, "field") ? (long long)a : 0;
         g->field_ret[g->nfields++] = !strcmp(key, "field") ? OK : (int)a;
+    } else if (!strcmp(key, "lfield") && (n = sscanf(line, "%*s %*d %d %d %lld %lld", &x, &y, (long long *)&a,
+                                                     (long long *)&b)) >= 3 && g->nfields < MAXFIELDS) {
+        g->field_id[g->nfields] = y;
+        g->field_scope[g->nfields] = x;
+        g->field_val[g->nfields] = (long long)a;
+        g->field_step[g->nfields] = n == 4 ? (long long)b : 0;
+        g->field_ret[g->nfields++] = OK;
     } else if (!strcmp(key, "fabric") && sscanf(line, "%*s %*d %d %d %d %x", &x, &y, &z, &w) == 4) {
         g->has_fabric = 1, g->fabric_state = x, g->fabric_status = y, g->fabric_clique = z;
         g->fabric_mask = (unsigned)w;
@@ -658,6 +673,19 @@ nvmlReturn_t nvmlDeviceGetPcieReplayCounter(void *h, unsigned *out) {
     *out = (unsigned)counter(hd->index, 4, g->replay);
     return OK;
 }
+#ifndef OLD_DRIVER
+typedef struct {
+    unsigned version, unrepairableMemory;
+} unrepairable_t;
+
+nvmlReturn_t nvmlDeviceGetUnrepairableMemoryFlag_v1(void *h, unrepairable_t *out) {
+    GPU_OF(h);
+    if (!g->has_unrepairable) return E_NOT_SUPPORTED;
+    out->unrepairableMemory = (unsigned)g->unrepairable;
+    return OK;
+}
+#endif
+
 nvmlReturn_t nvmlDeviceGetPersistenceMode(void *h, int *out) {
     GPU_OF(h);
     if (!g->has_persist) return E_NOT_SUPPORTED;
@@ -697,8 +725,9 @@ nvmlReturn_t nvmlDeviceGetFieldValues(void *h, int count, field_t *values) {
         v->value.ull = 0;
         for (int f = 0; f < g->nfields; f++) {
             if (g->field_id[f] != v->fieldId) continue;
+            if (g->field_scope[f] >= 0 && (unsigned)g->field_scope[f] != v->scopeId) continue;
             v->nvmlReturn = g->field_ret[f];
-            v->value.ull = (unsigned long long)g->field_val[f];
+            v->value.ull = (unsigned long long)(g->field_val[f] + g->field_step[f] * g->field_reads[f]++);
         }
     }
     return OK;

@@ -9,6 +9,8 @@ armed, while the other ranks are still stuck inside the collective, and ends the
 ``HANG_JOB_DUMP_AFTER_S=never`` leaves the timer out: the job hangs until it is stopped (what a job
 under NCCL's default 10-minute watchdog does for its first 10 minutes), for ``gputopo hang --live`` and
 for the evidence a stopped ``gputopo run`` takes. ``HANG_JOB_TIMEOUT_S`` sets gloo's timeout (60 s).
+``HANG_JOB_CONTROL_PLANE=1`` runs main inside torch's control plane (``worker_main``) on the socket
+docs/hang.md tells a script to use, so the Flight Recorder can be read while the job hangs.
 """
 
 from __future__ import annotations
@@ -59,4 +61,15 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if os.environ.get("HANG_JOB_CONTROL_PLANE") == "1":
+        import tempfile
+
+        from torch.distributed.elastic.control_plane import worker_main
+
+        # docs/hang.md: one socket per rank, where gputopo looks for it
+        sock = Path(tempfile.gettempdir()) / f"gputopo-worker-{os.getpid()}.sock"
+        os.environ.setdefault("TORCH_WORKER_SERVER_SOCKET", str(sock))
+        with worker_main():
+            main()
+    else:
+        main()

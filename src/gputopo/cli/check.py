@@ -283,7 +283,7 @@ def _save_state(
     from gputopo.health import state as st
 
     if slurm is not None and slurm.done and slurm.action == "drain":
-        state = st.drained(state, slurm.command or "", result.xid_keys, now)
+        state = st.drained(state, slurm.reason or "", result.xid_keys, now)
     elif slurm is not None and slurm.done and slurm.action == "resume":
         state = st.resumed(state)
     if result.verdict != "unknown":

@@ -20,6 +20,7 @@ from gputopo.cli.nodes import (
 )
 from gputopo.cli.topo import NVML_TIMEOUT_OPTION
 from gputopo.errors import EXIT_PROBLEM, InputError, Interrupted, UnavailableError, UsageError
+from gputopo.health.check import DEFAULT_SAMPLE_S
 from gputopo.probe.plan.options import Fault
 from gputopo.ui.output import Output
 
@@ -34,6 +35,7 @@ REPORT_SCHEMAS = {"gputopo/doctor/v1": "doctor", "gputopo/probe/v1": "probe"}
         "gputopo doctor                      # this machine: exit 0 healthy, 1 problems, 3 no driver",
         "gputopo doctor --skip-probe         # topology, links and processes only (about a second)",
         "gputopo doctor --simulate           # the simulated run on a sample machine, exit by its verdict",
+        "gputopo doctor --simulate --full    # the full probe on CPU ranks, not the quick show",
         "gputopo doctor --input sample:dgx1-v100 --skip-probe",
         "gputopo doctor --skip-probe --nccl-log job.log   # with the NCCL DIAG lines of a job's output",
         "srun --nodes 4 --ntasks-per-node 1 gputopo doctor   # every node, then the inter-node tests",
@@ -54,7 +56,15 @@ def doctor_command(
         help="Run on the sample machine with CPU ranks and exit by its verdict (without it, a machine "
         "with no NVIDIA driver still shows the simulation but exits 3).",
     ),
-    steps: int = typer.Option(5, help="Training steps of each probe's dp and ddp checks."),
+    steps: Optional[int] = typer.Option(  # noqa: UP045 (typer)
+        None, help="Training steps of each probe's dp and ddp checks. Default: 5 (2 in the quick simulation)."
+    ),
+    full: bool = typer.Option(
+        False,
+        "--full",
+        help="Without a GPU, run the full probe on CPU ranks (tiny ResNet, 5 steps, the speed table) "
+        "instead of the quick show (a micro CNN, 2 steps).",
+    ),
     timeout: float = typer.Option(
         120.0, help="Seconds a probed set may go without progress before it counts as hung."
     ),
@@ -67,7 +77,9 @@ def doctor_command(
         False, "--skip-speed", help="No speed table (one GPU vs DataParallel vs DDP) on the recommended sets."
     ),
     model: Optional[str] = typer.Option(  # noqa: UP045 (typer)
-        None, help="ResNet for the probes (resnet18, resnet50, tiny). Default: resnet18 on GPU, tiny on CPU."
+        None,
+        help="Model for the probes (resnet18, resnet50, tiny, micro). Default: resnet18 on GPU, tiny on CPU "
+        "ranks, micro in the quick simulation.",
     ),
     report_dir: Path = typer.Option(
         Path("reports"), metavar="PATH", help="Where the JSON, Markdown and HTML reports go."
@@ -92,7 +104,7 @@ def doctor_command(
     inject_node: Optional[int] = INJECT_NODE_OPTION,  # noqa: UP045 (typer)
     nvml_timeout: float = NVML_TIMEOUT_OPTION,
     sample_s: float = typer.Option(
-        2.0,
+        DEFAULT_SAMPLE_S,
         "--sample-s",
         metavar="SECONDS",
         help="The health check's window: error counters are read twice this far apart and judged by "
@@ -145,6 +157,7 @@ def doctor_command(
         on_row=progress_printer(out, node, json_out) if node is not None else None,
         on_start=None if json_out else lambda machine: _say_start(out, machine, skip_probe),
         nccl_log=nccl_log,
+        full=full,
     )
 
     def progress(plan):
@@ -212,6 +225,7 @@ def _say_start(out: Output, machine: Any, skip_probe: bool) -> None:
     topo = machine.topology
     where = f"{topo.source}, {len(topo.gpus)} GPU(s)"
     where += ", simulated on CPU ranks" if machine.simulated else ""
+    where += " (a quick show; --full runs the full probe)" if machine.quick else ""
     then = "health, links and processes" + ("" if skip_probe else ", then probes of its GPU sets")
     out.err.print(f"gputopo doctor: {where}: {then}", markup=False, highlight=False, soft_wrap=True)
 

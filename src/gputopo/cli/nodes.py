@@ -85,8 +85,8 @@ def node_options(
         return None
     if inject is not None and inject not in ACROSS_NODE_FAULTS:
         raise UsageError(
-            f"--inject {inject.value} is a fault of the training checks; across nodes the inter-node tests "
-            "take slow, corrupt, hang or crash",
+            f"--inject {inject.value} is a fault of the checks on one machine (training or per-GPU); "
+            "across nodes the inter-node tests take slow, corrupt, hang or crash",
             "drop --nnodes to drill it on one machine, or pick one of those",
         )
     if inject is not None and inject_node is None:

@@ -41,11 +41,13 @@ class Device(str, Enum):
 
 
 class ModelName(str, Enum):
-    """torchvision ResNets; ``tiny`` is the smallest, for CPU runs."""
+    """torchvision ResNets; ``tiny`` is the smallest, for CPU runs; ``micro`` a small residual CNN in torch
+    alone (no torchvision), the quick simulated doctor's."""
 
     RESNET18 = "resnet18"
     RESNET50 = "resnet50"
     TINY = "tiny"
+    MICRO = "micro"
 
 
 @app.command(

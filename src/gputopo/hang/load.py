@@ -342,28 +342,31 @@ _SCALARS = (str, int, float, bool, type(None))
 
 
 def _shallow(e: dict[str, Any]) -> bool:
-    """Whether an entry nests no deeper than torch writes one: sizes are lists of int lists, dtypes lists
-    of names, frames a list of dicts of scalars, everything else a scalar or ``process_group``'s pair.
-    What is shown or compared later (repr, ==, JSON) recurses, so a deeper value is refused here."""
-    for key, v in e.items():
-        c = v.__class__
-        if c in (str, int, float, bool) or v is None:
+    """Whether the fields the matching compares nest no deeper than torch writes them: sizes are lists of
+    int lists, dtypes lists of names (comparing or showing a deeper value recurses; a crafted one could
+    recurse without end). Frames are checked where they are read (``match._frames``): only the stuck
+    calls' frames are."""
+    for key in ("input_sizes", "output_sizes"):
+        v = e.get(key)
+        if v is None:
             continue
-        if key in ("input_sizes", "output_sizes"):
-            if c is not list or any(
-                s.__class__ is not list or not all(x.__class__ is int for x in s) for s in v
-            ):
-                return False
-        elif key == "frames":
-            if c is not list or any(
-                f.__class__ is not dict or not all(x.__class__ in _SCALARS for x in f.values()) for f in v
-            ):
-                return False
-        elif c in (list, tuple):
-            if not all(x.__class__ in _SCALARS for x in v):
-                return False
-        else:
+        if v.__class__ is not list:
             return False
+        for t in v:
+            if t.__class__ is not list:
+                return False
+            for x in t:
+                if x.__class__ is not int:
+                    return False
+    for key in ("input_dtypes", "output_dtypes"):
+        v = e.get(key)
+        if v is None:
+            continue
+        if v.__class__ is not list:
+            return False
+        for x in v:
+            if x.__class__ is not str:
+                return False
     return True
 
 

@@ -278,6 +278,14 @@ def _resolve_groups(dumps: list[Dump], world: list[int]) -> tuple[dict[tuple[int
     return keys, how
 
 
+_SCALAR = (str, int, float, type(None))
+
+
+def _plain_frame(f: Any) -> bool:
+    """A frame as torch writes it: a dict of scalars (name, filename, line); anything deeper is not shown."""
+    return isinstance(f, dict) and all(isinstance(v, _SCALAR) for v in f.values())
+
+
 def _frames(e: dict[str, Any]) -> tuple[str, ...] | None:
     frames = e.get("frames")
     if not isinstance(frames, list):
@@ -285,7 +293,7 @@ def _frames(e: dict[str, Any]) -> tuple[str, ...] | None:
     return tuple(
         f"{f.get('name', '?')} ({f.get('filename', '?')}:{f.get('line', '?')})"
         for f in frames
-        if isinstance(f, dict)
+        if _plain_frame(f)
     )
 
 
@@ -459,27 +467,29 @@ def _candidates(
     entered, the last one when a rank has no dump (gloo cannot show it completed), and the first one a
     rank with real states (NCCL) has not completed."""
     found: set[int] = set()
-    first_at: dict[int, list[dict[str, Any]]] = {}
+    # per sequence id: the first rank's entries and, for a single entry, the fields compared below
+    first_at: dict[int, tuple[list[dict[str, Any]], tuple[Any, ...] | None]] = {}
     for r, by_seq in seqs.items():
         tracked = bool(by_seq) and _tracked(by_seq[last[r]])
         undone = None
         for s, es in by_seq.items():
-            f = first_at.get(s)
-            if f is None:
-                first_at[s] = es
-            elif len(es) == 1 == len(f):  # the common case inlined: this loop sees every entry
-                x, y = es[0], f[0]
-                if (
-                    x.get("profiling_name") != y.get("profiling_name")
-                    or (
-                        x.get("input_sizes") != y.get("input_sizes")
-                        or x.get("output_sizes") != y.get("output_sizes")
-                        or x.get("input_dtypes") != y.get("input_dtypes")
-                    )
-                    and (op_name(x) not in LOOSE or entry_key(x) != entry_key(y))
+            # the common case inlined (one entry per sequence id): this loop sees every entry
+            if len(es) == 1:
+                get = es[0].get
+                key = (get("profiling_name"), get("input_sizes"), get("output_sizes"), get("input_dtypes"))
+            else:
+                key = None
+            ref = first_at.get(s)
+            if ref is None:
+                first_at[s] = (es, key)
+            elif key is not None and ref[1] is not None:
+                if key != ref[1] and (
+                    key[0] != ref[1][0]
+                    or op_name(es[0]) not in LOOSE
+                    or entry_key(es[0]) != entry_key(ref[0][0])
                 ):
                     found.add(s)
-            elif len(es) != len(f) or _sig(es) != _sig(f):
+            elif len(es) != len(ref[0]) or _sig(es) != _sig(ref[0]):
                 found.add(s)
             if tracked and undone is None and not _done(es):
                 undone = s
@@ -500,8 +510,9 @@ _NOT_USER = re.compile(r"[/\\](torch|multiprocessing|threading\.py|runpy\.py|c10
 
 def _site(e: dict[str, Any]) -> str | None:
     """Where the user's code made this call: the innermost frame outside torch and the launcher."""
-    for f in e.get("frames") or ():
-        if isinstance(f, dict) and not _NOT_USER.search(str(f.get("filename", ""))):
+    frames = e.get("frames")
+    for f in frames if isinstance(frames, list) else ():
+        if _plain_frame(f) and not _NOT_USER.search(str(f.get("filename", ""))):
             return f"{f.get('name')} ({f.get('filename')}:{f.get('line')})"
     return None
 
@@ -515,9 +526,12 @@ def _call_counts(
     is the first sequence id where that rank's call (op, the sizes torch compares, and the calling line
     where the dump has stacks) is not the most common one."""
     lo = max((f for f in first.values() if f is not None), default=1)
-    per: dict[int, Counter[str]] = {
-        r: Counter(op_name(es[-1]) for s, es in seqs[r].items() if s >= lo) for r in have
-    }
+    per: dict[int, Counter[str]] = {}
+    for r in have:
+        names = Counter(es[-1].get("profiling_name") for s, es in seqs[r].items() if s >= lo)
+        per[r] = Counter()
+        for prof, n in names.items():
+            per[r][op_name({"profiling_name": prof})] += n
     ops = sorted(set().union(*per.values())) if per else []
     odd: dict[int, list[tuple[str, int, int]]] = {}
     for op in ops:
@@ -532,11 +546,12 @@ def _call_counts(
     if not odd or len(odd) == len(have):
         return counts, None
     hi = max((max(s) for s in seqs.values() if s), default=lo)
+    typical = [r for r in have if r not in odd]
     said: list[str] = []
     for r in sorted(odd):
         mine = " and ".join(f"{n} {op}" for op, n, _ in odd[r])
         others = " and ".join(str(c) for _, _, c in odd[r])
-        where = _first_difference(r, seqs, have, lo, hi)
+        where = _first_difference(r, seqs, typical, lo, hi)
         said.append(
             f"rank {r}: {mine}, others {others}"
             + (f"; the first difference is at seq {where}" if where is not None else "")
@@ -545,16 +560,25 @@ def _call_counts(
 
 
 def _first_difference(
-    r: int, seqs: dict[int, dict[int, list[dict[str, Any]]]], have: list[int], lo: int, hi: int
+    r: int, seqs: dict[int, dict[int, list[dict[str, Any]]]], typical: list[int], lo: int, hi: int
 ) -> int | None:
+    """The first sequence id where rank ``r``'s call differs from the calls of the ranks whose counts are
+    the common ones (the most common of up to three of them: cheap at 2000 sequence ids)."""
+    refs = typical[:3]
     for s in range(lo, hi + 1):
-        sigs: Counter[Any] = Counter()
-        for q in have:
-            es = seqs[q].get(s)
-            sigs[(_sig(es), _site(es[-1])) if es else None] += 1
-        common = max(sigs, key=lambda k: sigs[k])
-        es = seqs[r].get(s)
-        if ((_sig(es), _site(es[-1])) if es else None) != common:
+        mine = seqs[r].get(s)
+        theirs = [seqs[q].get(s) for q in refs]
+        if mine is not None and all(t is not None and t[-1] is mine[-1] for t in theirs):
+            continue
+        if mine is not None and all(
+            t is not None and t[-1].get("profiling_name") == mine[-1].get("profiling_name") for t in theirs
+        ):
+            key = (_sig(mine), _site(mine[-1]))
+            if all((_sig(t), _site(t[-1])) == key for t in theirs if t is not None):
+                continue
+        sigs: Counter[Any] = Counter((_sig(t), _site(t[-1])) if t else None for t in theirs)
+        common = max(sigs, key=lambda k: sigs[k]) if sigs else None
+        if ((_sig(mine), _site(mine[-1])) if mine else None) != common:
             return s
     return None
 

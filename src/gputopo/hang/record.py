@@ -159,6 +159,12 @@ def place_ranks(records: list[RunRecord]) -> tuple[dict[int, Placement], list[st
         rows: list[tuple[int, int | None, int | None]] = []  # (rank, local_rank, pid)
         if rec.ranks:
             rows = [(r["rank"], _int(r.get("local_rank")), _int(r.get("pid"))) for r in rec.ranks]
+            # ranks `gputopo run` had not found yet (a job that ended within its first look): by layout
+            n = rec.ranks_per_node or len(rec.gpus)
+            base = rec.rank_base
+            if base is not None and n:
+                have = {lr for _, lr, _ in rows}
+                rows += [(base + lr, lr, None) for lr in range(n) if lr not in have]
         else:
             n = rec.ranks_per_node or len(rec.gpus)
             base = rec.rank_base

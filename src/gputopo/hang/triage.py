@@ -144,8 +144,9 @@ class HangReport:
                 if frame is None and s.last_collective and s.last_collective.stack:
                     frame = _user_frame(s.last_collective.stack)
                 rows.append(self._placed(s.rank, s.why, s.what, frame, g.pg))
+        named = {rank for rank, _ in seen}
         for s in self.stack_verdict.suspects if self.stack_verdict else ():
-            if (s.rank, s.why) not in seen:
+            if s.rank not in named:  # a group's suspect already carries its stack's frame
                 seen.add((s.rank, s.why))
                 rows.append(self._placed(s.rank, s.why, s.what, s.frame, None))
         return sorted(rows, key=lambda r: r["rank"])

@@ -22,6 +22,7 @@ from gputopo.health.readings import (
     FABRIC_NOT_SUPPORTED,
     FABRIC_STATES,
     NOT_READ,
+    NVLINK5_COUNTERS,
     RECOVERY_ACTIONS,
     RECOVERY_NONE,
     GpuHealth,
@@ -277,6 +278,14 @@ def _memory(j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | Non
             f"{agg} uncorrectable ECC errors in {label}'s history (none since the driver loaded)",
             "history only; watch the volatile count and the remapped rows",
         )
+    if g.memory_unrepairable:
+        j.add(
+            "memory_unrepairable",
+            label,
+            i,
+            f"the driver flags the memory of {label} as unrepairable",
+            "the GPU cannot repair its memory: take it out of service and open an RMA",
+        )
     if g.remapped_rows_failure:
         j.add(
             "row_remap_failure",
@@ -386,6 +395,7 @@ def _nvlink_counters(
             if value:
                 rises[kind][n.link] = value
     w = _secs(window_s) if window_s else "the window"
+    _nvlink5(j, g, before, w)
     for kind, rule in (("replay", "nvlink_replay_rise"), ("recovery", "nvlink_recovery_rise")):
         total = sum(rises[kind].values())
         if total and total >= j.t.limit(rule):
@@ -424,6 +434,32 @@ def _nvlink_counters(
             f"{label}: {history} NVLink replay/recovery errors in the counters' history, none in {w}",
             "history only; `nvidia-smi nvlink -e` shows them per link",
         )
+
+
+def _nvlink5(j: _Judge, g: GpuHealth, before: Mapping[int, NvlinkHealth], w: str) -> None:
+    """NVLink5 error counters (Blackwell): any rise of one fails in DCGM (MonitorNVLink5Fields,
+    MonitorNVLinkErrorFields, DCGM_LIMIT_MAX_NVLINK_ERROR = 1); each counter judged on its own."""
+    rises: dict[int, dict[int, int]] = {}
+    for n in g.nvlinks or ():
+        prev = before.get(n.link)
+        if n.nvl5 is None or prev is None or prev.nvl5 is None:
+            continue
+        old = dict(prev.nvl5)
+        for field_id, total in n.nvl5:
+            rise = _rise(old.get(field_id), total)
+            if rise:
+                rises.setdefault(field_id, {})[n.link] = rise
+    for field_id, by_link in sorted(rises.items()):
+        total = sum(by_link.values())
+        if total >= j.t.limit("nvlink5_error_rise"):
+            j.add(
+                "nvlink5_error_rise",
+                g.label,
+                g.index,
+                f"{g.label}: NVLink5 {NVLINK5_COUNTERS.get(field_id, f'field {field_id}')} errors rose by "
+                f"{total} in {w} (NVML field {field_id}; {_per_link(by_link)})",
+                _SWITCH_REMEDY.format(i=g.index),
+            )
 
 
 def _per_link(rises: Mapping[int, int], shown: int = 6) -> str:

@@ -41,7 +41,28 @@ class NvlinkHealth:
     recovery_errors: int | None = None
     crc_flit_errors: int | None = None
     crc_data_errors: int | None = None
+    # NVLink5 (Blackwell) error counters of this link, as (NVML field id, total) pairs; ``None`` where the
+    # GPU has none (before NVLink5 every one answers NOT_SUPPORTED). Names in ``NVLINK5_COUNTERS``.
+    nvl5: tuple[tuple[int, int], ...] | None = None
 
+
+# NVLink5 error counters (NVML field ids, read scoped to each link) that DCGM 4.6's MonitorNVLink5Fields and
+# MonitorNVLinkErrorFields fail on when they rise by DCGM_LIMIT_MAX_NVLINK_ERROR (1): the fields DCGM's
+# compatibility names map to (dcgm_fields.h: DCGM_FI_DEV_NVLINK_COUNT_RX_MALFORMED_PACKET_ERRORS ->
+# ..._RX_PACKET_MALFORMED_TOTAL, ...). The raw BER fields (220, 222) are encoded mantissa/exponent values:
+# not judged here.
+NVLINK5_COUNTERS = {
+    206: "malformed packet",
+    207: "buffer overrun (dropped packet)",
+    208: "receive",
+    209: "remote receive",
+    210: "general receive",
+    211: "link integrity",
+    214: "failed link recovery",
+    215: "link recovery",
+    219: "effective",
+    221: "symbol",
+}
 
 # The NVLink counters the judge follows, by attribute name and the words a finding uses.
 NVLINK_COUNTERS = {
@@ -83,6 +104,7 @@ class GpuHealth:
     remapped_rows_uncorrected: int | None = None
     remapped_rows_pending: bool | None = None
     remapped_rows_failure: bool | None = None
+    memory_unrepairable: bool | None = None
     clocks_event_reasons: int | None = None
     temperature_c: int | None = None
     power_w: float | None = None

@@ -108,6 +108,13 @@ _RULES = (
         "watch the volatile count and the remapped rows",
     ),
     Rule(
+        "memory_unrepairable", "memory", PROBLEM, "replace", None, "",
+        "the driver flags the GPU's memory as unrepairable (newer drivers)",
+        "NVML nvmlDeviceGetUnrepairableMemoryFlag_v1; DCGM 4.6 DCGM_FI_DEV_MEMORY_UNREPAIRABLE",
+        "take the GPU out of service and open an RMA",
+        DCGM_FAIL, f"{W} MonitorMemUnrepairableFlag",
+    ),
+    Rule(
         "row_remap_failure", "memory", PROBLEM, "replace", None, "",
         "a row remapping failed: the memory cannot be repaired",
         f"{W} MonitorMemRowRemapFailures (fail)", "take the GPU out of service and open an RMA",
@@ -176,6 +183,15 @@ _RULES = (
         f"{DCGM_LIMITS} DCGM_LIMIT_MAX_NVLINK_CRC_ERROR = 100.0 per second, judged per field",
         "reset the GPU; errors that return need service",
         DCGM_FAIL, f"{W} MonitorNVLink4Fields (CRC at 100/s: fail)",
+    ),
+    Rule(
+        "nvlink5_error_rise", "nvlink", PROBLEM, "reset", 1, "errors in the window, per counter (>=)",
+        "an NVLink5 (Blackwell) error counter rising: malformed packets, buffer overruns, receive, remote, "
+        "general, link integrity, link recovery (failed or not), effective or symbol errors (NVML fields "
+        "206-211, 214, 215, 219, 221; the raw BER fields are not judged)",
+        f"{DCGM_LIMITS} DCGM_LIMIT_MAX_NVLINK_ERROR = 1; NVML field values scoped to each link",
+        "reset the GPU; errors that return need service",
+        DCGM_FAIL, f"{W} MonitorNVLink5Fields and MonitorNVLinkErrorFields (fail)",
     ),
     Rule(
         "nvlink_errors_history", "nvlink", NOTE, "monitor", 0, "errors since the counters were reset (>)",

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gputopo.findings import Finding
-from gputopo.model import LinkKind, Topology
+from gputopo.model import LaunchTools, LinkKind, Topology  # noqa: F401 - LaunchTools: as launch's callers know it
 
 SCHEMA = "gputopo/launch/v1"
 
@@ -30,18 +30,6 @@ NIC_TIERS = (LinkKind.PIX, LinkKind.PXB, LinkKind.PHB)
 # index is the rank's, found through torch.cuda's PCI bus id, so it follows CUDA_VISIBLE_DEVICES; and it
 # wraps the worker command in the ``numactl`` program, which must be installed (torch/numa/binding.py).
 NUMA_BINDING_SINCE = "2.9"
-
-
-@dataclass(frozen=True)
-class LaunchTools:
-    """What the machine offers the launch: ``torchrun`` (the argv that starts it, ``None`` without torch),
-    whether that torch knows ``--numa-binding`` (``None``: torch not found), and whether ``numactl`` is
-    on PATH."""
-
-    torchrun: tuple[str, ...] | None = ("torchrun",)
-    torch_version: str | None = None
-    numa_binding: bool | None = None
-    numactl: bool = False
 
 
 @dataclass(frozen=True)

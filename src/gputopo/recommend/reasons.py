@@ -110,11 +110,16 @@ class Recommendation:
 
 
 def fewer_hint(excluded: tuple[Exclusion, ...]) -> str:
-    if any("busy" in e.why for e in excluded):
-        return "ask for fewer GPUs, or count busy GPUs in with --allow-busy"
-    if any("health: " in e.why for e in excluded):
-        return "ask for fewer GPUs, or count GPUs with a health problem in with --allow-unhealthy"
-    return "ask for fewer GPUs"
+    """The flags that would admit a left-out GPU, judged by each reason's own prefix (a health finding's
+    words may say "while busy": that GPU needs --allow-unhealthy, not --allow-busy); a flag the user gave
+    leaves no reason of its kind, so it is never named."""
+    parts = [p for e in excluded for p in e.why.split("; ")]
+    flags = []
+    if any(p.startswith("busy: ") for p in parts):
+        flags.append("count busy GPUs in with --allow-busy")
+    if any(p.startswith("health: ") for p in parts):
+        flags.append("count GPUs with a health problem in with --allow-unhealthy")
+    return "ask for fewer GPUs" + (", or " + " or ".join(flags) if flags else "")
 
 
 def input_warnings(p: Problem, constraints: Constraints) -> tuple[str, ...]:

@@ -28,6 +28,7 @@ from gputopo.health.readings import (
     BUDGET_SPENT,
     FIELD_GPU_RECOVERY_ACTION,
     NOT_READ,
+    NVLINK5_COUNTERS,
     GpuHealth,
     HealthSample,
     NvlinkHealth,
@@ -83,9 +84,11 @@ def _read(dev: nvml.Device) -> GpuHealth:
     values["utilization_pct"] = r.get("utilisation", dev.utilization())
     values["persistence_mode"] = r.get("persistence mode", dev.persistence_mode())
     values["mig_enabled"] = dev.mig_enabled().value
+    # Newer drivers only (DCGM 4.6 reads it): where the driver or GPU lacks it, no gap is listed.
+    values["memory_unrepairable"] = dev.unrepairable_memory().value
     values["recovery_action"] = r.get("driver recovery action", dev.field_value(FIELD_GPU_RECOVERY_ACTION))
     ends = dev.nvlink_ends()
-    values["nvlinks"] = tuple(_nvlink(r, end) for end in ends)
+    values["nvlinks"] = _with_nvlink5(dev, tuple(_nvlink(r, end) for end in ends))
     # Fabric registration matters on NVSwitch systems: links to a switch, or links whose far end an older
     # driver cannot name (it may be one).
     values.update(_fabric(r, any(end.up and end.remote_kind in ("switch", None) for end in ends)))
@@ -158,6 +161,22 @@ def _nvlink(r: _Reader, end: nvml.NvlinkEnd) -> NvlinkHealth:
     return NvlinkHealth(
         link=end.link, up=end.up, remote_kind=end.remote_kind, remote_bus_id=end.remote_bus_id, **counts
     )
+
+
+def _with_nvlink5(dev: nvml.Device, links: tuple[NvlinkHealth, ...]) -> tuple[NvlinkHealth, ...]:
+    """The links with their NVLink5 error counters, where the GPU has them (one field-values call for
+    every link). Before NVLink5 each answers NOT_SUPPORTED: that is no gap, so nothing is listed."""
+    if not links:
+        return links
+    answer = dev.link_field_values([n.link for n in links], list(NVLINK5_COUNTERS))
+    found = answer.value if answer.ok and answer.value else {}
+    if not found:
+        return links
+    out = []
+    for n in links:
+        pairs = tuple((f, found[(n.link, f)]) for f in NVLINK5_COUNTERS if (n.link, f) in found)
+        out.append(replace(n, nvl5=pairs or None))
+    return tuple(out)
 
 
 def _fabric(r: _Reader, on_switch: bool) -> dict[str, Any]:

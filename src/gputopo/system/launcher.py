@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gputopo.errors import UnavailableError, UsageError
-from gputopo.launch.line import LaunchTools
+from gputopo.model import LaunchTools
 
 # Every process of a `gputopo run` launch carries this in its environment (torchrun passes its environment
 # to the ranks), so a stop finds them even once they are reparented away from the command.

@@ -5,7 +5,7 @@ The fallback reads the fd links itself rather than psutil's ``Process.open_files
 lists regular files only and so never shows a character device such as ``/dev/nvidia0``. Process
 facts (start time, parent, session, owner, state) come from psutil and ``getsid``; the pid in every PID
 namespace and the launcher variables of the environment from ``system.procfs``. Everything returned is
-plain data (``gputopo.procs.holders``) for the pure code to judge.
+plain data (``gputopo.process_facts``) for the pure code to judge.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import TypeVar
 import psutil
 
 from gputopo.errors import UnavailableError
-from gputopo.procs.holders import HolderScan, OpenDevices, ProcessInfo, parse_lsof_fields
+from gputopo.process_facts import HolderScan, OpenDevices, ProcessInfo, parse_lsof_fields
 from gputopo.system.procfs import read_launch_env, read_nspid, read_threads, zombie_leader_files
 
 T = TypeVar("T")

@@ -102,7 +102,8 @@ class NvmlBackend(Protocol):
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int: ...
     def nvmlDeviceGetPcieReplayCounter(self, handle: Any) -> int: ...
     def nvmlDeviceGetPersistenceMode(self, handle: Any) -> int: ...
-    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: list[int]) -> Sequence[Any]: ...
+    def nvmlDeviceGetUnrepairableMemoryFlag_v1(self, handle: Any) -> int: ...
+    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: list[Any]) -> Sequence[Any]: ...
     def nvmlDeviceGetNvLinkErrorCounter(self, device: Any, link: int, counter: int) -> int: ...
     def nvmlDeviceGetGpuFabricInfoV(self, device: Any, gpuFabricInfo: Any) -> None: ...
     def nvmlDeviceGetGpuFabricInfo(self, device: Any, gpuFabricInfo: Any) -> None: ...
@@ -688,6 +689,11 @@ class Device:
         """GPU utilisation over NVML's last sample period, percent."""
         return self._a("nvmlDeviceGetUtilizationRates").then(lambda rates: int(rates.gpu))
 
+    def unrepairable_memory(self) -> Answer:
+        """Whether the driver flags the GPU's memory as unrepairable (newer drivers'
+        ``nvmlDeviceGetUnrepairableMemoryFlag_v1``; DCGM 4.6 reads it for DCGM_FI_DEV_MEMORY_UNREPAIRABLE)."""
+        return self._a("nvmlDeviceGetUnrepairableMemoryFlag_v1").then(lambda v: bool(int(v)))
+
     def persistence_mode(self) -> Answer:
         on = int(self.session._errors.NVML_FEATURE_ENABLED)
         return self._a("nvmlDeviceGetPersistenceMode").then(lambda v: int(v) == on)
@@ -711,6 +717,25 @@ class Device:
                 raise DeviceFailed(f"GPU{self.index}", why)
             return Answer(None, why, ret)
         return Answer(int(getattr(v.value, _VALUE_MEMBERS.get(int(v.valueType), "ullVal"))))
+
+    def link_field_values(self, links: Sequence[int], field_ids: Sequence[int]) -> Answer:
+        """NVML field values scoped to NVLinks (``nvmlFieldValue_t.scopeId`` = the link), in one call: a
+        dict ``(link, field id) -> value`` of those that answered (a field the GPU lacks, NOT_SUPPORTED in
+        its own slot, is left out). The NVLink5 error counters (fields 206-215, 221) are read this way."""
+        pairs = [(f, link) for link in links for f in field_ids]
+        if not pairs:
+            return Answer({})
+        try:
+            answer = self._a("nvmlDeviceGetFieldValues", pairs)
+        except TypeError:  # bindings that take field ids only, no (field, scope) pairs
+            return Answer(None, "these bindings cannot scope a field to a link", NOT_IN_BINDINGS)
+        if answer.why is not None or answer.value is None:
+            return answer
+        out: dict[tuple[int, int], int] = {}
+        for (field_id, link), v in zip(pairs, answer.value, strict=False):
+            if int(v.nvmlReturn) == 0:
+                out[(link, field_id)] = int(getattr(v.value, _VALUE_MEMBERS.get(int(v.valueType), "ullVal")))
+        return Answer(out)
 
     def nvlink_errors(
         self, link: int, counter: Literal["replay", "recovery", "crc_flit", "crc_data"]

@@ -32,7 +32,7 @@ NOT_FOUND = "scontrol not found (PATH, /usr/bin, /usr/local/bin, ...)"
 class SlurmAction:
     """What was done (or would be, with ``--dry-run``): ``action`` drain|resume|none, the command as a
     shell line, ``error`` when scontrol failed or is missing, ``held_back`` why nothing was done where
-    something could have been, and the node as Slurm showed it before."""
+    something could have been, the node as Slurm showed it before, and the drain reason given."""
 
     action: str
     command: str | None
@@ -40,6 +40,7 @@ class SlurmAction:
     error: str | None = None
     held_back: str | None = None
     node: NodeInfo | None = None
+    reason: str | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -49,6 +50,7 @@ class SlurmAction:
             "error": self.error,
             "held_back": self.held_back,
             "node": self.node.to_json() if self.node is not None else None,
+            "reason": self.reason,
         }
 
 

@@ -16,7 +16,7 @@ from gputopo.probe.judge.precision import DEFAULT_PRECISION, PRECISIONS, expand_
 from gputopo.probe.plan.identity import GpuIdentity, check_requested
 from gputopo.probe.plan.options import Fault, Mode
 
-MODELS = ("resnet18", "resnet50", "tiny")
+MODELS = ("resnet18", "resnet50", "tiny", "micro")
 
 # DCGM's diagnostic flags a GPU more than about 10% below its peers (its ``gflops_tolerance_pcnt``).
 DEFAULT_TOLERANCE = 0.10

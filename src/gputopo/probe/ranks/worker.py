@@ -41,13 +41,18 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 def environment(device: Any, world: int, gpus: list[int]) -> dict[str, Any]:
     """Versions and devices as rank 0 sees them: torch, CUDA, NCCL, cuDNN, GPU names and bus ids."""
-    import torch
-    import torchvision
+    from importlib.metadata import PackageNotFoundError, version
 
+    import torch
+
+    try:  # its version without importing it: a rank training the micro model never loads torchvision
+        torchvision_version: str | None = version("torchvision")
+    except PackageNotFoundError:
+        torchvision_version = None
     env: dict[str, Any] = {
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
+        "torchvision": torchvision_version,
         "cuda": torch.version.cuda,
         "nccl": None,
         "cudnn": None,
