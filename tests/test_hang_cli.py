@@ -261,19 +261,16 @@ def test_nothing_to_analyse_is_a_usage_error() -> None:
     assert result.exit_code == 2 and "nothing to analyse" in result.output
 
 
-def test_a_suspect_on_this_machine_gets_its_gpu_health(base: Path, tmp_path: Path, monkeypatch) -> None:
-    """The suspect ran here: this machine's topology (a sample standing in, GPU 1 lost) joins the report."""
-    import dataclasses
+def test_a_suspect_on_this_machine_gets_its_gpu_health(base: Path, tmp_path: Path) -> None:
+    """The suspect ran here: this machine's GPU health (the fake NVML standing in, GPU 1 lost), read through
+    the one door into health (machine.read_live_health), joins the report."""
     import socket
 
-    import gputopo.machine as machine
-    from gputopo.machine import load_topology
+    from fake_nvml import FakeNvml
 
     here = socket.gethostname()
-    sample = load_topology("sample:workstation-2gpu-nvlink")
-    gpus = tuple(dataclasses.replace(g, error="GPU is lost") if g.index == 1 else g for g in sample.gpus)
-    sick = dataclasses.replace(sample, gpus=gpus)
-    monkeypatch.setattr(machine, "load_topology", lambda spec, **kw: sick)
+    fake = FakeNvml.nvlink_box(health=True)
+    fake.gpus[1].lost = True
     folder = copy_dumps(real_dumps("never", base), tmp_path / "run")
     record = {
         "schema": "gputopo/run-record/v1",
@@ -283,16 +280,19 @@ def test_a_suspect_on_this_machine_gets_its_gpu_health(base: Path, tmp_path: Pat
         "ranks": [{"rank": i, "local_rank": i, "pid": 100 + i} for i in range(3)],
     }
     (folder / "run-record.json").write_text(json.dumps(record))
-    doc = json.loads(invoke("hang", str(folder), "--json").stdout)
+    with fake.installed():
+        doc = json.loads(invoke("hang", str(folder), "--json").stdout)
     suspect = doc["groups"][0]["suspects"][0]
     assert (suspect["rank"], suspect["host"], suspect["gpu"]["index"]) == (2, here, 0)
     assert suspect["health"] == []  # rank 2 ran on GPU 0, which is fine
     record["gpus"][2]["index"] = 1  # now rank 2 ran on the lost GPU
     (folder / "run-record.json").write_text(json.dumps(record))
-    doc = json.loads(invoke("hang", str(folder), "--json").stdout)
+    with fake.installed():
+        doc = json.loads(invoke("hang", str(folder), "--json").stdout)
     (health,) = doc["groups"][0]["suspects"][0]["health"]
-    assert health["gpu"] == 1 and "does not answer NVML" in health["what"] and health["severity"] == "problem"
-    assert any(f["gpu"] == 1 and "does not answer NVML" in f["what"] for f in doc["findings"])
+    assert health["gpu"] == 1 and "GPU is lost" in health["what"] and health["severity"] == "problem"
+    assert health["category"] == "driver" and health["where"] == f"{here} GPU1"
+    assert any(f["gpu"] == 1 and "GPU is lost" in f["what"] for f in doc["findings"])
 
 
 def test_html_report_draws_the_ranks_per_host(base: Path, tmp_path: Path) -> None:

@@ -235,3 +235,37 @@ def test_live_reads_the_flight_recorder_through_torchs_control_plane(tmp_path: P
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def test_stack_files_of_several_nodes_in_one_run_folder_are_read_together(tmp_path: Path) -> None:
+    """Each node's `--live` writes its own stacks-<host>.json into the shared run folder; `gputopo hang
+    RUN_DIR` reads them all (the newest stack of each rank), and the HTML report shows them."""
+    from conftest import invoke
+    from gputopo.hang.stacks import write_stacks
+
+    def threads(name: str, filename: str) -> list[dict]:
+        return [{"thread_name": "MainThread", "frames": [{"name": name, "filename": filename, "line": 7}]}]
+
+    wait = threads("all_reduce", "/v/torch/distributed/distributed_c10d.py")
+    for host, ranks in (("node-a", (0, 1)), ("node-b", (2, 3))):
+        stacks = [
+            from_pyspy(
+                threads("read_shard", "/job/data.py") if r == 3 else wait, r, host, r % 2, 100 + r, r % 2
+            )
+            for r in ranks
+        ]
+        (tmp_path / f"stacks-{host}.json").write_text(
+            write_stacks(stacks, host, "2026-11-28T04:00:00Z", "live")
+        )
+    result = invoke("hang", str(tmp_path), "--json", "--html", str(tmp_path / "hang.html"))
+    doc = json.loads(result.stdout)
+    assert result.exit_code == 1, result.output
+    assert [s["rank"] for s in doc["stacks"]] == [0, 1, 2, 3]
+    (suspect,) = doc["suspects"]
+    assert (suspect["rank"], suspect["host"], suspect["pid"], suspect["frame"]) == (
+        3,
+        "node-b",
+        103,
+        "read_shard (data.py:7)",
+    )
+    assert "read_shard (data.py:7), not in a collective" in (tmp_path / "hang.html").read_text()

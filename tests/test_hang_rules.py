@@ -87,6 +87,7 @@ def test_counts_point_at_the_skipped_call(base: Path, fmt: str) -> None:
     assert group.calls_note == note
     assert note in report.reason
     assert report.document()["groups"][0]["calls"]["note"] == note
+    _torch_agrees(*_analyse(folder / "json" if fmt == "json" else folder)[:2])  # torch: rank 2, seq 12
 
 
 def test_a_json_dump_without_entries_is_a_rank_that_never_entered(base: Path, tmp_path: Path) -> None:
@@ -196,6 +197,25 @@ def test_pg_status_speaks_for_a_rank_whose_entries_left_the_ring(tmp_path: Path)
     del ranks[1].pg_status["0"]
     _, match, _ = _analyse(write(ranks, tmp_path / "without", "pickle"))
     assert match.groups[0].never_entered == (1,)  # without pg_status, the entry's absence is all we have
+
+
+def test_a_coalesced_call_is_matched_op_by_op(tmp_path: Path) -> None:
+    """The ops of a coalesced call share one sequence id, closed by a ``coalesced`` entry (compared by its
+    type only); rank 1's second op has other sizes: a size mismatch inside the coalesced call."""
+    ranks = [Rank(i) for i in (0, 1)]
+    for r in ranks:
+        r.collective("0", "default_pg", [0, 1], "all_reduce", [[8]])
+        first = r.collective("0", "default_pg", [0, 1], "all_reduce", [[2]], state="scheduled")
+        second = r.collective(
+            "0", "default_pg", [0, 1], "all_reduce", [[4 if r.rank else 3]], state="scheduled"
+        )
+        closing = r.collective("0", "default_pg", [0, 1], "coalesced", [], state="scheduled")
+        for e in (second, closing):  # one sequence id for the whole coalesced call
+            e["collective_seq_id"] = first["collective_seq_id"]
+    _, match, report = _analyse(write(ranks, tmp_path))
+    (group,) = match.groups
+    assert report.verdict == "mismatch" and group.collective.seq == 2
+    assert [(m.rank, m.kind) for m in group.mismatches] == [(1, "size")]
 
 
 def test_torchs_size_rules_op_by_op() -> None:

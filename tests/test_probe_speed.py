@@ -145,7 +145,7 @@ def test_doctor_times_the_recommended_sets_unless_skip_speed(monkeypatch, skip_s
 
     plans = []
 
-    def fake_run_probe(config, on_progress=None, plan=None):
+    def fake_run_probe(config, on_progress=None, plan=None, **handed):  # handed: view, sick
         plans.append(plan)
         return shared.ProbeRun(config, (), {}, (), datetime.now(timezone.utc), 0.0)
 

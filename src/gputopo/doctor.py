@@ -34,9 +34,11 @@ COMMON_SIZES = (2, 4)
 MAX_SIMULATED_GPUS = 8
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DoctorOptions:
-    """What the user chose; ``None`` means the default for the device (tiny ResNet on CPU)."""
+    """What the user chose, by keyword, built and validated once per command (``check_options``); each
+    default is written here once. ``None`` means the default for the device (tiny ResNet on CPU, the
+    quick show's micro CNN in a simulation)."""
 
     input: str | None = None
     steps: int | None = None  # None: DEFAULT_STEPS, or the quick show's QUICK_STEPS

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gputopo.errors import InputError
-from gputopo.model import Topology
+from gputopo.model import DEFAULT_NVML_TIMEOUT_S, Topology
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -101,7 +101,6 @@ def read_live_health(
     those GPUs (a probe's sets). Never raises for a machine that cannot be read: NVML missing or failing
     comes back as one ``not_checked`` entry (health unknown, never healthy).
     """
-    from gputopo.health.check import DEFAULT_NVML_TIMEOUT_S
     from gputopo.health.judge import Judgement, NotChecked, judge, judge_one
     from gputopo.system import nvml
     from gputopo.system.health_reads import sample_health

@@ -10,6 +10,11 @@ import re
 from dataclasses import dataclass, field
 from enum import Enum
 
+# Defaults every command shares, written once: one live NVML read's deadline (start-up, one GPU, one GPU
+# pair; --nvml-timeout) and the health window between two samples (check's and doctor's --sample-s).
+DEFAULT_NVML_TIMEOUT_S = 5.0
+DEFAULT_HEALTH_WINDOW_S = 2.0
+
 
 class LinkKind(Enum):
     """How two devices are connected, as the codes of ``nvidia-smi topo -m`` say.

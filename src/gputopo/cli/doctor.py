@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -43,7 +43,7 @@ REPORT_SCHEMAS = {"gputopo/doctor/v1": "doctor", "gputopo/probe/v1": "probe"}
 )
 @guarded
 def doctor_command(
-    input: Optional[str] = typer.Option(  # noqa: UP045 (typer)
+    input: str | None = typer.Option(
         None,
         "--input",
         "-i",
@@ -56,7 +56,7 @@ def doctor_command(
         help="Run on the sample machine with CPU ranks and exit by its verdict (without it, a machine "
         "with no NVIDIA driver still shows the simulation but exits 3).",
     ),
-    steps: Optional[int] = typer.Option(  # noqa: UP045 (typer)
+    steps: int | None = typer.Option(
         None, help="Training steps of each probe's dp and ddp checks. Default: 5 (2 in the quick simulation)."
     ),
     full: bool = typer.Option(
@@ -76,7 +76,7 @@ def doctor_command(
     skip_speed: bool = typer.Option(
         False, "--skip-speed", help="No speed table (one GPU vs DataParallel vs DDP) on the recommended sets."
     ),
-    model: Optional[str] = typer.Option(  # noqa: UP045 (typer)
+    model: str | None = typer.Option(
         None,
         help="Model for the probes (resnet18, resnet50, tiny, micro). Default: resnet18 on GPU, tiny on CPU "
         "ranks, micro in the quick simulation.",
@@ -84,24 +84,24 @@ def doctor_command(
     report_dir: Path = typer.Option(
         Path("reports"), metavar="PATH", help="Where the JSON, Markdown and HTML reports go."
     ),
-    html_out: Optional[bool] = typer.Option(  # noqa: UP045 (typer)
+    html_out: bool | None = typer.Option(
         None,
         "--html/--no-html",
         help="Draw the HTML report with pictures (matplotlib, a few seconds). Default: with the probes, "
         "not with --skip-probe (gputopo report FILE --html draws it later).",
     ),
-    inject: Optional[Fault] = typer.Option(  # noqa: UP045 (typer)
+    inject: Fault | None = typer.Option(
         None, help="Drill: plant a fault in the probes (needs --inject-gpus) to see the doctor catch it."
     ),
-    inject_gpus: Optional[str] = typer.Option(  # noqa: UP045 (typer)
+    inject_gpus: str | None = typer.Option(
         None, "--inject-gpus", help="Drill: the GPUs whose sets get the fault, e.g. 5,6."
     ),
-    nnodes: Optional[int] = NNODES_OPTION,  # noqa: UP045 (typer)
-    node_rank: Optional[int] = NODE_RANK_OPTION,  # noqa: UP045 (typer)
-    rdzv_endpoint: Optional[str] = RDZV_ENDPOINT_OPTION,  # noqa: UP045 (typer)
-    rdzv_id: Optional[str] = RDZV_ID_OPTION,  # noqa: UP045 (typer)
-    rdzv_timeout: Optional[float] = RDZV_TIMEOUT_OPTION,  # noqa: UP045 (typer)
-    inject_node: Optional[int] = INJECT_NODE_OPTION,  # noqa: UP045 (typer)
+    nnodes: int | None = NNODES_OPTION,
+    node_rank: int | None = NODE_RANK_OPTION,
+    rdzv_endpoint: str | None = RDZV_ENDPOINT_OPTION,
+    rdzv_id: str | None = RDZV_ID_OPTION,
+    rdzv_timeout: float | None = RDZV_TIMEOUT_OPTION,
+    inject_node: int | None = INJECT_NODE_OPTION,
     nvml_timeout: float = NVML_TIMEOUT_OPTION,
     sample_s: float = typer.Option(
         DEFAULT_SAMPLE_S,
@@ -110,7 +110,7 @@ def doctor_command(
         help="The health check's window: error counters are read twice this far apart and judged by "
         "their rise (as `gputopo check --sample-s`).",
     ),
-    nccl_log: Optional[Path] = typer.Option(  # noqa: UP045 (typer)
+    nccl_log: Path | None = typer.Option(
         None,
         "--nccl-log",
         metavar="FILE",
@@ -141,12 +141,12 @@ def doctor_command(
         )
     ensure_report_dir(report_dir)
     options = DoctorOptions(
-        input,
-        steps,
-        timeout,
-        skip_probe,
-        model,
-        report_dir,
+        input=input,
+        steps=steps,
+        timeout_s=timeout,
+        skip_probe=skip_probe,
+        model=model,
+        report_dir=report_dir,
         simulate=simulate,
         inject=inject,
         inject_gpus=inject_gpus,
@@ -243,7 +243,7 @@ def report_command(
     path: Path = typer.Argument(
         ..., metavar="PATH", help="A doctor or probe report (reports/doctor-*.json, probe-*.json)."
     ),
-    html: Optional[Path] = typer.Option(  # noqa: UP045
+    html: Path | None = typer.Option(
         None, "--html", metavar="PATH", help="Also write the HTML report to this file."
     ),
     json_out: bool = JSON_OPTION,

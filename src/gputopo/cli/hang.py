@@ -159,38 +159,18 @@ def _write_html(path: Path, page: str) -> None:
 
 
 def _local_health(hosts: set[str]) -> dict[tuple[str, int], list[dict[str, object]]]:
-    """Health findings of this machine's GPUs, when a suspect ran here; nothing when NVML is not there."""
-    import re
+    """Health findings of this machine's GPUs, when a suspect ran here, read through the one door into
+    health every command uses (``machine.read_live_health``: one NVML sample, judged by the health rules);
+    nothing when NVML is not there."""
     import socket
 
-    from gputopo.errors import GputopoError
+    from gputopo.machine import read_live_health
 
     here = socket.gethostname()
     if here not in hosts:
         return {}
-    try:
-        from gputopo.findings import link_findings
-        from gputopo.machine import load_topology
-
-        topo = load_topology(None, nvml_timeout_s=5.0)
-    except GputopoError:
-        return {}
     found: dict[tuple[str, int], list[dict[str, object]]] = {}
-    for f in link_findings(topo):
-        m = re.match(r"GPU(\d+)\b", f.where)
-        if not m:
-            continue
-        what = f.what.lower()
-        category = "nvlink" if "nvlink" in what else "pcie" if "pcie" in what else "driver"
-        found.setdefault((here, int(m.group(1))), []).append(
-            {
-                "where": f"{here} {f.where}",
-                "gpu": int(m.group(1)),
-                "category": category,
-                "what": f.what,
-                "remedy": f.remedy,
-                "severity": f.severity,
-                "action": "drain" if f.severity == "problem" else "none",
-            }
-        )
+    for f in read_live_health().findings:
+        if f.gpu is not None:
+            found.setdefault((here, f.gpu), []).append({**f.to_json(), "where": f"{here} {f.where}"})
     return found

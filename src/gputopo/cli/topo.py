@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from gputopo.cli import app
 from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, examples, guarded, read_topology
+from gputopo.model import DEFAULT_NVML_TIMEOUT_S
 from gputopo.ui.output import Output
 
-# Shared by the commands that read the live machine (topo, recommend, doctor). The default mirrors
-# gputopo.system.nvml_worker.DEFAULT_TIMEOUT_S, spelled here so --help does not import it.
+# Shared by the commands that read the live machine (topo, recommend, probe, doctor): declared once.
 NVML_TIMEOUT_OPTION = typer.Option(
-    5.0,
+    DEFAULT_NVML_TIMEOUT_S,
     "--nvml-timeout",
     metavar="SECONDS",
     help="Seconds each live NVML read (start-up, one GPU, one GPU pair) may take; a GPU that does not "
@@ -32,7 +30,7 @@ NVML_TIMEOUT_OPTION = typer.Option(
 )
 @guarded
 def topo_command(
-    input: Optional[str] = typer.Option(None, "--input", "-i", metavar=INPUT_METAVAR, help=INPUT_HELP),  # noqa: UP045 (typer)
+    input: str | None = typer.Option(None, "--input", "-i", metavar=INPUT_METAVAR, help=INPUT_HELP),
     json_out: bool = JSON_OPTION,
     list_samples: bool = typer.Option(False, "--list-samples", help="Name the built-in sample machines."),
     nvml_timeout: float = NVML_TIMEOUT_OPTION,

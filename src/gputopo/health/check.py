@@ -16,15 +16,18 @@ from gputopo.errors import EXIT_OK, EXIT_PROBLEM, EXIT_UNAVAILABLE, UsageError
 from gputopo.findings import NOTE, PROBLEM, Finding
 from gputopo.health.judge import Judgement, NotChecked
 from gputopo.health.readings import BUDGET_SPENT, NOT_READ, GpuHealth, HealthSample
-from gputopo.model import GPU_NOT_ACCESSIBLE
+from gputopo.model import (  # noqa: F401 - DEFAULT_NVML_TIMEOUT_S: check's, re-exported
+    DEFAULT_HEALTH_WINDOW_S,
+    DEFAULT_NVML_TIMEOUT_S,
+    GPU_NOT_ACCESSIBLE,
+)
 
 SCHEMA = "gputopo/check/v1"
 HEALTHY, PROBLEMS, UNKNOWN = "healthy", "problems", "unknown"
 # check's defaults, written once: the window between the two samples, the whole check's time budget, one
 # GPU's NVML deadline, and the Xid window (--since).
-DEFAULT_SAMPLE_S = 2.0
+DEFAULT_SAMPLE_S = DEFAULT_HEALTH_WINDOW_S
 DEFAULT_BUDGET_S = 20.0
-DEFAULT_NVML_TIMEOUT_S = 5.0
 DEFAULT_SINCE = "2h"
 DEFAULT_SINCE_S = 7200.0
 # The one-line reason every output starts with.

@@ -29,7 +29,9 @@ from collections.abc import Callable
 from contextlib import suppress
 from typing import Any, BinaryIO, TypeVar
 
-DEFAULT_TIMEOUT_S = 5.0
+from gputopo.model import DEFAULT_NVML_TIMEOUT_S
+
+DEFAULT_TIMEOUT_S = DEFAULT_NVML_TIMEOUT_S
 # A whole listing over every GPU (the processes on them, their minor numbers) in one call.
 LIST_TIMEOUT_S = 15.0
 _IN_WORKER = False

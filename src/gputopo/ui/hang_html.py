@@ -51,6 +51,19 @@ def render_html(report: HangReport) -> str:
         parts.append(_legend())
     for g in doc["groups"]:
         parts.append(_group(g, report))
+    if doc["stacks"]:
+        parts.append(f"<h2>Stacks</h2><p>{escape(str(doc['stacks_verdict'] or ''))}</p>")
+        parts.append("<table><tr><th>rank</th><th>host</th><th>pid</th><th>where</th></tr>")
+        for st in doc["stacks"]:
+            if st["error"]:
+                where = f"no stack: {st['error']}"
+            elif st["in"] == "collective":
+                where = f"in {st['what']}" + (f", called from {st['frame']}" if st["frame"] else "")
+            else:
+                where = f"in {st['frame']}, not in a collective"
+            cells = (st["rank"], st["host"] or "?", st["pid"] or "?", where)
+            parts.append("<tr>" + "".join(f"<td>{escape(str(c))}</td>" for c in cells) + "</tr>")
+        parts.append("</table>")
     if doc["missing_dumps"]:
         parts.append("<h2>Missing dumps</h2><p>")
         parts.append(", ".join(f"rank {r}: no dump" for r in doc["missing_dumps"]) + "</p>")
