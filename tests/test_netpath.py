@@ -538,3 +538,28 @@ def test_every_rule_a_network_or_path_finding_names_is_in_the_table() -> None:
         used |= set(re.findall(r'rule="([a-z_]+)"', Path(module.__file__).read_text()))
         used |= set(re.findall(r'"(port_[a-z_]+)"', Path(module.__file__).read_text())) - {"port_rcv_errors"}
     assert used and used <= names, used - names
+
+
+def test_probe_says_the_bridge_is_the_likely_cause_of_corrupt_p2p() -> None:
+    from gputopo.cli.probe import path_causes, wrong_data
+
+    doc = {
+        "sets": [
+            {
+                "gpus": [5, 6],
+                "checks": [{"name": "p2p", "verdict": "fail", "kind": "corrupt", "detail": "bytes"}],
+            },
+            {"gpus": [4, 5], "checks": [{"name": "p2p", "verdict": "pass", "kind": None, "detail": ""}]},
+        ]
+    }
+    assert wrong_data(doc)
+    (line,) = path_causes(doc, ((5, 6, (RP2,)),))
+    assert line.startswith("GPUs 5,6: p2p check failed (corrupt)") and f"at bridge {RP2}" in line
+    assert path_causes(doc, ()) == []
+
+
+def test_without_any_gpu_in_sysfs_no_port_is_called_a_management_port(tmp_path: Path) -> None:
+    tree = st.eight_gpu_node(tmp_path, ngpus=0, port_overrides={6: {"state": "1: DOWN"}})
+    result = fabric.finish(fabric.start(fs_of(tree)), GPUS)  # NVML's GPUs, none of them in this sysfs
+    (f,) = [f for f in result.findings if f.category == "network"]
+    assert f.severity == "problem" and "management" not in f.what

@@ -30,6 +30,7 @@ from gputopo.system.sysfs import FsView, view
 from gputopo.topology.pcie_path import (
     Endpoint,
     PairPath,
+    PciPath,
     all_pairs,
     iommu_findings,
     iommu_mode,
@@ -85,7 +86,8 @@ def finish(started: Started, gpus: Mapping[int, str]) -> FabricResult:
     nics = _nic_endpoints(second)
     paths = read_paths([*gpus.values(), *(n.bdf for n in nics)], fs)
     behind = rails(second.ports, paths, gpus)
-    findings = judge_ports(started.ports, second, behind)
+    located = any(isinstance(paths.get(normal_bdf(bus)), PciPath) for bus in gpus.values())
+    findings = judge_ports(started.ports, second, behind, located)
     judged = judge_paths(all_pairs(_gpu_endpoints(gpus), nics, paths))
     rdma = [p for p in second.ports if p.kind == IB]
     inputs = gdr_inputs(fs)

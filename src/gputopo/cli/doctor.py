@@ -315,7 +315,7 @@ def _is_index(value: object) -> bool:
 
 
 def _check_html_target(html: Path) -> None:
-    """Refuse an ``--html`` path that can't be written before any work (``report.check_output``)."""
+    """Refuse an ``--html`` path that can't be written before any work (``outputs.check_output``)."""
     from gputopo.outputs import check_output
 
     check_output(html, "--html", "report.html")

@@ -259,6 +259,10 @@ def probe_command(
         raise
     out.warnings(run.warnings)
     doc = to_document(run)
+    if doc.get("device") == "cuda" and wrong_data(doc):  # name an ACS-redirecting bridge on the pair's path
+        doc["path_causes"] = path_causes(doc, live_redirected())
+        for line in doc["path_causes"]:
+            out.warn(line)
     why = nothing_tested(run.sets)
     if why is not None:
         doc["verdict"] = "skipped"
@@ -317,3 +321,33 @@ def probe_html(doc: dict[str, Any], out: Output) -> str | None:
             raise
         out.warn("no HTML report: matplotlib is not installed (pip install 'gputopo[probe]')")
         return None
+
+
+_WRONG_DATA = ("corrupt", "nan", "diverged")
+
+
+def wrong_data(doc: dict[str, Any]) -> bool:
+    """Whether a check of the probe found wrong data (corrupt, NaN, diverged) on a set."""
+    return any(
+        c.get("verdict") == "fail" and c.get("kind") in _WRONG_DATA
+        for s in doc.get("sets") or []
+        for c in s.get("checks") or []
+    )
+
+
+def live_redirected() -> tuple[tuple[int, int, tuple[str, ...]], ...]:
+    """This machine's GPU pairs behind an ACS-redirecting bridge (sysfs; docs/topo.md)."""
+    from gputopo.doctor import redirected_pairs
+    from gputopo.machine import load_topology
+
+    return redirected_pairs(load_topology(None))
+
+
+def path_causes(doc: dict[str, Any], redirected: tuple[tuple[int, int, tuple[str, ...]], ...]) -> list[str]:
+    """One line per failed wrong-data check on a set with a pair behind an ACS-redirecting bridge: the
+    bridge is the likely cause."""
+    from gputopo.doctor import probe_findings
+
+    return [
+        f"{f.where}: {f.what}" for f in probe_findings(doc, redirected) if "the likely cause: ACS" in f.what
+    ]

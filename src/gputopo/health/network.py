@@ -288,10 +288,15 @@ def _gpus(indices: Sequence[int]) -> str:
 
 
 def judge_ports(
-    first: PortSample, second: PortSample, rails: Mapping[str, Rail] | None = None
+    first: PortSample,
+    second: PortSample,
+    rails: Mapping[str, Rail] | None = None,
+    gpus_located: bool = True,
 ) -> list[Finding]:
     """Findings for the ports: counters that rose between ``first`` and ``second``, ports down while their
-    peers are up, ports slower than their peers. ``rails`` maps a port name to the GPUs behind it."""
+    peers are up, ports slower than their peers. ``rails`` maps a port name to the GPUs behind it;
+    ``gpus_located`` says whether any GPU was found in sysfs (if none was, no port can be called a
+    management port for having no GPU near it)."""
     rails = rails or {}
     window_s = max(second.taken_s - first.taken_s, 0.0)
     before = {p.name: p for p in first.ports}
@@ -301,7 +306,7 @@ def judge_ports(
         groups.setdefault(p.group, []).append(p)
     for p in second.ports:
         rail = rails.get(p.name, Rail())
-        management = p.numa_node is not None and not rail.gpus
+        management = gpus_located and p.numa_node is not None and not rail.gpus
         out += _state(p, groups[p.group], rail, management)
         out += _slower(p, groups[p.group], rail, management)
         old = before.get(p.name)
