@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from gputopo.cli import app
-from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, examples, guarded
+from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, NVML_TIMEOUT_OPTION, examples, guarded
 from gputopo.cli.nodes import (
     INJECT_NODE_OPTION,
     NNODES_OPTION,
@@ -25,7 +25,6 @@ from gputopo.cli.nodes import (
     progress_printer,
     warn_internode,
 )
-from gputopo.cli.topo import NVML_TIMEOUT_OPTION
 from gputopo.errors import EXIT_PROBLEM, Interrupted, UsageError
 from gputopo.probe.plan.options import Fault, Mode, Precision
 from gputopo.ui.output import Output
