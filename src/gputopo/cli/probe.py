@@ -26,7 +26,19 @@ from gputopo.cli.nodes import (
     warn_internode,
 )
 from gputopo.errors import EXIT_PROBLEM, Interrupted, UsageError
-from gputopo.probe.plan.options import Fault, Mode, Precision
+from gputopo.probe.plan.options import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_LR,
+    DEFAULT_MODEL,
+    DEFAULT_REPORT_DIR,
+    DEFAULT_SEED,
+    DEFAULT_STEP_FACTOR,
+    DEFAULT_STEPS,
+    DEFAULT_TIMEOUT_S,
+    Fault,
+    Mode,
+    Precision,
+)
 from gputopo.ui.output import Output
 
 NODES_PANEL = "Across nodes (torchrun's rendezvous; defaults from Slurm under srun)"
@@ -47,6 +59,9 @@ class ModelName(str, Enum):
     RESNET50 = "resnet50"
     TINY = "tiny"
     MICRO = "micro"
+
+
+DEFAULT_MODEL_NAME = ModelName(DEFAULT_MODEL)
 
 
 @app.command(
@@ -78,14 +93,14 @@ def probe_command(
         Device | None,
         typer.Option(help="cuda (default when torch sees a GPU) or cpu (CPU ranks stand in for GPUs, gloo)."),
     ] = None,
-    model: Annotated[ModelName, typer.Option(help="The ResNet to train.")] = ModelName.RESNET18,
-    batch_size: Annotated[int, typer.Option(help="Images per GPU per step.")] = 16,
-    steps: Annotated[int, typer.Option(help="Training steps of the dp and ddp checks.")] = 20,
-    lr: Annotated[float, typer.Option(help="SGD learning rate (momentum 0.9).")] = 0.05,
-    seed: Annotated[int, typer.Option(help="Seed of the weights and the synthetic data.")] = 0,
+    model: Annotated[ModelName, typer.Option(help="The ResNet to train.")] = DEFAULT_MODEL_NAME,
+    batch_size: Annotated[int, typer.Option(help="Images per GPU per step.")] = DEFAULT_BATCH_SIZE,
+    steps: Annotated[int, typer.Option(help="Training steps of the dp and ddp checks.")] = DEFAULT_STEPS,
+    lr: Annotated[float, typer.Option(help="SGD learning rate (momentum 0.9).")] = DEFAULT_LR,
+    seed: Annotated[int, typer.Option(help="Seed of the weights and the synthetic data.")] = DEFAULT_SEED,
     timeout: Annotated[
         float, typer.Option(help="Seconds a set may go without progress before it is hung.")
-    ] = 300.0,
+    ] = DEFAULT_TIMEOUT_S,
     precision: Annotated[
         list[Precision] | None,
         typer.Option(
@@ -121,7 +136,7 @@ def probe_command(
     ] = None,
     report_dir: Annotated[
         Path, typer.Option(metavar="PATH", help="Where the JSON, Markdown and HTML reports go.")
-    ] = Path("reports"),
+    ] = Path(DEFAULT_REPORT_DIR),
     input: Annotated[
         str | None,
         typer.Option(
@@ -139,7 +154,7 @@ def probe_command(
     step_factor: Annotated[
         int,
         typer.Option("--step-factor", "-f", help="Multiply the size by this between steps (nccl-tests' -f)."),
-    ] = 2,
+    ] = DEFAULT_STEP_FACTOR,
     iters: Annotated[
         int | None,
         typer.Option(
