@@ -281,6 +281,12 @@ def test_live_never_reads_a_pid_the_kernel_gave_to_another_process(tmp_path: Pat
     try:
         started = psutil.Process(proc.pid).create_time()
         assert procfs.not_the_same_process(proc.pid, started) is None
+        # Popen returns once exec has closed its error pipe, which the kernel does before it lays out the
+        # new program's environment (fs/exec.c begin_new_exec, then load_elf_binary's create_elf_tables):
+        # /proc/PID/environ can read empty for that moment.
+        deadline = time.monotonic() + 5.0
+        while procfs.environ_value(proc.pid, "GPUTOPO_X") is None and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert "another process" in (procfs.not_the_same_process(proc.pid, started - 100.0) or "")
         assert procfs.environ_value(proc.pid, "GPUTOPO_X") == "on"
         assert procfs.environ_value(proc.pid, "GPUTOPO_NOT_SET") is None
