@@ -11,6 +11,7 @@ import pytest
 
 from gputopo.check import CheckOptions
 from gputopo.cli import run_main
+from gputopo.cli.options import set_constraints
 from gputopo.cli.stale import KillStaleOptions, kill_stale_options
 from gputopo.doctor import DoctorOptions
 from gputopo.probe.plan.config import ProbeConfig
@@ -30,11 +31,15 @@ def test_option_objects_are_frozen_and_keyword_only(cls: type) -> None:
         cls(1)  # no field is taken by position: three floats in a row cannot be swapped unseen
 
 
+@pytest.mark.parametrize("builder", [kill_stale_options, set_constraints], ids=lambda b: b.__name__)
+def test_builders_take_keywords_only_and_write_no_default(builder) -> None:
+    params = [p for p in inspect.signature(builder).parameters.values() if p.kind is not p.VAR_KEYWORD]
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params), builder
+    # No defaults in a builder: each default is the CLI's, written once.
+    assert all(p.default is inspect.Parameter.empty for p in params), builder
+
+
 def test_kill_stale_options_are_built_from_keywords_only() -> None:
-    params = inspect.signature(kill_stale_options).parameters.values()
-    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params)
-    # No defaults in the builder: each default is the CLI's, written once.
-    assert all(p.default is inspect.Parameter.empty for p in params)
     built = kill_stale_options(
         yes=False,
         all_holders=True,

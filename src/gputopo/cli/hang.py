@@ -4,7 +4,6 @@ ranks that never joined, their host, GPU and health."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -29,7 +28,7 @@ from gputopo.ui.output import Output
 )
 @guarded
 def hang_command(
-    paths: Optional[list[Path]] = typer.Argument(  # noqa: UP045 (typer)
+    paths: list[Path] | None = typer.Argument(
         None,
         metavar="PATH...",
         help="Folders or file prefixes of Flight Recorder dumps (pickle or JSON), from one node or many.",
@@ -38,20 +37,20 @@ def hang_command(
     ras: bool = typer.Option(
         False, "--ras", help="Ask this node's NCCL RAS port too (NCCL_RAS_ADDR, default localhost:28028)."
     ),
-    ras_json: Optional[Path] = typer.Option(  # noqa: UP045 (typer)
+    ras_json: Path | None = typer.Option(
         None, "--ras-json", metavar="FILE", help="Read a saved `ncclras -f json` output."
     ),
-    run_record: Optional[list[Path]] = typer.Option(  # noqa: UP045 (typer)
+    run_record: list[Path] | None = typer.Option(
         None,
         "--run-record",
         metavar="FILE",
         help="A run record (gputopo/run-record/v1) mapping ranks to hosts and GPUs; repeatable. "
         "Default: run-record*.json beside the dumps.",
     ),
-    html: Optional[Path] = typer.Option(  # noqa: UP045 (typer)
+    html: Path | None = typer.Option(
         None, "--html", metavar="FILE", help="Also write an HTML report: the ranks drawn per host and group."
     ),
-    nccl_log: Optional[Path] = typer.Option(  # noqa: UP045 (typer)
+    nccl_log: Path | None = typer.Option(
         None,
         "--nccl-log",
         metavar="FILE",

@@ -111,15 +111,17 @@ def within_preset(
 
 
 def set_constraints(
+    *,
     n: int,
     exclude: str | None,
     allow_busy: bool,
     max_used_mib: int,
     from_report: Path | None,
-    allow_unhealthy: bool = False,
+    allow_unhealthy: bool,
     **more: Any,
 ) -> Constraints:
-    """What ``recommend`` and ``run`` choose a set by, from their shared options (checked here, once)."""
+    """What ``recommend`` and ``run`` choose a set by, from their shared options: the keyword-only
+    ``Constraints``, each option checked here once (``UsageError``, exit 2) before the machine is read."""
     from gputopo.recommend import Constraints, evidence_from_report
 
     if max_used_mib < 0:

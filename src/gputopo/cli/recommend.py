@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import typer
 
@@ -25,9 +24,6 @@ from gputopo.cli.options import (
 )
 from gputopo.errors import UsageError
 from gputopo.ui.output import Output
-
-if TYPE_CHECKING:
-    pass
 
 DEFAULT_TOP = 5
 
@@ -104,12 +100,12 @@ def recommend_command(
     out = Output(json_mode=json_out)
     assumptions = Assumptions(nvlink_gbps_per_link=nvlink_gbps, pcie_gen=pcie_gen, socket_gbps=socket_gbps)
     constraints = set_constraints(
-        n,
-        exclude,
-        allow_busy,
-        max_used_mib,
-        from_report,
-        allow_unhealthy,
+        n=n,
+        exclude=exclude,
+        allow_busy=allow_busy,
+        max_used_mib=max_used_mib,
+        from_report=from_report,
+        allow_unhealthy=allow_unhealthy,
         sets=sets,
         top=top,
         assumptions=assumptions,

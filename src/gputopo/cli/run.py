@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 
 from gputopo.cli import app
-from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, examples, guarded
+from gputopo.cli.common import INPUT_OPTION, examples, guarded
 from gputopo.cli.options import (
     ALLOW_BUSY_OPTION,
     ALLOW_UNHEALTHY_OPTION,
@@ -52,7 +52,7 @@ def run_command(
         help="Run CMD under torchrun --nproc-per-node K (with --numa-binding node where possible).",
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the line instead of running it."),
-    input: str | None = typer.Option(None, "--input", "-i", metavar=INPUT_METAVAR, help=INPUT_HELP),
+    input: str | None = INPUT_OPTION,
     exclude: str | None = EXCLUDE_OPTION,
     allow_busy: bool = ALLOW_BUSY_OPTION,
     allow_unhealthy: bool = ALLOW_UNHEALTHY_OPTION,
@@ -97,7 +97,15 @@ def run_command(
         from gputopo.launch.command import check_command
 
         check_command(command, torchrun)
-    constraints = set_constraints(n, exclude, allow_busy, max_used_mib, from_report, allow_unhealthy, top=1)
+    constraints = set_constraints(
+        n=n,
+        exclude=exclude,
+        allow_busy=allow_busy,
+        max_used_mib=max_used_mib,
+        from_report=from_report,
+        allow_unhealthy=allow_unhealthy,
+        top=1,
+    )
     topo = load_topology(input)
     check_report_machine(constraints, topo, input is None, force_report, out.warn)
     constraints = within_preset(constraints, topo, ignore_visible, input is not None, out.warn)
