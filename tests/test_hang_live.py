@@ -269,3 +269,34 @@ def test_stack_files_of_several_nodes_in_one_run_folder_are_read_together(tmp_pa
         "read_shard (data.py:7)",
     )
     assert "read_shard (data.py:7), not in a collective" in (tmp_path / "hang.html").read_text()
+
+
+def test_live_never_reads_a_pid_the_kernel_gave_to_another_process(tmp_path: Path) -> None:
+    """A process is (pid, start time): a rank whose recorded start time is not the PID's now (the PID
+    was reused) is reported as such and never handed to py-spy; a live one with its own time is read."""
+    from gputopo.hang.live import Target, take
+    from gputopo.system import procfs
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=_env(GPUTOPO_X="on"))
+    try:
+        started = psutil.Process(proc.pid).create_time()
+        assert procfs.not_the_same_process(proc.pid, started) is None
+        # Popen returns once exec has closed its error pipe, which the kernel does before it lays out the
+        # new program's environment (fs/exec.c begin_new_exec, then load_elf_binary's create_elf_tables):
+        # /proc/PID/environ can read empty for that moment.
+        deadline = time.monotonic() + 5.0
+        while procfs.environ_value(proc.pid, "GPUTOPO_X") is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert "another process" in (procfs.not_the_same_process(proc.pid, started - 100.0) or "")
+        assert procfs.environ_value(proc.pid, "GPUTOPO_X") == "on"
+        assert procfs.environ_value(proc.pid, "GPUTOPO_NOT_SET") is None
+        reused = Target(rank=1, pid=proc.pid, local_rank=1, gpu=1, started=started - 100.0)
+        ev = take(tmp_path, [reused], "here", "live", timeout_s=5.0)
+        (stack,) = ev.stacks
+        assert stack.rank == 1 and "another process" in (stack.error or "")
+        assert not stack.threads
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
+    assert procfs.not_the_same_process(proc.pid, started) == "the process is gone"

@@ -203,3 +203,28 @@ def test_recorder_env_fills_only_what_is_missing() -> None:
 def test_nccl_version_codes_old_and_new() -> None:
     assert version_from_code(23007) == "2.30.7"
     assert version_from_code(2804) == "2.8.4"
+
+
+def test_a_ranks_recorded_start_time_reaches_hangs_placement(tmp_path: Path) -> None:
+    """The start time `gputopo run` records beside each PID is what `hang --live` compares with the PID's
+    now (a reused PID is never read): it must survive the record's reading."""
+    from gputopo.hang.live import targets_here
+    from gputopo.hang.record import find_records, place_ranks, read_record
+
+    record = {
+        "schema": "gputopo/run-record/v1",
+        "host": "node-a",
+        "world_size": 2,
+        "gpus": [{"local_rank": i, "index": i, "uuid": f"GPU-{i}"} for i in range(2)],
+        "ranks": [
+            {"rank": 0, "local_rank": 0, "pid": 4242, "started": 1764300000.25},
+            {"rank": 1, "local_rank": 1, "pid": 4243},
+        ],
+    }
+    (tmp_path / "run-record.json").write_text(json.dumps(record))
+    placed, _ = place_ranks([read_record(p) for p in find_records([tmp_path])])
+    assert (placed[0].started, placed[1].started) == (1764300000.25, None)
+    assert [(t.rank, t.pid, t.started) for t in targets_here(tmp_path, "node-a")] == [
+        (0, 4242, 1764300000.25),
+        (1, 4243, None),
+    ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -56,13 +56,13 @@ def check_command(
         metavar="SECONDS",
         help="End within this time (scontrol included); what was not read is reported unknown.",
     ),
-    expect_gpus: Optional[int] = typer.Option(  # noqa: UP045 (typer)
+    expect_gpus: int | None = typer.Option(
         None, "--expect-gpus", metavar="N", help="Fewer GPUs than N (or a broken driver) is a problem."
     ),
-    thresholds: Optional[Path] = typer.Option(  # noqa: UP045 (typer)
+    thresholds: Path | None = typer.Option(
         None, "--thresholds", metavar="FILE", help="Override health rules (TOML/JSON; see --list-rules)."
     ),
-    kernel_log: Optional[str] = typer.Option(  # noqa: UP045 (typer)
+    kernel_log: str | None = typer.Option(
         None,
         "--kernel-log",
         metavar="FILE|-",
@@ -71,7 +71,7 @@ def check_command(
     since: str = typer.Option(
         DEFAULT_SINCE, "--since", metavar="DURATION", help="Xid window: 90s, 30m, 2h, 1d."
     ),
-    save_baseline: Optional[Path] = typer.Option(  # noqa: UP045 (typer)
+    save_baseline: Path | None = typer.Option(
         None, "--save-baseline", metavar="FILE", help="Write this node's golden picture to FILE."
     ),
     fleet: bool = typer.Option(
@@ -79,7 +79,7 @@ def check_command(
         "--fleet",
         help="With --save-baseline: leave out per-GPU identities (UUID, VBIOS) for siblings.",
     ),
-    baseline_file: Optional[Path] = typer.Option(  # noqa: UP045 (typer)
+    baseline_file: Path | None = typer.Option(
         None, "--baseline", metavar="FILE", help="Compare this node with a saved baseline."
     ),
     drain: bool = typer.Option(
@@ -99,7 +99,7 @@ def check_command(
         metavar="N|N%",
         help="Drain nothing more while this many of the cluster's nodes carry a gputopo drain.",
     ),
-    state_file: Optional[Path] = typer.Option(  # noqa: UP045 (typer)
+    state_file: Path | None = typer.Option(
         None,
         "--state",
         metavar="FILE",
@@ -114,7 +114,7 @@ def check_command(
         metavar="BYTES",
         help="With --format npd: NPD's max_output_length (the line is cut to fit).",
     ),
-    textfile: Optional[Path] = typer.Option(  # noqa: UP045 (typer)
+    textfile: Path | None = typer.Option(
         None,
         "--textfile",
         metavar="DIR",

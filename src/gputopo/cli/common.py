@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import typer
 
 from gputopo.errors import GputopoError, InputError, Interrupted
+from gputopo.model import DEFAULT_NVML_TIMEOUT_S
 from gputopo.ui.output import Output
 
 if TYPE_CHECKING:
@@ -31,6 +32,16 @@ INPUT_HELP = (
     "or sample:NAME (see `gputopo topo --list-samples`)."
 )
 INPUT_METAVAR = "PATH|-|sample:NAME"
+INPUT_OPTION = typer.Option(None, "--input", "-i", metavar=INPUT_METAVAR, help=INPUT_HELP)
+
+# Shared by the commands that read the live machine (topo, recommend, probe, doctor): declared once.
+NVML_TIMEOUT_OPTION = typer.Option(
+    DEFAULT_NVML_TIMEOUT_S,
+    "--nvml-timeout",
+    metavar="SECONDS",
+    help="Seconds each live NVML read (start-up, one GPU, one GPU pair) may take; a GPU that does not "
+    "answer in time is shown as not responding.",
+)
 
 
 def examples(*lines: str) -> str:

@@ -8,7 +8,15 @@ from typing import Any
 import typer
 
 from gputopo.cli import app
-from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, examples, guarded, read_json_file
+from gputopo.cli.common import (
+    INPUT_HELP,
+    INPUT_METAVAR,
+    JSON_OPTION,
+    NVML_TIMEOUT_OPTION,
+    examples,
+    guarded,
+    read_json_file,
+)
 from gputopo.cli.nodes import (
     INJECT_NODE_OPTION,
     NNODES_OPTION,
@@ -18,7 +26,6 @@ from gputopo.cli.nodes import (
     RDZV_TIMEOUT_OPTION,
     warn_internode,
 )
-from gputopo.cli.topo import NVML_TIMEOUT_OPTION
 from gputopo.errors import EXIT_PROBLEM, InputError, Interrupted, UnavailableError, UsageError
 from gputopo.health.check import DEFAULT_SAMPLE_S
 from gputopo.probe.plan.options import Fault

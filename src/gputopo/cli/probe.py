@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
 from gputopo.cli import app
-from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, examples, guarded
+from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, NVML_TIMEOUT_OPTION, examples, guarded
 from gputopo.cli.nodes import (
     INJECT_NODE_OPTION,
     NNODES_OPTION,
@@ -25,9 +25,20 @@ from gputopo.cli.nodes import (
     progress_printer,
     warn_internode,
 )
-from gputopo.cli.topo import NVML_TIMEOUT_OPTION
 from gputopo.errors import EXIT_PROBLEM, Interrupted, UsageError
-from gputopo.probe.plan.options import Fault, Mode, Precision
+from gputopo.probe.plan.options import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_LR,
+    DEFAULT_MODEL,
+    DEFAULT_REPORT_DIR,
+    DEFAULT_SEED,
+    DEFAULT_STEP_FACTOR,
+    DEFAULT_STEPS,
+    DEFAULT_TIMEOUT_S,
+    Fault,
+    Mode,
+    Precision,
+)
 from gputopo.ui.output import Output
 
 NODES_PANEL = "Across nodes (torchrun's rendezvous; defaults from Slurm under srun)"
@@ -50,6 +61,9 @@ class ModelName(str, Enum):
     MICRO = "micro"
 
 
+DEFAULT_MODEL_NAME = ModelName(DEFAULT_MODEL)
+
+
 @app.command(
     "probe",
     epilog=examples(
@@ -65,7 +79,7 @@ class ModelName(str, Enum):
 @guarded
 def probe_command(
     gpus: Annotated[
-        Optional[list[str]],  # noqa: UP045 (typer)
+        list[str] | None,
         typer.Option(
             "--gpus", "-g", help="A GPU set by nvidia-smi index, e.g. 5,6; repeat for more. Default: all."
         ),
@@ -76,19 +90,19 @@ def probe_command(
     ] = False,
     mode: Annotated[Mode, typer.Option("--mode", "-m", help="Which check to run, or all.")] = Mode.ALL,
     device: Annotated[
-        Optional[Device],  # noqa: UP045 (typer)
+        Device | None,
         typer.Option(help="cuda (default when torch sees a GPU) or cpu (CPU ranks stand in for GPUs, gloo)."),
     ] = None,
-    model: Annotated[ModelName, typer.Option(help="The ResNet to train.")] = ModelName.RESNET18,
-    batch_size: Annotated[int, typer.Option(help="Images per GPU per step.")] = 16,
-    steps: Annotated[int, typer.Option(help="Training steps of the dp and ddp checks.")] = 20,
-    lr: Annotated[float, typer.Option(help="SGD learning rate (momentum 0.9).")] = 0.05,
-    seed: Annotated[int, typer.Option(help="Seed of the weights and the synthetic data.")] = 0,
+    model: Annotated[ModelName, typer.Option(help="The ResNet to train.")] = DEFAULT_MODEL_NAME,
+    batch_size: Annotated[int, typer.Option(help="Images per GPU per step.")] = DEFAULT_BATCH_SIZE,
+    steps: Annotated[int, typer.Option(help="Training steps of the dp and ddp checks.")] = DEFAULT_STEPS,
+    lr: Annotated[float, typer.Option(help="SGD learning rate (momentum 0.9).")] = DEFAULT_LR,
+    seed: Annotated[int, typer.Option(help="Seed of the weights and the synthetic data.")] = DEFAULT_SEED,
     timeout: Annotated[
         float, typer.Option(help="Seconds a set may go without progress before it is hung.")
-    ] = 300.0,
+    ] = DEFAULT_TIMEOUT_S,
     precision: Annotated[
-        Optional[list[Precision]],  # noqa: UP045 (typer)
+        list[Precision] | None,
         typer.Option(
             "--precision",
             "-p",
@@ -97,24 +111,24 @@ def probe_command(
         ),
     ] = None,
     tolerance: Annotated[
-        Optional[float],  # noqa: UP045 (typer)
+        float | None,
         typer.Option(
             help="Per-GPU check (--mode gpu): percent below its peers' median at which a GPU is slow. "
             "Default: 10 on GPUs, 25 on CPU stand-ins.",
         ),
     ] = None,
     inject: Annotated[
-        Optional[Fault],  # noqa: UP045 (typer)
+        Fault | None,
         typer.Option(
             help="Plant a fault in one rank to see its detector fire (sdc, slow: the per-GPU check)."
         ),
     ] = None,
     inject_rank: Annotated[
-        Optional[int],  # noqa: UP045 (typer)
+        int | None,
         typer.Option(help="Rank (within a set) that gets the fault. Default: the last."),
     ] = None,
     inject_gpus: Annotated[
-        Optional[str],  # noqa: UP045 (typer)
+        str | None,
         typer.Option(
             "--inject-gpus",
             help="Plant the fault in every set holding these GPUs, e.g. 5,6 (p2p: the copies between them).",
@@ -122,27 +136,27 @@ def probe_command(
     ] = None,
     report_dir: Annotated[
         Path, typer.Option(metavar="PATH", help="Where the JSON, Markdown and HTML reports go.")
-    ] = Path("reports"),
+    ] = Path(DEFAULT_REPORT_DIR),
     input: Annotated[
-        Optional[str],  # noqa: UP045 (typer)
+        str | None,
         typer.Option(
             "--input", "-i", metavar=INPUT_METAVAR, help=INPUT_HELP + " Used for the bandwidth estimate."
         ),
     ] = None,
     min_bytes: Annotated[
-        Optional[str],  # noqa: UP045 (typer)
+        str | None,
         typer.Option("--min-bytes", "-b", help="Smallest all-reduce size, as nccl-tests: 8, 1K, 256M."),
     ] = None,
     max_bytes: Annotated[
-        Optional[str],  # noqa: UP045 (typer)
+        str | None,
         typer.Option("--max-bytes", "-e", help="Largest all-reduce size (nccl-tests' -e)."),
     ] = None,
     step_factor: Annotated[
         int,
         typer.Option("--step-factor", "-f", help="Multiply the size by this between steps (nccl-tests' -f)."),
-    ] = 2,
+    ] = DEFAULT_STEP_FACTOR,
     iters: Annotated[
-        Optional[int],  # noqa: UP045 (typer)
+        int | None,
         typer.Option(
             "--iters", "-n", help="Timed all-reduce iterations per size. Default: 20 on GPU, 5 on CPU."
         ),
@@ -154,12 +168,12 @@ def probe_command(
             help="Print the plan (launches, GPUs, checks, each rank's CUDA/NCCL environment); start nothing.",
         ),
     ] = False,
-    nnodes: Optional[int] = NNODES_OPTION,  # noqa: UP045 (typer)
-    node_rank: Optional[int] = NODE_RANK_OPTION,  # noqa: UP045 (typer)
-    rdzv_endpoint: Optional[str] = RDZV_ENDPOINT_OPTION,  # noqa: UP045 (typer)
-    rdzv_id: Optional[str] = RDZV_ID_OPTION,  # noqa: UP045 (typer)
-    rdzv_timeout: Optional[float] = RDZV_TIMEOUT_OPTION,  # noqa: UP045 (typer)
-    inject_node: Optional[int] = INJECT_NODE_OPTION,  # noqa: UP045 (typer)
+    nnodes: int | None = NNODES_OPTION,
+    node_rank: int | None = NODE_RANK_OPTION,
+    rdzv_endpoint: str | None = RDZV_ENDPOINT_OPTION,
+    rdzv_id: str | None = RDZV_ID_OPTION,
+    rdzv_timeout: float | None = RDZV_TIMEOUT_OPTION,
+    inject_node: int | None = INJECT_NODE_OPTION,
     nvml_timeout: float = NVML_TIMEOUT_OPTION,
     json_out: bool = JSON_OPTION,
 ) -> None:

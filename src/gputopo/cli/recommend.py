@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from gputopo.cli import app
-from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, examples, guarded
+from gputopo.cli.common import INPUT_OPTION, JSON_OPTION, NVML_TIMEOUT_OPTION, examples, guarded
 from gputopo.cli.options import (
     ALLOW_BUSY_OPTION,
     ALLOW_UNHEALTHY_OPTION,
@@ -23,7 +23,6 @@ from gputopo.cli.options import (
     with_health,
     within_preset,
 )
-from gputopo.cli.topo import NVML_TIMEOUT_OPTION
 from gputopo.errors import UsageError
 from gputopo.ui.output import Output
 
@@ -59,7 +58,7 @@ FORMAT_OPTION = typer.Option(
 def recommend_command(
     n: int = typer.Option(..., "--n", "-n", help="GPUs per set."),
     sets: int | None = typer.Option(None, "--sets", metavar="M", help="Pack M disjoint sets of --n GPUs."),
-    input: str | None = typer.Option(None, "--input", "-i", metavar=INPUT_METAVAR, help=INPUT_HELP),
+    input: str | None = INPUT_OPTION,
     exclude: str | None = EXCLUDE_OPTION,
     allow_busy: bool = ALLOW_BUSY_OPTION,
     allow_unhealthy: bool = ALLOW_UNHEALTHY_OPTION,

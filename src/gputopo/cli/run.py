@@ -181,7 +181,7 @@ class _Armed:
         from gputopo.system import run_facts
 
         gpus = {g.get("local_rank"): g.get("index") for g in self.record.get("gpus") or []}
-        targets = [Target(r.rank, r.pid, r.local_rank, gpus.get(r.local_rank)) for r in ranks]
+        targets = [Target(r.rank, r.pid, r.local_rank, gpus.get(r.local_rank), r.started) for r in ranks]
         if not targets:
             return
         name = _signal.Signals(signum).name

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -12,6 +14,9 @@ from gputopo.cli.common import JSON_OPTION, examples, guarded
 from gputopo.errors import CheckFailed, UsageError
 from gputopo.gpulist import parse_gpu_list
 from gputopo.ui.output import Output
+
+if TYPE_CHECKING:
+    from gputopo.procs.stale import Policy
 
 # Kept in step with procs.survey.DEFAULT_GRACE_S (a test checks); not imported, so that --help and the
 # other commands don't load the process modules.
@@ -59,11 +64,81 @@ def kill_stale_command(
     """Find processes holding GPU device files, show what each is and why it is stale or not, and stop
     the leftovers of a crashed launch (ranks and workers whose launcher is gone) with --yes."""
     from gputopo.procs.document import stale_document
-    from gputopo.procs.stale import Policy, parse_duration_s
     from gputopo.procs.survey import Survey, nvml_after
     from gputopo.ui.stale_view import render_run
 
     out = Output(json_mode=json_out)
+    options = kill_stale_options(
+        yes=yes,
+        all_holders=all_holders,
+        all_users=all_users,
+        older_than=older_than,
+        grace=grace,
+        gpus=gpus,
+        device_files=device_files,
+        pids=pids,
+    )
+    found = Survey.take(options.device_files, options.policy, options.gpus, grace_s=options.grace_s)
+    for note in found.notes:
+        out.warn(note)
+    targets = found.report.targets
+    act = options.act
+    prompted = not options.act and bool(targets) and _stdin_is_tty()
+    if prompted:
+        out.show(render_run(found.run()))
+        act = typer.confirm(
+            f"Stop {len(targets)} process(es) now (SIGTERM, {options.grace_s:g} s grace, then SIGKILL)?",
+            default=False,
+            err=True,
+        )
+    if not act or not targets:
+        run = found.run()
+        out.document(stale_document(run))
+        out.show("Nothing was signalled." if prompted else render_run(run))
+        return
+
+    from gputopo.procs.terminate import stop_processes
+
+    outcomes = stop_processes(targets, grace_s=options.grace_s)
+    nvml = found.nvml
+    run = found.run(outcomes, nvml_after(nvml) if nvml.process_pids_usable else None)
+    out.document(stale_document(run))
+    out.show(render_run(run))
+    if run.not_stopped:
+        pids = ", ".join(str(h.assessment.target.pid) for h in run.not_stopped if h.assessment.target)
+        raise CheckFailed(
+            f"{len(run.not_stopped)} process(es) could not be stopped: {pids}",
+            "see the ACTION column; a process stuck in the driver needs a GPU reset or a reboot",
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class KillStaleOptions:
+    """What ``kill-stale`` was asked, checked once by ``kill_stale_options`` (as torchrun's
+    ``config_from_args``) and handed whole to the survey and the stopping."""
+
+    act: bool  # --yes: stop the targets (else a dry run, or a prompt on a terminal)
+    policy: Policy  # --all, --all-users, --older-than, --pid
+    gpus: frozenset[int] | None  # --gpus; None: every GPU
+    device_files: str | None  # --device-files; None: /dev/nvidia*
+    grace_s: float  # --grace
+
+
+def kill_stale_options(
+    *,
+    yes: bool,
+    all_holders: bool,
+    all_users: bool,
+    older_than: str | None,
+    grace: float,
+    gpus: str | None,
+    device_files: str | None,
+    pids: list[int] | None,
+) -> KillStaleOptions:
+    """The parsed ``kill-stale`` options, each checked by its one rule (``UsageError``, exit 2); nothing
+    is read from the machine before all of them pass. No defaults here: they are the CLI's, written once."""
+    from gputopo.procs.stale import Policy, parse_duration_s
+
     if grace < 0:
         raise UsageError(f"--grace {grace:g}: must be 0 or more seconds", "e.g. --grace 10")
     older_than_s = None
@@ -88,39 +163,9 @@ def kill_stale_command(
         older_than_s=older_than_s,
         pids=frozenset(pids) if pids else None,
     )
-
-    found = Survey.take(device_files, policy, wanted_gpus, grace_s=grace)
-    for note in found.notes:
-        out.warn(note)
-    targets = found.report.targets
-    act = yes
-    prompted = not yes and bool(targets) and _stdin_is_tty()
-    if prompted:
-        out.show(render_run(found.run()))
-        act = typer.confirm(
-            f"Stop {len(targets)} process(es) now (SIGTERM, {grace:g} s grace, then SIGKILL)?",
-            default=False,
-            err=True,
-        )
-    if not act or not targets:
-        run = found.run()
-        out.document(stale_document(run))
-        out.show("Nothing was signalled." if prompted else render_run(run))
-        return
-
-    from gputopo.procs.terminate import stop_processes
-
-    outcomes = stop_processes(targets, grace_s=grace)
-    nvml = found.nvml
-    run = found.run(outcomes, nvml_after(nvml) if nvml.process_pids_usable else None)
-    out.document(stale_document(run))
-    out.show(render_run(run))
-    if run.not_stopped:
-        pids = ", ".join(str(h.assessment.target.pid) for h in run.not_stopped if h.assessment.target)
-        raise CheckFailed(
-            f"{len(run.not_stopped)} process(es) could not be stopped: {pids}",
-            "see the ACTION column; a process stuck in the driver needs a GPU reset or a reboot",
-        )
+    return KillStaleOptions(
+        act=yes, policy=policy, gpus=wanted_gpus, device_files=device_files, grace_s=grace
+    )
 
 
 def _stdin_is_tty() -> bool:

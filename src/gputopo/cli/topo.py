@@ -5,18 +5,15 @@ from __future__ import annotations
 import typer
 
 from gputopo.cli import app
-from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, examples, guarded, read_topology
-from gputopo.model import DEFAULT_NVML_TIMEOUT_S
-from gputopo.ui.output import Output
-
-# Shared by the commands that read the live machine (topo, recommend, probe, doctor): declared once.
-NVML_TIMEOUT_OPTION = typer.Option(
-    DEFAULT_NVML_TIMEOUT_S,
-    "--nvml-timeout",
-    metavar="SECONDS",
-    help="Seconds each live NVML read (start-up, one GPU, one GPU pair) may take; a GPU that does not "
-    "answer in time is shown as not responding.",
+from gputopo.cli.common import (
+    INPUT_OPTION,
+    JSON_OPTION,
+    NVML_TIMEOUT_OPTION,
+    examples,
+    guarded,
+    read_topology,
 )
+from gputopo.ui.output import Output
 
 
 @app.command(
@@ -30,7 +27,7 @@ NVML_TIMEOUT_OPTION = typer.Option(
 )
 @guarded
 def topo_command(
-    input: str | None = typer.Option(None, "--input", "-i", metavar=INPUT_METAVAR, help=INPUT_HELP),
+    input: str | None = INPUT_OPTION,
     json_out: bool = JSON_OPTION,
     list_samples: bool = typer.Option(False, "--list-samples", help="Name the built-in sample machines."),
     nvml_timeout: float = NVML_TIMEOUT_OPTION,

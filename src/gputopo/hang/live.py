@@ -42,6 +42,7 @@ class Target:
     pid: int
     local_rank: int | None
     gpu: int | None
+    started: float | None = None  # the rank's start time as recorded, so a reused PID is never read
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ def targets_here(run_dir: Path, host: str) -> list[Target]:
     records = [rec.read_record(p) for p in rec.find_records([run_dir])]
     placement, _ = rec.place_ranks(records)
     return [
-        Target(p.rank, p.pid, p.local_rank, p.gpu_index)
+        Target(p.rank, p.pid, p.local_rank, p.gpu_index, p.started)
         for p in sorted(placement.values(), key=lambda p: p.rank)
         if p.host == host and p.pid is not None
     ]
@@ -80,14 +81,25 @@ def take(
 ) -> Evidence:
     """Every target's stack and (where served) live dump, written into ``run_dir``; bounded by
     ``timeout_s`` (each py-spy and each socket has it, and they run side by side)."""
-    from gputopo.system import pyspy
+    from gputopo.system import procfs, pyspy
 
     begun = time.monotonic()
     taken = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    reads = pyspy.dump_many([t.pid for t in targets], timeout_s)
     stacks: list[RankStack] = []
     problems: list[str] = []
     hint = None
+    # (pid, start time) checked first: py-spy on a PID the kernel has since given to another process
+    # would put a stranger's stack in the rank's place.
+    alive: list[Target] = []
+    for t in targets:
+        gone = procfs.not_the_same_process(t.pid, t.started)
+        if gone is None:
+            alive.append(t)
+            continue
+        stacks.append(RankStack(t.rank, host, t.local_rank, t.pid, t.gpu, error=gone, taken=taken))
+        problems.append(f"rank {t.rank} (pid {t.pid}): {gone}")
+    targets = alive
+    reads = pyspy.dump_many([t.pid for t in targets], timeout_s)
     for t in targets:
         got = reads.get(t.pid)
         if got is None or got.error:
@@ -98,6 +110,7 @@ def take(
             continue
         s = from_pyspy(got.threads, t.rank, host, t.local_rank, t.pid, t.gpu)
         stacks.append(RankStack(s.rank, s.host, s.local_rank, s.pid, s.gpu, s.threads, s.error, taken))
+    stacks.sort(key=lambda s: s.rank)
     dumps = _live_dumps(run_dir, targets, timeout_s, problems)
     stack_file = run_dir / f"stacks-{host}.json"
     try:
@@ -137,12 +150,10 @@ def _live_dumps(run_dir: Path, targets: list[Target], timeout_s: float, problems
 
 def _socket_of(pid: int) -> Path | None:
     """The rank's control-plane socket: the one its environment names, else gputopo's convention."""
-    named = None
-    with contextlib.suppress(OSError):
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-        for item in raw.split(b"\0"):
-            if item.startswith(b"TORCH_WORKER_SERVER_SOCKET="):
-                named = Path(item.split(b"=", 1)[1].decode("utf-8", "replace"))
+    from gputopo.system.procfs import environ_value
+
+    value = environ_value(pid, "TORCH_WORKER_SERVER_SOCKET")
+    named = Path(value) if value else None
     for candidate in (named, worker_socket(pid)):
         if candidate is not None and candidate.is_socket():
             return candidate

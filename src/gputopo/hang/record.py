@@ -59,6 +59,7 @@ class Placement:
     gpu_uuid: str | None
     pid: int | None
     source: str  # "run-record" | "dump"
+    started: float | None = None  # the rank process's start time (psutil's create_time), when recorded
 
 
 @dataclass(frozen=True)
@@ -150,21 +151,28 @@ def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
+def _float(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
 def place_ranks(records: list[RunRecord]) -> tuple[dict[int, Placement], list[str]]:
     """Global rank -> placement from the records, and each assumption made (in words)."""
     placed: dict[int, Placement] = {}
     assumed: list[str] = []
     for rec in records:
         gpu_by_local = {_int(g.get("local_rank")): g for g in rec.gpus}
-        rows: list[tuple[int, int | None, int | None]] = []  # (rank, local_rank, pid)
+        rows: list[tuple[int, int | None, int | None, float | None]] = []  # (rank, local_rank, pid, started)
         if rec.ranks:
-            rows = [(r["rank"], _int(r.get("local_rank")), _int(r.get("pid"))) for r in rec.ranks]
+            rows = [
+                (r["rank"], _int(r.get("local_rank")), _int(r.get("pid")), _float(r.get("started")))
+                for r in rec.ranks
+            ]
             # ranks `gputopo run` had not found yet (a job that ended within its first look): by layout
             n = rec.ranks_per_node or len(rec.gpus)
             base = rec.rank_base
             if base is not None and n:
-                have = {lr for _, lr, _ in rows}
-                rows += [(base + lr, lr, None) for lr in range(n) if lr not in have]
+                have = {lr for _, lr, _, _ in rows}
+                rows += [(base + lr, lr, None, None) for lr in range(n) if lr not in have]
         else:
             n = rec.ranks_per_node or len(rec.gpus)
             base = rec.rank_base
@@ -177,9 +185,9 @@ def place_ranks(records: list[RunRecord]) -> tuple[dict[int, Placement], list[st
             if base is None or not n:
                 assumed.append(f"{rec.host}: the record says neither its ranks nor its node rank; not placed")
                 continue
-            rows = [(base + lr, lr, None) for lr in range(n)]
+            rows = [(base + lr, lr, None, None) for lr in range(n)]
             assumed.append(f"{rec.host}: no PIDs in the record")
-        for rank, local, pid in rows:
+        for rank, local, pid, started in rows:
             gpu = gpu_by_local.get(local) if local is not None else None
             if rank in placed and placed[rank].host != rec.host:
                 raise InputError(
@@ -196,6 +204,7 @@ def place_ranks(records: list[RunRecord]) -> tuple[dict[int, Placement], list[st
                 gpu_uuid=gpu.get("uuid") if gpu and isinstance(gpu.get("uuid"), str) else None,
                 pid=pid,
                 source="run-record",
+                started=started,
             )
     return placed, assumed
 

@@ -85,7 +85,7 @@ _DURATION_RE = re.compile(r"(?:\d+(?:\.\d+)?[smhd])+")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Policy:
     """What the user asked for: ``--all``, ``--all-users``, ``--older-than`` (seconds), ``--pid``."""
 

@@ -17,7 +17,7 @@ DEFAULT_MAX_USED_MIB = 1024
 DEFAULT_TOP = 5
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Constraints:
     """What the user asked for: set size ``n``, optional ``sets`` to pack, and what to leave out."""
 

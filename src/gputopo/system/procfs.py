@@ -127,3 +127,34 @@ def read_launch_env(proc: psutil.Process) -> tuple[tuple[str, str], ...] | None:
     except (psutil.AccessDenied, psutil.NoSuchProcess, OSError):
         return None
     return tuple((k, env[k]) for k in LAUNCH_ENV_KEYS if k in env)
+
+
+def not_the_same_process(pid: int, started: float | None) -> str | None:
+    """Why ``pid`` is no longer the process that started at ``started`` (psutil's ``create_time``), or
+    ``None`` when it still is (or no start time was recorded to compare with). A process is (pid, start
+    time), never a bare pid: a PID the kernel gave to a new process must not be read as the old one."""
+    try:
+        now = psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
+        return "the process is gone"
+    except (psutil.AccessDenied, OSError):
+        return None  # cannot tell; py-spy then says what it can
+    # create_time is boot time + the start tick, computed the same way in every reader: a reused PID
+    # differs by far more than the rounding between two reads.
+    if started is not None and abs(now - started) > 0.05:
+        return f"PID {pid} now belongs to another process (started {now:.2f}, the rank started {started:.2f})"
+    return None
+
+
+def environ_value(pid: int, key: str, proc_root: Path = PROC_ROOT) -> str | None:
+    """One variable of ``/proc/PID/environ`` (the environment the process was started with), or
+    ``None`` when it is not set or cannot be read. Only the one variable asked for is kept."""
+    try:
+        raw = (proc_root / str(pid) / "environ").read_bytes()
+    except OSError:
+        return None
+    prefix = key.encode() + b"="
+    for item in raw.split(b"\0"):
+        if item.startswith(prefix):
+            return item[len(prefix) :].decode("utf-8", "replace")
+    return None

@@ -14,7 +14,18 @@ from pathlib import Path
 from gputopo.errors import UnavailableError, UsageError
 from gputopo.probe.judge.precision import DEFAULT_PRECISION, PRECISIONS, expand_checks
 from gputopo.probe.plan.identity import GpuIdentity, check_requested
-from gputopo.probe.plan.options import Fault, Mode
+from gputopo.probe.plan.options import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_LR,
+    DEFAULT_MODEL,
+    DEFAULT_REPORT_DIR,
+    DEFAULT_SEED,
+    DEFAULT_STEP_FACTOR,
+    DEFAULT_STEPS,
+    DEFAULT_TIMEOUT_S,
+    Fault,
+    Mode,
+)
 
 MODELS = ("resnet18", "resnet50", "tiny", "micro")
 
@@ -61,7 +72,7 @@ class DeviceInventory:
         return next((g.cpu_affinity for g in self.identities if g.index == index), None)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ProbeConfig:
     """Everything one probe run needs, fixed before it starts.
 
@@ -73,23 +84,23 @@ class ProbeConfig:
     device: str
     sets: tuple[tuple[int, ...], ...]
     checks: tuple[str, ...]
-    model: str = "resnet18"
-    batch_size: int = 16
-    steps: int = 20
-    lr: float = 0.05
-    seed: int = 0
-    timeout_s: float = 300.0
+    model: str = DEFAULT_MODEL
+    batch_size: int = DEFAULT_BATCH_SIZE
+    steps: int = DEFAULT_STEPS
+    lr: float = DEFAULT_LR
+    seed: int = DEFAULT_SEED
+    timeout_s: float = DEFAULT_TIMEOUT_S
     each_pair: bool = False
     inject: Fault | None = None
     inject_rank: int | None = None
     inject_gpus: tuple[int, ...] = ()
-    report_dir: Path = Path("reports")
+    report_dir: Path = Path(DEFAULT_REPORT_DIR)
     topology_input: str | None = None
     inventory: DeviceInventory = field(default_factory=lambda: DeviceInventory("cpu", ()))
     # nccl-tests' -b / -e / -f / -n; None keeps the device's default sweep and iteration count.
     min_bytes: int | None = None
     max_bytes: int | None = None
-    step_factor: int = 2
+    step_factor: int = DEFAULT_STEP_FACTOR
     iters: int | None = None
     # --precision: the dp and ddp checks run once per precision (``checks`` holds ``dp@fp16`` and so on);
     # the per-GPU check's matmul runs in the first one.
@@ -208,19 +219,19 @@ def build_config(
     *,
     each_pair: bool = False,
     mode: Mode = Mode.ALL,
-    model: str = "resnet18",
-    batch_size: int = 16,
-    steps: int = 20,
-    lr: float = 0.05,
-    seed: int = 0,
-    timeout_s: float = 300.0,
+    model: str = DEFAULT_MODEL,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    steps: int = DEFAULT_STEPS,
+    lr: float = DEFAULT_LR,
+    seed: int = DEFAULT_SEED,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
     inject: Fault | None = None,
     inject_rank: int | None = None,
-    report_dir: Path = Path("reports"),
+    report_dir: Path = Path(DEFAULT_REPORT_DIR),
     topology_input: str | None = None,
     min_bytes: int | None = None,
     max_bytes: int | None = None,
-    step_factor: int = 2,
+    step_factor: int = DEFAULT_STEP_FACTOR,
     iters: int | None = None,
     inject_gpus: str | None = None,
     precisions: tuple[str, ...] | list[str] | None = None,

@@ -7,6 +7,17 @@ from __future__ import annotations
 
 from enum import Enum
 
+# The probe's defaults, written once: the CLI declares its options with them, and ``config.build_config``
+# and ``config.ProbeConfig`` fall back on them.
+DEFAULT_MODEL = "resnet18"
+DEFAULT_BATCH_SIZE = 16  # images per GPU per step
+DEFAULT_STEPS = 20
+DEFAULT_LR = 0.05
+DEFAULT_SEED = 0
+DEFAULT_TIMEOUT_S = 300.0  # a set may go this long without progress before it is hung
+DEFAULT_STEP_FACTOR = 2  # nccl-tests' -f
+DEFAULT_REPORT_DIR = "reports"
+
 # Checks in the order one launch runs them: every GPU on its own first (a slow or corrupt GPU is named
 # before the sets it belongs to fail in its wake), then the exact copy check, so a broken path is named
 # before the training checks fail in its wake.
