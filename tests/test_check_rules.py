@@ -147,6 +147,14 @@ def test_list_rules_prints_the_table_itself_text_and_json(tmp_path: Path) -> Non
     doc = json.loads(list_rules("--json", "--thresholds", str(rules)).stdout)
     row = {r["name"]: r for r in doc["rules"]}
     assert row["nvlink_crc_per_s"]["limit"] == 250 and row["persistence_off"]["enabled"] is False
+    # The network and PCIe-path rules are in the same listing, and overridable the same way.
+    assert "port_symbol_errors  [network] problem/replace, drains; limit 10 errors per second" in text.stdout
+    assert "acs_redirect  [pcie] problem/config, does not drain; limit -" in text.stdout
+    assert "DCGM: n/a (DCGM's health watches read GPUs and NVSwitches, not NIC ports" in text.stdout
+    rules.write_text('{"port_symbol_errors": 25}')
+    doc = json.loads(list_rules("--json", "--thresholds", str(rules)).stdout)
+    row = {r["name"]: r for r in doc["rules"]}
+    assert row["port_symbol_errors"]["limit"] == 25 and row["port_symbol_errors"]["dcgm"] == "none"
 
 
 def test_the_docs_rule_reference_is_the_table_itself() -> None:

@@ -15,6 +15,7 @@ import pytest
 
 import sysfs_tree as st
 from gputopo import fabric
+from gputopo.errors import UsageError
 from gputopo.health.network import PortReading, PortSample, judge_ports
 from gputopo.system.pci_path import read_path, read_paths
 from gputopo.system.ports import gdr_inputs, read_ports
@@ -453,15 +454,66 @@ def test_run_facts_and_drift_carry_the_gpudirect_mode(
     )
 
 
-def test_the_health_rules_page_lists_every_network_and_path_rule_with_its_source() -> None:
+def test_the_network_and_path_rules_are_rows_of_the_one_table_and_its_reference() -> None:
     from gputopo.health.network import RULES
+    from gputopo.health.rules import RULES as ALL
 
     page = (Path(__file__).resolve().parents[1] / "docs" / "health-rules.md").read_text()
-    section = page.split("## Network ports and the PCIe path", 1)[1].split("\n## ", 1)[0]
+    reference = page.split("<!-- rules:begin -->", 1)[1].split("<!-- rules:end -->", 1)[0]
+    assert RULES and all(ALL[r.name] is r for r in RULES)
     for rule in RULES:
-        row = next((line for line in section.splitlines() if line.startswith(f"| `{rule.name}` |")), None)
+        assert rule.dcgm == "none" and "not NIC ports" in rule.why, rule.name
+        row = next((line for line in reference.splitlines() if line.startswith(f"| `{rule.name}` |")), None)
         assert row is not None, rule.name
-        assert f"| {rule.severity} |" in row and f"| {rule.limit} |" in row
+        assert f"| {rule.category} |" in row and f"| {rule.severity}, {rule.action}" in row
+        assert f"| n/a: {rule.why} |" in row
+
+
+def _symbol_ports(before: int, after: int) -> tuple[PortSample, PortSample]:
+    def port(v: int) -> PortReading:
+        return PortReading(
+            "ib", "mlx5_0:1", "mlx5_0", "1", "4: ACTIVE", "5: LinkUp", 400, counters={"symbol_error": v}
+        )
+
+    return PortSample((port(before),), 0.0), PortSample((port(after),), 2.0)
+
+
+def test_thresholds_set_the_network_limits_and_turn_a_rule_off_or_down() -> None:
+    from gputopo.health.rules import parse_thresholds
+
+    first, second = _symbol_ports(0, 100)  # 50/s over 2 s
+    (f,) = judge_ports(first, second)
+    assert f.rule == "port_symbol_errors" and "above 10/s" in f.what and f.severity == "problem"
+    assert judge_ports(first, second, thresholds=parse_thresholds('{"port_symbol_errors": 60}', "t")) == []
+    (g,) = judge_ports(first, second, thresholds=parse_thresholds('{"port_symbol_errors": 20}', "t"))
+    assert "above 20/s" in g.what
+    off = parse_thresholds('{"port_symbol_errors": {"enabled": false}}', "t")
+    assert judge_ports(first, second, thresholds=off) == []
+    note = parse_thresholds('{"port_symbol_errors": {"severity": "note", "action": "monitor"}}', "t")
+    (h,) = judge_ports(first, second, thresholds=note)
+    assert (h.severity, h.action) == ("note", "monitor") and h.what == f.what
+    # A limit on an "any rise" counter: a rise up to it is no finding.
+    a, b = (
+        PortSample((PortReading("ib", "p", "d", "1", "4: ACTIVE", counters={"link_downed": v}),), t)
+        for v, t in ((0, 0.0), (2, 2.0))
+    )
+    assert [x.rule for x in judge_ports(a, b)] == ["port_link_downed"]
+    assert judge_ports(a, b, thresholds=parse_thresholds('{"port_link_downed": 2}', "t")) == []
+    # A yes/no rule has no limit to set.
+    with pytest.raises(UsageError, match="no limit"):
+        parse_thresholds('{"acs_redirect": 1}', "t")
+
+
+def test_thresholds_set_the_since_last_check_limit() -> None:
+    from gputopo.health.network import since_last_run
+    from gputopo.health.rules import parse_thresholds
+
+    _, now = _symbol_ports(0, 300)
+    saved = {"mlx5_0:1": {"symbol_error": 0}}
+    (f,) = since_last_run(saved, 0.0, now, 600.0)  # 1800/hour over 10 min
+    assert f.rule == "port_symbol_errors_since_last" and "above 120/hour" in f.what
+    raised = parse_thresholds('{"port_symbol_errors_since_last": 2000}', "t")
+    assert since_last_run(saved, 0.0, now, 600.0, thresholds=raised) == []
 
 
 @needs_cc

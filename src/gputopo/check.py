@@ -102,12 +102,14 @@ def run_check(options: CheckOptions, started: float | None = None) -> CheckResul
         extra += xid_findings(found, gpus, options.thresholds, acknowledged=ack)
         xid_keys = tuple(e.key for e in found.events if ack is None or not ack.covers(e))
     net = fabric.finish(
-        ports, fabric.gpu_bus_ids([(g.index, g.pci_bus_id) for g in sample.gpus] if sample else [])
+        ports,
+        fabric.gpu_bus_ids([(g.index, g.pci_bus_id) for g in sample.gpus] if sample else []),
+        options.thresholds,
     )
     extra += net.findings
     not_checked += [NotChecked(what, why) for what, why in net.not_checked]
     if options.state is not None:  # the ports' counters over the time since the last check, too
-        extra += fabric.since_last_run(net, options.state.ports, options.state.ports_at)
+        extra += fabric.since_last_run(net, options.state.ports, options.state.ports_at, options.thresholds)
     if options.baseline is not None or options.save_baseline is not None:
         why_not = _no_time_for_baseline(options, sample, deadline)
         if why_not is None:

@@ -18,12 +18,14 @@ from gputopo.health.network import (
     IB,
     PortSample,
     Rail,
+    apply_overrides,
     gdr_findings,
     gdr_mode,
     judge_ports,
     network_facts,
     rails,
 )
+from gputopo.health.rules import DEFAULT_THRESHOLDS, Thresholds
 from gputopo.system.pci_path import read_paths
 from gputopo.system.ports import gdr_inputs, read_cmdline, read_ports
 from gputopo.system.sysfs import FsView, view
@@ -79,15 +81,18 @@ def start(fs: FsView | None = None) -> Started:
     return Started(fs, read_ports(fs))
 
 
-def finish(started: Started, gpus: Mapping[int, str]) -> FabricResult:
-    """Read the ports again and the PCIe paths of ``gpus`` (nvidia-smi index -> bus id), and judge it all."""
+def finish(
+    started: Started, gpus: Mapping[int, str], thresholds: Thresholds = DEFAULT_THRESHOLDS
+) -> FabricResult:
+    """Read the ports again and the PCIe paths of ``gpus`` (nvidia-smi index -> bus id), and judge it all
+    with the rule table in force (``--thresholds``)."""
     fs = started.fs
     second = read_ports(fs)
     nics = _nic_endpoints(second)
     paths = read_paths([*gpus.values(), *(n.bdf for n in nics)], fs)
     behind = rails(second.ports, paths, gpus)
     located = any(isinstance(paths.get(normal_bdf(bus)), PciPath) for bus in gpus.values())
-    findings = judge_ports(started.ports, second, behind, located)
+    findings = judge_ports(started.ports, second, behind, located, thresholds)
     judged = judge_paths(all_pairs(_gpu_endpoints(gpus), nics, paths))
     rdma = [p for p in second.ports if p.kind == IB]
     inputs = gdr_inputs(fs)
@@ -99,7 +104,9 @@ def finish(started: Started, gpus: Mapping[int, str]) -> FabricResult:
         inputs["kernel"],  # type: ignore[arg-type]
     )
     iommu = iommu_mode(read_cmdline(fs))
-    findings += list(judged.findings) + gdr_findings(mode, len(rdma)) + iommu_findings(iommu)
+    findings += apply_overrides(
+        [*judged.findings, *gdr_findings(mode, len(rdma)), *iommu_findings(iommu)], thresholds
+    )
     not_checked = list(judged.not_checked)
     if len(gpus) > 1 and not judged.pairs:
         not_checked.append(("PCIe ACS on the GPU pairs' paths", "no GPU pair to check"))
@@ -157,7 +164,12 @@ def redirected(
     )
 
 
-def since_last_run(result: FabricResult, saved: Mapping[str, Any], saved_at: float | None) -> list[Finding]:
+def since_last_run(
+    result: FabricResult,
+    saved: Mapping[str, Any],
+    saved_at: float | None,
+    thresholds: Thresholds = DEFAULT_THRESHOLDS,
+) -> list[Finding]:
     """The ports' counter rules over the time since the last check (its state file's counters)."""
     import time
 
@@ -165,4 +177,4 @@ def since_last_run(result: FabricResult, saved: Mapping[str, Any], saved_at: flo
 
     if result.ports is None:
         return []
-    return judge_since(saved, saved_at, result.ports, time.time(), result.rails, result.findings)
+    return judge_since(saved, saved_at, result.ports, time.time(), result.rails, result.findings, thresholds)

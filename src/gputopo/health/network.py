@@ -30,133 +30,65 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gputopo.findings import NOTE, PROBLEM, Finding
+from gputopo.health.rules import (
+    DEFAULT_THRESHOLDS,
+    NVSENTINEL,
+    NVSENTINEL_STATE,
+    Rule,
+    Thresholds,
+)
+from gputopo.health.rules import RULES as ALL_RULES
 from gputopo.topology.pcie_path import PciPath, normal_bdf
 
-NVSENTINEL = "NVSentinel NIC health monitor (docs/nic-health-monitor/link-counter-detection.md)"
-NVSENTINEL_STATE = "NVSentinel NIC health monitor (docs/nic-health-monitor/link-state-detection.md)"
 # Counters whose any rise is fatal in NVSentinel's table.
 FATAL_COUNTERS = ("link_downed", "excessive_buffer_overrun_errors", "local_link_integrity_errors")
 # What the reader reads (only these: each counters/ read is a firmware query on InfiniBand adapters).
 COUNTERS = (*FATAL_COUNTERS, "symbol_error", "link_error_recovery", "port_rcv_errors")
 # hw_counters/ (mlx5): rnr_nak_retry_err is fatal in NVSentinel's table (the connection is severed).
 HW_COUNTERS = ("rnr_nak_retry_err", "local_ack_timeout_err", "roce_slow_restart")
-SYMBOL_ERROR_PER_S = 10.0
-CARRIER_CHANGES_PER_INTERVAL = 2
 MIN_RATE_WINDOW_S = 1.0
 
 IB, ETH = "ib", "eth"
-NCCL_ACS = "NCCL troubleshooting guide, PCI Access Control Services (ACS)"
 
 
-@dataclass(frozen=True)
-class NetRule:
-    """One rule of the network and PCIe-path checks, as docs/health-rules.md lists it: its name, category,
-    severity, limit in words, what it means and its source (tests/test_netpath.py keeps the page and this
-    table in step)."""
-
-    name: str
-    category: str
-    severity: str
-    limit: str
-    meaning: str
-    source: str
-
-
-RULES: tuple[NetRule, ...] = (
-    NetRule(
-        "port_link_downed",
-        "network",
-        PROBLEM,
-        "any rise",
-        "the link retrained between the readings",
-        NVSENTINEL,
-    ),
-    NetRule(
-        "port_buffer_overrun",
-        "network",
-        PROBLEM,
-        "any rise",
-        "excessive_buffer_overrun_errors: the lossless contract broke",
-        NVSENTINEL,
-    ),
-    NetRule("port_link_integrity", "network", PROBLEM, "any rise", "local_link_integrity_errors", NVSENTINEL),
-    NetRule(
-        "port_rnr_nak_retry",
-        "network",
-        PROBLEM,
-        "any rise",
-        "hw_counters/rnr_nak_retry_err: a connection was severed",
-        NVSENTINEL,
-    ),
-    NetRule(
-        "port_symbol_errors",
-        "network",
-        PROBLEM,
-        "above 10/s (window at least 1 s)",
-        "symbol_error: the link degrades before its error correction gives out",
-        NVSENTINEL,
-    ),
-    NetRule(
-        "port_symbol_errors_since_last",
-        "network",
-        PROBLEM,
-        "above 120/hour since the last check",
-        "symbol_error over the time since the last check (--state): the IBTA limit (a bit error rate of "
-        "1e-12) NVSentinel calls fatal",
-        NVSENTINEL,
-    ),
-    NetRule(
-        "port_carrier_flaps",
-        "network",
-        PROBLEM,
-        "more than 2 per window",
-        "carrier_changes of an Ethernet interface",
-        NVSENTINEL,
-    ),
-    NetRule(
-        "port_down",
-        "network",
-        PROBLEM,
-        "DOWN, Polling or Disabled while a peer is ACTIVE",
-        "a port "
-        "of the same kind and NIC model is up; a note for a port with no GPU on its NUMA node or "
-        "switch",
-        NVSENTINEL_STATE,
-    ),
-    NetRule(
-        "port_slow",
-        "network",
-        PROBLEM,
-        "below the fastest active peer",
-        "a link trained down (200 among 400 Gb/s)",
-        NVSENTINEL_STATE,
-    ),
-    NetRule(
-        "gpudirect_off",
-        "network",
-        NOTE,
-        "RDMA ports, no peer-memory path",
-        "no nvidia_peermem, no nv_peer_mem, no DMA-BUF (open kernel module, Linux 5.12+)",
-        "NVIDIA GPU Operator, GPUDirect RDMA and GPUDirect Storage",
-    ),
-    NetRule(
-        "acs_redirect",
-        "pcie",
-        PROBLEM,
-        "ReqRedir+ or CmpltRedir+",
-        "a bridge below a GPU pair's (or "
-        "GPU-NIC pair's) meeting point redirects peer traffic to the root complex",
-        NCCL_ACS,
-    ),
-    NetRule(
-        "iommu_translated",
-        "config",
-        NOTE,
-        "intel_iommu=on / amd_iommu=on without iommu=pt",
-        "the IOMMU translates device DMA",
-        NCCL_ACS,
-    ),
+# The network and PCIe-path rules: rows of the one rule table (``health.rules.RULES``), which
+# ``check --list-rules`` prints and docs/health-rules.md's reference is generated from; ``--thresholds``
+# overrides them as it does the GPU rules (judge_ports, since_last_run and apply_overrides take the table).
+NET_RULE_NAMES = (
+    "port_link_downed",
+    "port_buffer_overrun",
+    "port_link_integrity",
+    "port_rnr_nak_retry",
+    "port_symbol_errors",
+    "port_symbol_errors_since_last",
+    "port_carrier_flaps",
+    "port_down",
+    "port_slow",
+    "gpudirect_off",
+    "acs_redirect",
+    "iommu_translated",
 )
+RULES: tuple[Rule, ...] = tuple(ALL_RULES[name] for name in NET_RULE_NAMES)
+
+
+def apply_overrides(findings: Sequence[Finding], thresholds: Thresholds) -> list[Finding]:
+    """The network and path findings with ``--thresholds`` applied: a disabled rule's findings dropped,
+    and a rule whose severity or action the file sets gets it (a rule left alone keeps each finding's own,
+    e.g. a management port's note)."""
+    out: list[Finding] = []
+    for f in findings:
+        if f.rule not in NET_RULE_NAMES:
+            out.append(f)
+            continue
+        rule, default = thresholds[f.rule], ALL_RULES[f.rule]
+        if not rule.enabled:
+            continue
+        if rule.severity != default.severity:
+            f = replace(f, severity=rule.severity)
+        if rule.action != default.action:
+            f = replace(f, action=rule.action)
+        out.append(f)
+    return out
 
 
 @dataclass(frozen=True)
@@ -292,11 +224,12 @@ def judge_ports(
     second: PortSample,
     rails: Mapping[str, Rail] | None = None,
     gpus_located: bool = True,
+    thresholds: Thresholds = DEFAULT_THRESHOLDS,
 ) -> list[Finding]:
     """Findings for the ports: counters that rose between ``first`` and ``second``, ports down while their
     peers are up, ports slower than their peers. ``rails`` maps a port name to the GPUs behind it;
     ``gpus_located`` says whether any GPU was found in sysfs (if none was, no port can be called a
-    management port for having no GPU near it)."""
+    management port for having no GPU near it); ``thresholds`` the rule table in force (``--thresholds``)."""
     rails = rails or {}
     window_s = max(second.taken_s - first.taken_s, 0.0)
     before = {p.name: p for p in first.ports}
@@ -311,7 +244,8 @@ def judge_ports(
         out += _slower(p, groups[p.group], rail, management)
         old = before.get(p.name)
         if old is not None:
-            out += _counters(old, p, window_s, rail)
+            out += _counters(old, p, window_s, rail, thresholds)
+    out = apply_overrides(out, thresholds)
     out.sort(key=lambda f: f.severity != PROBLEM)
     return out
 
@@ -447,10 +381,12 @@ def _counters(
     new: PortReading,
     window_s: float,
     rail: Rail,
-    symbol_per_s: float = SYMBOL_ERROR_PER_S,
-    symbol_rule: str = "port_symbol_errors",
+    thresholds: Thresholds,
+    since_last: bool = False,
 ) -> list[Finding]:
     out: list[Finding] = []
+    symbol_rule = "port_symbol_errors_since_last" if since_last else "port_symbol_errors"
+    symbol_per_s = thresholds.limit(symbol_rule) / (3600 if since_last else 1)
     window = f"{window_s:.1f} s" if window_s < 120 else f"{window_s / 60:.0f} min"
 
     def rise(name: str) -> int | None:
@@ -461,12 +397,14 @@ def _counters(
 
     for name, rule in _RISE_RULES.items():
         d = rise(name)
-        if d:
+        if d and d > thresholds.limit(rule):
+            limit = thresholds.limit(rule)
+            any_rise = f"{NVSENTINEL}: any rise is fatal" if limit == 0 else f"--thresholds: above {limit:g}"
             out.append(
                 _finding(
                     new,
                     f"{name} rose by {d} in {window} (now {new.counters[name]})",
-                    _cable_remedy(new) + f" ({NVSENTINEL}: any rise is fatal)",
+                    _cable_remedy(new) + f" ({any_rise})",
                     rail,
                     rule=rule,
                 )
@@ -489,12 +427,13 @@ def _counters(
                 )
             )
     d = rise("carrier_changes")
-    if d and d > CARRIER_CHANGES_PER_INTERVAL and symbol_rule == "port_symbol_errors":
+    flaps = thresholds.limit("port_carrier_flaps")
+    if d and d > flaps and not since_last:
         out.append(
             _finding(
                 new,
                 f"the link flapped: carrier_changes rose by {d} in {window}",
-                _cable_remedy(new) + f" ({NVSENTINEL}: carrier_changes above 2 per interval)",
+                _cable_remedy(new) + f" ({NVSENTINEL}: carrier_changes above {flaps:g} per interval)",
                 rail,
                 action="replace",
                 rule="port_carrier_flaps",
@@ -504,9 +443,9 @@ def _counters(
 
 
 # Since the last check (the unattended check's state file): the IBTA's limit NVSentinel calls fatal, 120
-# symbol errors an hour (a bit error rate of 1e-12), instead of the short window's 10/s; the link-flap
-# threshold is per sampling interval, so it is not judged over the long window.
-SYMBOL_ERRORS_PER_HOUR = 120.0
+# symbol errors an hour (a bit error rate of 1e-12, rule port_symbol_errors_since_last), instead of the
+# short window's 10/s; the link-flap threshold is per sampling interval, so it is not judged over the long
+# window.
 MIN_SINCE_LAST_S = 60.0
 
 
@@ -522,6 +461,7 @@ def since_last_run(
     now_s: float,
     rails: Mapping[str, Rail] | None = None,
     window: Sequence[Finding] = (),
+    thresholds: Thresholds = DEFAULT_THRESHOLDS,
 ) -> list[Finding]:
     """The counter rules judged again over the time since the last check (``saved`` counters by port,
     taken at ``saved_at``, epoch seconds; ``now_s`` now): a climb too slow for the check's own window is
@@ -544,10 +484,10 @@ def since_last_run(
             p,
             elapsed,
             (rails or {}).get(p.name, Rail()),
-            SYMBOL_ERRORS_PER_HOUR / 3600,
-            "port_symbol_errors_since_last",
+            thresholds,
+            since_last=True,
         )
-        for f in found:
+        for f in apply_overrides(found, thresholds):
             if (f.rule, f.where) in seen or (
                 f.rule == "port_symbol_errors_since_last" and ("port_symbol_errors", f.where) in seen
             ):

@@ -32,6 +32,11 @@ DCGM_LIMITS = "DCGM common/DcgmGPUHardwareLimits.h"
 DCGM_WATCH = "DCGM modules/health/DcgmHealthWatch.cpp"
 XID_CATALOG = "NVIDIA Xid catalog, docs.nvidia.com/deploy/xid-errors"
 NVML_DOCS = "NVML API reference (nvml.h)"
+NVSENTINEL = "NVSentinel NIC health monitor (docs/nic-health-monitor/link-counter-detection.md)"
+NVSENTINEL_STATE = "NVSentinel NIC health monitor (docs/nic-health-monitor/link-state-detection.md)"
+NCCL_ACS = "NCCL troubleshooting guide, PCI Access Control Services (ACS)"
+# DCGM's health watches read GPUs and NVSwitches: a NIC port or a PCIe bridge's ACS has no DCGM verdict.
+NOT_DCGM = "DCGM's health watches read GPUs and NVSwitches, not NIC ports or PCIe bridges"
 
 
 # DCGM's own verdict for the signal a rule reads: "fail" (DCGM_HEALTH_RESULT_FAIL), "warn"
@@ -49,7 +54,7 @@ class Rule:
     what to do, in short. ``dcgm`` is DCGM's own severity for the same signal (``fail``, ``warn`` or
     ``none``) and ``dcgm_source`` where DCGM says so; ``why`` says why gputopo's severity or action
     differs from DCGM's (empty where they agree: problem with a drain action = fail, note or a monitor
-    action = warn)."""
+    action = warn), or, with ``dcgm`` ``none``, why DCGM has no verdict (listed as n/a)."""
 
     name: str
     category: str
@@ -329,6 +334,84 @@ _RULES = (
         f"{XID_CATALOG}; {W} BuildXidMappings (79: fail)",
         "compare `nvidia-smi -L` with `lspci -d 10de:`; reboot; reseat or RMA if it returns",
         DCGM_FAIL, f"{W} BuildXidMappings",
+    ),
+    # --- network ports and the PCIe path (judged in health/network.py and topology/pcie_path.py) ---------
+    Rule(
+        "port_link_downed", "network", PROBLEM, "drain", 0, "rises between the readings (>)",
+        "link_downed rose: the link retrained between the readings",
+        f"{NVSENTINEL}: any rise is fatal",
+        "check the cable and transceiver (`mlxlink`, `ibstat`); reseat or replace them", why=NOT_DCGM,
+    ),
+    Rule(
+        "port_buffer_overrun", "network", PROBLEM, "drain", 0, "rises between the readings (>)",
+        "excessive_buffer_overrun_errors rose: the lossless contract broke",
+        f"{NVSENTINEL}: any rise is fatal", "check the cable and transceiver; reseat or replace them",
+        why=NOT_DCGM,
+    ),
+    Rule(
+        "port_link_integrity", "network", PROBLEM, "drain", 0, "rises between the readings (>)",
+        "local_link_integrity_errors rose", f"{NVSENTINEL}: any rise is fatal",
+        "check the cable and transceiver; reseat or replace them", why=NOT_DCGM,
+    ),
+    Rule(
+        "port_rnr_nak_retry", "network", PROBLEM, "drain", 0, "rises between the readings (>)",
+        "hw_counters/rnr_nak_retry_err rose: a connection was severed", f"{NVSENTINEL}: any rise is fatal",
+        "check the cable and transceiver; reseat or replace them", why=NOT_DCGM,
+    ),
+    Rule(
+        "port_symbol_errors", "network", PROBLEM, "replace", 10, "errors per second, window at least 1 s (>)",
+        "symbol_error rising fast: the link degrades before its error correction gives out",
+        f"{NVSENTINEL}: non-fatal degradation above 10/s", "check the cable and transceiver; replace them",
+        why=NOT_DCGM,
+    ),
+    Rule(
+        "port_symbol_errors_since_last", "network", PROBLEM, "replace", 120, "errors per hour since the last "
+        "check (>)",
+        "symbol_error over the time since the last check (--state): the IBTA limit (a bit error rate of "
+        "1e-12) NVSentinel calls fatal",
+        f"{NVSENTINEL}: 120 an hour (BER 1e-12) is fatal", "check the cable and transceiver; replace them",
+        why=NOT_DCGM,
+    ),
+    Rule(
+        "port_carrier_flaps", "network", PROBLEM, "replace", 2, "carrier changes in the window (>)",
+        "carrier_changes of an Ethernet interface rising: the link flaps",
+        f"{NVSENTINEL}: link flap above 2 per interval", "check the cable and transceiver (`ethtool IF`)",
+        why=NOT_DCGM,
+    ),
+    Rule(
+        "port_down", "network", PROBLEM, "drain", None, "",
+        "a port DOWN, Polling or Disabled while a port of the same kind and NIC model is ACTIVE (INIT/ARMED: "
+        "a config problem, the subnet manager; a note for a port with no GPU on its NUMA node or switch, or "
+        "when no port of its kind is up)",
+        f"{NVSENTINEL_STATE}: card homogeneity", "check the cable and transceiver; reseat or replace them",
+        why=NOT_DCGM,
+    ),
+    Rule(
+        "port_slow", "network", PROBLEM, "replace", None, "",
+        "an active port slower than the fastest active peer of its kind: a link trained down (200 among "
+        "400 Gb/s; a note for a port with no GPU near it)",
+        f"{NVSENTINEL_STATE}: link speed degradation",
+        "check the cable and transceiver; reseat or replace them", why=NOT_DCGM,
+    ),
+    Rule(
+        "gpudirect_off", "network", NOTE, "config", None, "",
+        "RDMA ports but no peer-memory path: no nvidia_peermem, no nv_peer_mem, no DMA-BUF (open kernel "
+        "module, Linux 5.12+)",
+        "NVIDIA GPU Operator, GPUDirect RDMA and GPUDirect Storage",
+        "`sudo modprobe nvidia-peermem` (and at boot), or the open GPU kernel module on Linux 5.12+",
+        why=NOT_DCGM,
+    ),
+    Rule(
+        "acs_redirect", "pcie", PROBLEM, "config", None, "",
+        "ACS ReqRedir+ or CmpltRedir+ on a bridge below a GPU pair's (or GPU-NIC pair's) meeting point: peer "
+        "traffic is redirected to the root complex",
+        NCCL_ACS, "disable ACS redirection (`setpci -s BDF ECAP_ACS+0x6.w=0000`, or in the BIOS)",
+        why=NOT_DCGM,
+    ),
+    Rule(
+        "iommu_translated", "config", NOTE, "config", None, "",
+        "intel_iommu=on / amd_iommu=on without iommu=pt: the IOMMU translates device DMA",
+        NCCL_ACS, "add iommu=pt to the kernel command line", why=NOT_DCGM,
     ),
 )
 # fmt: on

@@ -27,7 +27,7 @@ from typing import Any
 
 from gputopo.findings import NOTE, Finding
 from gputopo.health.check import PROBLEMS, UNKNOWN, CheckResult
-from gputopo.health.rules import Rule
+from gputopo.health.rules import DCGM_NONE, Rule
 
 # NPD's own default max_output_length (pkg/custompluginmonitor/types/config.go: defaultMaxOutputLength).
 NPD_DEFAULT_MAX_OUTPUT = 80
@@ -218,8 +218,11 @@ def rules_text(rules: Iterable[Rule]) -> str:
         lines.append(f"{head}; limit {_limit(r)}")
         lines.append(f"    {r.meaning}")
         lines.append(f"    remedy: {r.remedy or '-'}")
-        dcgm = f"{r.dcgm} ({r.dcgm_source})" if r.dcgm_source else r.dcgm
-        lines.append(f"    DCGM: {dcgm}" + (f"; ours differs: {r.why}" if r.why else ""))
+        if r.dcgm == DCGM_NONE and r.why:  # DCGM has no verdict for it, and the table says why
+            lines.append(f"    DCGM: n/a ({r.why})")
+        else:
+            dcgm = f"{r.dcgm} ({r.dcgm_source})" if r.dcgm_source else r.dcgm
+            lines.append(f"    DCGM: {dcgm}" + (f"; ours differs: {r.why}" if r.why else ""))
         lines.append(f"    source: {r.source}")
     return "\n".join(lines) + "\n"
 
@@ -240,7 +243,7 @@ def rules_markdown(rules: Iterable[Rule], xids: Iterable[tuple[int, Any]] = ()) 
     ]
     for r in rules:
         ours = f"{r.severity}, {r.action}" + (" (drains)" if r.drains else "")
-        dcgm = r.dcgm + (f": {r.why}" if r.why else "")
+        dcgm = ("n/a" if r.dcgm == DCGM_NONE and r.why else r.dcgm) + (f": {r.why}" if r.why else "")
         lines.append(
             f"| `{r.name}` | {r.category} | {_cell(_limit(r))} | {ours} | {_cell(dcgm)} | "
             f"{_cell(r.remedy)} | {_cell(r.source)} |"
