@@ -15,6 +15,7 @@ Whether the GPUs exist is for the caller to judge: it knows the machine.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from gputopo.errors import UsageError
 
@@ -45,3 +46,18 @@ def parse_gpu_list(text: str, option: str = "--gpus") -> tuple[int, ...]:
                 raise UsageError(f"{option} {text}: GPU{g} is listed twice", "list each GPU once")
             out.append(g)
     return tuple(out)
+
+
+def format_id_ranges(ids: Iterable[int]) -> str:
+    """Ids (GPUs, ranks, CPUs, NUMA nodes) the way nvidia-smi writes CPU affinity: ``[0..31, 64..95]`` ->
+    ``0-31,64-95``; the inverse of a list's ranges above."""
+    parts: list[str] = []
+    ordered = sorted(set(ids))
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)

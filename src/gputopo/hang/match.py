@@ -37,6 +37,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gputopo.gpulist import format_id_ranges
 from gputopo.hang.load import MAX_RANKS, Dump, crafted_entry, deep_entry, paused_gc, shallow_entry
 from gputopo.hang.oprules import ALL_TO_ALL, LOOSE, alltoall_totals, entry_key, op_name
 from gputopo.hang.oprules import mismatch as oprules_mismatch
@@ -192,7 +193,7 @@ def _match_dumps(dumps: list[Dump], world_size: int | None, unusable: set[int]) 
         membership = how.get(key, "pg_config")
         result = _match_group(key, ranks, membership, by_rank, keys)
         if result is None:
-            healthy.append(name if names_seen[name] == 1 else f"{name} ranks {_span(ranks)}")
+            healthy.append(name if names_seen[name] == 1 else f"{name} ranks {format_id_ranges(ranks)}")
         else:
             groups.append(result)
         stuck = _match_p2p(key, ranks, membership, by_rank, keys)
@@ -208,7 +209,7 @@ def _match_dumps(dumps: list[Dump], world_size: int | None, unusable: set[int]) 
 def _label(key: GroupKey, ranks: list[int], ambiguous: bool) -> str:
     """A group as the output names it: ``1 (undefined)``, with its ranks when the name is shared."""
     name, desc, _ = key
-    return f"{name} ({desc})" + (f" ranks {_span(ranks)}" if ambiguous else "")
+    return f"{name} ({desc})" + (f" ranks {format_id_ranges(ranks)}" if ambiguous else "")
 
 
 def _group_sort_key(key: GroupKey) -> tuple[int, int | str, tuple[int, ...]]:
@@ -868,17 +869,3 @@ def _last_any(d: Dump) -> Call | None:
     for e in reversed(d.entries):
         return _call(e)
     return None
-
-
-def _span(ranks: Iterable[int]) -> str:
-    """0-3,5 style."""
-    out: list[str] = []
-    rs = sorted(ranks)
-    i = 0
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
-        i = j + 1
-    return ",".join(out)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from gputopo.errors import InputError, UnavailableError
+from gputopo.gpulist import format_id_ranges  # noqa: F401 -- also this module's public name (tests)
 from gputopo.model import (
     GPU_NOT_ACCESSIBLE,
     GPU_NOT_RESPONDING,
@@ -44,20 +45,6 @@ class GpuProcess:
     pid: int
     gpu_index: int
     used_memory_mib: int | None
-
-
-def format_id_ranges(ids: Iterable[int]) -> str:
-    """CPU or NUMA ids as nvidia-smi writes them: ``[0..31, 64..95]`` -> ``0-31,64-95``."""
-    parts: list[str] = []
-    ordered = sorted(set(ids))
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(parts)
 
 
 def read_live(

@@ -9,6 +9,7 @@ import json
 from collections.abc import Callable
 from enum import Enum
 
+from gputopo.gpulist import format_id_ranges as span
 from gputopo.hang.triage import HangReport, user_frame
 from gputopo.ui.hang_html import render_html
 
@@ -53,14 +54,14 @@ def render_text(report: HangReport) -> list[str]:
         else:
             at = f"{c['op']} seq {c['seq']}"
         lines.append(
-            f"group {g['pg']} ({g['desc']}), ranks {_span(g['ranks'])}: {g['kind']} at "
+            f"group {g['pg']} ({g['desc']}), ranks {span(g['ranks'])}: {g['kind']} at "
             f"{at}, "
             f"sizes {c['sizes']}, dtype {'/'.join(c['dtype']) or '?'}"
             + (f" ({c['backend']})" if c["backend"] else "")
         )
         lines.append(
-            f"  completed: {_span(g['completed']) or 'none'}   inside: {_span(g['inside']) or 'none'}   "
-            f"never entered: {_span(g['never_entered']) or 'none'}"
+            f"  completed: {span(g['completed']) or 'none'}   inside: {span(g['inside']) or 'none'}   "
+            f"never entered: {span(g['never_entered']) or 'none'}"
         )
         if not g["state_tracked"]:
             lines.append("  (gloo records no start or completion: states stay 'scheduled')")
@@ -166,20 +167,6 @@ def render_text(report: HangReport) -> list[str]:
         for n in doc["notes"]:
             lines.append(f"note: {n}")
     return lines
-
-
-def _span(ranks: list[int]) -> str:
-    """0-3,5 style."""
-    out: list[str] = []
-    rs = sorted(ranks)
-    i = 0
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
-        i = j + 1
-    return ",".join(out)
 
 
 RENDERERS: dict[HangFormat, Callable[[HangReport], str]] = {
