@@ -237,6 +237,7 @@ def probe_command(
         inject_gpus=inject_gpus,
         precisions=[p.value for p in precision or ()],
         tolerance=None if tolerance is None else tolerance / 100,
+        across_nodes=node is not None,
     )
     if input is not None:
         from gputopo.machine import load_topology

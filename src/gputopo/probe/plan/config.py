@@ -236,11 +236,14 @@ def build_config(
     inject_gpus: str | None = None,
     precisions: tuple[str, ...] | list[str] | None = None,
     tolerance: float | None = None,
+    across_nodes: bool = False,
 ) -> ProbeConfig:
     """Check the options against what exists and freeze them.
 
     Without ``--gpus`` the set is every GPU (CUDA) or must be given (CPU stand-ins). With ``each_pair``
-    the listed GPUs (or all) are split into every pair by ``plan``.
+    the listed GPUs (or all) are split into every pair by ``plan``. ``across_nodes``: the run is one
+    node's part of a multi-node probe, where ``--inject slow`` delays the node named by ``--inject-node``
+    in the inter-node tests, not a GPU in the per-GPU check.
     """
     sets = tuple(parse_gpu_list(text) for text in gpus or ())
     if not sets:
@@ -300,7 +303,7 @@ def build_config(
     if not timeout_s > 0:
         raise UsageError(f"--timeout {timeout_s}: must be positive", "e.g. --timeout 120")
     check_sweep(min_bytes, max_bytes, step_factor, iters)
-    check_per_gpu(mode, inject, tolerance)
+    check_per_gpu(mode, None if across_nodes else inject, tolerance)
     smallest = 2 if each_pair else min(len(s) for s in sets)
     if inject_rank is not None:
         if inject is None:
