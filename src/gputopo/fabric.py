@@ -20,14 +20,13 @@ from gputopo.health.network import (
     Rail,
     apply_overrides,
     gdr_findings,
-    gdr_mode,
     judge_ports,
     network_facts,
     rails,
 )
 from gputopo.health.rules import DEFAULT_THRESHOLDS, Thresholds
 from gputopo.system.pci_path import read_paths
-from gputopo.system.ports import gdr_inputs, read_cmdline, read_ports
+from gputopo.system.ports import read_cmdline, read_gdr_mode, read_ports
 from gputopo.system.sysfs import FsView, view
 from gputopo.topology.pcie_path import (
     Endpoint,
@@ -95,14 +94,7 @@ def finish(
     findings = judge_ports(started.ports, second, behind, located, thresholds)
     judged = judge_paths(all_pairs(_gpu_endpoints(gpus), nics, paths))
     rdma = [p for p in second.ports if p.kind == IB]
-    inputs = gdr_inputs(fs)
-    mode = gdr_mode(
-        bool(rdma),
-        bool(inputs["peermem"]),
-        bool(inputs["nv_mem"]),
-        inputs["open_module"],  # type: ignore[arg-type]
-        inputs["kernel"],  # type: ignore[arg-type]
-    )
+    mode = read_gdr_mode(bool(rdma), fs)
     iommu = iommu_mode(read_cmdline(fs))
     findings += apply_overrides(
         [*judged.findings, *gdr_findings(mode, len(rdma)), *iommu_findings(iommu)], thresholds

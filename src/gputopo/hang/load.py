@@ -344,42 +344,17 @@ def _shallow(e: dict[str, Any]) -> bool:
     """Whether the fields the matching compares nest no deeper than torch writes them: sizes are lists of
     int lists, dtypes lists of names (comparing or showing a deeper value recurses; a crafted one could
     recurse without end). Frames are checked where they are read (``match._frames``): only the stuck
-    calls' frames are. Unrolled: this runs for every entry of every dump."""
-    get = e.get
-    v = get("input_sizes")
-    if v is not None:
-        if v.__class__ is not list:
+    calls' frames are."""
+    for key in ("input_sizes", "output_sizes"):
+        v = e.get(key)
+        if v is not None and not (
+            v.__class__ is list and all(t.__class__ is list and all(x.__class__ is int for x in t) for t in v)
+        ):
             return False
-        for t in v:
-            if t.__class__ is not list:
-                return False
-            for x in t:
-                if x.__class__ is not int:
-                    return False
-    v = get("output_sizes")
-    if v is not None:
-        if v.__class__ is not list:
+    for key in ("input_dtypes", "output_dtypes"):
+        v = e.get(key)
+        if v is not None and not (v.__class__ is list and all(x.__class__ is str for x in v)):
             return False
-        for t in v:
-            if t.__class__ is not list:
-                return False
-            for x in t:
-                if x.__class__ is not int:
-                    return False
-    v = get("input_dtypes")
-    if v is not None:
-        if v.__class__ is not list:
-            return False
-        for x in v:
-            if x.__class__ is not str:
-                return False
-    v = get("output_dtypes")
-    if v is not None:
-        if v.__class__ is not list:
-            return False
-        for x in v:
-            if x.__class__ is not str:
-                return False
     return True
 
 

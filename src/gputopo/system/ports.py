@@ -121,6 +121,20 @@ def gdr_inputs(fs: FsView | None = None) -> dict[str, object]:
     return {"peermem": peermem, "nv_mem": nv_mem, "open_module": open_module, "kernel": kernel}
 
 
+def read_gdr_mode(has_rdma: bool, fs: FsView | None = None) -> str | None:
+    """This node's GPUDirect RDMA mode (``health.network.gdr_mode`` over ``gdr_inputs``)."""
+    from gputopo.health.network import gdr_mode
+
+    inputs = gdr_inputs(fs)
+    return gdr_mode(
+        has_rdma,
+        bool(inputs["peermem"]),
+        bool(inputs["nv_mem"]),
+        inputs["open_module"],  # type: ignore[arg-type]
+        inputs["kernel"],  # type: ignore[arg-type]
+    )
+
+
 def read_cmdline(fs: FsView | None = None) -> str | None:
     """The kernel command line (``/proc/cmdline``); ``None`` when it cannot be read."""
     return read_text((fs or view()).proc_path("cmdline"))
@@ -129,18 +143,9 @@ def read_cmdline(fs: FsView | None = None) -> str | None:
 def network_summary(fs: FsView | None = None) -> dict[str, object]:
     """What a run record and the cross-node drift keep about this node's network: the GPUDirect RDMA mode
     (``None`` without RDMA ports), the RDMA port count, and their rates in Gb/s, fastest first."""
-    from gputopo.health.network import gdr_mode
-
     fs = fs or view()
     rdma = [p for p in read_ports(fs).ports if p.kind == IB]
-    inputs = gdr_inputs(fs)
-    mode = gdr_mode(
-        bool(rdma),
-        bool(inputs["peermem"]),
-        bool(inputs["nv_mem"]),
-        inputs["open_module"],  # type: ignore[arg-type]
-        inputs["kernel"],  # type: ignore[arg-type]
-    )
+    mode = read_gdr_mode(bool(rdma), fs)
     rates = sorted((p.rate_gbps for p in rdma if p.rate_gbps is not None), reverse=True)
     return {
         "gdr": mode,
