@@ -130,8 +130,8 @@ def test_only_probe_ranks_imports_torch_and_only_system_nvml_imports_pynvml():
             )
             if any(n.split(".")[0] in ("torch", "torchvision", "pynvml") for n in names):
                 found.append((name, names))
-    # pynvml has its own seam: system/nvml.py.
-    assert [(n, i) for n, i in found if n != "gputopo.system.nvml"] == []
+    # pynvml has its own seam: system/nvml/backend.py (the one module of the NVML door that loads it).
+    assert [(n, i) for n, i in found if n != "gputopo.system.nvml.backend"] == []
 
 
 @pytest.mark.skipif(shutil.which("lint-imports") is None, reason="import-linter is not installed")
@@ -149,11 +149,12 @@ def test_import_linter_contracts_are_kept():
 
 # --- One door to NVML -----------------------------------------------------------------------------------
 #
-# Every NVML read goes through ``system/nvml.py`` (``Session.query`` and the typed ``NvmlBackend``): no
-# other module names an NVML function (in code: comments and prose may cite one) or reaches into the
+# Every NVML read goes through the ``system/nvml/`` package (``Session.query`` and the typed ``NvmlBackend``):
+# no module outside it names an NVML function (in code: comments and prose may cite one) or reaches into the
 # private state of NVML's session, device or event set.
 
-NVML_MODULE = PACKAGE / "system" / "nvml.py"
+NVML_PACKAGE = PACKAGE / "system" / "nvml"
+NVML_MODULES = sorted(NVML_PACKAGE.glob("*.py"))
 _NVML_FUNCTION = re.compile(r"nvml[A-Z]\w+")
 
 
@@ -175,9 +176,9 @@ def nvml_functions_named(source: str, names: bool = True) -> list[tuple[int, str
 
 
 def nvml_private_names() -> set[str]:
-    """The private attributes and methods of system/nvml.py's classes (``_lib``, ``_errors``, ...)."""
+    """The private attributes and methods of system/nvml/'s classes (``_lib``, ``_errors``, ...)."""
     names = set()
-    for node in ast.walk(ast.parse(NVML_MODULE.read_text())):
+    for node in (n for path in NVML_MODULES for n in ast.walk(ast.parse(path.read_text()))):
         if isinstance(node, ast.ClassDef):
             for sub in ast.walk(node):
                 if (
@@ -212,7 +213,7 @@ def test_only_system_nvml_names_an_nvml_function_or_its_session_state():
     assert {"_lib", "_errors", "_call"} <= private  # the finder sees the session's insides
     found = {}
     for name, path in module_names().items():
-        if path == NVML_MODULE:
+        if path.parent == NVML_PACKAGE:
             continue
         source = path.read_text()
         hits = [
@@ -221,7 +222,7 @@ def test_only_system_nvml_names_an_nvml_function_or_its_session_state():
         ]
         if hits:
             found[name] = hits
-    assert found == {}, "NVML is read only through system/nvml.py (Session.query, Device's reads): " + repr(
+    assert found == {}, "NVML is read only through system/nvml/ (Session.query, Device's reads): " + repr(
         found
     )
 
@@ -238,16 +239,17 @@ def test_the_nvml_door_check_catches_a_planted_call():
 
 
 def test_nvml_calls_only_the_typed_backend_and_the_fake_implements_all_of_it():
-    """Every function system/nvml.py calls is declared in ``NvmlBackend``, and tests/fake_nvml.py's
+    """Every function system/nvml/ calls is declared in ``NvmlBackend``, and tests/fake_nvml.py's
     ``FakeNvml`` implements every one of them, so the Python fake covers every read gputopo makes."""
     from fake_nvml import FakeNvml
     from gputopo.system.nvml import NvmlBackend
 
     declared = {n for n in vars(NvmlBackend) if _NVML_FUNCTION.fullmatch(n)}
-    # The strings system/nvml.py passes as a function's name (prefixes and constants of pynvml aside).
+    # The strings system/nvml/ passes as a function's name (prefixes and constants of pynvml aside).
     not_functions = {"nvmlDeviceGet", "nvmlSystemGet", "nvmlMemory_v2", "nvmlEventTypeXidCriticalError"}
-    source = NVML_MODULE.read_text()
-    called = {name for _, name in nvml_functions_named(source, names=False)} - not_functions
+    called = {
+        name for path in NVML_MODULES for _, name in nvml_functions_named(path.read_text(), names=False)
+    } - not_functions
     assert len(called) > 40
     assert called - declared == set(), "called through the door but not in NvmlBackend"
     assert {n for n in declared if not hasattr(FakeNvml, n)} == set(), "NvmlBackend functions FakeNvml lacks"

@@ -602,7 +602,7 @@ def test_use_backend_restores_the_previous_backend() -> None:
         with inner.installed():
             assert len(read_live().gpus) == 4
         assert len(read_live().gpus) == 8
-    assert nvml._backend is None
+    assert not nvml.backend_overridden()
 
 
 def test_importing_the_seam_does_not_import_pynvml() -> None:
