@@ -50,9 +50,8 @@ def render_nodes(doc: dict[str, Any], segment: int | None) -> list[RenderableTyp
         lines.append(f"NVLink domain unknown (never mixed into a domain's segments): {unknown}")
         lines.extend(f"unfit  {u['node']}: {u['why']}" for u in doc.get("unknown_domain_unfit") or ())
     lines.extend(f"did not answer  {u['node']}: {u['why']}" for u in doc.get("unanswered") or ())
-    if doc.get("missing"):
-        lines.append(f"not met: {doc['missing']}")
-    elif doc.get("nodelist"):
+    # A --nodes that cannot be met is the command's error line (stderr), not repeated here.
+    if doc.get("nodelist"):
         lines.append(doc["nodelist"])
     if lines:
         blocks.append(Text("\n".join(lines)))
