@@ -144,14 +144,17 @@ def set_fabric(fake: FakeNvml, gpu: int, **changes: Any) -> None:
 
 
 def machine_lines(kind: str = "gb300", rack: int = 1, tray_index: int | None = None) -> list[str]:
-    """The tray of ``tray(kind, rack, tray_index)`` in the fake driver's text format (fake_nvml.c)."""
-    fake = tray(kind, rack=rack, tray=tray_index)
+    """``machine(kind)`` in the fake driver's text format (fake_nvml.c); a tray in rack ``rack``, tray
+    ``tray_index``."""
+    fake = tray(kind, rack=rack, tray=tray_index) if kind in _TRAYS else board(kind)
     lines = [f"driver {fake.driver_version}", f"cuda {fake.cuda_driver_version}"]
     for i, g in enumerate(fake.gpus):
         h = g.health
-        assert h.fabric is not None and h.platform is not None
+        assert h.fabric is not None
         state, status, clique, mask = h.fabric
-        serial, slot, index, host, peer, module = h.platform
+        if h.platform is not None:
+            serial, slot, index, host, peer, module = h.platform
+            lines.append(f"platform {i} {serial or '-'} {slot} {index} {host} {peer} {module}")
         lines += [
             f"gpu {i} {g.bus_id} {g.uuid} {g.minor} {g.name}",
             f"pcie {i} {' '.join(str(v) for v in g.pcie)}",
@@ -159,7 +162,6 @@ def machine_lines(kind: str = "gb300", rack: int = 1, tray_index: int | None = N
             *(f"link {i} {k} 1 - 2" for k in range(len(g.links))),  # 2: NVML_NVLINK_DEVICE_TYPE_SWITCH
             f"fabric {i} {state} {status} {clique} {mask:x}",
             f"fabricv3 {i} {h.fabric_uuid} {h.fabric_summary or 0}",
-            f"platform {i} {serial or '-'} {slot} {index} {host} {peer} {module}",
             f"c2c {i} {int(bool(h.c2c))}",
         ]
     return lines
