@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 # Defaults every command shares, written once: one live NVML read's deadline (start-up, one GPU, one GPU
 # pair; --nvml-timeout) and the health window between two samples (check's and doctor's --sample-s).
@@ -286,7 +287,8 @@ class Topology:
     ``p2p`` maps a capability (``read``, ``write``, ``nvlink``, ``atomics``) to a GPU x GPU matrix of
     status codes (``X`` on the diagonal, ``None`` where NVML could not answer), in the order of
     ``gpus``. ``warnings`` say what was
-    recovered or guessed while reading.
+    recovered or guessed while reading. ``node`` and ``check`` are the node's facts for ``gputopo nodes``
+    (its Slurm or short host name, the last fresh ``gputopo check`` judgement), on the live machine only.
     """
 
     source: str
@@ -299,6 +301,8 @@ class Topology:
     driver_version: str | None = None
     cuda_driver_version: str | None = None
     live: bool = False
+    node: str | None = None
+    check: dict[str, Any] | None = field(default=None, hash=False)
 
     def gpu(self, index: int) -> Gpu:
         """The GPU with nvidia-smi index ``index``; ``KeyError`` when absent."""

@@ -37,6 +37,11 @@ NVSENTINEL_STATE = "NVSentinel NIC health monitor (docs/nic-health-monitor/link-
 NCCL_ACS = "NCCL troubleshooting guide, PCI Access Control Services (ACS)"
 # DCGM's health watches read GPUs and NVSwitches: a NIC port or a PCIe bridge's ACS has no DCGM verdict.
 NOT_DCGM = "DCGM's health watches read GPUs and NVSwitches, not NIC ports or PCIe bridges"
+DCGM_IMEX = "DCGM dcgmlib/src/DcgmImexManager.cpp"
+IMEX_GUIDE = "NVIDIA IMEX guide (docs.nvidia.com/multi-node-nvlink-systems/imex-guide)"
+# Where gputopo parts from DCGM on IMEX: DCGM judges every node, and fails one with no daemon at all
+# (COMMAND_ERROR, -3: NVIDIA/DCGM #308); gputopo judges only where a daemon is expected.
+IMEX_EXPECTED = "judged only where a daemon is expected (node configuration or --expect-imex)"
 
 
 # DCGM's own verdict for the signal a rule reads: "fail" (DCGM_HEALTH_RESULT_FAIL), "warn"
@@ -259,6 +264,49 @@ _RULES = (
         "NVML nvmlGpuFabricInfo_v3_t (clusterUuid, cliqueId) of every GPU of the node",
         "check the rack's fabric manager partitions; reset the GPUs or reboot the tray",
         DCGM_NONE, "", "DCGM 4.6 judges each GPU alone",
+    ),
+    # --- IMEX (judged in health/imex.py, only where a daemon is expected) ----------------------------------
+    Rule(
+        "imex_not_configured", "config", PROBLEM, "config", None, "",
+        "IMEX is expected here (--expect-imex) but its node configuration is missing or empty, or "
+        "nvidia-imex-ctl answers 'Failed to read node configuration file'",
+        f"{DCGM_IMEX} (that message: NOT_CONFIGURED); {IMEX_GUIDE}, IMEX_NODE_CONFIG_FILE",
+        "write the domain's node addresses into nodes_config.cfg and restart nvidia-imex",
+        DCGM_NONE, f"{W} MonitorImex (NOT_CONFIGURED passes)",
+        "DCGM cannot tell a node meant to run IMEX from one that is not, so it passes NOT_CONFIGURED; "
+        "--expect-imex says this node is meant to",
+    ),
+    Rule(
+        "imex_daemon_not_ready", "nvlink", PROBLEM, "drain", None, "",
+        "the node's IMEX daemon is not READY (INITIALIZING, STARTING_AUTH_SERVER, WAITING_FOR_PEERS, "
+        "WAITING_FOR_RECOVERY, INIT_GPU, SHUTTING_DOWN, UNAVAILABLE) or does not answer "
+        "`nvidia-imex-ctl -q`; " + IMEX_EXPECTED,
+        f"{DCGM_IMEX} (DcgmImexDaemonStatus); {IMEX_GUIDE}, nvidia-imex-ctl -q",
+        "restart nvidia-imex once the NVLink fabric is complete on every tray",
+        DCGM_FAIL, f"{W} MonitorImex (daemon not READY: fail)",
+        "DCGM passes UNAVAILABLE (also its value for an answer it cannot read) and fails a node with no "
+        "daemon at all (-3, DCGM #308); gputopo fails UNAVAILABLE where a daemon is expected, and leaves a "
+        "node where none is expected, or a hung nvidia-imex-ctl, not checked",
+    ),
+    Rule(
+        "imex_domain_unhealthy", "nvlink", PROBLEM, "monitor", None, "",
+        "`nvidia-imex-ctl -N -j` reports the IMEX domain DOWN or DEGRADED while no member or link it lists "
+        "explains it (when one does, that member's finding carries the domain's state)",
+        f"{DCGM_IMEX} (DcgmImexDomainStatus); {IMEX_GUIDE}, nvidia-imex-ctl -N",
+        "check nvidia-imex on every node of the domain",
+        DCGM_FAIL, f"{W} MonitorImex (domain DOWN or DEGRADED: fail)",
+        "every tray of a rack sees the same domain: one bad tray must not drain the other 17, so the "
+        "domain's state does not drain this node (its own daemon does: imex_daemon_not_ready)",
+    ),
+    Rule(
+        "imex_member_down", "nvlink", PROBLEM, "monitor", None, "",
+        "a member of the IMEX domain is not READY, or two READY members are not CONNECTED "
+        "(`nvidia-imex-ctl -N -j`); named by host, one finding per member or pair",
+        f"{IMEX_GUIDE}, nvidia-imex-ctl -N -j (nodes: status, host, connections)",
+        "restart nvidia-imex on the member named",
+        DCGM_NONE, "",
+        "DCGM reads only the domain's state, not its members; a member names another node, so it does not "
+        "drain this one",
     ),
     # --- PCIe ---------------------------------------------------------------------------------------------
     Rule(

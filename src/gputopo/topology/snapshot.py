@@ -55,6 +55,8 @@ def to_dict(topo: Topology) -> dict[str, Any]:
         "warnings": list(topo.warnings),
         # The node's NVLink domain (GB200/GB300 racks), or null: a contract (`gputopo nodes` reads it).
         "nvlink_domain": _domain_json(topo),
+        "node": topo.node,
+        "check": topo.check,
     }
 
 
@@ -112,6 +114,8 @@ def from_dict(data: Any, source: str = "snapshot") -> Topology:
             driver_version=data.get("driver_version"),
             cuda_driver_version=data.get("cuda_driver_version"),
             live=bool(data.get("live", False)),
+            node=_node_name(data.get("node")),
+            check=_check_doc(data.get("check")),
         )
     except InputError:
         raise
@@ -125,7 +129,7 @@ def _plain(exc: Exception) -> str:
     """What is wrong with a snapshot, in words rather than Python's."""
     if isinstance(exc, KeyError):
         return f"the field {exc.args[0]!r} is missing"
-    if isinstance(exc, ValueError) and str(exc).startswith(("matrix cell", "GPU index")):
+    if isinstance(exc, ValueError) and str(exc).startswith(("matrix cell", "GPU index", "node ", "check ")):
         return str(exc)
     return "a field holds the wrong kind of value, e.g. text where a number or a list belongs"
 
@@ -147,6 +151,22 @@ def _gpu(d: dict[str, Any]) -> Gpu:
             fabric["cliques"] = tuple((int(t), int(i)) for t, i in fabric["cliques"])
         kwargs["fabric"] = GpuFabric(**{k: fabric.get(k) for k in _FABRIC_FIELDS})
     return Gpu(**kwargs)
+
+
+def _node_name(v: Any) -> str | None:
+    if v is not None and (not isinstance(v, str) or not v.strip()):
+        raise ValueError("node is not a name or null")
+    return v
+
+
+def _check_doc(v: Any) -> dict[str, Any] | None:
+    """The node's last fresh check (``verdict``, ``at``, ``problems``) or ``None``."""
+    if v is None:
+        return None
+    shaped = isinstance(v, dict) and isinstance(v.get("verdict"), str) and isinstance(v.get("problems"), list)
+    if not shaped:
+        raise ValueError("check is not {verdict, at, problems} or null")
+    return v
 
 
 def _cell(c: Any) -> str | None:
