@@ -12,6 +12,7 @@ import json
 import os
 import re
 import stat
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -451,3 +452,51 @@ def test_gathering_names_the_nodes_that_did_not_answer(tmp_path):
     assert doc["unanswered"] == [{"node": "node3", "why": "no facts came back"}]
     args = (bin_dir / "args").read_text()
     assert "--nodes=3 --nodelist=node[1-3] --ntasks-per-node=1 --label" in args and "topo --json" in args
+
+
+# --- on the real 3-node Slurm (scripts/slurm-local) ------------------------------------------------------
+
+
+@pytest.mark.slurm
+def test_slurm_gathers_each_nodes_own_facts_on_a_real_cluster(slurm_cluster, tmp_path):
+    """``gputopo nodes --slurm`` over node1..node3: srun starts one ``topo --json`` per node (on the fake
+    driver), each names itself by Slurm's name (all three share this host's hostname), none is missing."""
+    import fake_driver
+
+    lib = fake_driver.build(tmp_path / "lib")
+    machine = tmp_path / "tray.txt"
+    machine.write_text(
+        "driver 570.133.20\ncuda 12080\n"
+        + "".join(f"gpu {i} {fake_driver.bus(i)} {fake_driver.uuid(i)} {i} NVIDIA GB200\n" for i in range(4))
+    )
+    env = slurm_cluster.env(**{**fake_driver.env_for(lib, machine), "SLURM_CONF": str(slurm_cluster.conf)})
+    env = {k: v for k, v in env.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+    done = slurm_cluster.run(
+        sys.executable, "-m", "gputopo", "nodes", "--slurm", "--nodelist", "node[1-3]", "--budget", "120",
+        "--json", env=env, timeout_s=180, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["unanswered"] == [] and doc["domains"] == []
+    # Not in an NVLink domain (a board without a fabric): each node listed apart, by its own name.
+    assert doc["unknown_domain"] == ["node1", "node2", "node3"]
+
+
+def test_gathering_stops_at_the_budget_and_keeps_what_came_back(tmp_path):
+    """An srun whose third task hangs: after --budget the step is stopped (SIGINT, then SIGKILL), the two
+    answers are kept and node3 is named with why, well within the budget plus srun's grace."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    lines = []
+    for task, node in enumerate(("node1", "node2")):
+        lines += [f"{task}: {line}" for line in json.dumps(facts_doc(node, 0, task)).splitlines()]
+    (bin_dir / "out.txt").write_text("\n".join(lines) + "\n")
+    # exec: the sleep is srun itself, as a hung step would be; it ignores nothing, so SIGINT ends it.
+    (bin_dir / "srun").write_text(f"#!/bin/sh\ncat {bin_dir / 'out.txt'}\nexec sleep 60\n")
+    (bin_dir / "srun").chmod(0o755)
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    start = time.monotonic()
+    code, doc = nodes_json("--slurm", "--nodelist", "node[1-3]", "--budget", "1", env=env)
+    assert time.monotonic() - start < 30
+    assert code == 0 and doc["domains"][0]["nodes"] == ["node1", "node2"]
+    assert doc["unanswered"] == [{"node": "node3", "why": "srun ran past the budget (1 s) and was stopped"}]
