@@ -121,6 +121,34 @@ GPU_NOT_RESPONDING = "not responding"  # an NVML call about it did not return wi
 
 
 @dataclass(frozen=True)
+class GpuFabric:
+    """A GPU's place in the NVLink fabric and the rack, as NVML reads it (system/nvml/fabric.py); every
+    field ``None`` where the driver or GPU does not say. ``state`` in words (``completed``, ``in
+    progress``, ``not started``, ``not supported``), ``status`` the registration's ``nvmlReturn_t``,
+    ``cluster_uuid`` the 8-4-4-4-12 form, ``health_summary`` in words (``healthy``, ``unhealthy``,
+    ``limited capacity``), ``cliques`` the v4 ``[type, id]`` pairs; the platform's ``chassis_serial``
+    (the rack), ``slot``, ``tray_index``, ``host_id``, ``peer_type``, ``module_id``; ``c2c`` the C2C mode.
+    ``domain`` is the NVLink domain ``<cluster_uuid>.<clique_id>`` (topology.nvlink_domain), ``None`` for
+    a GPU in none."""
+
+    state: str | None = None
+    status: int | None = None
+    cluster_uuid: str | None = None
+    clique_id: int | None = None
+    domain: str | None = None
+    health_mask: int | None = None
+    health_summary: str | None = None
+    cliques: tuple[tuple[int, int], ...] | None = None
+    chassis_serial: str | None = None
+    slot: int | None = None
+    tray_index: int | None = None
+    host_id: int | None = None
+    peer_type: int | None = None
+    module_id: int | None = None
+    c2c: bool | None = None
+
+
+@dataclass(frozen=True)
 class Gpu:
     """One GPU. ``index`` is nvidia-smi's (PCI bus order), which is what ``GPU<index>`` labels use.
 
@@ -151,6 +179,7 @@ class Gpu:
     mig_enabled: bool | None = None
     mig_devices: tuple[str, ...] = ()
     nvlink_bridge: bool | None = None
+    fabric: GpuFabric | None = None
 
     @property
     def label(self) -> str:
