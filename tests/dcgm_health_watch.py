@@ -24,6 +24,7 @@ WATCHES: dict[str, frozenset[str]] = {
     "MonitorNVLink5Fields": frozenset({"fail"}),
     "MonitorNVLinkStatus": frozenset({"fail"}),
     "MonitorFabricFields": frozenset({"warn", "fail"}),
+    "MonitorImex": frozenset({"fail"}),  # global: domain DOWN/DEGRADED, daemon not READY/UNAVAILABLE/-1/-2
 }
 
 # Watches gputopo has no rule for, and why (each must stay explained).

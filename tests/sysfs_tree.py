@@ -59,21 +59,29 @@ def config_blob(
 
 @dataclass
 class Tree:
-    """A sysfs root at ``root/sys`` and a procfs root at ``root/proc``."""
+    """A sysfs root at ``root/sys``, a procfs root at ``root/proc`` and an empty /etc at ``root/etc`` (no
+    IMEX configuration: a test never reads this host's own)."""
 
     root: Path
     sys: Path = field(init=False)
     proc: Path = field(init=False)
+    etc: Path = field(init=False)
 
     def __post_init__(self) -> None:
         self.sys = self.root / "sys"
         self.proc = self.root / "proc"
+        self.etc = self.root / "etc"
         (self.sys / "bus" / "pci" / "devices").mkdir(parents=True, exist_ok=True)
         self.proc.mkdir(parents=True, exist_ok=True)
+        self.etc.mkdir(parents=True, exist_ok=True)
 
     @property
     def env(self) -> dict[str, str]:
-        return {"GPUTOPO_SYSFS_ROOT": str(self.sys), "GPUTOPO_PROCFS_ROOT": str(self.proc)}
+        return {
+            "GPUTOPO_SYSFS_ROOT": str(self.sys),
+            "GPUTOPO_PROCFS_ROOT": str(self.proc),
+            "GPUTOPO_ETC_ROOT": str(self.etc),
+        }
 
     def device(
         self,

@@ -36,7 +36,12 @@ def check(driver: Path, machine_file: Path, *args: str):  # type: ignore[no-unty
 def test_a_healthy_node_exits_0_with_the_reason_first(driver: Path, tmp_path: Path) -> None:
     result = check(driver, machine(tmp_path, [*healthy(0), *healthy(1)]), *FAST)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[0] == "healthy: 2 GPUs, no problems"
+    # No IMEX configuration here: no daemon is expected, so IMEX is not checked (never a problem).
+    assert result.stdout.splitlines() == [
+        "healthy: 2 GPUs, no problems, 1 not checked",
+        "not checked: IMEX (no IMEX daemon expected here: no /etc/nvidia-imex/nodes_config.cfg, "
+        "no --expect-imex)",
+    ]
 
 
 def test_a_failed_row_remap_exits_1_and_names_it_first(driver: Path, tmp_path: Path) -> None:
@@ -51,7 +56,7 @@ def test_a_pending_row_remap_is_reset_when_convenient_a_note(driver: Path, tmp_p
     result = check(driver, machine(tmp_path, [*healthy(0), *healthy(1), "remap 1 0 0 1 0"]), *FAST)
     assert result.returncode == 0
     assert result.stdout.splitlines()[:2] == [
-        "healthy: 2 GPUs, no problems, 1 note",
+        "healthy: 2 GPUs, no problems, 1 note, 1 not checked",
         "NOTE     GPU1       memory/reset: a row remapping is pending on GPU1",
     ]
 
@@ -72,7 +77,7 @@ def test_json_document(driver: Path, tmp_path: Path) -> None:
     ]
     g = doc["gpus"][0]
     assert (g["index"], g["pci_bus_id"], g["health"]["clocks_event_reasons"]) == (0, "00000000:18:00.0", 8)
-    assert doc["not_checked"] == [] and doc["elapsed_s"] > 0
+    assert [n["what"] for n in doc["not_checked"]] == ["IMEX"] and doc["elapsed_s"] > 0
 
 
 @pytest.mark.parametrize(

@@ -51,7 +51,7 @@ def test_npd_gets_one_line_that_fits_and_the_exit_code_it_maps(
     assert message == result.stdout.strip() and len(message.encode()) <= limit  # nothing cut by NPD
     assert message.startswith("problems: a row remapping failed on GPU0") or message.endswith("...")
     ok = check(driver, machine(tmp_path, healthy(0)), *FAST, "--format", "npd")
-    assert npd_reads(ok.stdout, ok.returncode, 80) == ("OK", "healthy: 1 GPU, no problems")
+    assert npd_reads(ok.stdout, ok.returncode, 80) == ("OK", "healthy: 1 GPU, no problems, 1 not checked")
     unknown = check(driver, tmp_path / "no-driver.txt", *FAST, "--format", "npd")
     assert npd_reads(unknown.stdout, unknown.returncode, 80)[0] == "Unknown"
 
@@ -152,7 +152,11 @@ def test_a_fleet_baseline_compares_cleanly_on_a_sibling(driver: Path, tmp_path: 
         for line in [*healthy(0), *healthy(1)]
     ]
     compared = check(driver, machine(tmp_path, sibling, "sibling.txt"), *FAST, "--baseline", str(golden))
-    assert compared.returncode == 0 and compared.stdout.splitlines() == ["healthy: 2 GPUs, no problems"]
+    assert compared.returncode == 0 and compared.stdout.splitlines() == [
+        "healthy: 2 GPUs, no problems, 1 not checked",
+        "not checked: IMEX (no IMEX daemon expected here: no /etc/nvidia-imex/nodes_config.cfg, "
+        "no --expect-imex)",
+    ]
     per_node = tmp_path / "node.json"
     check(driver, machine(tmp_path, [*healthy(0), *healthy(1)]), *FAST, "--save-baseline", str(per_node))
     noisy = check(driver, machine(tmp_path, sibling, "sibling.txt"), *FAST, "--baseline", str(per_node))

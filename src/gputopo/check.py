@@ -47,7 +47,8 @@ class CheckOptions:
     input never reaches the machine, so it never drains). Every default is written once, in
     ``health.check``. ``kernel_log`` is a log the user gave (``None``: read this machine's); ``baseline``
     a loaded baseline document to compare with; ``fleet`` saves a baseline without per-GPU identities;
-    ``state`` what the last check left (``health.state``)."""
+    ``state`` what the last check left (``health.state``); ``expect_imex`` judges IMEX even where this
+    node has no IMEX configuration (``health.imex``)."""
 
     sample_s: float = DEFAULT_SAMPLE_S
     budget_s: float = DEFAULT_BUDGET_S
@@ -60,6 +61,7 @@ class CheckOptions:
     save_baseline: Path | None = None
     fleet: bool = False
     state: CheckState | None = field(default=None, compare=False)
+    expect_imex: bool = False
 
     def __post_init__(self) -> None:
         validate_numbers(self.sample_s, self.budget_s, self.nvml_timeout_s, self.expect_gpus)
@@ -110,6 +112,9 @@ def run_check(options: CheckOptions, started: float | None = None) -> CheckResul
     not_checked += [NotChecked(what, why) for what, why in net.not_checked]
     if options.state is not None:  # the ports' counters over the time since the last check, too
         extra += fabric.since_last_run(net, options.state.ports, options.state.ports_at, options.thresholds)
+    imex_found, imex_skipped = _imex(options, deadline)
+    extra += imex_found
+    not_checked += imex_skipped
     if options.baseline is not None or options.save_baseline is not None:
         why_not = _no_time_for_baseline(options, sample, deadline)
         if why_not is None:
@@ -120,6 +125,15 @@ def run_check(options: CheckOptions, started: float | None = None) -> CheckResul
         sample, judgement, extra, not_checked, time.monotonic() - started, unavailable, xid_keys=xid_keys
     )
     return replace(result, ports=port_counters(net.ports))
+
+
+def _imex(options: CheckOptions, deadline: float) -> tuple[list[Finding], list[NotChecked]]:
+    """IMEX, only where a daemon is expected (its configuration, or ``--expect-imex``); nvidia-imex-ctl
+    runs within the time left."""
+    from gputopo.health.imex import judge_imex
+    from gputopo.system.imex import read_imex
+
+    return judge_imex(read_imex(options.expect_imex, deadline), options.expect_imex, options.thresholds)
 
 
 def _unknown_is_not_healthy(
@@ -337,4 +351,11 @@ def act_on_node(
         held = f"nothing done: the node's state could not be read ({view.error})"
     if held is None:
         return None
-    return slurm_node.SlurmAction("none", None, False, None, held, view.node)
+    # A dry run previews the command the check calls for even where it is held back (the node's state
+    # unreadable, someone else's drain, --max-drained), beside what holds it back.
+    command = None
+    if dry_run and decision.withheld is not None:
+        command = slurm_node.command_line(decision.withheld, view.name, decision.reason)
+    return slurm_node.SlurmAction(
+        "none", command, False, None, held, view.node, decision.reason, dry_run, decision.withheld
+    )

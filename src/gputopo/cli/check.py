@@ -33,6 +33,7 @@ PROM_FILE = "gputopo.prom"
     epilog=examples(
         "gputopo check                              # exit 0 healthy, 1 problems, 3 could not check",
         "gputopo check --expect-gpus 8 --json       # gputopo/check/v1 document",
+        "gputopo check --expect-imex                # an NVL72 tray: its IMEX daemon and domain must be up",
         "gputopo check --format nagios              # GPUTOPO OK|WARNING|CRITICAL|UNKNOWN - reason",
         "gputopo check --format npd --max-output-length 200   # node-problem-detector custom plugin",
         "gputopo check --textfile /var/lib/node_exporter     # writes gputopo.prom for node_exporter",
@@ -58,6 +59,11 @@ def check_command(
     ),
     expect_gpus: int | None = typer.Option(
         None, "--expect-gpus", metavar="N", help="Fewer GPUs than N (or a broken driver) is a problem."
+    ),
+    expect_imex: bool = typer.Option(
+        False,
+        "--expect-imex",
+        help="An IMEX daemon must run here (NVLink racks), even without /etc/nvidia-imex/nodes_config.cfg.",
     ),
     thresholds: Path | None = typer.Option(
         None, "--thresholds", metavar="FILE", help="Override health rules (TOML/JSON; see --list-rules)."
@@ -155,6 +161,7 @@ def check_command(
         budget_s=budget,
         nvml_timeout_s=nvml_timeout,
         expect_gpus=expect_gpus,
+        expect_imex=expect_imex,
         thresholds=rules,
         since_s=parse_since(since),
     )

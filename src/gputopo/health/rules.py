@@ -37,6 +37,11 @@ NVSENTINEL_STATE = "NVSentinel NIC health monitor (docs/nic-health-monitor/link-
 NCCL_ACS = "NCCL troubleshooting guide, PCI Access Control Services (ACS)"
 # DCGM's health watches read GPUs and NVSwitches: a NIC port or a PCIe bridge's ACS has no DCGM verdict.
 NOT_DCGM = "DCGM's health watches read GPUs and NVSwitches, not NIC ports or PCIe bridges"
+DCGM_IMEX = "DCGM dcgmlib/src/DcgmImexManager.cpp"
+IMEX_GUIDE = "NVIDIA IMEX guide (docs.nvidia.com/multi-node-nvlink-systems/imex-guide)"
+# Where gputopo parts from DCGM on IMEX: DCGM judges every node, and fails one with no daemon at all
+# (COMMAND_ERROR, -3: NVIDIA/DCGM #308); gputopo judges only where a daemon is expected.
+IMEX_EXPECTED = "judged only where a daemon is expected (node configuration or --expect-imex)"
 
 
 # DCGM's own verdict for the signal a rule reads: "fail" (DCGM_HEALTH_RESULT_FAIL), "warn"
@@ -206,17 +211,102 @@ _RULES = (
     ),
     Rule(
         "fabric_not_ready", "nvlink", PROBLEM, "drain", None, "",
-        "the GPU's NVLink fabric registration is not complete: CUDA cannot start on it (error 802)",
-        "NVML nvmlDeviceGetGpuFabricInfo (state, status)",
+        "the GPU's NVLink fabric registration has not started, or completed with an error: CUDA cannot "
+        "start on it (error 802)",
+        "NVML nvmlDeviceGetGpuFabricInfoV (state, status)",
         "check nvidia-fabricmanager; then reset the GPU or reboot",
-        DCGM_FAIL, f"{W} MonitorFabricFields (not started, failed: fail; in progress: warn)",
-        "in progress is a problem too: CUDA cannot start on the GPU until registration completes",
+        DCGM_FAIL, f"{W} MonitorFabricFields (not started, failed: fail)",
+    ),
+    Rule(
+        "fabric_in_progress", "nvlink", NOTE, "monitor", None, "",
+        "the GPU's NVLink fabric registration is still in progress (CUDA waits for it)",
+        "NVML nvmlDeviceGetGpuFabricInfoV (state NVML_GPU_FABRIC_STATE_IN_PROGRESS)",
+        "wait; a registration that stays in progress: check nvidia-fabricmanager",
+        DCGM_WARN, f"{W} MonitorFabricFields (in progress: warn)",
     ),
     Rule(
         "fabric_unhealthy", "nvlink", PROBLEM, "drain", None, "",
-        "the fabric reports the GPU unhealthy (degraded bandwidth, bad route, bad config)",
-        f"{W} MonitorFabricFields (health mask: fail)", "check nvidia-fabricmanager; reset or reboot",
+        "the fabric's health mask names a fault: one of its 2-bit fields TRUE (bandwidth degraded, route "
+        "recovery, route unhealthy, access timeout recovery) or an incorrect configuration other than none "
+        "(0xaa, 0x1aa, 0x80 are healthy)",
+        f"{W} MonitorFabricFields (health mask: fail); nvml.h NVML_GPU_FABRIC_HEALTH_MASK_*",
+        "check nvidia-fabricmanager; reset or reboot",
         DCGM_FAIL, f"{W} MonitorFabricFields",
+    ),
+    Rule(
+        "fabric_summary_unhealthy", "nvlink", PROBLEM, "drain", None, "",
+        "the fabric's health summary (fabric info v3) is UNHEALTHY though the mask names no fault",
+        "NVML nvmlGpuFabricInfo_v3_t.healthSummary (NVML_GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY)",
+        "check nvidia-fabricmanager and the switch trays; reset or reboot",
+        DCGM_NONE, "", "DCGM 4.6 MonitorFabricFields reads the mask and the state, not the summary",
+    ),
+    Rule(
+        "fabric_limited_capacity", "nvlink", NOTE, "monitor", None, "",
+        "the fabric's health summary is LIMITED_CAPACITY: NVLink works with less bandwidth (the finding says "
+        "what the mask tells of it)",
+        "NVML nvmlGpuFabricInfo_v3_t.healthSummary (NVML_GPU_FABRIC_HEALTH_SUMMARY_LIMITED_CAPACITY)",
+        "plan a service window for the switch trays",
+        DCGM_NONE, "", "DCGM 4.6 MonitorFabricFields reads the mask and the state, not the summary",
+    ),
+    Rule(
+        "fabric_no_domain", "nvlink", PROBLEM, "drain", None, "",
+        "the platform places the tray in a rack (a chassis serial and a tray index) but its completed "
+        "registration names no NVLink domain (zero cluster UUID or clique 0); an HGX board (no chassis "
+        "serial) is not multi-node NVLink, not a fault",
+        "NVML nvmlDeviceGetPlatformInfo and nvmlGpuFabricInfo_v3_t (clusterUuid, cliqueId); the domain "
+        "<clusterUuid>.<cliqueId> as GPU feature discovery's nvidia.com/gpu.clique label",
+        "check nvidia-fabricmanager / the NVLink subnet manager of the rack",
+        DCGM_NONE, "", "DCGM 4.6 does not read the cluster UUID or the platform info",
+    ),
+    Rule(
+        "fabric_domain_split", "nvlink", PROBLEM, "drain", None, "",
+        "the GPUs of one tray are on different NVLink domains (cluster UUID or clique)",
+        "NVML nvmlGpuFabricInfo_v3_t (clusterUuid, cliqueId) of every GPU of the node",
+        "check the rack's fabric manager partitions; reset the GPUs or reboot the tray",
+        DCGM_NONE, "", "DCGM 4.6 judges each GPU alone",
+    ),
+    # --- IMEX (judged in health/imex.py, only where a daemon is expected) ----------------------------------
+    Rule(
+        "imex_not_configured", "config", PROBLEM, "config", None, "",
+        "IMEX is expected here (--expect-imex) but its node configuration is missing or empty, or "
+        "nvidia-imex-ctl answers 'Failed to read node configuration file'",
+        f"{DCGM_IMEX} (that message: NOT_CONFIGURED); {IMEX_GUIDE}, IMEX_NODE_CONFIG_FILE",
+        "write the domain's node addresses into nodes_config.cfg and restart nvidia-imex",
+        DCGM_NONE, f"{W} MonitorImex (NOT_CONFIGURED passes)",
+        "DCGM cannot tell a node meant to run IMEX from one that is not, so it passes NOT_CONFIGURED; "
+        "--expect-imex says this node is meant to",
+    ),
+    Rule(
+        "imex_daemon_not_ready", "nvlink", PROBLEM, "drain", None, "",
+        "the node's IMEX daemon is not READY (INITIALIZING, STARTING_AUTH_SERVER, WAITING_FOR_PEERS, "
+        "WAITING_FOR_RECOVERY, INIT_GPU, SHUTTING_DOWN, UNAVAILABLE) or does not answer "
+        "`nvidia-imex-ctl -q`; " + IMEX_EXPECTED,
+        f"{DCGM_IMEX} (DcgmImexDaemonStatus); {IMEX_GUIDE}, nvidia-imex-ctl -q",
+        "restart nvidia-imex once the NVLink fabric is complete on every tray",
+        DCGM_FAIL, f"{W} MonitorImex (daemon not READY: fail)",
+        "DCGM passes UNAVAILABLE (also its value for an answer it cannot read) and fails a node with no "
+        "daemon at all (-3, DCGM #308); gputopo fails UNAVAILABLE where a daemon is expected, and leaves a "
+        "node where none is expected, or a hung nvidia-imex-ctl, not checked",
+    ),
+    Rule(
+        "imex_domain_unhealthy", "nvlink", PROBLEM, "monitor", None, "",
+        "`nvidia-imex-ctl -N -j` reports the IMEX domain DOWN or DEGRADED while no member or link it lists "
+        "explains it (when one does, that member's finding carries the domain's state)",
+        f"{DCGM_IMEX} (DcgmImexDomainStatus); {IMEX_GUIDE}, nvidia-imex-ctl -N",
+        "check nvidia-imex on every node of the domain",
+        DCGM_FAIL, f"{W} MonitorImex (domain DOWN or DEGRADED: fail)",
+        "every tray of a rack sees the same domain: one bad tray must not drain the other 17, so the "
+        "domain's state does not drain this node (its own daemon does: imex_daemon_not_ready)",
+    ),
+    Rule(
+        "imex_member_down", "nvlink", PROBLEM, "monitor", None, "",
+        "a member of the IMEX domain is not READY, or two READY members are not CONNECTED "
+        "(`nvidia-imex-ctl -N -j`); named by host, one finding per member or pair",
+        f"{IMEX_GUIDE}, nvidia-imex-ctl -N -j (nodes: status, host, connections)",
+        "restart nvidia-imex on the member named",
+        DCGM_NONE, "",
+        "DCGM reads only the domain's state, not its members; a member names another node, so it does not "
+        "drain this one",
     ),
     # --- PCIe ---------------------------------------------------------------------------------------------
     Rule(

@@ -1,8 +1,9 @@
-"""One re-rootable view of sysfs and procfs (touches the machine).
+"""One re-rootable view of sysfs, procfs and /etc (touches the machine).
 
-``GPUTOPO_SYSFS_ROOT`` (default ``/sys``) and ``GPUTOPO_PROCFS_ROOT`` (default ``/proc``) move every read made
-through this view to another tree, as node_exporter's ``--path.sysfs`` / ``--path.procfs`` do: tests build a
-captured-shape tree and point gputopo at it, and a user can judge a tree copied off another node. Symbolic
+``GPUTOPO_SYSFS_ROOT`` (default ``/sys``), ``GPUTOPO_PROCFS_ROOT`` (default ``/proc``) and
+``GPUTOPO_ETC_ROOT`` (default ``/etc``: the IMEX configuration) move every read made through this view to
+another tree, as node_exporter's ``--path.sysfs`` / ``--path.procfs`` do: tests build a captured-shape tree
+and point gputopo at it, and a user can judge a tree copied off another node. Symbolic
 links inside the tree (``/sys/bus/pci/devices/BDF`` -> ``../../../devices/pci0000:00/...``) are relative in a
 real sysfs, so they resolve inside the re-rooted tree as well.
 
@@ -20,18 +21,21 @@ from pathlib import Path
 
 SYSFS_ENV = "GPUTOPO_SYSFS_ROOT"
 PROCFS_ENV = "GPUTOPO_PROCFS_ROOT"
+ETC_ENV = "GPUTOPO_ETC_ROOT"
 DEFAULT_SYSFS = Path("/sys")
 DEFAULT_PROCFS = Path("/proc")
+DEFAULT_ETC = Path("/etc")
 # Larger than any sysfs attribute this view reads (a PCI config space is 4096 bytes).
 READ_LIMIT_BYTES = 65536
 
 
 @dataclass(frozen=True)
 class FsView:
-    """Where sysfs and procfs are: ``sys`` and ``proc`` roots."""
+    """Where sysfs, procfs and /etc are: ``sys``, ``proc`` and ``etc`` roots."""
 
     sys: Path = DEFAULT_SYSFS
     proc: Path = DEFAULT_PROCFS
+    etc: Path = DEFAULT_ETC
 
     def sys_path(self, *parts: str) -> Path:
         """``parts`` under the sysfs root (``sys_path("class", "net")``)."""
@@ -41,9 +45,21 @@ class FsView:
         """``parts`` under the procfs root."""
         return self.proc.joinpath(*parts)
 
+    def etc_path(self, name: str) -> Path:
+        """A configuration file under the /etc root: ``etc_path("nvidia-imex/config.cfg")``; an absolute
+        path inside ``/etc`` (as a configuration file names another) is moved under the root too, any
+        other absolute path is kept as it is."""
+        path = Path(name)
+        if not path.is_absolute():
+            return self.etc / path
+        try:
+            return self.etc / path.relative_to(DEFAULT_ETC)
+        except ValueError:
+            return path
+
     @property
     def rerooted(self) -> bool:
-        """Whether either root is not the machine's own."""
+        """Whether the sysfs or procfs root is not the machine's own."""
         return self.sys != DEFAULT_SYSFS or self.proc != DEFAULT_PROCFS
 
 
@@ -53,6 +69,7 @@ def view(environ: Mapping[str, str] | None = None) -> FsView:
     return FsView(
         Path(env.get(SYSFS_ENV) or DEFAULT_SYSFS),
         Path(env.get(PROCFS_ENV) or DEFAULT_PROCFS),
+        Path(env.get(ETC_ENV) or DEFAULT_ETC),
     )
 
 
