@@ -95,6 +95,7 @@ def main() -> None:
     ratio = p / b
     print(f"# steps {args.steps}, batch {args.batch_size} per rank, 2 gloo ranks, {args.runs} runs each")
     print(f"median probe {p:.2f} s, median baseline {b:.2f} s, ratio {ratio:.2f} (target <= {TARGET_RATIO})")
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
     print("PASS" if ratio <= TARGET_RATIO else "FAIL")
 
 
