@@ -20,6 +20,7 @@ switches across two sockets: PIX, PXB, PHB, NODE, SYS; GPU2 busy at x8 of x16), 
 
 from __future__ import annotations
 
+import ctypes
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,6 +33,7 @@ import pynvml
 NVSWITCH = "nvswitch"
 _MIB = 1024 * 1024
 _FABRIC_COMPLETED = 3  # NVML_GPU_FABRIC_STATE_COMPLETED
+_VERSION_MISMATCH = 25  # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
 _SWITCHES = 4  # NVSwitch chips on the fake HGX baseboard; links are spread over them round-robin
 
 
@@ -94,6 +96,17 @@ class FakeHealth:
     )  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: none
     nvlink_errors: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)
     fabric: tuple[int, int, int, int] | None = None
+    # The newer fabric and platform answers (system/nvml/fabric.py). ``fabric_uuid``: the cluster UUID
+    # (8-4-4-4-12); ``fabric_summary``: NVML_GPU_FABRIC_HEALTH_SUMMARY_* (``None``: a driver that knows
+    # only the v2 struct and answers ARGUMENT_VERSION_MISMATCH for v3); ``fabric_cliques``: the v4
+    # ``(type, id)`` list (``None``: a driver without nvmlDeviceGetGpuFabricInfo_v4); ``platform``:
+    # (chassis serial, slot, tray index, host id, peer type, module id) or ``None`` (NOT_SUPPORTED);
+    # ``c2c``: the C2C mode or ``None`` (NOT_SUPPORTED).
+    fabric_uuid: str = "00000000-0000-0000-0000-000000000000"
+    fabric_summary: int | None = None
+    fabric_cliques: tuple[tuple[int, int], ...] | None = None
+    platform: tuple[str, int, int, int, int, int] | None = None
+    c2c: bool | None = None
     xid_events: bool = True
     unrepairable_memory: bool | None = None  # None: NOT_SUPPORTED (older drivers, most GPUs)
 
@@ -155,6 +168,7 @@ class FakeNvml:
         remote_type_supported: bool = True,
         process_api_v3: bool = True,
         health: bool = False,
+        absent: frozenset[str] = frozenset(),
     ) -> None:
         self.gpus = gpus
         self.processes = processes or {}
@@ -166,6 +180,8 @@ class FakeNvml:
         self.remote_type_supported = remote_type_supported
         self.process_api_v3 = process_api_v3
         self.health = health
+        self.absent = absent
+        """pynvml functions these bindings lack (an older nvidia-ml-py): looking one up fails."""
         self.init_count = 0
         self.shutdown_count = 0
         self._handles: dict[int, FakeHandle] = {}
@@ -176,6 +192,8 @@ class FakeNvml:
 
     def __getattribute__(self, name: str) -> Any:
         if name.startswith("nvml"):
+            if name in object.__getattribute__(self, "absent"):
+                raise AttributeError(name)
             object.__getattribute__(self, "calls")[name] += 1
         return object.__getattribute__(self, name)
 
@@ -655,15 +673,58 @@ class FakeNvml:
         if h.fabric is None:
             raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
         target = info._obj  # ctypes.byref(struct): the struct the caller passed
+        if hasattr(target, "version"):
+            # NVML_STRUCT_VERSION: the size in the low bits, the version in the top byte (nvml.h).
+            version, size = target.version >> 24, target.version & 0xFFFFFF
+            if (
+                size != ctypes.sizeof(target)
+                or version not in (2, 3)
+                or (version == 3 and h.fabric_summary is None)
+            ):
+                raise _err(_VERSION_MISMATCH)
         target.state, target.status, target.cliqueId = h.fabric[0], h.fabric[1], h.fabric[2]
+        target.clusterUuid[:] = list(bytes.fromhex(h.fabric_uuid.replace("-", "")))
         if hasattr(target, "healthMask"):
             target.healthMask = h.fabric[3]
+        if hasattr(target, "healthSummary"):
+            target.healthSummary = h.fabric_summary or 0
 
     def nvmlDeviceGetGpuFabricInfoV(self, device: FakeHandle, gpuFabricInfo: Any) -> None:
         self._fabric(device, gpuFabricInfo, "nvmlDeviceGetGpuFabricInfoV")
 
     def nvmlDeviceGetGpuFabricInfo(self, device: FakeHandle, gpuFabricInfo: Any) -> None:
         self._fabric(device, gpuFabricInfo, "nvmlDeviceGetGpuFabricInfo")
+
+    def nvmlDeviceGetGpuFabricInfo_v4(self, device: FakeHandle, gpuFabricInfo: Any) -> None:
+        h = self._health(device, "nvmlDeviceGetGpuFabricInfo_v4")
+        if h.fabric is None or h.fabric_cliques is None:
+            raise _err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        target = gpuFabricInfo._obj
+        target.state, target.status, target.healthMask = h.fabric[0], h.fabric[1], h.fabric[3]
+        target.clusterUuid[:] = list(bytes.fromhex(h.fabric_uuid.replace("-", "")))
+        target.healthSummary = h.fabric_summary or 0
+        target.numCliques = len(h.fabric_cliques)
+        for slot, (kind, ident) in enumerate(h.fabric_cliques):
+            target.cliques[slot].type, target.cliques[slot].id = kind, ident
+
+    def nvmlDeviceGetPlatformInfo(self, device: FakeHandle, platformInfo: Any) -> None:
+        h = self._health(device, "nvmlDeviceGetPlatformInfo")
+        if h.platform is None:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        target = platformInfo._obj
+        if target.version != (ctypes.sizeof(target) | 2 << 24):
+            raise _err(_VERSION_MISMATCH)
+        serial, slot, tray, host, peer, module = h.platform
+        raw = serial.encode()[:16].ljust(16, b"\0")
+        target.chassisSerialNumber[:] = list(raw)
+        target.slotNumber, target.trayIndex, target.hostId = slot, tray, host
+        target.peerType, target.moduleId = peer, module
+
+    def nvmlDeviceGetC2cModeInfoV(self, handle: FakeHandle) -> Any:
+        h = self._health(handle, "nvmlDeviceGetC2cModeInfoV")
+        if h.c2c is None:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return SimpleNamespace(isC2cEnabled=int(h.c2c))
 
     # -- Xid events --------------------------------------------------------------------------------
 

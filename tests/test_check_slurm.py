@@ -121,6 +121,63 @@ def test_dry_run_prints_the_command_only(driver: Path, tmp_path: Path) -> None:
     )
 
 
+def test_dry_run_when_the_nodes_state_cannot_be_read_shows_the_command_and_what_holds_it(
+    driver: Path, tmp_path: Path
+) -> None:
+    """scontrol missing, or failing: nothing is run, and the dry run still previews the command the check
+    calls for (stdout's last line) with what would hold it back (stderr and the JSON)."""
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    missing = {"PATH": str(empty)}
+    result = slurm_check(driver, machine(tmp_path, SICK), empty, "--drain", "--dry-run", env=missing)
+    assert result.returncode == 1, result.stderr
+    assert result.stdout.splitlines()[-1] == (
+        f"scontrol update NodeName=gpu07 State=DRAIN 'Reason={SICK_REASON}'"
+    )
+    assert "slurm: not drained: the node's state could not be read (scontrol not found" in result.stderr
+    doc = json.loads(
+        slurm_check(
+            driver, machine(tmp_path, SICK), empty, "--drain", "--dry-run", "--json", env=missing
+        ).stdout
+    )["slurm"]
+    assert (doc["action"], doc["withheld"], doc["done"], doc["dry_run"]) == ("none", "drain", False, True)
+    assert doc["command"].endswith("State=DRAIN 'Reason=" + SICK_REASON + "'")
+    assert doc["held_back"].startswith("not drained: the node's state could not be read")
+    # scontrol there but failing: its own words say why
+    bin_dir, log = fake_scontrol(tmp_path, None)
+    (tmp_path / "cluster.json").write_text("not json")
+    result = slurm_check(driver, machine(tmp_path, healthy(0)), bin_dir, "--resume-if-healthy", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1].endswith("scontrol update NodeName=gpu07 State=RESUME")
+    assert "slurm: not resumed: the node's state could not be read (" in result.stderr
+    assert calls(log) == ["show node"]  # read only
+    # without --dry-run: nothing run and no command printed, only what held it back
+    result = slurm_check(driver, machine(tmp_path, SICK), empty, "--drain", env=missing)
+    assert (
+        "State=DRAIN" not in result.stdout
+        and "not drained: the node's state could not be read" in result.stderr
+    )
+
+
+def test_dry_run_of_a_drain_held_back_by_a_person_or_max_drained_shows_both(
+    driver: Path, tmp_path: Path
+) -> None:
+    bin_dir, log = fake_scontrol(tmp_path, "maint: PSU swap")
+    result = slurm_check(driver, machine(tmp_path, SICK), bin_dir, "--drain", "--dry-run")
+    assert result.stdout.splitlines()[-1].endswith(f"State=DRAIN 'Reason={SICK_REASON}'")
+    assert "slurm: not drained: gpu07 is already IDLE+DRAIN by someone else (Reason=maint: PSU swap)" in (
+        result.stderr
+    )
+    set_node(tmp_path, "IDLE", None)
+    set_node(tmp_path, "IDLE+DRAIN", "gputopo: Xid 79", name="gpu01")
+    result = slurm_check(
+        driver, machine(tmp_path, SICK), bin_dir, "--drain", "--dry-run", "--max-drained", "1"
+    )
+    assert result.stdout.splitlines()[-1].endswith(f"State=DRAIN 'Reason={SICK_REASON}'")
+    assert "slurm: not drained: 1 node already carry a gputopo drain (--max-drained 1)" in result.stderr
+    assert [c for c in calls(log) if c.startswith("update")] == []
+
+
 def test_a_healthy_node_is_not_drained_and_unknown_is_not_drained(driver: Path, tmp_path: Path) -> None:
     bin_dir, log = fake_scontrol(tmp_path, None)
     assert slurm_check(driver, machine(tmp_path, healthy(0)), bin_dir, "--drain").returncode == 0

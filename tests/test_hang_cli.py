@@ -188,6 +188,150 @@ def test_dumps_that_say_no_hang_while_ras_names_a_dead_rank_are_incomplete(
     assert any("NCCL RAS: rank 2" in f["what"] for f in doc["findings"])
 
 
+def ras_32(tmp_path: Path) -> Path:
+    """A 32-rank job in NCCL's RAS JSON shape: 8 hosts of 4 ranks; rank 7 missing and not answering RAS
+    (not yet considered dead), rank 12 one AllReduce behind the other 30 (RAS MISMATCH)."""
+
+    def rank(r: int) -> dict:
+        return {
+            "rank": r,
+            "host": f"10.0.0.{r // 4 + 1}",
+            "pid": 3000 + r,
+            "cuda_dev": r % 4,
+            "nvml_dev": r % 4,
+        }
+
+    present = [
+        {
+            **rank(r),
+            "status": {"init_state": 0, "async_error": 0, "finalize_called": False, "destroy_flag": False,
+                       "abort_flag": False},
+            "collective_counts": {"Broadcast": 1, "AllGather": 3, "AllReduce": 41 if r == 12 else 42},
+        }
+        for r in range(32)
+        if r != 7
+    ]  # fmt: skip
+    missing = [{**rank(7), "status": {"unresponsive": True, "considered_dead": False}}]
+    comm = {"hash": "0xbeef", "size": 32, "ranks_count": 31, "missing_ranks_count": 1}
+    doc = {
+        "nccl_version": "2.30.7",
+        "communicators_count": 1,
+        "communicators": [{**comm, "ranks": present, "missing_ranks": missing}],
+        "ras": {"collection_time_sec": 5.0, "timeouts_count": 0},
+    }
+    path = tmp_path / "ras-32.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def blamed_ranks(doc: dict) -> set[tuple[int, str | None]]:
+    """The ranks the problem findings blame, read from their ``where`` ("rank N (...)", or "communicator C
+    rank N (...)" for a RAS rank no record maps to a global rank)."""
+    import re
+
+    out = set()
+    for f in doc["findings"]:
+        m = re.match(r"(?:communicator (\S+) )?rank (\d+)\b", f["where"])
+        if f["severity"] == "problem" and m:
+            out.add((int(m.group(2)), m.group(1)))
+    return out
+
+
+def assert_one_answer(doc: dict) -> None:
+    """Every rank a problem finding blames is a top-level suspect, and the headline counts them all."""
+    suspects = {(s["rank"], s["communicator"]) for s in doc["suspects"]}
+    assert blamed_ranks(doc) <= suspects, (blamed_ranks(doc), doc["suspects"])
+    assert suspects <= blamed_ranks(doc)  # and no suspect without its finding
+    reason = doc["reason"]
+    counted = f"{len(suspects)} troubled rank(s)" in reason or f"{len(suspects)} suspect rank(s)" in reason
+    named = all(f"rank {r}" in reason or f"rank(s) {r}" in reason for r, _ in suspects)
+    assert len(suspects) <= 1 or counted or named, reason
+
+
+def test_ras_unresponsive_and_lagging_ranks_are_both_suspects_and_both_counted(tmp_path: Path) -> None:
+    result = invoke("hang", "--ras-json", str(ras_32(tmp_path)), "--json")
+    doc = json.loads(result.stdout)
+    assert result.exit_code == 1 and doc["verdict"] == "hang"
+    by_rank = {s["rank"]: s for s in doc["suspects"]}
+    assert sorted(by_rank) == [7, 12]
+    assert by_rank[7]["why"] == "ras_troubled" and by_rank[7]["what"] == "missing and not answering RAS"
+    assert by_rank[12]["why"] == "ras_lagging" and by_rank[12]["what"] == "made 41 AllReduce, the others 42"
+    # RAS placed them (one communicator as large as the job numbers its ranks as the global ranks)
+    assert (by_rank[12]["host"], by_rank[12]["pid"], by_rank[12]["gpu"]) == ("10.0.0.4", 3012, 0)
+    assert by_rank[7]["communicator"] is None
+    assert doc["reason"].startswith("NCCL RAS names 2 troubled rank(s): ")
+    assert "rank 7 of communicator 0xbeef is missing and not answering RAS" in doc["reason"]
+    assert "rank 12 of communicator 0xbeef made 41 AllReduce, the others 42" in doc["reason"]
+    assert_one_answer(doc)
+    text = invoke("hang", "--ras-json", str(ras_32(tmp_path)))
+    assert text.stdout.startswith("hang: NCCL RAS names 2 troubled rank(s)")
+
+
+def test_ras_ranks_no_record_maps_are_suspects_by_their_communicators_numbering(tmp_path: Path) -> None:
+    """Two communicators of other processes and no record: RAS's numbering is taken as global for the
+    first (an assumption the report states); the second's ranks are named with their communicator, so
+    its rank 1 and the first's rank 1 are two suspects, both counted."""
+    import copy
+
+    doc = json.loads(RAS_JSON)
+    other = copy.deepcopy(doc["communicators"][0])
+    other["hash"] = "0x77"
+    other["missing_ranks"] = []
+    for r in other["ranks"]:
+        r["pid"] += 100
+    doc["communicators"].append(other)
+    for c in doc["communicators"]:
+        c["ranks"].append({**copy.deepcopy(c["ranks"][0]), "rank": 3, "pid": c["ranks"][0]["pid"] + 3})
+        c["ranks"][1]["collective_counts"]["AllReduce"] = 4
+    path = tmp_path / "two.json"
+    path.write_text(json.dumps(doc))
+    report = json.loads(invoke("hang", "--ras-json", str(path), "--json").stdout)
+    assert {(s["rank"], s["communicator"], s["why"]) for s in report["suspects"]} == {
+        (1, None, "ras_lagging"),
+        (2, None, "ras_troubled"),
+        (1, "0x77", "ras_lagging"),
+    }
+    assert report["reason"].startswith("NCCL RAS names 3 troubled rank(s)"), report["reason"]
+    assert_one_answer(report)
+
+
+def test_dumps_and_ras_together_count_every_suspect(base: Path, tmp_path: Path) -> None:
+    """The dumps blame rank 2 (never entered); RAS says rank 1 is behind: the headline names the dumps'
+    rank and counts both, and both are suspects."""
+    doc = json.loads(RAS_JSON)
+    c = doc["communicators"][0]
+    c["ranks"][1]["collective_counts"]["AllReduce"] = 4  # rank 0 made 5
+    path = tmp_path / "ras.json"
+    path.write_text(json.dumps(doc))
+    result = invoke("hang", str(real_dumps("never", base)), "--ras-json", str(path), "--json")
+    out = json.loads(result.stdout)
+    assert result.exit_code == 1 and out["verdict"] == "hang"
+    # RAS's communicator is as large as the world: its ranks are the global ranks (rank 2: dead in RAS,
+    # never entered in the dumps; one rank, two reasons)
+    assert sorted((s["rank"], s["why"]) for s in out["suspects"]) == [
+        (1, "ras_lagging"),
+        (2, "never_entered"),
+        (2, "ras_troubled"),
+    ]
+    assert out["reason"].startswith("rank(s) 2 never entered all_reduce")
+    assert out["reason"].endswith("; 2 suspect rank(s) in all, also 1"), out["reason"]
+    assert_one_answer(out)
+
+
+def test_every_input_gives_one_answer(base: Path, tmp_path: Path) -> None:
+    """Flight Recorder alone, RAS alone, dumps that say no hang beside a RAS report: the findings and
+    the suspects name the same ranks."""
+    ras = tmp_path / "ras.json"
+    ras.write_text(RAS_JSON)
+    for args in (
+        [str(real_dumps("never", base))],
+        [str(real_dumps("crash", base))],
+        ["--ras-json", str(ras)],
+        [str(real_dumps("ok", base)), "--ras-json", str(ras)],
+    ):
+        assert_one_answer(json.loads(invoke("hang", *args, "--json").stdout))
+
+
 def test_ras_json_of_nccl_2_28_7_without_missing_rank_status() -> None:
     old = RAS_JSON.replace(
         ',\n          "status": {"unresponsive": true, "considered_dead": true}', ""

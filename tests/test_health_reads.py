@@ -64,7 +64,7 @@ def healthy(i: int, links: int = 4) -> list[str]:
         f"persist {i} 1",
         f"vbios {i} 96.00.99.00.01",
         f"field {i} 230 0",
-        f"fabric {i} 3 0 7 0",
+        f"fabric {i} 3 0 7 aa",  # every health field answered and fine (nvml.h: 2 = FALSE)
         *(f"link {i} {k} 1 - {SWITCH}" for k in range(links)),
         *(f"nverr {i} {k} 0 0 0 0" for k in range(links)),
     ]

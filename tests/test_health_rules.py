@@ -15,7 +15,7 @@ import pytest
 
 from gputopo.errors import EXIT_USAGE, UsageError
 from gputopo.findings import NOTE, PROBLEM
-from gputopo.health.judge import expected_pcie_replays_per_min, judge, judge_one
+from gputopo.health.judge import Judgement, expected_pcie_replays_per_min, judge, judge_one
 from gputopo.health.readings import GpuHealth, HealthSample, NvlinkHealth, Unknown
 from gputopo.health.rules import DEFAULT_THRESHOLDS, RULES, load_thresholds, parse_thresholds
 
@@ -57,6 +57,8 @@ def healthy(i: int, **kw: object) -> GpuHealth:
         "recovery_action": 0,
         "fabric_state": 3,
         "fabric_status": 0,
+        "fabric_health_mask": 0xAA,  # every field answered and fine (nvml.h: 2 = FALSE)
+        "fabric_health_summary": 1,  # healthy
         "nvlinks": switch_links(),
     }
     values.update(kw)
@@ -228,10 +230,12 @@ def test_a_counter_that_went_down_was_reset_and_counts_from_zero() -> None:
 
 
 def test_fabric_registration_not_complete_is_a_problem() -> None:
-    for state, words in ((1, "not started"), (2, "in progress")):
-        f = found(after={4: {"fabric_state": state}})
-        assert [(x.gpu, x.severity, x.action) for x in f] == [(4, PROBLEM, "drain")]
-        assert f"registration {words}" in f[0].what and "802" in f[0].what
+    f = found(after={4: {"fabric_state": 1}})
+    assert [(x.gpu, x.severity, x.action) for x in f] == [(4, PROBLEM, "drain")]
+    assert "registration not started" in f[0].what and "802" in f[0].what
+    # DCGM MonitorFabricFields warns on a registration in progress: our note, never a drain.
+    f = found(after={4: {"fabric_state": 2}})
+    assert [(x.gpu, x.severity, x.rule) for x in f] == [(4, NOTE, "fabric_in_progress")]
     f = found(after={4: {"fabric_status": 999}})
     assert "completed with NVML error 999" in f[0].what
     assert found(after={4: {"fabric_state": 0, "nvlinks": ()}}) == ()  # not an NVSwitch system
@@ -464,3 +468,86 @@ def test_finding_json_has_the_one_shape() -> None:
         "action": "reset",
         "rule": "ecc_volatile_uncorrected",
     }
+
+
+# --- The fabric of NVL racks (issue 34) -------------------------------------------------------------------
+
+RACK = {
+    "fabric_cluster_uuid": "00000001-0000-0000-0000-000000000001",
+    "fabric_clique_id": 32766,
+    "platform_chassis_serial": "1820000000001",
+    "platform_tray_index": 15,
+}
+
+
+def rack(n: int = 4, **after: dict[str, object]) -> Judgement:
+    s0, s1 = samples(
+        {i: RACK for i in range(n)}, {i: {**RACK, **after.get(f"g{i}", {})} for i in range(n)}, n
+    )
+    return judge(s0, s1)
+
+
+def test_healthy_masks_of_the_captures_are_no_fault() -> None:
+    for mask in (0xAA, 0x1AA, 0x80):
+        assert rack(g0={"fabric_health_mask": mask}).findings == ()
+    # B200 and H100 boards: clique 0, zero UUID, no chassis serial; the H100's summary not available.
+    board = {"fabric_cluster_uuid": "00000000-0000-0000-0000-000000000000", "fabric_clique_id": 0}
+    assert found(after={i: board for i in range(8)}) == ()
+    h100 = judge(
+        *samples(None, {i: {**board, "fabric_health_mask": 0, "fabric_health_summary": 0} for i in range(8)})
+    )
+    assert h100.findings == ()
+    assert [n.why for n in h100.not_checked] == ["the driver answers every fabric health field not supported"]
+
+
+def test_each_fabric_fault_is_named_once_per_gpu() -> None:
+    cases = {
+        "registration stuck in progress": ({"fabric_state": 2}, "fabric_in_progress", NOTE),
+        "status error with clique 0": (
+            {"fabric_status": 999, "fabric_clique_id": 0},
+            "fabric_not_ready",
+            PROBLEM,
+        ),
+        "summary unhealthy, bandwidth full": (
+            {"fabric_health_summary": 2},
+            "fabric_summary_unhealthy",
+            PROBLEM,
+        ),
+        "route unhealthy": (
+            {"fabric_health_mask": 0x19A, "fabric_health_summary": 2},
+            "fabric_unhealthy",
+            PROBLEM,
+        ),
+        "insufficient nvlinks": ({"fabric_health_mask": 0x5AA}, "fabric_unhealthy", PROBLEM),
+        "other cluster": (
+            {"fabric_cluster_uuid": "00000002-0000-0000-0000-000000000002"},
+            "fabric_domain_split",
+            PROBLEM,
+        ),
+    }
+    for name, (change, rule, severity) in cases.items():
+        f = rack(g2=change).findings
+        assert [(x.gpu, x.rule, x.severity) for x in f] == [(2, rule, severity)], (name, f)
+    assert "route unhealthy" in rack(g2=cases["route unhealthy"][0]).findings[0].what
+    assert "insufficient NVLinks" in rack(g2=cases["insufficient nvlinks"][0]).findings[0].what
+    assert "bandwidth full" in rack(g2=cases["summary unhealthy, bandwidth full"][0]).findings[0].what
+
+
+def test_limited_capacity_is_a_note_saying_what_bandwidth_is_left() -> None:
+    f = rack(g1={"fabric_health_summary": 3, "fabric_health_mask": 0xA8}).findings
+    assert [(x.gpu, x.rule, x.severity) for x in f] == [(1, "fabric_limited_capacity", NOTE)]
+    assert "bandwidth not reported" in f[0].what
+    # With the mask's bandwidth field TRUE (degraded), DCGM fails the GPU: one problem, the summary in it.
+    f = rack(g1={"fabric_health_summary": 3, "fabric_health_mask": 0xA9}).findings
+    assert [(x.gpu, x.rule, x.severity) for x in f] == [(1, "fabric_unhealthy", PROBLEM)]
+
+
+def test_a_tray_in_a_rack_without_a_domain_is_a_problem_but_a_board_is_not() -> None:
+    zero = {"fabric_cluster_uuid": "00000000-0000-0000-0000-000000000000"}
+    f = rack(g3=zero).findings
+    assert [(x.gpu, x.rule) for x in f] == [(3, "fabric_no_domain")] and "tray 15" in f[0].what
+    whole = rack(**{f"g{i}": zero for i in range(4)}).findings
+    assert [(x.where, x.rule) for x in whole] == [("node", "fabric_no_domain")]
+    # A failed registration is judged alone, not also as a tray without a domain.
+    failed = rack(g3={**zero, "fabric_status": 999}).findings
+    assert [(x.gpu, x.rule) for x in failed] == [(3, "fabric_not_ready")]

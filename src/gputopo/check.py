@@ -351,4 +351,11 @@ def act_on_node(
         held = f"nothing done: the node's state could not be read ({view.error})"
     if held is None:
         return None
-    return slurm_node.SlurmAction("none", None, False, None, held, view.node)
+    # A dry run previews the command the check calls for even where it is held back (the node's state
+    # unreadable, someone else's drain, --max-drained), beside what holds it back.
+    command = None
+    if dry_run and decision.withheld is not None:
+        command = slurm_node.command_line(decision.withheld, view.name, decision.reason)
+    return slurm_node.SlurmAction(
+        "none", command, False, None, held, view.node, decision.reason, dry_run, decision.withheld
+    )

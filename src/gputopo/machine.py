@@ -5,7 +5,7 @@ XML, ``sample:NAME``) read through the pure parsers of ``topology/``, or this ma
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gputopo.errors import InputError
 from gputopo.model import DEFAULT_NVML_TIMEOUT_S, Topology
@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
     from gputopo.findings import Finding
     from gputopo.health.judge import Judgement
+    from gputopo.health.state import CheckState
 
 SAMPLE_PREFIX = "sample:"
 STDIN = "-"
@@ -132,24 +133,45 @@ def last_check_problems(live_uuids: Mapping[int, str | None]) -> list[Finding]:
     """The last ``gputopo check``'s problems on single GPUs while fresh (``health.state.FRESH_S``), each
     saying how old, from its state file: ``GPUTOPO_CHECK_STATE``, or root's
     ``/var/lib/gputopo/check-state.json``. Empty when there is none, it is stale, or it cannot be read."""
-    import os
-    import socket
     import time
 
-    from gputopo.health.state import DEFAULT_ROOT_PATH, STATE_ENV, last_check_findings, loads
+    from gputopo.health.state import last_check_findings
+
+    state = _check_state()
+    if state is None:
+        return []
+    return last_check_findings(state, time.time(), live_uuids)[0]
+
+
+def node_facts() -> dict[str, Any]:
+    """What ``gputopo topo --json`` adds on the live machine so it can stand for the node across machines
+    (``gputopo nodes``): ``node``, Slurm's name for it (``SLURMD_NODENAME``) or the short host name, and
+    ``check``, the last fresh ``gputopo check`` judgement (``health.state.fresh_judgement``) or ``None``."""
+    import time
+
+    from gputopo.health.state import fresh_judgement
+    from gputopo.system.slurm_node import node_name
+
+    state = _check_state()
+    return {"node": node_name(), "check": fresh_judgement(state, time.time()) if state else None}
+
+
+def _check_state() -> CheckState | None:
+    """``gputopo check``'s state file for this node, or ``None`` when there is none or it cannot be read."""
+    import os
+
+    from gputopo.health.state import DEFAULT_ROOT_PATH, STATE_ENV, loads
+    from gputopo.system.slurm_node import node_name
 
     path = os.environ.get(STATE_ENV)
     if path is None and os.geteuid() == 0:
         path = DEFAULT_ROOT_PATH
     if not path:
-        return []
+        return None
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
             text = fh.read(4 * 1024 * 1024)
     except OSError:
-        return []
-    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".", 1)[0]
-    state, warning = loads(text, path, node)
-    if warning:
-        return []
-    return last_check_findings(state, time.time(), live_uuids)[0]
+        return None
+    state, warning = loads(text, path, node_name())
+    return None if warning else state

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 # Defaults every command shares, written once: one live NVML read's deadline (start-up, one GPU, one GPU
 # pair; --nvml-timeout) and the health window between two samples (check's and doctor's --sample-s).
@@ -120,6 +121,34 @@ GPU_NOT_RESPONDING = "not responding"  # an NVML call about it did not return wi
 
 
 @dataclass(frozen=True)
+class GpuFabric:
+    """A GPU's place in the NVLink fabric and the rack, as NVML reads it (system/nvml/fabric.py); every
+    field ``None`` where the driver or GPU does not say. ``state`` in words (``completed``, ``in
+    progress``, ``not started``, ``not supported``), ``status`` the registration's ``nvmlReturn_t``,
+    ``cluster_uuid`` the 8-4-4-4-12 form, ``health_summary`` in words (``healthy``, ``unhealthy``,
+    ``limited capacity``), ``cliques`` the v4 ``[type, id]`` pairs; the platform's ``chassis_serial``
+    (the rack), ``slot``, ``tray_index``, ``host_id``, ``peer_type``, ``module_id``; ``c2c`` the C2C mode.
+    ``domain`` is the NVLink domain ``<cluster_uuid>.<clique_id>`` (topology.nvlink_domain), ``None`` for
+    a GPU in none."""
+
+    state: str | None = None
+    status: int | None = None
+    cluster_uuid: str | None = None
+    clique_id: int | None = None
+    domain: str | None = None
+    health_mask: int | None = None
+    health_summary: str | None = None
+    cliques: tuple[tuple[int, int], ...] | None = None
+    chassis_serial: str | None = None
+    slot: int | None = None
+    tray_index: int | None = None
+    host_id: int | None = None
+    peer_type: int | None = None
+    module_id: int | None = None
+    c2c: bool | None = None
+
+
+@dataclass(frozen=True)
 class Gpu:
     """One GPU. ``index`` is nvidia-smi's (PCI bus order), which is what ``GPU<index>`` labels use.
 
@@ -150,6 +179,7 @@ class Gpu:
     mig_enabled: bool | None = None
     mig_devices: tuple[str, ...] = ()
     nvlink_bridge: bool | None = None
+    fabric: GpuFabric | None = None
 
     @property
     def label(self) -> str:
@@ -257,7 +287,8 @@ class Topology:
     ``p2p`` maps a capability (``read``, ``write``, ``nvlink``, ``atomics``) to a GPU x GPU matrix of
     status codes (``X`` on the diagonal, ``None`` where NVML could not answer), in the order of
     ``gpus``. ``warnings`` say what was
-    recovered or guessed while reading.
+    recovered or guessed while reading. ``node`` and ``check`` are the node's facts for ``gputopo nodes``
+    (its Slurm or short host name, the last fresh ``gputopo check`` judgement), on the live machine only.
     """
 
     source: str
@@ -270,6 +301,8 @@ class Topology:
     driver_version: str | None = None
     cuda_driver_version: str | None = None
     live: bool = False
+    node: str | None = None
+    check: dict[str, Any] | None = field(default=None, hash=False)
 
     def gpu(self, index: int) -> Gpu:
         """The GPU with nvidia-smi index ``index``; ``KeyError`` when absent."""

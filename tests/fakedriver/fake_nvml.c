@@ -5,7 +5,7 @@
  * (its _nvmlGetFunctionPointer turns a missing symbol into NVML_ERROR_FUNCTION_NOT_FOUND). Built with
  * -DOLD_DRIVER it also lacks functions that older drivers lack (memory v2, MIG, NUMA node id, remote
  * NVLink device type, the v3 process lists, the clocks *event* reasons name (it has the older throttle
- * name), remapped rows, the GPU fabric info).
+ * name), remapped rows, the GPU fabric info, platform info and C2C mode).
  *
  * The machine is described by the text file named in FAKE_NVML_CONFIG, read at nvmlInit; without it the
  * library answers DriverNotLoaded. One statement per line, '#' starts a comment:
@@ -37,7 +37,14 @@
  *   unrepairable I 0|1                              nvmlDeviceGetUnrepairableMemoryFlag_v1 (newer drivers)
  *   lfield I L ID VALUE [STEP]                      a field scoped to NVLink L (scopeId L: the NVLink5 error
  *                                                   counters), rising by STEP at each read
- *   fabric I STATE STATUS CLIQUE HEALTHMASK         nvmlDeviceGetGpuFabricInfo(V)
+ *   fabric I STATE STATUS CLIQUE HEALTHMASK         nvmlDeviceGetGpuFabricInfo(V) (V: the v2 struct only; a
+ *                                                   v3 struct answers ArgumentVersionMismatch)
+ *   fabricv3 I CLUSTER_UUID SUMMARY                 the driver also answers the v3 struct: the 8-4-4-4-12
+ *                                                   cluster UUID (in v1 and v2 too) and the health summary
+ *   cliques I TYPE:ID...                            nvmlDeviceGetGpuFabricInfo_v4's clique list (a GPU
+ *                                                   without one answers NotSupported)
+ *   platform I SERIAL|- SLOT TRAY HOST PEER MODULE  nvmlDeviceGetPlatformInfo (v2 struct); "-": no serial
+ *   c2c I 0|1                                       nvmlDeviceGetC2cModeInfoV
  *   rise I COUNTER STEP [L]                         COUNTER rises by STEP at each read: ecc_vol_corr,
  *                                                   ecc_vol_unc, ecc_agg_corr, ecc_agg_unc, pcie_replay, or
  *                                                   nvl_replay/nvl_recovery/nvl_crc_flit/nvl_crc_data of link L
@@ -96,7 +103,9 @@ typedef struct {
     unsigned long long eccerr[4], clocks;
     unsigned retired[3], remap[4], temp, power_mw, limit_mw, replay;
     unsigned fabric_state, fabric_clique, fabric_mask;
-    int fabric_status;
+    int fabric_status, has_fabric_v3, fabric_summary, ncliques, has_platform, has_c2c, c2c;
+    unsigned char fabric_uuid[16], platform_serial[16], platform_byte[5];
+    unsigned clique_type[64], clique_id[64];
     char vbios[64];
     int has_nverr[MAXL];
     unsigned long long nverr[MAXL][4];
@@ -215,6 +224,33 @@ static int parse_health(const char *key, const char *line) {
     } else if (!strcmp(key, "fabric") && sscanf(line, "%*s %*d %d %d %d %x", &x, &y, &z, &w) == 4) {
         g->has_fabric = 1, g->fabric_state = x, g->fabric_status = y, g->fabric_clique = z;
         g->fabric_mask = (unsigned)w;
+    } else if (!strcmp(key, "fabricv3") && sscanf(line, "%*s %*d %63s %d", name, &x) == 2) {
+        unsigned char *u = g->fabric_uuid;
+        int k = 0;
+        for (const char *c = name; *c && k < 32; c++) {
+            if (*c == '-') continue;
+            unsigned v = (unsigned)(*c <= '9' ? *c - '0' : (*c | 0x20) - 'a' + 10);
+            u[k / 2] = (unsigned char)(k % 2 ? u[k / 2] | v : v << 4);
+            k++;
+        }
+        g->has_fabric_v3 = 1, g->fabric_summary = x;
+    } else if (!strcmp(key, "cliques")) {
+        const char *c = line;
+        for (int skip = 0; skip < 2 && c; skip++) c = strchr(c + 1, ' ');
+        while (c && g->ncliques < 64 && sscanf(c, " %d:%d", &x, &y) == 2) {
+            g->clique_type[g->ncliques] = (unsigned)x, g->clique_id[g->ncliques++] = (unsigned)y;
+            c = strchr(c + 1, ' ');
+        }
+    } else if (!strcmp(key, "platform") &&
+               sscanf(line, "%*s %*d %63s %d %d %d %d %d", name, &x, &y, &z, &w, &n) == 6) {
+        memset(g->platform_serial, 0, sizeof g->platform_serial);
+        if (strcmp(name, "-")) strncpy((char *)g->platform_serial, name, sizeof g->platform_serial);
+        g->has_platform = 1;
+        g->platform_byte[0] = (unsigned char)x, g->platform_byte[1] = (unsigned char)y;
+        g->platform_byte[2] = (unsigned char)z, g->platform_byte[3] = (unsigned char)w;
+        g->platform_byte[4] = (unsigned char)n;
+    } else if (!strcmp(key, "c2c") && sscanf(line, "%*s %*d %d", &x) == 1) {
+        g->has_c2c = 1, g->c2c = x;
     } else if (!strcmp(key, "rise") && (n = sscanf(line, "%*s %*d %63s %d %d", name, &x, &y)) >= 2) {
         int id = counter_id(name, n == 3 ? y : -1);
         if (id >= 0) g->rise[id] = x;
@@ -748,31 +784,91 @@ nvmlReturn_t nvmlDeviceGetRemappedRows(void *h, unsigned *corr, unsigned *unc, u
     return OK;
 }
 
+/* The layouts of nvml.h (NVIDIA/go-nvml pkg/nvml/nvml.h, r580): nvmlGpuFabricState_t is an unsigned char;
+ * v2 is 36 bytes (nvmlGpuFabricInfo_v2 = 0x02000024), v3 40 (0x03000028); the v4 struct (nvidia-ml-py
+ * 13.615) has no version word; nvmlPlatformInfo_v2_t is 44 bytes (0x0200002c). */
 typedef struct {
     unsigned char clusterUuid[16];
     int status;
-    unsigned cliqueId, state;
+    unsigned cliqueId;
+    unsigned char state;
 } fabric_v1_t;
 typedef struct {
     unsigned version;
     unsigned char clusterUuid[16];
     int status;
-    unsigned cliqueId, state, healthMask;
-} fabric_v2_t;
+    unsigned cliqueId;
+    unsigned char state;
+    unsigned healthMask;
+    unsigned char healthSummary; /* v3 only */
+} fabric_v3_t;
+typedef struct {
+    unsigned char type;
+    unsigned id;
+} fabric_clique_t;
+typedef struct {
+    unsigned char clusterUuid[16];
+    int status;
+    fabric_clique_t cliques[64];
+    unsigned numCliques;
+    unsigned char state;
+    unsigned healthMask;
+    unsigned char healthSummary;
+} fabric_v4_t;
+typedef struct {
+    unsigned version;
+    unsigned char ibGuid[16], chassisSerialNumber[16];
+    unsigned char slotNumber, trayIndex, hostId, peerType, moduleId;
+} platform_v2_t;
+typedef struct {
+    unsigned isC2cEnabled;
+} c2c_mode_t;
 
 nvmlReturn_t nvmlDeviceGetGpuFabricInfo(void *h, fabric_v1_t *out) {
     GPU_OF(h);
     if (!g->has_fabric) return E_NOT_SUPPORTED;
     memset(out, 0, sizeof *out);
-    out->status = g->fabric_status, out->cliqueId = g->fabric_clique, out->state = g->fabric_state;
+    memcpy(out->clusterUuid, g->fabric_uuid, 16);
+    out->status = g->fabric_status, out->cliqueId = g->fabric_clique, out->state = (unsigned char)g->fabric_state;
     return OK;
 }
-nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(void *h, fabric_v2_t *out) {
+nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(void *h, fabric_v3_t *out) {
     GPU_OF(h);
-    if (out->version != 0x02000024) return 25; /* NVML_ERROR_ARGUMENT_VERSION_MISMATCH */
+    int v3 = out->version == 0x03000028 && sizeof *out == 40;
+    if (out->version != 0x02000024 && !(v3 && g->has_fabric_v3)) return 25; /* ARGUMENT_VERSION_MISMATCH */
     if (!g->has_fabric) return E_NOT_SUPPORTED;
-    out->status = g->fabric_status, out->cliqueId = g->fabric_clique, out->state = g->fabric_state;
+    memcpy(out->clusterUuid, g->fabric_uuid, 16);
+    out->status = g->fabric_status, out->cliqueId = g->fabric_clique, out->state = (unsigned char)g->fabric_state;
     out->healthMask = g->fabric_mask;
+    if (v3) out->healthSummary = (unsigned char)g->fabric_summary;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetGpuFabricInfo_v4(void *h, fabric_v4_t *out) {
+    GPU_OF(h);
+    if (!g->has_fabric || !g->ncliques) return E_NOT_SUPPORTED;
+    memset(out, 0, sizeof *out);
+    memcpy(out->clusterUuid, g->fabric_uuid, 16);
+    out->status = g->fabric_status, out->state = (unsigned char)g->fabric_state;
+    out->healthMask = g->fabric_mask, out->healthSummary = (unsigned char)g->fabric_summary;
+    out->numCliques = (unsigned)g->ncliques;
+    for (int k = 0; k < g->ncliques; k++)
+        out->cliques[k].type = (unsigned char)g->clique_type[k], out->cliques[k].id = g->clique_id[k];
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetPlatformInfo(void *h, platform_v2_t *out) {
+    GPU_OF(h);
+    if (out->version != (sizeof *out | 2u << 24)) return 25;
+    if (!g->has_platform) return E_NOT_SUPPORTED;
+    memset(out->ibGuid, 0, sizeof out->ibGuid);
+    memcpy(out->chassisSerialNumber, g->platform_serial, 16);
+    out->slotNumber = g->platform_byte[0], out->trayIndex = g->platform_byte[1];
+    out->hostId = g->platform_byte[2], out->peerType = g->platform_byte[3], out->moduleId = g->platform_byte[4];
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetC2cModeInfoV(void *h, c2c_mode_t *out) {
+    GPU_OF(h);
+    if (!g->has_c2c) return E_NOT_SUPPORTED;
+    out->isC2cEnabled = (unsigned)g->c2c;
     return OK;
 }
 #endif

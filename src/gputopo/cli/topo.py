@@ -61,6 +61,13 @@ def topo_command(
     if json_out:
         from gputopo.topology import snapshot
 
+        if input is None and topo.live:
+            # The node's name and last fresh check: the snapshot is then the node's facts (gputopo nodes).
+            from dataclasses import replace
+
+            from gputopo.machine import node_facts
+
+            topo = replace(topo, **node_facts())
         out.document(snapshot.to_dict(topo))
         return
     from gputopo.ui.topo_view import render_topology

@@ -28,9 +28,13 @@ from gputopo.hang.match import (
 )
 from gputopo.hang.ras import RasRank, RasReport
 from gputopo.hang.record import Placement
-from gputopo.hang.stacks import RankStack, StackVerdict, judge
+from gputopo.hang.stacks import NOT_IN_COLLECTIVE, OTHER_COLLECTIVE, RankStack, StackVerdict, judge
 
 SCHEMA = "gputopo/hang/v1"
+# Why NCCL RAS blames a rank (a ``suspects`` row's ``why``): dead, missing, aborted or in an asynchronous
+# error; or behind the others of its communicator in a collective's count (RAS MISMATCH).
+RAS_TROUBLED, RAS_LAGGING = "ras_troubled", "ras_lagging"
+_STACK_WHYS = (NOT_IN_COLLECTIVE, OTHER_COLLECTIVE)
 HANG, MISMATCHED, NO_HANG, INCOMPLETE = "hang", "mismatch", "no_hang", "incomplete"
 EXIT_CODES = {NO_HANG: 0, HANG: 1, MISMATCHED: 1, INCOMPLETE: 3}
 
@@ -70,6 +74,46 @@ _HARDWARE_CATEGORIES = {"memory", "nvlink", "pcie", "thermal", "power", "xid", "
 
 
 @dataclass(frozen=True)
+class Blame:
+    """A rank a problem finding blames, made with that finding (``_Findings.blame``): the one source of
+    the top-level ``suspects`` and of the headline's count, so neither can leave out a rank the findings
+    name. ``rank`` is global unless ``ras`` numbers it within its communicator (no run record maps it)."""
+
+    rank: int
+    why: str
+    what: str
+    group: str | None = None
+    frame: str | None = None
+    ras: RasRank | None = None
+    within_comm: bool = False
+
+    @property
+    def key(self) -> tuple[int, str | None]:
+        """The rank as one thing: a global rank, or a rank of one communicator."""
+        return (self.rank, self.ras.comm if self.within_comm and self.ras else None)
+
+    @property
+    def label(self) -> str:
+        return f"rank {self.rank} of communicator {self.key[1]}" if self.key[1] else str(self.rank)
+
+
+class _Findings:
+    """The findings as they are written, and the ranks the problems among them blame."""
+
+    def __init__(self) -> None:
+        self.all: list[dict[str, Any]] = []
+        self.blamed: list[Blame] = []
+
+    def add(self, finding: dict[str, Any]) -> None:
+        self.all.append(finding)
+
+    def blame(self, finding: dict[str, Any], blame: Blame) -> None:
+        """A finding that blames a rank: it and its suspect are written together."""
+        self.all.append(finding)
+        self.blamed.append(blame)
+
+
+@dataclass(frozen=True)
 class HangReport:
     """The analysis of one hung job, ready to print or to write as JSON."""
 
@@ -88,6 +132,7 @@ class HangReport:
     notes: tuple[str, ...] = ()
     stacks: tuple[RankStack, ...] = ()
     stack_verdict: StackVerdict | None = None
+    blamed: tuple[Blame, ...] = ()
 
     @property
     def exit_code(self) -> int:
@@ -127,44 +172,36 @@ class HangReport:
         }
 
     def _suspects_doc(self) -> list[dict[str, Any]]:
-        """Every group's suspects and those found from stacks alone, one row per rank and reason, each
-        with where it ran and the frame it was last seen in (its stack, else its dump's call site)."""
+        """Every rank a problem finding blames (``blamed``), one row per rank and reason, each with where
+        it ran and the frame it was last seen in (its stack, else its dump's call site). A rank the stacks
+        blame that a group already names keeps the group's row (which carries the stack's frame)."""
         rows: list[dict[str, Any]] = []
-        frames = {}
-        for st in self.stacks:
-            kind, what, frame = st.where()
-            frames[st.rank] = str(frame) if frame else None
-        seen: set[tuple[int, str]] = set()
-        for g in self.match.groups if self.match else ():
-            for s in g.suspects:
-                if (s.rank, s.why) in seen:
-                    continue
-                seen.add((s.rank, s.why))
-                frame = frames.get(s.rank)
-                if frame is None and s.last_collective and s.last_collective.stack:
-                    frame = _user_frame(s.last_collective.stack)
-                rows.append(self._placed(s.rank, s.why, s.what, frame, g.pg))
-        named = {rank for rank, _ in seen}
-        for s in self.stack_verdict.suspects if self.stack_verdict else ():
-            if s.rank not in named:  # a group's suspect already carries its stack's frame
-                seen.add((s.rank, s.why))
-                rows.append(self._placed(s.rank, s.why, s.what, s.frame, None))
-        return sorted(rows, key=lambda r: r["rank"])
+        seen: set[tuple[tuple[int, str | None], str]] = set()
+        in_groups = {b.key for b in self.blamed if b.group is not None}
+        for b in self.blamed:
+            if (b.key, b.why) in seen or (b.why in _STACK_WHYS and b.key in in_groups):
+                continue
+            seen.add((b.key, b.why))
+            rows.append(self._placed(b))
+        return sorted(rows, key=lambda r: (r["rank"], r["communicator"] or ""))
 
-    def _placed(self, rank: int, why: str, what: str, frame: str | None, pg: str | None) -> dict[str, Any]:
-        p = self.placement.get(rank)
-        st = next((s for s in self.stacks if s.rank == rank), None)
+    def _placed(self, b: Blame) -> dict[str, Any]:
+        rank = b.rank
+        p = None if b.within_comm else self.placement.get(rank)
+        st = None if b.within_comm else next((s for s in self.stacks if s.rank == rank), None)
+        ras = b.ras if b.within_comm else None
         gpu = p.gpu_index if p and p.gpu_index is not None else (st.gpu if st else None)
         return {
             "rank": rank,
-            "why": why,
-            "what": what,
-            "group": pg,
-            "host": (p.host if p else None) or (st.host if st else None),
+            "communicator": b.key[1],
+            "why": b.why,
+            "what": b.what,
+            "group": b.group,
+            "host": (p.host if p else None) or (st.host if st else None) or (ras.host if ras else None),
             "local_rank": p.local_rank if p and p.local_rank is not None else (st.local_rank if st else None),
-            "gpu": gpu,
-            "pid": (p.pid if p else None) or (st.pid if st else None),
-            "frame": frame,
+            "gpu": gpu if gpu is not None else (ras.nvml_dev if ras else None),
+            "pid": (p.pid if p else None) or (st.pid if st else None) or (ras.pid if ras else None),
+            "frame": b.frame,
         }
 
     def _group_doc(self, g: GroupResult) -> dict[str, Any]:
@@ -258,6 +295,7 @@ def triage(
     if ras is not None:
         ras = _ras_global(ras, placement)
     if ras is not None and _place_from_ras(ras, match, placement):
+        ras = _ras_global(ras, placement, "ras")
         assumed.append(
             "NCCL RAS placed ranks no record did: a communicator as large as the world numbers its ranks "
             "as the global ranks; its host is the IP address RAS reports"
@@ -274,47 +312,27 @@ def triage(
     world = match.world if match else ()
     have = {d.rank for d in loaded.dumps} if loaded else set()
     missing = tuple(r for r in world if r not in have)
-    findings: list[dict[str, Any]] = []
+    found = _Findings()
     groups = match.groups if match else ()
+    stack_frames = {st.rank: st.where()[2] for st in stacks}
     for g in groups:
         for s in g.suspects:
-            findings.extend(_suspect_findings(g, s, placement.get(s.rank), health_map))
+            frame = stack_frames.get(s.rank)
+            if frame is None and s.last_collective and s.last_collective.stack:
+                frame = _user_frame(s.last_collective.stack)
+            blame = Blame(s.rank, s.why, s.what, g.pg, str(frame) if frame else None)
+            _suspect_findings(found, blame, g, s, placement.get(s.rank), health_map)
     for r in missing:
         if not any(r in g.no_dump for g in groups):
-            findings.append(
+            found.add(
                 _finding(_where(r, placement.get(r)), None, "process", "no dump", _REMEDY[NO_DUMP], "note")
             )
     if ras is not None:
-        for rr, op, n, common in ras.lagging:
-            findings.append(
-                _finding(
-                    _ras_where(rr),
-                    rr.nvml_dev,
-                    "process",
-                    f"NCCL RAS: {_ras_name(rr)} made {n} {op} where the others of communicator "
-                    f"{rr.comm} made {common}: it is behind them (RAS MISMATCH), and they wait for it",
-                    _REMEDY[NEVER_ENTERED],
-                    "problem",
-                    "none",
-                )
-            )
-        for rr in ras.troubled:
-            findings.append(
-                _finding(
-                    _ras_where(rr),
-                    rr.nvml_dev,
-                    "process",
-                    f"NCCL RAS: {_ras_name(rr)} is {rr.trouble}",
-                    "a dead or unresponsive rank stops every collective of its communicator: look at that "
-                    "process and host first (exit code, `dmesg`, Xid); `ncclras -v` shows the detail",
-                    "problem",
-                    "none",
-                )
-            )
+        _ras_findings(found, ras, stack_frames)
     stack_verdict = judge(list(stacks)) if stacks else None
     for sv in stack_verdict.suspects if stack_verdict else ():
         p = placement.get(sv.rank)
-        findings.append(
+        found.blame(
             _finding(
                 _where(sv.rank, p),
                 p.gpu_index if p else None,
@@ -323,16 +341,21 @@ def triage(
                 _REMEDY_STACK,
                 "problem",
                 "none",
-            )
+            ),
+            Blame(sv.rank, sv.why, sv.what, None, sv.frame),
         )
-    verdict, reason = _verdict(groups, missing, ras, loaded)
+    verdict, reason, named = _verdict(groups, missing, ras, loaded)
     if stack_verdict is not None:
+        stack_named = {(sv.rank, None) for sv in stack_verdict.suspects}
         if stack_verdict.suspects and (verdict in (NO_HANG, INCOMPLETE) or loaded is None):
-            verdict, reason = HANG, stack_verdict.sentence
+            verdict, reason, named = HANG, stack_verdict.sentence, stack_named
         elif loaded is None and ras is None:
             verdict, reason = INCOMPLETE, stack_verdict.sentence
         elif groups:
             reason += f" (stacks: {stack_verdict.sentence})"
+            named |= stack_named
+    reason += _the_rest(found.blamed, named)
+    findings = found.all
     return HangReport(
         verdict=verdict,
         reason=reason,
@@ -349,14 +372,71 @@ def triage(
         notes=tuple(notes) + (match.notes if match else ()),
         stacks=tuple(stacks),
         stack_verdict=stack_verdict,
+        blamed=tuple(found.blamed),
     )
 
 
+def _the_rest(blamed: Sequence[Blame], named: set[tuple[int, str | None]]) -> str:
+    """What the headline adds so that it counts every suspect: the ranks the findings blame that its
+    sentence did not name ("" when it named them all)."""
+    ranks: dict[tuple[int, str | None], str] = {}
+    for b in blamed:
+        ranks.setdefault(b.key, b.label)
+    rest = [
+        label
+        for key, label in sorted(ranks.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))
+        if key not in named
+    ]
+    if not rest:
+        return ""
+    return f"; {len(ranks)} suspect rank(s) in all, also {', '.join(rest)}"
+
+
+def _ras_findings(
+    found: _Findings,
+    ras: RasReport,
+    stack_frames: Mapping[int, Any],
+) -> None:
+    """A problem for every rank RAS finds behind the others (RAS MISMATCH) or in trouble, each blaming it."""
+    for rr, op, n, common in ras.lagging:
+        what = (
+            f"NCCL RAS: {_ras_name(rr)} made {n} {op} where the others of communicator "
+            f"{rr.comm} made {common}: it is behind them (RAS MISMATCH), and they wait for it"
+        )
+        finding = _finding(_ras_where(rr), rr.nvml_dev, "process", what, _REMEDY[NEVER_ENTERED], "problem")
+        found.blame(
+            finding,
+            _ras_blame(rr, RAS_LAGGING, f"made {n} {op}, the others {common}", stack_frames),
+        )
+    for rr in ras.troubled:
+        finding = _finding(
+            _ras_where(rr),
+            rr.nvml_dev,
+            "process",
+            f"NCCL RAS: {_ras_name(rr)} is {rr.trouble}",
+            "a dead or unresponsive rank stops every collective of its communicator: look at that "
+            "process and host first (exit code, `dmesg`, Xid); `ncclras -v` shows the detail",
+            "problem",
+        )
+        found.blame(finding, _ras_blame(rr, RAS_TROUBLED, str(rr.trouble), stack_frames))
+
+
+def _ras_blame(rr: RasRank, why: str, what: str, stack_frames: Mapping[int, Any]) -> Blame:
+    """A RAS rank as a suspect: by its global rank where a run record maps it or RAS placed it as one
+    (a communicator as large as the world), else by its rank within the communicator."""
+    rank = rr.global_rank
+    if rank is None:
+        return Blame(rr.rank, why, what, None, None, rr, within_comm=True)
+    frame = stack_frames.get(rank)
+    return Blame(rank, why, what, None, str(frame) if frame else None, rr)
+
+
 def _ras_name(rr: RasRank) -> str:
-    """A RAS rank as the user knows it: its global rank where a run record says it, and always which
-    communicator's rank it is (RAS numbers ranks per communicator)."""
+    """A RAS rank as the user knows it: its global rank where a run record says it (and it differs), and
+    always which communicator's rank it is (RAS numbers ranks per communicator)."""
     within = f"rank {rr.rank} of communicator {rr.comm}"
-    return f"global rank {rr.global_rank} ({within})" if rr.global_rank is not None else within
+    other = rr.global_rank is not None and rr.global_rank != rr.rank
+    return f"global rank {rr.global_rank} ({within})" if other else within
 
 
 def _ras_where(rr: RasRank) -> str:
@@ -367,18 +447,24 @@ def _ras_where(rr: RasRank) -> str:
     return f"{head} ({rr.host or 'unknown host'}{gpu}, pid {rr.pid if rr.pid else '?'})"
 
 
-def _ras_global(ras: RasReport, placement: dict[int, Placement]) -> RasReport:
+def _ras_global(ras: RasReport, placement: dict[int, Placement], source: str = "run-record") -> RasReport:
     """Each RAS rank's global rank, from the run records: the placed rank with the same PID (and the same
     host, where both hosts are known and more than one rank has that PID). RAS gives the host as an IP
     address and a run record as a host name, so the PID decides, and a PID that several hosts share
-    with no host to tell them apart stays unmapped."""
+    with no host to tell them apart stays unmapped. With ``source`` "ras": the ranks RAS itself placed
+    as global ranks (``_place_from_ras``, an assumption the report states) get that global rank."""
     by_pid: dict[int, list[Placement]] = {}
     for p in placement.values():
-        if p.pid is not None and p.source == "run-record":
+        if p.pid is not None and p.source == source:
             by_pid.setdefault(p.pid, []).append(p)
     mapped = []
     for r in ras.ranks:
+        if r.global_rank is not None:
+            mapped.append(r)
+            continue
         found = by_pid.get(r.pid or -1, [])
+        if source == "ras":
+            found = [p for p in found if p.rank == r.rank and p.host == r.host]
         if len(found) > 1:
             found = [p for p in found if r.host is not None and p.host == r.host]
         mapped.append(replace(r, global_rank=found[0].rank) if len(found) == 1 else r)
@@ -401,13 +487,20 @@ def _place_from_ras(ras: RasReport, match: MatchResult | None, placement: dict[i
     return placed
 
 
+Named = set[tuple[int, str | None]]  # the ranks a headline's sentence names (``Blame.key``)
+
+
 def _verdict(
-    groups: Sequence[GroupResult], missing: Sequence[int], ras: RasReport | None, loaded: Loaded | None
-) -> tuple[str, str]:
+    groups: Sequence[GroupResult],
+    missing: Sequence[int],
+    ras: RasReport | None,
+    loaded: Loaded | None,
+) -> tuple[str, str, Named]:
+    """The verdict, its sentence, and the ranks the sentence names."""
     if groups:
         g = next((x for x in groups if x.mismatches), groups[0])
-        verdict, reason = _group_verdict(g)
-        return verdict, reason + (f"; {g.calls_note}" if g.calls_note else "")
+        verdict, reason, named = _group_verdict(g)
+        return verdict, reason + (f"; {g.calls_note}" if g.calls_note else ""), named
     return _no_group_verdict(missing, ras, loaded)
 
 
@@ -419,58 +512,81 @@ def _at(g: GroupResult) -> str:
     return f"{c.op} (seq {c.seq}) of group {g.pg} ({g.desc})"
 
 
-def _group_verdict(g: GroupResult) -> tuple[str, str]:
+def _group_verdict(g: GroupResult) -> tuple[str, str, Named]:
     at = _at(g)
     if g.mismatches:
         ranks = ",".join(str(m.rank) for m in g.mismatches)
-        return MISMATCHED, f"rank(s) {ranks} called {at} differently: {g.mismatches[0].what}"
+        named = {(m.rank, None) for m in g.mismatches}
+        return MISMATCHED, f"rank(s) {ranks} called {at} differently: {g.mismatches[0].what}", named
     lead = g.suspects[0] if g.suspects else None
     if g.p2p and lead is not None and lead.why in (NEVER_ENTERED, NO_DUMP):
-        return HANG, f"rank {lead.rank} {lead.what} (group {g.pg} ({g.desc}), p2p seq {g.collective.seq})"
+        reason = f"rank {lead.rank} {lead.what} (group {g.pg} ({g.desc}), p2p seq {g.collective.seq})"
+        return HANG, reason, {(lead.rank, None)}
     if g.never_entered:
         waiting = ",".join(str(r) for r in g.entered) or "none"
-        return HANG, (
-            f"rank(s) {_ranks(g.never_entered)} never entered {at}; rank(s) {waiting} wait inside it"
+        return (
+            HANG,
+            f"rank(s) {_ranks(g.never_entered)} never entered {at}; rank(s) {waiting} wait inside it",
+            {(r, None) for r in g.never_entered},
         )
     if g.no_dump:
-        return HANG, f"rank(s) {_ranks(g.no_dump)} left no dump while the others wait in {at}"
+        reason = f"rank(s) {_ranks(g.no_dump)} left no dump while the others wait in {at}"
+        return HANG, reason, {(r, None) for r in g.no_dump}
     return (
         HANG,
         f"rank(s) {_ranks(s.rank for s in g.suspects)} stuck inside {at}" if lead else f"stuck in {at}",
+        {(s.rank, None) for s in g.suspects},
     )
 
 
 def _no_group_verdict(
     missing: Sequence[int], ras: RasReport | None, loaded: Loaded | None
-) -> tuple[str, str]:
+) -> tuple[str, str, Named]:
     troubled = ras.troubled if ras else ()
     lagging = ras.lagging if ras else ()
     if loaded is None:
-        if troubled:
-            return HANG, f"NCCL RAS names {len(troubled)} troubled rank(s): " + ", ".join(
-                f"{_ras_name(r)} ({r.trouble})" for r in troubled[:5]
-            )
-        if lagging:
-            return HANG, "NCCL RAS: " + "; ".join(
-                f"{_ras_name(r)} made {n} {op}, the others {c}" for r, op, n, c in lagging[:5]
-            )
-        return NO_HANG, "NCCL RAS: every rank of every communicator is present and healthy"
+        if troubled or lagging:
+            # Every rank RAS blames, dead or behind, counted once and named (the first few).
+            said: dict[tuple[int, str | None], list[str]] = {}
+            for r in troubled:
+                said.setdefault(_ras_key(r), []).append(f"{_ras_name(r)} is {r.trouble}")
+            for r, op, n, c in lagging:
+                said.setdefault(_ras_key(r), []).append(f"{_ras_name(r)} made {n} {op}, the others {c}")
+            parts = [w for words in said.values() for w in words]
+            more = f"; {len(parts) - 5} more" if len(parts) > 5 else ""
+            reason = f"NCCL RAS names {len(said)} troubled rank(s): " + "; ".join(parts[:5]) + more
+            return HANG, reason, set(said) if not more else set()
+        return NO_HANG, "NCCL RAS: every rank of every communicator is present and healthy", set()
     if missing:
-        return INCOMPLETE, (
+        return (
+            INCOMPLETE,
             f"nothing is stuck in the dumps there are, but rank(s) {_ranks(missing)} have none: "
-            "the missing ones may be where it hangs"
+            "the missing ones may be where it hangs",
+            set(),
         )
-    if troubled:
-        return INCOMPLETE, (
+    if troubled or lagging:
+        return (
+            INCOMPLETE,
             "every rank completed everything its dump recorded, yet NCCL RAS names troubled ranks "
-            "(the dumps may predate the hang)"
+            "(the dumps may predate the hang)",
+            set(),
         )
-    return NO_HANG, "every rank completed every collective its dump recorded"
+    return NO_HANG, "every rank completed every collective its dump recorded", set()
+
+
+def _ras_key(rr: RasRank) -> tuple[int, str | None]:
+    return (rr.rank, rr.comm) if rr.global_rank is None else (rr.global_rank, None)
 
 
 def _suspect_findings(
-    g: GroupResult, s: Suspect, p: Placement | None, health: dict[tuple[str, int], list[dict[str, Any]]]
-) -> list[dict[str, Any]]:
+    found: _Findings,
+    blame: Blame,
+    g: GroupResult,
+    s: Suspect,
+    p: Placement | None,
+    health: dict[tuple[str, int], list[dict[str, Any]]],
+) -> None:
+    """The finding that blames a group's suspect (and, but for one stuck inside, its GPU's health)."""
     c = g.collective
     at = (
         _at(g)
@@ -481,60 +597,37 @@ def _suspect_findings(
     where = _where(s.rank, p)
     on_gpu = health.get((p.host, gpu), []) if p and p.host and gpu is not None else []
     hw = [f for f in on_gpu if f.get("severity") == "problem" and f.get("category") in _HARDWARE_CATEGORIES]
-    out: list[dict[str, Any]] = []
     if s.why == NEVER_ENTERED:
         last = s.last_collective
         seen = f"; last seen in {last.op} seq {last.seq} of group {last.pg}" if last else ""
         frame = _user_frame(last.stack) if last and last.stack else None
         waiting = f"; rank(s) {_ranks(g.entered)} wait inside it" if g.entered else ""
         what = f"never entered {at}{waiting}{seen}" + (f", called from {frame}" if frame else "")
-        out.append(_finding(where, gpu, "process", what, _REMEDY[NEVER_ENTERED], "problem", "none"))
+        finding = _finding(where, gpu, "process", what, _REMEDY[NEVER_ENTERED], "problem", "none")
     elif s.why == MISMATCH:
-        out.append(_finding(where, gpu, "config", f"{s.what} ({at})", _REMEDY[MISMATCH], "problem", "config"))
+        finding = _finding(where, gpu, "config", f"{s.what} ({at})", _REMEDY[MISMATCH], "problem", "config")
     elif s.why == NO_DUMP:
-        out.append(
-            _finding(
-                where,
-                gpu,
-                "process",
-                f"no dump, while the others wait in {at}",
-                _REMEDY[NO_DUMP],
-                "problem",
-                "none",
-            )
+        what = f"no dump, while the others wait in {at}"
+        finding = _finding(where, gpu, "process", what, _REMEDY[NO_DUMP], "problem", "none")
+    elif hw:  # stuck inside, on a GPU that reports a hardware problem
+        evidence = "; ".join(str(f.get("what")) for f in hw)
+        finding = _finding(
+            where,
+            gpu,
+            str(hw[0].get("category")),
+            f"stuck inside {at} on a GPU that reports: {evidence}",
+            "the hardware: drain the node and service that GPU (" + str(hw[0].get("remedy", "")) + ")",
+            "problem",
+            "drain",
         )
-    elif s.why == STUCK_INSIDE:
-        if hw:
-            evidence = "; ".join(str(f.get("what")) for f in hw)
-            out.append(
-                _finding(
-                    where,
-                    gpu,
-                    str(hw[0].get("category")),
-                    f"stuck inside {at} on a GPU that reports: {evidence}",
-                    "the hardware: drain the node and service that GPU ("
-                    + str(hw[0].get("remedy", ""))
-                    + ")",
-                    "problem",
-                    "drain",
-                )
-            )
-        else:
-            known = "" if on_gpu else " (gputopo has no health readings for that GPU here)"
-            out.append(
-                _finding(
-                    where,
-                    gpu,
-                    "process",
-                    f"stuck inside {at}{known}",
-                    _REMEDY[STUCK_INSIDE],
-                    "problem",
-                    "monitor",
-                )
-            )
+    else:
+        known = "" if on_gpu else " (gputopo has no health readings for that GPU here)"
+        what = f"stuck inside {at}{known}"
+        finding = _finding(where, gpu, "process", what, _REMEDY[STUCK_INSIDE], "problem", "monitor")
+    found.blame(finding, blame)
     if s.why != STUCK_INSIDE:
-        out.extend(dict(f) for f in on_gpu)
-    return out
+        for f in on_gpu:
+            found.add(dict(f))
 
 
 def _finding(

@@ -19,8 +19,11 @@ from gputopo.health.readings import (
     CLOCKS_HW_THERMAL,
     CLOCKS_SW_THERMAL,
     FABRIC_COMPLETED,
+    FABRIC_IN_PROGRESS,
     FABRIC_NOT_SUPPORTED,
     FABRIC_STATES,
+    FABRIC_SUMMARY_LIMITED,
+    FABRIC_SUMMARY_UNHEALTHY,
     NOT_READ,
     NVLINK5_COUNTERS,
     RECOVERY_ACTIONS,
@@ -31,6 +34,7 @@ from gputopo.health.readings import (
 )
 from gputopo.health.rules import DEFAULT_THRESHOLDS, Rule, Thresholds
 from gputopo.model import BUSY_UTILIZATION_PCT, GPU_NOT_ACCESSIBLE
+from gputopo.topology.nvlink_domain import domain_id
 
 
 @dataclass(frozen=True)
@@ -192,6 +196,7 @@ def judge(
             if g0 is not None and g0.error is not None:
                 why = f"the first sample could not read it ({g0.error})"
             j.skip(g1.label, "error counters' rise", why)
+    _fabric_domains(j, sample1.gpus)
     return j.result(len(sample1.gpus))
 
 
@@ -201,6 +206,8 @@ _NODE_LEVEL = {
     "fabric_not_ready": "the NVLink fabric is not ready on every GPU: nvidia-fabricmanager (or the NVLink "
     "subnet manager) is not running or failed",
     "fabric_unhealthy": "the NVLink fabric reports every GPU unhealthy",
+    "fabric_summary_unhealthy": "the NVLink fabric's health summary is UNHEALTHY on every GPU",
+    "fabric_no_domain": "the tray sits in a rack but no GPU of it is in an NVLink domain",
     "gpu_unreadable": "no GPU answers NVML: the driver is failing",
 }
 
@@ -469,23 +476,49 @@ def _per_link(rises: Mapping[int, int], shown: int = 6) -> str:
 
 
 _FABRIC_HEALTH = (
-    # (shift, value that means bad, words) from NVML_GPU_FABRIC_HEALTH_MASK_* (2-bit fields: 1 = TRUE)
-    (0, 1, "bandwidth degraded"),
-    (2, 1, "route recovery in progress"),
-    (4, 1, "route unhealthy"),
-    (6, 1, "access timeout recovery"),
+    # (shift, words) of the 2-bit NVML_GPU_FABRIC_HEALTH_MASK_* fields where 1 (TRUE) is the fault; 0 is
+    # "not supported" and 2 (FALSE) fine, so 0xaa, 0x1aa and 0x80 are healthy masks (nvml.h).
+    (0, "bandwidth degraded"),
+    (2, "route recovery in progress"),
+    (4, "route unhealthy"),
+    (6, "access timeout recovery in progress"),
+)
+# NVML_GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_* (4 bits at shift 8): 0 not supported, 1 none.
+_FABRIC_CONFIG = {
+    2: "incorrect system GUID",
+    3: "incorrect chassis serial number",
+    4: "no partition",
+    5: "insufficient NVLinks",
+    6: "incompatible GPU firmware",
+    7: "invalid location",
+    8: "GPU state invalid",
+}
+_FABRIC_REMEDY = (
+    "check that nvidia-fabricmanager (or the NVLink subnet manager on NVL systems) runs and its log "
+    "(`systemctl status nvidia-fabricmanager`); then reset GPU {i} or reboot"
 )
 
 
 def _fabric(j: _Judge, g: GpuHealth) -> None:
+    """The fabric as DCGM 4.6 MonitorFabricFields judges it (any 2-bit field TRUE fails; an incorrect
+    configuration other than none fails; registration not started or failed fails, in progress warns), and
+    the summary and rack checks beside it. One fault is one finding per GPU: a registration that is not
+    complete is judged alone, and the mask's faults and an UNHEALTHY summary are one finding."""
     label, i = g.label, g.index
     if g.fabric_state is None or g.fabric_state == FABRIC_NOT_SUPPORTED:
         return
-    remedy = (
-        "check that nvidia-fabricmanager (or the NVLink subnet manager on NVL systems) runs and its log "
-        f"(`systemctl status nvidia-fabricmanager`); then reset GPU {i} or reboot"
-    )
+    remedy = _FABRIC_REMEDY.format(i=i)
     state = FABRIC_STATES.get(g.fabric_state, f"state {g.fabric_state}")
+    if g.fabric_state == FABRIC_IN_PROGRESS:
+        j.add(
+            "fabric_in_progress",
+            label,
+            i,
+            f"{label}: NVLink fabric registration in progress: CUDA cannot start on it (error 802, 'system "
+            "not yet initialized') until it completes",
+            remedy,
+        )
+        return
     if g.fabric_state != FABRIC_COMPLETED:
         j.add(
             "fabric_not_ready",
@@ -495,27 +528,104 @@ def _fabric(j: _Judge, g: GpuHealth) -> None:
             "yet initialized') even while its NVLinks read up",
             remedy,
         )
-    elif g.fabric_status not in (None, 0):
+        return
+    if g.fabric_status not in (None, 0):
+        clique = f" (clique {g.fabric_clique_id})" if g.fabric_clique_id is not None else ""
         j.add(
             "fabric_not_ready",
             label,
             i,
-            f"{label}: NVLink fabric registration completed with NVML error {g.fabric_status}",
+            f"{label}: NVLink fabric registration completed with NVML error {g.fabric_status}{clique}",
             remedy,
         )
-    mask = g.fabric_health_mask
-    if mask:
-        bad = [words for shift, value, words in _FABRIC_HEALTH if (mask >> shift) & 0x3 == value]
-        config = (mask >> 8) & 0xF
-        if config not in (0, 1):  # 0 not supported, 1 none; others name a configuration fault
-            bad.append(f"incorrect configuration (code {config})")
-        if bad:
+        return
+    mask = g.fabric_health_mask or 0
+    summary = g.fabric_health_summary
+    bad = [words for shift, words in _FABRIC_HEALTH if (mask >> shift) & 0x3 == 1]
+    config = (mask >> 8) & 0xF
+    if config not in (0, 1):
+        bad.append(_FABRIC_CONFIG.get(config, f"incorrect configuration (code {config})"))
+    said = " (health summary UNHEALTHY)" if summary == FABRIC_SUMMARY_UNHEALTHY else ""
+    if bad:
+        j.add(
+            "fabric_unhealthy",
+            label,
+            i,
+            f"{label}: fabric health: {', '.join(bad)} (mask 0x{mask:x}){said}",
+            remedy,
+        )
+    elif summary == FABRIC_SUMMARY_UNHEALTHY:
+        j.add(
+            "fabric_summary_unhealthy",
+            label,
+            i,
+            f"{label}: the fabric's health summary is UNHEALTHY though its health mask (0x{mask:x}) names no "
+            f"fault ({_bandwidth_words(mask)})",
+            remedy,
+        )
+    elif summary == FABRIC_SUMMARY_LIMITED:
+        j.add(
+            "fabric_limited_capacity",
+            label,
+            i,
+            f"{label}: the fabric runs at limited capacity: {_bandwidth_words(mask)}; NCCL still runs over "
+            "it, slower",
+            remedy,
+        )
+    elif not mask and not summary:
+        j.skip(label, "fabric health", "the driver answers every fabric health field not supported")
+    if (
+        g.platform_chassis_serial
+        and g.platform_tray_index is not None
+        and not domain_id(g.fabric_cluster_uuid, g.fabric_clique_id)
+    ):
+        if g.fabric_cluster_uuid is None:  # a v1-only driver: no UUID to judge
+            return
+        j.add(
+            "fabric_no_domain",
+            label,
+            i,
+            f"{label}: the platform places it in rack {g.platform_chassis_serial} tray "
+            f"{g.platform_tray_index}, but its completed registration names no NVLink domain (cluster UUID "
+            f"{g.fabric_cluster_uuid}, clique {g.fabric_clique_id}): multi-node NVLink cannot reach it",
+            remedy,
+        )
+
+
+def _bandwidth_words(mask: int) -> str:
+    """What the mask says of the NVLink bandwidth left."""
+    field = mask & 0x3
+    return {1: "bandwidth degraded", 2: "bandwidth full"}.get(field, "bandwidth not reported")
+
+
+def _fabric_domains(j: _Judge, gpus: Sequence[GpuHealth]) -> None:
+    """The GPUs of one tray on different NVLink domains: each GPU off the domain most of them share (the
+    lowest GPU's among equals) is a problem, once, unless a fabric rule already found it."""
+    faulted = {f.gpu for f in j.found if f.rule and f.rule.startswith("fabric_")}
+    named = [
+        (g, d)
+        for g in gpus
+        if g.error is None
+        and g.fabric_state == FABRIC_COMPLETED
+        and g.fabric_status in (None, 0)
+        and (d := domain_id(g.fabric_cluster_uuid, g.fabric_clique_id)) is not None
+    ]
+    counts: dict[str, int] = {}
+    for _, d in named:
+        counts[d] = counts.get(d, 0) + 1
+    if len(counts) < 2:
+        return
+    top = max(counts.values())
+    main = next(d for _, d in named if counts[d] == top)
+    for g, d in named:
+        if d != main and g.index not in faulted:
             j.add(
-                "fabric_unhealthy",
-                label,
-                i,
-                f"{label}: fabric health: {', '.join(bad)} (mask 0x{mask:x})",
-                remedy,
+                "fabric_domain_split",
+                g.label,
+                g.index,
+                f"{g.label}: on NVLink domain {d}, while the other GPUs of this node are on {main}: one tray "
+                "is split across two domains",
+                _FABRIC_REMEDY.format(i=g.index),
             )
 
 

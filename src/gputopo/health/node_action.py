@@ -127,11 +127,13 @@ def _flat(text: str) -> str:
 @dataclass(frozen=True)
 class Decision:
     """``action`` drain|resume|none; ``reason`` the drain reason; ``held_back`` why nothing (or less) was
-    done, in words an operator reads."""
+    done, in words an operator reads; ``withheld`` the action (drain|resume) the check calls for that
+    ``held_back`` stops, so a dry run can show the command it would otherwise run."""
 
     action: str
     reason: str | None = None
     held_back: str | None = None
+    withheld: str | None = None
 
 
 def drain_worthy(findings: Sequence[Finding]) -> list[Finding]:
@@ -163,13 +165,14 @@ def decide(
             )
         reason = slurm_reason(worthy)
         if node is None:
-            return Decision("none", reason, "not drained: the node's state could not be read")
+            return Decision("none", reason, "not drained: the node's state could not be read", "drain")
         if node.out_of_service and not node.ours:
             return Decision(
                 "none",
                 reason,
                 f"not drained: {node.name} is already {node.state} by someone else "
                 f"(Reason={node.reason or 'none'}); their reason is kept",
+                "drain",
             )
         if node.drained_by_gputopo:
             if node.reason == reason:
@@ -182,11 +185,14 @@ def decide(
                 f"not drained: {drained_elsewhere} node{'s' if drained_elsewhere != 1 else ''} already "
                 f"carry a gputopo drain (--max-drained {max_drained}); a bad roll-out must not empty the "
                 "cluster: look at them first",
+                "drain",
             )
         return Decision("drain", reason)
     if verdict == "healthy" and resume:
         if node is None:
-            return Decision("none", held_back="not resumed: the node's state could not be read")
+            return Decision(
+                "none", held_back="not resumed: the node's state could not be read", withheld="resume"
+            )
         if node.drained_by_gputopo:
             return Decision("resume")
         if node.out_of_service:
@@ -194,5 +200,6 @@ def decide(
                 "none",
                 held_back=f"not resumed: {node.name} is {node.state} by someone else "
                 f"(Reason={node.reason or 'none'})",
+                withheld="resume",
             )
     return Decision("none")

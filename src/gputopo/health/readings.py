@@ -122,6 +122,10 @@ class GpuHealth:
     fabric_status: int | None = None
     fabric_clique_id: int | None = None
     fabric_health_mask: int | None = None
+    fabric_health_summary: int | None = None
+    fabric_cluster_uuid: str | None = None
+    platform_chassis_serial: str | None = None
+    platform_tray_index: int | None = None
     nvlinks: tuple[NvlinkHealth, ...] | None = None
     unknown: tuple[Unknown, ...] = ()
 
@@ -195,3 +199,6 @@ FABRIC_NOT_STARTED = 1
 FABRIC_IN_PROGRESS = 2
 FABRIC_COMPLETED = 3
 FABRIC_STATES = {0: "not supported", 1: "not started", 2: "in progress", 3: "completed"}
+# NVML_GPU_FABRIC_HEALTH_SUMMARY_* (v3 struct).
+FABRIC_SUMMARY_UNHEALTHY = 2
+FABRIC_SUMMARY_LIMITED = 3

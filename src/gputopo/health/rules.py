@@ -211,17 +211,59 @@ _RULES = (
     ),
     Rule(
         "fabric_not_ready", "nvlink", PROBLEM, "drain", None, "",
-        "the GPU's NVLink fabric registration is not complete: CUDA cannot start on it (error 802)",
-        "NVML nvmlDeviceGetGpuFabricInfo (state, status)",
+        "the GPU's NVLink fabric registration has not started, or completed with an error: CUDA cannot "
+        "start on it (error 802)",
+        "NVML nvmlDeviceGetGpuFabricInfoV (state, status)",
         "check nvidia-fabricmanager; then reset the GPU or reboot",
-        DCGM_FAIL, f"{W} MonitorFabricFields (not started, failed: fail; in progress: warn)",
-        "in progress is a problem too: CUDA cannot start on the GPU until registration completes",
+        DCGM_FAIL, f"{W} MonitorFabricFields (not started, failed: fail)",
+    ),
+    Rule(
+        "fabric_in_progress", "nvlink", NOTE, "monitor", None, "",
+        "the GPU's NVLink fabric registration is still in progress (CUDA waits for it)",
+        "NVML nvmlDeviceGetGpuFabricInfoV (state NVML_GPU_FABRIC_STATE_IN_PROGRESS)",
+        "wait; a registration that stays in progress: check nvidia-fabricmanager",
+        DCGM_WARN, f"{W} MonitorFabricFields (in progress: warn)",
     ),
     Rule(
         "fabric_unhealthy", "nvlink", PROBLEM, "drain", None, "",
-        "the fabric reports the GPU unhealthy (degraded bandwidth, bad route, bad config)",
-        f"{W} MonitorFabricFields (health mask: fail)", "check nvidia-fabricmanager; reset or reboot",
+        "the fabric's health mask names a fault: one of its 2-bit fields TRUE (bandwidth degraded, route "
+        "recovery, route unhealthy, access timeout recovery) or an incorrect configuration other than none "
+        "(0xaa, 0x1aa, 0x80 are healthy)",
+        f"{W} MonitorFabricFields (health mask: fail); nvml.h NVML_GPU_FABRIC_HEALTH_MASK_*",
+        "check nvidia-fabricmanager; reset or reboot",
         DCGM_FAIL, f"{W} MonitorFabricFields",
+    ),
+    Rule(
+        "fabric_summary_unhealthy", "nvlink", PROBLEM, "drain", None, "",
+        "the fabric's health summary (fabric info v3) is UNHEALTHY though the mask names no fault",
+        "NVML nvmlGpuFabricInfo_v3_t.healthSummary (NVML_GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY)",
+        "check nvidia-fabricmanager and the switch trays; reset or reboot",
+        DCGM_NONE, "", "DCGM 4.6 MonitorFabricFields reads the mask and the state, not the summary",
+    ),
+    Rule(
+        "fabric_limited_capacity", "nvlink", NOTE, "monitor", None, "",
+        "the fabric's health summary is LIMITED_CAPACITY: NVLink works with less bandwidth (the finding says "
+        "what the mask tells of it)",
+        "NVML nvmlGpuFabricInfo_v3_t.healthSummary (NVML_GPU_FABRIC_HEALTH_SUMMARY_LIMITED_CAPACITY)",
+        "plan a service window for the switch trays",
+        DCGM_NONE, "", "DCGM 4.6 MonitorFabricFields reads the mask and the state, not the summary",
+    ),
+    Rule(
+        "fabric_no_domain", "nvlink", PROBLEM, "drain", None, "",
+        "the platform places the tray in a rack (a chassis serial and a tray index) but its completed "
+        "registration names no NVLink domain (zero cluster UUID or clique 0); an HGX board (no chassis "
+        "serial) is not multi-node NVLink, not a fault",
+        "NVML nvmlDeviceGetPlatformInfo and nvmlGpuFabricInfo_v3_t (clusterUuid, cliqueId); the domain "
+        "<clusterUuid>.<cliqueId> as GPU feature discovery's nvidia.com/gpu.clique label",
+        "check nvidia-fabricmanager / the NVLink subnet manager of the rack",
+        DCGM_NONE, "", "DCGM 4.6 does not read the cluster UUID or the platform info",
+    ),
+    Rule(
+        "fabric_domain_split", "nvlink", PROBLEM, "drain", None, "",
+        "the GPUs of one tray are on different NVLink domains (cluster UUID or clique)",
+        "NVML nvmlGpuFabricInfo_v3_t (clusterUuid, cliqueId) of every GPU of the node",
+        "check the rack's fabric manager partitions; reset the GPUs or reboot the tray",
+        DCGM_NONE, "", "DCGM 4.6 judges each GPU alone",
     ),
     # --- IMEX (judged in health/imex.py, only where a daemon is expected) ----------------------------------
     Rule(

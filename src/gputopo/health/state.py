@@ -251,7 +251,9 @@ def remember_judgement(
             unhealthy.setdefault(f.gpu, f.what)
     uuids = {g.index: g.uuid for g in (sample.gpus if sample else ()) if g.uuid}
     counters = counters_of(sample) if sample is not None else dict(state.counters)
-    problems = tuple(f.to_json() for f in findings if f.severity == PROBLEM and f.gpu is not None)
+    # Every problem, the node's own too (fabric, network): ``gputopo nodes`` names why a node is unfit;
+    # ``last_check_findings`` still hands on only those of single GPUs.
+    problems = tuple(f.to_json() for f in findings if f.severity == PROBLEM)
     return replace(
         state,
         judged_at=now,
@@ -288,3 +290,15 @@ def last_check_findings(
             continue
         out.append(replace(f, what=f"{f.what} (gputopo check, {words} ago)"))
     return out, age
+
+
+def fresh_judgement(state: CheckState, now: float, max_age_s: float = FRESH_S) -> dict[str, Any] | None:
+    """The last check's judgement while fresh, as a node's facts carry it (``gputopo topo --json``'s
+    ``check``): ``verdict``, ``at`` (epoch seconds) and ``problems`` (findings); ``None`` when there was
+    none or it is older than ``max_age_s`` (then ``gputopo nodes`` counts the node fit, unchecked)."""
+    if state.judged_at is None or state.verdict is None:
+        return None
+    age = now - state.judged_at
+    if age < 0 or age > max_age_s:
+        return None
+    return {"verdict": state.verdict, "at": state.judged_at, "problems": [dict(p) for p in state.problems]}

@@ -180,20 +180,30 @@ def _with_nvlink5(dev: nvml.Device, links: tuple[NvlinkHealth, ...]) -> tuple[Nv
 
 
 def _fabric(r: _Reader, on_switch: bool) -> dict[str, Any]:
-    """The GPU's NVLink fabric registration (NVSwitch and NVL systems). Elsewhere the driver answers
-    NOT_SUPPORTED (or lacks the call): that is no gap, so it is listed only for a GPU with switch links."""
+    """The GPU's NVLink fabric registration (NVSwitch and NVL systems) and the platform's place for it (a
+    rack's chassis serial and tray). Elsewhere the driver answers NOT_SUPPORTED (or lacks the call): that
+    is no gap, so it is listed only for a GPU with switch links."""
     answer = r.dev.fabric_info()
+    out: dict[str, Any] = {}
     if answer.ok and answer.value is not None:
         info: nvml.FabricInfo = answer.value
-        return {
+        out = {
             "fabric_state": info.state,
             "fabric_status": info.status,
             "fabric_clique_id": info.clique_id,
             "fabric_health_mask": info.health_mask,
+            "fabric_health_summary": info.health_summary,
+            "fabric_cluster_uuid": info.cluster_uuid,
         }
-    if on_switch:
+        platform = r.dev.platform_info()
+        if platform.ok and platform.value is not None:
+            place: nvml.PlatformInfo = platform.value
+            if place.chassis_serial:  # an HGX board answers with none: no rack, no tray
+                out["platform_chassis_serial"] = place.chassis_serial
+                out["platform_tray_index"] = place.tray_index
+    elif on_switch:
         r.note("NVLink fabric state", answer.why or "Function Not Found")
-    return {}
+    return out
 
 
 # --- Samples: in this process (test backends), or in the NVML worker with a deadline per GPU ---------------

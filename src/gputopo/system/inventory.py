@@ -21,11 +21,13 @@ from gputopo.model import (
     GPU_NOT_RESPONDING,
     P2P_CAPABILITIES,
     Gpu,
+    GpuFabric,
     Matrix,
     NvlinkPeer,
     Topology,
 )
 from gputopo.system import nvml, nvml_worker, smi
+from gputopo.topology.nvlink_domain import FABRIC_STATE_WORDS, SUMMARY_WORDS, gpu_domain
 
 NO_DRIVER_MESSAGE = "no NVIDIA driver or NVML found on this machine"
 NO_DRIVER_HINT = (
@@ -325,7 +327,42 @@ def _read_gpu(dev: nvml.Device) -> Gpu:
         utilization_pct=dev.utilization_pct(),
         mig_enabled=mig,
         mig_devices=dev.mig_device_uuids() if mig else (),
+        fabric=read_fabric(dev),
     )
+
+
+def read_fabric(dev: nvml.Device) -> GpuFabric | None:
+    """The GPU's fabric registration, platform place and C2C mode (``None`` when the driver says none of
+    them: a PCIe GPU, an older driver or bindings). A GPU that is gone raises ``DeviceFailed``."""
+    info, platform, c2c = dev.fabric_info(), dev.platform_info(), dev.c2c_enabled()
+    if not (info.ok or platform.ok or c2c.ok):
+        return None
+    out = GpuFabric(c2c=c2c.value if c2c.ok else None)
+    if info.ok:
+        f: nvml.FabricInfo = info.value
+        out = replace(
+            out,
+            state=FABRIC_STATE_WORDS.get(f.state, f"state {f.state}"),
+            status=f.status,
+            cluster_uuid=f.cluster_uuid,
+            clique_id=f.clique_id,
+            health_mask=f.health_mask,
+            health_summary=SUMMARY_WORDS.get(f.health_summary) if f.health_summary is not None else None,
+            cliques=f.cliques,
+        )
+    if platform.ok:
+        p: nvml.PlatformInfo = platform.value
+        out = replace(
+            out,
+            chassis_serial=p.chassis_serial,
+            # An HGX board answers with no chassis serial: its slot and tray are no place (nvidia-smi: N/A).
+            slot=p.slot_number if p.chassis_serial else None,
+            tray_index=p.tray_index if p.chassis_serial else None,
+            host_id=p.host_id,
+            peer_type=p.peer_type,
+            module_id=p.module_id,
+        )
+    return replace(out, domain=gpu_domain(out))
 
 
 def _nvlink_peers(

@@ -56,6 +56,12 @@ def _run(args: list[str], timeout_s: float) -> str | None:
     return done.stdout
 
 
+def show(args: list[str], timeout_s: float = DEFAULT_TIMEOUT_S) -> str | None:
+    """What ``scontrol ARGS`` prints (``show topology``, ``show job ID`` for ``gputopo nodes --audit``);
+    ``None`` when scontrol is missing, fails or runs past ``timeout_s`` (it is killed)."""
+    return _run(args, timeout_s)
+
+
 def node_addr(name: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> str | None:
     """The address Slurm has for node ``name`` (``scontrol -o show node NAME``: ``NodeAddr``).
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from gputopo.health.node_action import PREFIX, NodeInfo, parse_show_node
 from gputopo.system.scontrol import scontrol_path
 
-__all__ = ["PREFIX", "SlurmAction", "drain", "node_name", "read_nodes", "resume", "scontrol"]
+__all__ = ["PREFIX", "SlurmAction", "command_line", "drain", "node_name", "read_nodes", "resume", "scontrol"]
 
 # The longest one scontrol call may take when the budget leaves more.
 TIMEOUT_S = 10.0
@@ -32,7 +32,8 @@ NOT_FOUND = "scontrol not found (PATH, /usr/bin, /usr/local/bin, ...)"
 class SlurmAction:
     """What was done (or would be, with ``--dry-run``): ``action`` drain|resume|none, the command as a
     shell line, ``error`` when scontrol failed or is missing, ``held_back`` why nothing was done where
-    something could have been, the node as Slurm showed it before, and the drain reason given."""
+    something could have been, the node as Slurm showed it before, and the drain reason given. A dry run
+    of an action that is held back has ``action`` none, ``withheld`` the action and ``command`` its line."""
 
     action: str
     command: str | None
@@ -41,6 +42,8 @@ class SlurmAction:
     held_back: str | None = None
     node: NodeInfo | None = None
     reason: str | None = None
+    dry_run: bool = False
+    withheld: str | None = None  # drain|resume: what the check calls for and ``held_back`` stops
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -51,6 +54,8 @@ class SlurmAction:
             "held_back": self.held_back,
             "node": self.node.to_json() if self.node is not None else None,
             "reason": self.reason,
+            "dry_run": self.dry_run,
+            "withheld": self.withheld,
         }
 
 
@@ -99,14 +104,27 @@ def read_nodes(timeout_s: float) -> tuple[list[NodeInfo] | None, str | None]:
     return parse_show_node(out), None
 
 
+def _drain_args(node: str, reason: str) -> list[str]:
+    return [scontrol() or "scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"]
+
+
+def _resume_args(node: str) -> list[str]:
+    return [scontrol() or "scontrol", "update", f"NodeName={node}", "State=RESUME"]
+
+
+def command_line(action: str, node: str, reason: str | None = None) -> str:
+    """The ``scontrol`` line that drains (with ``reason``) or resumes ``node``, as a shell line; nothing
+    is run (a dry run's preview, also of an action that is held back)."""
+    return shlex.join(_drain_args(node, reason or "") if action == "drain" else _resume_args(node))
+
+
 def drain(node: str, reason: str, dry_run: bool, timeout_s: float) -> SlurmAction:
     """``scontrol update NodeName=<node> State=DRAIN Reason="<reason>"`` (``reason`` starts with
     ``gputopo:``)."""
-    exe = scontrol() or "scontrol"
-    args = [exe, "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"]
+    args = _drain_args(node, reason)
     line = shlex.join(args)
     if dry_run:
-        return SlurmAction("drain", line, False)
+        return SlurmAction("drain", line, False, dry_run=True)
     if scontrol() is None:
         return SlurmAction("drain", line, False, NOT_FOUND)
     _, err = _run(args, timeout_s)
@@ -115,10 +133,9 @@ def drain(node: str, reason: str, dry_run: bool, timeout_s: float) -> SlurmActio
 
 def resume(node: str, dry_run: bool, timeout_s: float) -> SlurmAction:
     """``scontrol update NodeName=<node> State=RESUME`` (the caller has seen gputopo's own reason)."""
-    exe = scontrol() or "scontrol"
-    args = [exe, "update", f"NodeName={node}", "State=RESUME"]
+    args = _resume_args(node)
     line = shlex.join(args)
     if dry_run:
-        return SlurmAction("resume", line, False)
+        return SlurmAction("resume", line, False, dry_run=True)
     _, err = _run(args, timeout_s)
     return SlurmAction("resume", line, err is None, err)

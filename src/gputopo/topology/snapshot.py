@@ -13,11 +13,23 @@ from typing import Any
 
 from gputopo.errors import InputError
 from gputopo.inputs import loads_bounded
-from gputopo.model import P2P_CAPABILITIES, Gpu, Matrix, Nic, NvlinkPeer, PcieLink, Topology, is_link_code
+from gputopo.model import (
+    P2P_CAPABILITIES,
+    Gpu,
+    GpuFabric,
+    Matrix,
+    Nic,
+    NvlinkPeer,
+    PcieLink,
+    Topology,
+    is_link_code,
+)
+from gputopo.topology import nvlink_domain
 
 SCHEMA = "gputopo/topology/v1"
 
 _GPU_FIELDS = tuple(f.name for f in fields(Gpu))
+_FABRIC_FIELDS = tuple(f.name for f in fields(GpuFabric))
 
 
 def to_dict(topo: Topology) -> dict[str, Any]:
@@ -41,7 +53,16 @@ def to_dict(topo: Topology) -> dict[str, Any]:
         "nvlinks": [asdict(p) for p in topo.nvlinks] if topo.nvlinks is not None else None,
         "p2p": {k: [list(r) for r in v] for k, v in topo.p2p.items()} if topo.p2p is not None else None,
         "warnings": list(topo.warnings),
+        # The node's NVLink domain (GB200/GB300 racks), or null: a contract (`gputopo nodes` reads it).
+        "nvlink_domain": _domain_json(topo),
+        "node": topo.node,
+        "check": topo.check,
     }
+
+
+def _domain_json(topo: Topology) -> dict[str, Any] | None:
+    domain = nvlink_domain.node_domain([g.fabric for g in topo.gpus])
+    return domain.to_json() if domain is not None else None
 
 
 # NVML numbers GPUs from 0; no machine has this many.
@@ -93,6 +114,8 @@ def from_dict(data: Any, source: str = "snapshot") -> Topology:
             driver_version=data.get("driver_version"),
             cuda_driver_version=data.get("cuda_driver_version"),
             live=bool(data.get("live", False)),
+            node=_node_name(data.get("node")),
+            check=_check_doc(data.get("check")),
         )
     except InputError:
         raise
@@ -106,7 +129,7 @@ def _plain(exc: Exception) -> str:
     """What is wrong with a snapshot, in words rather than Python's."""
     if isinstance(exc, KeyError):
         return f"the field {exc.args[0]!r} is missing"
-    if isinstance(exc, ValueError) and str(exc).startswith(("matrix cell", "GPU index")):
+    if isinstance(exc, ValueError) and str(exc).startswith(("matrix cell", "GPU index", "node ", "check ")):
         return str(exc)
     return "a field holds the wrong kind of value, e.g. text where a number or a list belongs"
 
@@ -122,7 +145,28 @@ def _gpu(d: dict[str, Any]) -> Gpu:
     if d.get("compute_pids") is not None:
         kwargs["compute_pids"] = tuple(int(p) for p in d["compute_pids"])
     kwargs["mig_devices"] = tuple(str(u) for u in d.get("mig_devices") or ())
+    if d.get("fabric") is not None:
+        fabric = dict(d["fabric"])
+        if fabric.get("cliques") is not None:
+            fabric["cliques"] = tuple((int(t), int(i)) for t, i in fabric["cliques"])
+        kwargs["fabric"] = GpuFabric(**{k: fabric.get(k) for k in _FABRIC_FIELDS})
     return Gpu(**kwargs)
+
+
+def _node_name(v: Any) -> str | None:
+    if v is not None and (not isinstance(v, str) or not v.strip()):
+        raise ValueError("node is not a name or null")
+    return v
+
+
+def _check_doc(v: Any) -> dict[str, Any] | None:
+    """The node's last fresh check (``verdict``, ``at``, ``problems``) or ``None``."""
+    if v is None:
+        return None
+    shaped = isinstance(v, dict) and isinstance(v.get("verdict"), str) and isinstance(v.get("problems"), list)
+    if not shaped:
+        raise ValueError("check is not {verdict, at, problems} or null")
+    return v
 
 
 def _cell(c: Any) -> str | None:

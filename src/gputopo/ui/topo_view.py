@@ -9,6 +9,7 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from gputopo.model import GPU_NOT_RESPONDING, P2P_CAPABILITIES, UNKNOWN_CELL, Gpu, Link, LinkKind, Topology
+from gputopo.topology.nvlink_domain import fabric_lines
 
 NA = "n/a"
 
@@ -50,8 +51,12 @@ def render_topology(topo: Topology, health: Mapping[str, Any] | None = None) -> 
 
 def topology_blocks(topo: Topology, health: Mapping[str, Any] | None = None) -> list[RenderableType]:
     """What a report carries of a topology: the coloured link matrix, its legend, the NIC legend and the
-    GPU table (name, PCI bus id, CPU and NUMA affinity, and a health mark when ``health`` is given)."""
-    parts: list[RenderableType] = [matrix_table(topo), Text("Legend:", style="bold"), legend(topo)]
+    GPU table (name, PCI bus id, CPU and NUMA affinity, and a health mark when ``health`` is given); above
+    the matrix, the NVLink domain, rack, tray and fabric state where the GPUs have a fabric."""
+    parts: list[RenderableType] = [
+        Text(line) for line in fabric_lines([(g.index, g.fabric) for g in topo.gpus])
+    ]
+    parts += [matrix_table(topo), Text("Legend:", style="bold"), legend(topo)]
     nics = nic_legend(topo)
     if nics is not None:
         parts.append(nics)

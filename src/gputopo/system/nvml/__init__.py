@@ -51,7 +51,7 @@ from gputopo.system.nvml.backend import (
     use_backend,
 )
 from gputopo.system.nvml.events import XidEventSet
-from gputopo.system.nvml.fabric import FabricInfo
+from gputopo.system.nvml.fabric import FabricInfo, PlatformInfo
 from gputopo.system.nvml.inventory import NvlinkEnd, RemoteKind
 from gputopo.system.nvml.processes import ProcessList, ProcessListKind, process_list, process_name
 from gputopo.system.nvml.session import Device, Session, session
@@ -64,6 +64,7 @@ __all__ = [
     "DeviceFailed",
     "FabricInfo",
     "NvlinkEnd",
+    "PlatformInfo",
     "NvmlBackend",
     "NvmlCallFailed",
     "NvmlUnavailable",

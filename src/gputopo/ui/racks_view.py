@@ -1,0 +1,64 @@
+"""``gputopo nodes``'s text view: one row per NVLink domain (members, fit, segments), the unfit trays with
+why, the nodes whose domain is unknown, the nodes that did not answer, the audit's findings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from gputopo.topology.domains import compress_hostlist
+from gputopo.ui.findings_view import findings_table
+
+
+def render_nodes(doc: dict[str, Any], segment: int | None) -> list[RenderableType]:
+    """The renderables for ``doc`` (``gputopo nodes --json``'s document)."""
+    domains = doc["domains"]
+    fit = sum(len(d["fit"]) for d in domains)
+    total = sum(len(d["nodes"]) for d in domains)
+    t = Table(
+        title=f"{len(domains)} NVLink domains, {total} nodes, {fit} fit",
+        title_justify="left",
+        header_style="bold",
+    )
+    t.add_column("NVLink domain")
+    t.add_column("rack")
+    t.add_column("members")
+    t.add_column("fit", justify="right")
+    if segment:
+        t.add_column(f"segments of {segment}")
+    for d in domains:
+        row = [
+            d["id"],
+            d.get("chassis_serial") or "-",
+            f"{len(d['nodes'])}: {compress_hostlist(d['nodes'])}",
+            f"{len(d['fit'])}" + (f" ({len(d['unchecked'])} unchecked)" if d.get("unchecked") else ""),
+        ]
+        if segment:
+            segs = d.get("segments") or []
+            row.append(f"{len(segs)}: " + "  ".join(compress_hostlist(s) for s in segs) if segs else "0")
+        t.add_row(*row)
+    blocks: list[RenderableType] = [t]
+    lines = []
+    for d in domains:
+        for u in d["unfit"]:
+            lines.append(f"unfit  {u['node']} ({d.get('chassis_serial') or d['id']}): {u['why']}")
+    if doc.get("unknown_domain"):
+        unknown = compress_hostlist(doc["unknown_domain"])
+        lines.append(f"NVLink domain unknown (never mixed into a domain's segments): {unknown}")
+        lines.extend(f"unfit  {u['node']}: {u['why']}" for u in doc.get("unknown_domain_unfit") or ())
+    lines.extend(f"did not answer  {u['node']}: {u['why']}" for u in doc.get("unanswered") or ())
+    # A --nodes that cannot be met is the command's error line (stderr), not repeated here.
+    if doc.get("nodelist"):
+        lines.append(doc["nodelist"])
+    if lines:
+        blocks.append(Text("\n".join(lines)))
+    if doc.get("findings"):
+        blocks.append(findings_table(doc["findings"], "What Slurm believes, against the NVLink domains"))
+    elif "findings" in doc:
+        blocks.append(Text("Slurm's view agrees with the NVLink domains: no finding."))
+    if doc.get("block_topology"):
+        blocks.append(Text(doc["block_topology"].rstrip("\n")))
+    return blocks
