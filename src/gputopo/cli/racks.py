@@ -79,6 +79,12 @@ def nodes_command(
         gathered = racks.gather_slurm(racks.slurm_nodes(nodelist), budget)
         out.warnings(gathered.warnings)
         read, unanswered = gathered.facts, gathered.unanswered
+        if not read:
+            first = next(iter(unanswered.values()), "no facts came back")
+            raise CheckFailed(
+                f"--slurm: no node answered ({len(unanswered)} asked: {first})",
+                "try `srun -N1 python -m gputopo topo --json` by hand; a larger --budget for slow starts",
+            )
     else:
         read = racks.read_facts(list(facts or []))
     plan = dom.plan(read)
