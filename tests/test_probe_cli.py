@@ -50,10 +50,10 @@ def checks_of(doc: dict) -> dict[str, dict]:
 
 
 @pytest.mark.slow
-def test_healthy_cpu_run_of_every_check_within_a_minute(tmp_path):
-    done, elapsed = probe(tmp_path, *BASE, "--mode", "all", "--steps", "5", "--json")
+def test_healthy_cpu_run_of_every_check_passes_and_writes_its_report(tmp_path):
+    # No wall-clock bound here: a shared machine's load decides it (benchmarks/ measures the speed).
+    done, _ = probe(tmp_path, *BASE, "--mode", "all", "--steps", "5", "--json")
     assert done.returncode == 0, done.stderr
-    assert elapsed < 60
     doc = json.loads(done.stdout)  # the whole of stdout is one JSON document
     assert doc["schema"] == "gputopo/probe/v1" and doc["device"] == "cpu" and doc["verdict"] == "pass"
     checks = checks_of(doc)

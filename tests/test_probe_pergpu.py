@@ -25,6 +25,11 @@ GOOD = "aaaaaaaaaaaaaaaa"
 BAD = "bbbbbbbbbbbbbbbb"
 
 
+# Four runs per number, as four rounds of CPU stand-ins give: the figure is the best, the others within 2%.
+JITTER = (1.0, 0.99, 0.98, 0.995)
+NUMBERS = ("matmul_tflops", "memory_gbps", "h2d_gbps", "d2h_gbps")
+
+
 def row(gpu: int, tflops: float = 100.0, mem: float = 1000.0, h2d: float = 50.0, d2h: float = 50.0, **kw):
     out = {
         "gpu": gpu,
@@ -39,6 +44,7 @@ def row(gpu: int, tflops: float = 100.0, mem: float = 1000.0, h2d: float = 50.0,
         "timing": "process CPU time (stand-in)",
     }
     out.update(kw)
+    out.setdefault("runs", {k: [out[k] * f for f in JITTER] for k in NUMBERS})
     return out
 
 
@@ -66,6 +72,65 @@ def test_a_gpu_more_than_the_tolerance_below_its_peers_is_slow_in_any_of_the_fou
     assert (
         result.verdict == "fail" and result.kind == "slow" and result.detail.startswith("GPU1 slow: matmul")
     )
+
+
+def test_the_slow_verdict_states_the_noise_and_the_odds_of_chance():
+    (judged,) = [r for r in judge_rows([row(0), row(1, 50), row(2), row(3)], 0.10) if r["gpu"] == 1]
+    assert judged["speed"] == "slow" and judged["noise"]["matmul_tflops"] == pytest.approx(0.02)
+    assert "(noise 2%; its 4 runs all below its peers' 12: 1 in 1820 by chance)" in judged["why"]
+    # Two GPUs, four runs each: 1 in 70, still within MAX_CHANCE.
+    two = judge_rows([row(0), row(1, 50)], 0.10)
+    assert [r["verdict"] for r in two] == ["pass", "slow"] and "1 in 70 by chance" in two[1]["why"]
+
+
+def noisy(gpu: int, tflops: float, runs: tuple[float, ...]) -> dict:
+    base = row(gpu, tflops)
+    base["runs"] = {**base["runs"], "matmul_tflops": list(runs)}
+    return base
+
+
+def test_a_gap_within_this_machines_noise_is_undecided_and_not_a_failure():
+    # A healthy stand-in on a busy machine: 30% below its peers' median, but one peer's own runs spread
+    # 40% (a burst of other work): the gap is not twice the noise.
+    rows = [noisy(0, 100, (100, 60, 95, 97)), noisy(1, 70, (70, 66, 69, 68)), row(2), row(3)]
+    judged = {r["gpu"]: r for r in judge_rows(rows, 0.25)}
+    one = judged[1]
+    assert one["verdict"] == "undecided" and one["undecided_about"] == "speed" and one["speed"] == "undecided"
+    assert "noise is 40%" in one["why"] and "overlap" in one["why"]
+    assert {g: r["verdict"] for g, r in judged.items() if g != 1} == {0: "pass", 2: "pass", 3: "pass"}
+    result = judge_gpus({"device": "cpu", "rows": rows}, 0.25)
+    assert result.verdict == "pass" and "3 of 4 within 25%" in result.detail
+    assert "GPU1 speed undecided" in result.detail and "quieter machine" in result.detail
+
+
+def test_runs_that_overlap_their_peers_leave_the_speed_undecided():
+    # 20% below by its best run, but one peer's worst run is below that (and so its noise is as large).
+    rows = [noisy(0, 100, (100, 99, 98, 79)), noisy(1, 80, (80, 79, 79, 78)), row(2), row(3)]
+    one = judge_rows(rows, 0.10)[1]
+    assert one["verdict"] == "undecided" and "its runs overlap its peers'" in one["why"]
+
+
+def test_one_figure_each_cannot_be_told_from_chance():
+    # Rows without runs (one figure each): all below is 1 in 4 by chance, above MAX_CHANCE.
+    bare = [{k: v for k, v in row(g, 50 if g == 1 else 100).items() if k != "runs"} for g in range(4)]
+    one = judge_rows(bare, 0.10)[1]
+    assert one["verdict"] == "undecided" and "could fall so by chance (1 in 4" in one["why"]
+
+
+def test_chance_below_is_one_over_the_ways_to_place_the_runs():
+    from gputopo.probe.judge.pergpu import chance_below, spread
+
+    assert chance_below([1, 2], [3, 4, 5]) == pytest.approx(1 / 10)  # C(5, 2)
+    assert chance_below([1, 3.5], [3, 4]) is None and chance_below([], [1]) is None
+    assert spread([100, 75]) == 0.25 and spread([5]) == 0.0
+
+
+def test_doctor_says_an_undecided_speed_as_a_note_not_a_problem():
+    from gputopo.doctor import probe_findings
+
+    rows = [noisy(0, 100, (100, 60, 95, 97)), noisy(1, 70, (70, 66, 69, 68)), row(2), row(3)]
+    (found,) = probe_findings(_probe_doc(rows, tolerance=0.25))
+    assert found.where == "GPU1" and found.severity == "note" and "speed undecided" in found.what
 
 
 def test_gpus_of_different_models_are_not_compared():
@@ -213,8 +278,8 @@ def test_per_gpu_drills_and_tolerance_are_checked_before_anything_runs():
 # --- doctor and recommend --------------------------------------------------------------------------------
 
 
-def _probe_doc(rows):
-    check = judge_gpus({"device": "cuda", "rows": rows}, 0.1).to_dict()
+def _probe_doc(rows, tolerance=0.1):
+    check = judge_gpus({"device": "cuda", "rows": rows}, tolerance).to_dict()
     return {
         "schema": "gputopo/probe/v1",
         "device": "cuda",

@@ -342,13 +342,20 @@ def test_audit_flags_a_block_mixing_two_racks_and_split_domains(tmp_path):
     assert len(split) == 2 and all(f.severity == "problem" and f.action == "config" for f in split)
 
 
-def fake_scontrol(tmp_path: Path, job_text: str) -> dict[str, str]:
-    """An ``scontrol`` on PATH that answers ``show job`` with ``job_text``."""
+def fake_scontrol(tmp_path: Path, job_text: str, topology_text: str = "") -> dict[str, str]:
+    """An ``scontrol`` on PATH that answers ``show job`` with ``job_text`` and ``show topology`` with
+    ``topology_text`` (exit 1 when that is empty, as without a topology plugin)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "job.txt").write_text(job_text)
+    (bin_dir / "topology.txt").write_text(topology_text)
     script = bin_dir / "scontrol"
-    script.write_text(f'#!/bin/sh\n[ "$1 $2" = "show job" ] && exec cat {bin_dir / "job.txt"}\nexit 1\n')
+    script.write_text(
+        "#!/bin/sh\n"
+        f'[ "$1 $2" = "show job" ] && exec cat {bin_dir / "job.txt"}\n'
+        f'[ "$1 $2" = "show topology" ] && [ -s {bin_dir}/topology.txt ] && exec cat {bin_dir}/topology.txt\n'
+        "exit 1\n"
+    )
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     return {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
 
@@ -397,6 +404,15 @@ def test_audit_flags_the_17_17_2_job_and_a_clean_layout_has_no_finding(tmp_path)
     assert (code, doc["findings"]) == (0, [])
     result = invoke("nodes", str(folder), "--audit", str(conf), env=env)
     assert result.exit_code == 0 and "no finding" in result.stdout
+
+
+def test_audit_asks_scontrol_show_topology(tmp_path):
+    env = fake_scontrol(tmp_path, JOB_12_12_12, SHOW_TOPOLOGY_MIXED)
+    code, doc = nodes_json(str(two_racks(tmp_path / "facts")), "--audit", "scontrol", env=env)
+    assert code == 1 and any(f["where"] == "Slurm block b2" for f in doc["findings"])
+    env = fake_scontrol(tmp_path, JOB_12_12_12, "")
+    result = invoke("nodes", str(tmp_path / "facts"), "--audit", "scontrol", env=env)
+    assert result.exit_code == 2 and "`scontrol show topology` failed" in result.stderr
 
 
 def test_job_without_a_segment_across_domains_is_a_note():
@@ -500,3 +516,17 @@ def test_gathering_stops_at_the_budget_and_keeps_what_came_back(tmp_path):
     assert time.monotonic() - start < 30
     assert code == 0 and doc["domains"][0]["nodes"] == ["node1", "node2"]
     assert doc["unanswered"] == [{"node": "node3", "why": "srun ran past the budget (1 s) and was stopped"}]
+
+
+def test_gathering_where_no_node_answers_is_exit_1_naming_why(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\necho 'srun: error: Unable to allocate resources' >&2\nexit 1\n")
+    (bin_dir / "srun").chmod(0o755)
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    result = invoke("nodes", "--slurm", "--nodelist", "gpu-[1-2]", env=env)
+    assert result.exit_code == 1
+    assert (
+        "no node answered (2 asked: srun exited 1: srun: error: Unable to allocate resources)"
+        in result.stderr
+    )

@@ -23,7 +23,7 @@ from typing import Any
 
 from gputopo import __version__
 from gputopo.errors import GputopoError, Interrupted, UnavailableError, UsageError
-from gputopo.findings import PROBLEM, Finding, link_findings, nccl_env_findings
+from gputopo.findings import NOTE, PROBLEM, Finding, link_findings, nccl_env_findings
 from gputopo.health.check import DEFAULT_NVML_TIMEOUT_S, DEFAULT_SAMPLE_S
 from gputopo.model import Topology
 
@@ -304,8 +304,8 @@ def probe_findings(
             (a, b) for i, a in enumerate(s["gpus"]) for b in s["gpus"][i + 1 :] if frozenset((a, b)) in behind
         ]
         for c in s["checks"]:
-            if c["name"] == "gpu" and c["verdict"] == "fail" and c.get("kind") in ("slow", "corrupt"):
-                out += per_gpu_findings(c)  # one finding per GPU the per-GPU check found slow or corrupt
+            if c["name"] == "gpu" and c.get("kind") not in ("hung", "crashed"):
+                out += per_gpu_findings(c)  # one per GPU found slow, corrupt or undecided (pass or fail)
             elif c["verdict"] == "fail":
                 what = f"{c['name']} check failed ({c.get('kind')}): {c.get('detail')}"
                 if pairs and c.get("kind") in ("corrupt", "nan", "diverged"):
@@ -328,8 +328,14 @@ def redirected_pairs(topo: Topology) -> tuple[tuple[int, int, tuple[str, ...]], 
     return fabric.redirected(fabric.gpu_bus_ids([(g.index, g.pci_bus_id) for g in topo.gpus]))
 
 
+_UNDECIDED_SPEED_REMEDY = (
+    "Nothing to do for it now: run `gputopo probe --mode gpu` again when the machine is quieter to decide."
+)
+
+
 def per_gpu_findings(check: dict[str, Any]) -> list[Finding]:
-    """The per-GPU check's slow or corrupt GPUs, one finding each (``drain`` for a corrupt GPU)."""
+    """The per-GPU check's slow or corrupt GPUs, one finding each (``drain`` for a corrupt GPU); a GPU
+    whose speed is undecided (a difference this machine's noise swallows) is a note, not a problem."""
     out = []
     for row in (check.get("metrics") or {}).get("rows") or []:
         verdict = row.get("verdict")
@@ -337,8 +343,13 @@ def per_gpu_findings(check: dict[str, Any]) -> list[Finding]:
             action = "drain" if verdict == "corrupt" else "monitor"
             what = f"per-GPU check: {verdict}: {row.get('why')}"
             remedy = check.get("remedy") or "see the probe report"
+            if row.get("undecided_about") == "speed":
+                what, remedy = f"per-GPU check: {row.get('why')}", _UNDECIDED_SPEED_REMEDY
+            severity = NOTE if row.get("undecided_about") == "speed" else PROBLEM
             out.append(
-                Finding(f"GPU{row['gpu']}", what, remedy, gpu=row["gpu"], category="compute", action=action)
+                Finding(
+                    f"GPU{row['gpu']}", what, remedy, severity, row["gpu"], category="compute", action=action
+                )
             )
     return out
 

@@ -79,6 +79,12 @@ def nodes_command(
         gathered = racks.gather_slurm(racks.slurm_nodes(nodelist), budget)
         out.warnings(gathered.warnings)
         read, unanswered = gathered.facts, gathered.unanswered
+        if not read:
+            first = next(iter(unanswered.values()), "no facts came back")
+            raise CheckFailed(
+                f"--slurm: no node answered ({len(unanswered)} asked: {first})",
+                "try `srun -N1 python -m gputopo topo --json` by hand; a larger --budget for slow starts",
+            )
     else:
         read = racks.read_facts(list(facts or []))
     plan = dom.plan(read)
@@ -113,6 +119,9 @@ def nodes_command(
         doc["findings"] = [f.to_json() for f in findings]
     if slurm_topology:
         doc["block_topology"] = dom.block_topology(plan)
+        if not plan.domains:
+            # Slurm stops on a block topology without blocks ("No blocks configured", block_record.c).
+            out.warn("no node is in an NVLink domain: the block topology has no block, Slurm would refuse it")
     problems = [f for f in findings if f.severity == "problem"]
     if json_out:
         out.document(doc)

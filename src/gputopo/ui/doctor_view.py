@@ -140,5 +140,6 @@ def per_gpu_tables(per_gpu: dict[str, Any] | None) -> list[RenderableType]:
             text = f"{value:.4g}" if isinstance(value, (int, float)) else "-"
             cells.append(text + (f" ({ref:.4g})" if isinstance(ref, (int, float)) else ""))
         style = "green" if r.get("verdict") == "pass" else "bold red"
+        style = "yellow" if r.get("undecided_about") == "speed" else style
         t.add_row(f"GPU{r.get('gpu')}", *cells, Text(str(r.get("verdict")), style=style))
     return [t]

@@ -333,7 +333,11 @@ def gpu_bars(rows: Sequence[dict[str, Any]], stand_ins: bool) -> bytes:
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(_GPU_PANELS), figsize=(3.2 * len(_GPU_PANELS), 3.2), squeeze=False)
     labels = [f"GPU{r.get('gpu')}" for r in rows]
-    colors = [_GPU_VERDICT_COLOR.get(str(r.get("verdict")), "C7") for r in rows]
+    # grey for a speed left undecided by this machine's noise (not a failure)
+    colors = [
+        "C7" if r.get("undecided_about") == "speed" else _GPU_VERDICT_COLOR.get(str(r.get("verdict")), "C7")
+        for r in rows
+    ]
     for ax, (key, title, peak_key) in zip(axes[0], _GPU_PANELS, strict=True):
         values = [float(r[key]) if isinstance(r.get(key), (int, float)) else 0.0 for r in rows]
         ax.bar(range(len(rows)), values, color=colors)

@@ -8,9 +8,15 @@ and host copies both ways, and hash the same seeded product twice. Here each GPU
   runs agree but whose result differs from a peer's is ``undecided``: one of them computes wrong bits and
   this run cannot tell which (both fail the check).
 - ``slow``: one of its four numbers is more than ``--tolerance`` (default 10%, DCGM's
-  ``gflops_tolerance_pcnt`` against the mean) below the median of the other GPUs of its model; or its
-  matmul or memory figure is below ``EXPECTED_FRACTION`` of the datasheet peak of its model where
-  ``PEAKS`` knows it (which catches every GPU of a machine held down alike, where peers agree).
+  ``gflops_tolerance_pcnt`` against the mean) below the median of the other GPUs of its model, and the
+  difference outlasts this machine's noise (``speed_evidence``): the gap is at least ``NOISE_MARGIN``
+  times the noise measured in the same run, and every one of its runs lies below every one of its peers'
+  runs, which chance alone would do with odds of at most ``MAX_CHANCE``. Or its best matmul or memory
+  run is below ``EXPECTED_FRACTION`` of the datasheet peak of its model where ``PEAKS`` knows it (which
+  catches every GPU of a machine held down alike, where peers agree).
+- ``undecided`` about its speed: more than ``--tolerance`` below its peers, but the noise on this
+  machine, the overlap of its runs with theirs or too few runs leave it open. Not a failure: the check
+  passes and says so (run it again on a quieter machine).
 - ``pass`` otherwise. A hang or crash of the check is the check's (``verdict.hung``/``crashed``);
   ``unfinished_rows`` names each GPU's part in it.
 
@@ -20,14 +26,23 @@ architecture and SM count (cuBLAS documentation, "Results reproducibility"), and
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gputopo.probe.judge.verdict import PASS, CheckResult, fail
+
+# A speed verdict needs evidence that outlasts noise (docs/probe.md, "Speed verdicts and noise").
+# The machine's noise for one number: the largest spread of any GPU's own runs ((best - worst) / best)
+# among the GPUs of its model. The gap to the peers' median must be at least this many times it.
+NOISE_MARGIN = 2.0
+# The most a "slow" may owe to chance: the odds of a GPU's runs all falling below all of its peers' runs
+# when it is no different from them (every order of the runs equally likely: 1 / C(all runs, its runs)).
+MAX_CHANCE = 0.05
 
 CHECK = "gpu"
 METRICS = ("matmul_tflops", "memory_gbps", "h2d_gbps", "d2h_gbps")
@@ -37,7 +52,9 @@ METRIC_WORDS = {
     "h2d_gbps": ("host-to-device", "GB/s"),
     "d2h_gbps": ("device-to-host", "GB/s"),
 }
-# Per-GPU verdicts (the check's own verdict is pass or fail, kind corrupt or slow).
+# Per-GPU verdicts (the check's own verdict is pass or fail, kind corrupt or slow). An ``undecided`` row
+# says what about (``undecided_about``): its bits (a failure: one of two GPUs computes wrong bits) or its
+# speed (not a failure: the difference did not outlast the noise).
 GPU_PASS, GPU_SLOW, GPU_CORRUPT, GPU_UNDECIDED = "pass", "slow", "corrupt", "undecided"
 # What ``recommend --from-report`` leaves out (an undecided GPU may be the healthy one of two), with the
 # GPU whose rank crashed in the check (``recommend.evidence`` mirrors it: recommend reads only reports).
@@ -178,30 +195,115 @@ def _hash_verdicts(group: list[dict[str, Any]]) -> dict[int, tuple[str, str]]:
     return out
 
 
-def _slow_words(
-    row: dict[str, Any], medians: dict[str, float | None], peak: Peak | None, tol: float
-) -> list[str]:
-    words = []
-    for m in METRICS:
-        value, ref = row.get(m), medians.get(m)
-        what, unit = METRIC_WORDS[m]
-        if isinstance(value, (int, float)) and ref and value < (1 - tol) * ref:
-            words.append(
-                f"{what} {value:.3g} {unit}, {1 - value / ref:.0%} below its peers' median {ref:.3g}"
+def runs_of(row: Mapping[str, Any], metric: str) -> list[float]:
+    """A row's runs of one number (``runs``, from the ranks), or its figure alone for a row without."""
+    runs = (row.get("runs") or {}).get(metric)
+    if isinstance(runs, list) and runs and all(isinstance(v, (int, float)) for v in runs):
+        return [float(v) for v in runs]
+    value = row.get(metric)
+    return [float(value)] if isinstance(value, (int, float)) else []
+
+
+def spread(values: Sequence[float]) -> float:
+    """How far apart ``values`` lie, as a fraction of the largest: (max - min) / max (0 for fewer than 2)."""
+    top = max(values, default=0.0)
+    return (top - min(values)) / top if len(values) > 1 and top > 0 else 0.0
+
+
+def noise(group: Sequence[Mapping[str, Any]], metric: str) -> float:
+    """This machine's noise on one number, as this run measured it: the largest spread of any one GPU's
+    own runs among the GPUs of a model (how far a busy machine moved the same measurement)."""
+    return max((spread(runs_of(r, metric)) for r in group), default=0.0)
+
+
+def chance_below(mine: Sequence[float], theirs: Sequence[float]) -> float | None:
+    """The odds that every one of ``mine`` falls below every one of ``theirs`` by chance alone, when all
+    the runs come from one distribution: 1 / C(len(mine) + len(theirs), len(mine)). ``None`` when they do
+    not all fall below (the runs overlap)."""
+    if not mine or not theirs or max(mine) >= min(theirs):
+        return None
+    return 1.0 / math.comb(len(mine) + len(theirs), len(mine))
+
+
+@dataclass(frozen=True)
+class SpeedEvidence:
+    """One number of one GPU against its peers: the gap, this machine's noise, the odds, the verdict."""
+
+    metric: str
+    value: float
+    median: float
+    gap: float  # 1 - value / median
+    noise: float
+    chance: float | None
+    runs: int
+    peer_runs: int
+    verdict: str  # GPU_PASS, GPU_SLOW or GPU_UNDECIDED
+
+    def words(self) -> str:
+        what, unit = METRIC_WORDS[self.metric]
+        said = f"{what} {self.value:.3g} {unit}, {self.gap:.0%} below its peers' median {self.median:.3g}"
+        if self.verdict == GPU_SLOW:
+            assert self.chance is not None
+            return (
+                f"{said} (noise {self.noise:.0%}; its {self.runs} runs all below its peers' "
+                f"{self.peer_runs}: 1 in {round(1 / self.chance)} by chance)"
             )
-    if peak is not None:
-        expected = {
-            "matmul_tflops": peak.matmul_tflops.get(str(row.get("precision") or "fp32")),
-            "memory_gbps": peak.memory_gbps,
-        }
-        for m, sheet in expected.items():
-            value = row.get(m)
-            what, unit = METRIC_WORDS[m]
-            if sheet and isinstance(value, (int, float)) and value < EXPECTED_FRACTION * sheet:
-                words.append(
-                    f"{what} {value:.3g} {unit}, below {EXPECTED_FRACTION:.0%} of the {peak.model} "
-                    f"datasheet's {sheet:g} ({peak.source})"
-                )
+        return f"{said}, but {'; '.join(self.doubts())}"
+
+    def doubts(self) -> list[str]:
+        """Why the gap is not enough to call the GPU slow."""
+        out = []
+        if self.gap < NOISE_MARGIN * self.noise:
+            out.append(
+                f"this machine's noise is {self.noise:.0%} (the gap must be {NOISE_MARGIN:g} times it)"
+            )
+        if self.chance is None:
+            out.append("its runs overlap its peers'")
+        elif self.chance > MAX_CHANCE:
+            out.append(
+                f"{self.runs} run(s) against {self.peer_runs} could fall so by chance (1 in "
+                f"{round(1 / self.chance)}; at most 1 in {round(1 / MAX_CHANCE)} may)"
+            )
+        return out
+
+
+def speed_evidence(
+    row: Mapping[str, Any], group: Sequence[Mapping[str, Any]], metric: str, median: float | None, tol: float
+) -> SpeedEvidence | None:
+    """The evidence on one number of a GPU below its peers' median by more than ``tol`` (``None`` when it
+    is not, or when there is nothing to compare)."""
+    value = row.get(metric)
+    if not isinstance(value, (int, float)) or not median or value >= (1 - tol) * median:
+        return None
+    mine = runs_of(row, metric)
+    theirs = [v for p in group if p is not row for v in runs_of(p, metric)]
+    gap = 1 - value / median
+    evidence = SpeedEvidence(
+        metric, float(value), median, gap, noise(group, metric), chance_below(mine, theirs),
+        len(mine), len(theirs), GPU_UNDECIDED,
+    )  # fmt: skip
+    if not evidence.doubts():
+        evidence = replace(evidence, verdict=GPU_SLOW)
+    return evidence
+
+
+def _sheet_words(row: Mapping[str, Any], peak: Peak | None) -> list[str]:
+    """The matmul or memory figure whose best run is below ``EXPECTED_FRACTION`` of the datasheet."""
+    if peak is None:
+        return []
+    words = []
+    expected = {
+        "matmul_tflops": peak.matmul_tflops.get(str(row.get("precision") or "fp32")),
+        "memory_gbps": peak.memory_gbps,
+    }
+    for m, sheet in expected.items():
+        best = max(runs_of(row, m), default=None)
+        what, unit = METRIC_WORDS[m]
+        if sheet and best is not None and best < EXPECTED_FRACTION * sheet:
+            words.append(
+                f"{what} {row[m]:.3g} {unit} (best run {best:.3g}), below {EXPECTED_FRACTION:.0%} of the "
+                f"{peak.model} datasheet's {sheet:g} ({peak.source})"
+            )
     return words
 
 
@@ -216,15 +318,22 @@ def judge_rows(rows: Sequence[dict[str, Any]], tolerance: float) -> list[dict[st
         hashes.update(_hash_verdicts(group))
     out = []
     for r in rows:
-        peers = [p for p in by_model[str(r.get("name"))] if p is not r]
+        group = by_model[str(r.get("name"))]
+        peers = [p for p in group if p is not r]
         medians = {
             m: _median([float(p[m]) for p in peers if isinstance(p.get(m), (int, float))]) for m in METRICS
         }
         peak = model_peak(r.get("name")) if r.get("timing") == "CUDA events" else None
         verdict, why = hashes[r["gpu"]]
-        slow = _slow_words(r, medians, peak, tolerance)
+        about = "bits" if verdict == GPU_UNDECIDED else None
+        found = [e for m in METRICS if (e := speed_evidence(r, group, m, medians[m], tolerance))]
+        slow = [e.words() for e in found if e.verdict == GPU_SLOW] + _sheet_words(r, peak)
+        open_ = [e.words() for e in found if e.verdict == GPU_UNDECIDED]
+        speed = GPU_SLOW if slow else GPU_UNDECIDED if open_ else GPU_PASS
         if verdict == GPU_PASS and slow:
             verdict, why = GPU_SLOW, "; ".join(slow)
+        elif verdict == GPU_PASS and open_:
+            verdict, why, about = GPU_UNDECIDED, "speed undecided: " + "; ".join(open_), "speed"
         elif slow:
             why += "; also slow: " + "; ".join(slow)
         out.append(
@@ -232,6 +341,9 @@ def judge_rows(rows: Sequence[dict[str, Any]], tolerance: float) -> list[dict[st
                 **r,
                 "verdict": verdict,
                 "why": why,
+                "undecided_about": about,
+                "speed": speed,
+                "noise": {m: noise(group, m) for m in METRICS},
                 "peers": len(peers),
                 "peers_median": medians,
                 "peak": None
@@ -250,11 +362,19 @@ def judge_rows(rows: Sequence[dict[str, Any]], tolerance: float) -> list[dict[st
 def judge_gpus(metrics: dict[str, Any], tolerance: float) -> CheckResult:
     """The per-GPU check's verdict: fail (``corrupt`` before ``slow``) when any GPU is not ``pass``."""
     rows = judge_rows(metrics.get("rows") or [], tolerance)
-    out = {**metrics, "rows": rows, "tolerance": tolerance, "expected_fraction": EXPECTED_FRACTION}
+    out = {
+        **metrics,
+        "rows": rows,
+        "tolerance": tolerance,
+        "expected_fraction": EXPECTED_FRACTION,
+        "noise_margin": NOISE_MARGIN,
+        "max_chance": MAX_CHANCE,
+    }
     bad = [r for r in rows if r["verdict"] != GPU_PASS]
+    open_ = [r for r in bad if r.get("undecided_about") == "speed"]
     stand_in = metrics.get("device") == "cpu"
     what = "CPU stand-in" if stand_in else "GPU"
-    if not bad:
+    if len(open_) == len(bad):
         models = Counter(str(r.get("name")) for r in rows)
         hashes = {r.get("result_hash") for r in rows}
         bits = (
@@ -262,15 +382,19 @@ def judge_gpus(metrics: dict[str, Any], tolerance: float) -> CheckResult:
             if len(hashes) == 1
             else f"results bit-identical within each of {len(models)} models"
         )
+        within = f"{len(rows)} {what}(s) each" if not open_ else f"{len(rows) - len(open_)} of {len(rows)}"
         detail = (
-            f"{len(rows)} {what}(s) each within {tolerance:.0%} of their peers' median "
+            f"{within} within {tolerance:.0%} of their peers' median "
             f"(matmul, memory, host copies both ways); {bits}"
         )
+        if open_:
+            detail += "; " + "; ".join(f"GPU{r['gpu']} {r['why']}" for r in open_)
+            detail += " (not a failure: run the probe again on a quieter machine to decide)"
         return CheckResult(CHECK, PASS, None, detail, None, out)
-    corrupt = [r for r in bad if r["verdict"] in (GPU_CORRUPT, GPU_UNDECIDED)]
+    corrupt = [r for r in bad if r["verdict"] == GPU_CORRUPT or r.get("undecided_about") == "bits"]
     detail = "; ".join(f"GPU{r['gpu']} {r['verdict']}: {r['why']}" for r in bad)
     if corrupt:
-        undecided_only = all(r["verdict"] == GPU_UNDECIDED for r in corrupt)
+        undecided_only = all(r["verdict"] == GPU_UNDECIDED for r in corrupt)  # about bits
         remedy = _UNDECIDED_REMEDY if undecided_only else _CORRUPT_REMEDY
         if any(r["verdict"] == GPU_SLOW for r in bad):
             remedy += " For the slow GPU: " + _SLOW_REMEDY
@@ -305,7 +429,10 @@ def per_gpu_section(check: Mapping[str, Any] | None) -> dict[str, Any] | None:
         "name",
         "verdict",
         "why",
+        "undecided_about",
         *METRICS,
+        "runs",
+        "noise",
         "result_hash",
         "result_hash_rerun",
         "peers_median",
@@ -315,6 +442,8 @@ def per_gpu_section(check: Mapping[str, Any] | None) -> dict[str, Any] | None:
         "verdict": check.get("verdict"),
         "kind": check.get("kind"),
         "tolerance": metrics.get("tolerance"),
+        "noise_margin": metrics.get("noise_margin"),
+        "max_chance": metrics.get("max_chance"),
         "precision": metrics.get("precision"),
         "simulated": metrics.get("device") == "cpu",
         "gpus": [{k: row.get(k) for k in keep if k in row} for row in metrics.get("rows") or []],

@@ -264,7 +264,8 @@ def gpu_table(gpus: list[int], check: dict[str, Any]) -> list[str]:
         f"{(z.get('copy_bytes') or 0) >> 20} MiB device copies, {(z.get('host_bytes') or 0) >> 20} MiB "
         f"{'host' if stand_in else 'pinned host'} copies; {z.get('warmup_reps')} warm-up + "
         f"{z.get('timed_reps')} timed reps, {'fastest' if stand_in else 'median'}; {m.get('concurrent')}",
-        f"# slow: more than {tolerance:.0%} below the median of its peers of the same model"
+        f"# slow: more than {tolerance:.0%} below the median of its peers of the same model, by a gap "
+        f"at least {m.get('noise_margin') or 2:g} times this machine's noise, every run below every peer's"
         if isinstance(tolerance, (int, float))
         else "# slow: below the median of its peers",
         f"# {'gpu':>5} {'matmul':>10} {'memory':>10} {'h2d':>9} {'d2h':>9}  {'result hash':<17} verdict",
@@ -295,6 +296,10 @@ def gpu_table(gpus: list[int], check: dict[str, Any]) -> list[str]:
                 f"  {'peak':>5} {cells([peak.get('matmul_tflops'), peak.get('memory_gbps'), None, None])}  "
                 f"({peak.get('model')} datasheet: {peak.get('source')})"
             )
+    noise = next((r.get("noise") for r in rows if isinstance(r.get("noise"), dict)), None)
+    if noise:
+        spreads = ", ".join(f"{k.split('_')[0]} {v:.0%}" for k, v in noise.items() if isinstance(v, float))
+        lines.append(f"# this machine's noise (the largest spread of one GPU's own runs): {spreads}")
     if stand_in:
         lines.append("# simulated: CPU stand-ins, timed in process CPU time; a CPU's numbers, not a GPU's")
     lines.append(f"# {str(check.get('verdict')).upper()}: {check.get('detail')}")
