@@ -119,6 +119,9 @@ def nodes_command(
         doc["findings"] = [f.to_json() for f in findings]
     if slurm_topology:
         doc["block_topology"] = dom.block_topology(plan)
+        if not plan.domains:
+            # Slurm stops on a block topology without blocks ("No blocks configured", block_record.c).
+            out.warn("no node is in an NVLink domain: the block topology has no block, Slurm would refuse it")
     problems = [f for f in findings if f.severity == "problem"]
     if json_out:
         out.document(doc)
