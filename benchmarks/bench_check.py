@@ -3,7 +3,8 @@ against the sampling window, and what it imports.
 
 Target (issue 21): the median of 5 runs takes no more than the sampling window + 1 s, and the process
 imports neither torch nor matplotlib. The fake driver answers at once, so this measures gputopo's own
-cost: start-up, the NVML worker, two samples of every health value of 8 GPUs with 18 NVLinks each, and
+cost: start-up, the NVML worker, two samples of every health value of 8 GPUs with 18 NVLinks each (the
+fabric's v3 and v4 structs, platform info and C2C mode included), and
 the state file (read, counters judged since the last run, written atomically) as a health check keeps it.
 Second target: with every GPU hung in the driver, `--budget 6` still ends within the budget + 1 s (the
 interpreter's start is outside the budget's clock), median of 3. Also reported (no target): the prolog
@@ -43,6 +44,17 @@ def main() -> int:
         lib = fake_driver.build(Path(tmp) / "driver")
         machine = Path(tmp) / "h100x8.txt"
         lines = ["driver 570.86.15", "cuda 12080", *(line for i in range(8) for line in healthy(i, links=18))]
+        # The rack reads of issue 34 answer too: fabric v3 and v4, platform info, C2C mode.
+        lines += [
+            line
+            for i in range(8)
+            for line in (
+                f"fabricv3 {i} 00000001-0000-0000-0000-000000000001 1",
+                f"cliques {i} 0:32766 1:32766",
+                f"platform {i} 1820000000001 25 15 1 1 {i + 1}",
+                f"c2c {i} 0",
+            )
+        ]
         machine.write_text("\n".join(lines) + "\n")
         env = fake_driver.env_for(lib, machine)
         env.pop("PYTHONDONTWRITEBYTECODE", None)

@@ -119,15 +119,47 @@ def reading(q: str | None, n: str | None = None, configured: bool = True, **kw: 
     )
 
 
+def read_through_fake(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, q: dict[str, Any], n: dict[str, Any] | None = None
+) -> tuple[list[Any], list[Any]]:
+    """Judge this node as check does: the configuration in an /etc tree, the fake nvidia-imex-ctl on PATH."""
+    bin_dir = fake_ctl(tmp_path, q, n)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    got = system_imex.read_imex(False, time.monotonic() + 30, FsView(etc=etc_tree(tmp_path)))
+    return judge_imex(got, expect=False)
+
+
 @pytest.mark.parametrize("state", sorted(DAEMON_STATES))
-def test_every_daemon_state_dcgm_knows(state: str) -> None:
-    found, skipped = judge_imex(reading(f"{state}\n", domain_json(), exit_code=0), expect=False)
+def test_every_daemon_state_dcgm_knows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state: str) -> None:
+    found, skipped = read_through_fake(tmp_path, monkeypatch, ready(f"{state}\n"))
+    assert calls(tmp_path) == ["-q", "-N -j"]  # the domain is read whatever the daemon's state
     if state == "READY":
         assert found == [] and skipped == []
     else:
         assert [f.rule for f in found] == ["imex_daemon_not_ready"]
         assert f"the IMEX daemon is {state}, not READY" in found[0].what
         assert found[0].action == "drain" and found[0].severity == "problem"
+
+
+@pytest.mark.parametrize(
+    ("domain", "member", "rules"),
+    [
+        ("UP", "READY", []),
+        ("DOWN", "READY", ["imex_domain_unhealthy"]),
+        ("DEGRADED", "READY", ["imex_domain_unhealthy"]),
+        *(("DEGRADED", s, ["imex_member_down"]) for s in sorted(DAEMON_STATES) if s != "READY"),
+        ("UP", "UNAVAILABLE", ["imex_member_down"]),  # NVIDIA's ISV suite saw UP with a member down
+    ],
+)
+def test_every_domain_and_member_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, domain: str, member: str, rules: list[str]
+) -> None:
+    n = {"out": domain_json(domain, {"10.0.0.3": member})}
+    found, skipped = read_through_fake(tmp_path, monkeypatch, ready(), n)
+    assert [f.rule for f in found] == rules and skipped == []
+    assert all(f.action == "monitor" for f in found)  # the domain and other members never drain this node
+    if member != "READY":
+        assert found[0].where == "IMEX member 10.0.0.3" and f"is {member}, not READY" in found[0].what
 
 
 def test_the_daemon_answer_is_read_as_dcgm_does_trimmed_and_in_any_case() -> None:
@@ -243,6 +275,23 @@ def test_the_rules_can_be_turned_off_and_are_in_the_table() -> None:
     ]
     both = "[imex_member_down]\nenabled = false\n[imex_domain_unhealthy]\nenabled = false\n"
     assert judge_imex(sick, expect=False, thresholds=parse_thresholds(both, "t.toml"))[0] == []
+
+
+def test_the_imex_rules_are_listed_with_their_source() -> None:
+    from test_check_rules import list_rules
+
+    rows = {r["name"]: r for r in json.loads(list_rules("--json").stdout)["rules"]}
+    assert rows["imex_daemon_not_ready"]["drains"] is True and rows["imex_daemon_not_ready"]["dcgm"] == "fail"
+    assert "DcgmImexManager" in rows["imex_daemon_not_ready"]["source"]
+    assert [
+        rows[n]["drains"] for n in ("imex_not_configured", "imex_domain_unhealthy", "imex_member_down")
+    ] == [
+        False,
+        False,
+        False,
+    ]
+    text = list_rules().stdout
+    assert "imex_member_down  [nvlink] problem/monitor, does not drain" in text
 
 
 # --- system: the configuration and the runs (system/imex.py) ---------------------------------------------
@@ -382,3 +431,19 @@ def test_cli_hung_ctl_is_not_checked_within_the_budget(driver: Path, tmp_path: P
     assert cut_s <= budget  # the cut-off came from the budget; -N -j was not tried after it
     assert calls(tmp_path) == ["-q"]
     assert doc["elapsed_s"] < budget + 30  # generous: finished long before the fake's two minutes
+
+
+def test_doctor_shows_the_imex_findings_like_any_other(driver: Path, tmp_path: Path) -> None:
+    pytest.importorskip("torch")  # doctor's tests run where its probe extras are installed
+    bin_dir = fake_ctl(tmp_path, ready(), {"out": domain_json("DEGRADED", {"10.0.0.2": "UNAVAILABLE"})})
+    env = {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "GPUTOPO_ETC_ROOT": str(etc_tree(tmp_path)),
+    }
+    out = fake_driver.run(
+        driver, machine(tmp_path, healthy(0)), "doctor", "--skip-probe", "--json", extra_env=env, timeout=280
+    )
+    doc = json.loads(out.stdout)
+    found = [f for f in doc["findings"] if f.get("rule") == "imex_member_down"]
+    assert [f["where"] for f in found] == ["IMEX member 10.0.0.2"], out.stderr
+    assert calls(tmp_path) == ["-q", "-N -j"]

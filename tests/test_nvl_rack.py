@@ -198,3 +198,26 @@ def test_a_split_tray_is_one_problem_through_the_fake_driver(driver: Path, tmp_p
     report = json.loads(fake_driver.run(driver, path, "check", "--json", *FAST, timeout=60).stdout)
     fabric = [(f["gpu"], f["rule"]) for f in report["findings"] if f["rule"].startswith("fabric_")]
     assert fabric == [(3, "fabric_domain_split")]  # the v1 struct of the oldest bindings has the UUID too
+
+
+def test_doctor_and_its_reports_show_the_domain_and_the_fabric_findings(tmp_path: Path) -> None:
+    from gputopo.doctor import DoctorOptions, run_doctor
+    from gputopo.topology import parse_smi
+    from gputopo.ui.doctor_markdown import to_markdown, topology_text
+    from gputopo.ui.html_report import render_html
+
+    fake = m.tray("gb300")
+    m.set_fabric(fake, 1, fabric=(3, 0, 32766, 0x5AA))  # INSUFFICIENT_NVLINKS
+    with fake.installed():
+        doc = run_doctor(DoctorOptions(skip_probe=True, report_dir=tmp_path))
+    assert doc["topology"]["nvlink_domain"]["id"] == GB300_DOMAIN
+    found = [f for f in doc["findings"] if f.get("rule") == "fabric_unhealthy"]
+    assert [(f["gpu"], f["severity"]) for f in found] == [(1, "problem")]
+    assert "insufficient NVLinks" in found[0]["what"]
+    md, page = to_markdown(doc), render_html(doc)
+    for text in (md, page):
+        assert f"NVLink domain: {GB300_DOMAIN}" in text and "tray 15" in text
+        assert "insufficient NVLinks" in text
+    # The report's topology still reads back as `nvidia-smi topo -m` text.
+    again = parse_smi.parse_topo_text(topology_text(doc["topology"]))
+    assert again.matrix.labels[:4] == ("GPU0", "GPU1", "GPU2", "GPU3")

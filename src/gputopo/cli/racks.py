@@ -43,10 +43,16 @@ def nodes_command(
         None, "--nodelist", metavar="HOSTLIST", help="With --slurm: these nodes instead of the allocation's."
     ),
     budget: float = typer.Option(
-        DEFAULT_BUDGET_S, "--budget", metavar="SECONDS", help="With --slurm: the most the gathering may take."
+        DEFAULT_BUDGET_S,
+        "--budget",
+        metavar="SECONDS",
+        help="The most --slurm's gathering (and --audit's scontrol calls) may take.",
     ),
     segment: int | None = typer.Option(
-        None, "--segment", metavar="S", help="Whole segments of S fit nodes per domain (Slurm's --segment)."
+        None,
+        "--segment",
+        metavar="S",
+        help="Whole segments of S fit nodes per domain (Slurm's --segment); with --job, its segment size.",
     ),
     nodes: int | None = typer.Option(
         None,
@@ -119,6 +125,9 @@ def nodes_command(
         doc["findings"] = [f.to_json() for f in findings]
     if slurm_topology:
         doc["block_topology"] = dom.block_topology(plan)
+        if not plan.domains:
+            # Slurm stops on a block topology without blocks ("No blocks configured", block_record.c).
+            out.warn("no node is in an NVLink domain: the block topology has no block, Slurm would refuse it")
     problems = [f for f in findings if f.severity == "problem"]
     if json_out:
         out.document(doc)

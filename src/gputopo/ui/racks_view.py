@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import RenderableType
-from rich.table import Table
 from rich.text import Text
 
 from gputopo.topology.domains import compress_hostlist
@@ -18,17 +17,10 @@ def render_nodes(doc: dict[str, Any], segment: int | None) -> list[RenderableTyp
     domains = doc["domains"]
     fit = sum(len(d["fit"]) for d in domains)
     total = sum(len(d["nodes"]) for d in domains)
-    t = Table(
-        title=f"{len(domains)} NVLink domains, {total} nodes, {fit} fit",
-        title_justify="left",
-        header_style="bold",
-    )
-    t.add_column("NVLink domain")
-    t.add_column("rack")
-    t.add_column("members")
-    t.add_column("fit", justify="right")
-    if segment:
-        t.add_column(f"segments of {segment}")
+    # Plain aligned columns, not a rich table: a site of 288 racks is 288 rows, and rich's table layout
+    # took longer than reading the 5,184 facts files (benchmarks/bench_nodes.py).
+    header = ["NVLink domain", "rack", "members", "fit"] + ([f"segments of {segment}"] if segment else [])
+    rows = [header]
     for d in domains:
         row = [
             d["id"],
@@ -39,7 +31,11 @@ def render_nodes(doc: dict[str, Any], segment: int | None) -> list[RenderableTyp
         if segment:
             segs = d.get("segments") or []
             row.append(f"{len(segs)}: " + "  ".join(compress_hostlist(s) for s in segs) if segs else "0")
-        t.add_row(*row)
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    table = [f"{len(domains)} NVLink domains, {total} nodes, {fit} fit"]
+    table += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    t = Text("\n".join(table))
     blocks: list[RenderableType] = [t]
     lines = []
     for d in domains:
