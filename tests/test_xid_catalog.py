@@ -11,9 +11,9 @@ import sys
 from datetime import datetime, timezone
 from importlib import resources
 
-import fake_driver
 import pytest
 
+import fake_driver
 from gputopo.findings import NOTE, PROBLEM
 from gputopo.health import xid
 from gputopo.health.xid_catalog import V1, V2, bucket_words, catalog, decode_nvlink5
@@ -31,7 +31,7 @@ def findings(line: str, driver: str | None = None) -> list:  # type: ignore[type
     return xid.xid_findings(found, GPUS, driver=driver)
 
 
-# --- the data file and the table -----------------------------------------------------------------------------
+# --- the data file and the table ---------------------------------------------------------------------------
 
 
 def test_the_data_file_holds_every_code_1_to_172_and_equals_the_table() -> None:
@@ -80,7 +80,7 @@ def test_power_smoothing_xids_162_165_are_notes_with_the_catalogues_words() -> N
     assert "No GPU reset".lower() in f.remedy.lower()
 
 
-# --- the decode sheet's own rows ------------------------------------------------------------------------------
+# --- the decode sheet's own rows ---------------------------------------------------------------------------
 
 
 def _rows() -> list[dict]:  # type: ignore[type-arg]
@@ -91,8 +91,13 @@ def _rows() -> list[dict]:  # type: ignore[type-arg]
 def test_every_row_of_the_decode_sheet_decodes_to_its_bucket_in_both_layouts(row: dict) -> None:  # type: ignore[type-arg]
     reason = int(row["reason"], 2) << 20
     status = int(row.get("status_bit") or row.get("status_value") or "0", 16)
-    for driver, unit, version in (("570.124.06", int(row["v1"], 2), V1), ("575.57.08", int(row["v2"], 2), V2)):
-        text = f"{row['unit'].split('/')[0]} Fatal XC0 i0 Link 07 ({reason | unit:#010x} {status:#010x} 0x0 0x0)"
+    for driver, unit, version in (
+        ("570.124.06", int(row["v1"], 2), V1),
+        ("575.57.08", int(row["v2"], 2), V2),
+    ):
+        text = (
+            f"{row['unit'].split('/')[0]} Fatal XC0 i0 Link 07 ({reason | unit:#010x} {status:#010x} 0x0 0x0)"
+        )
         d = decode_nvlink5(row["xid"], text, driver)
         assert d.decoded, (row, driver, d.why)
         assert (d.immediate, d.investigatory, d.version, d.link) == (
@@ -107,7 +112,7 @@ def test_every_row_of_the_decode_sheet_decodes_to_its_bucket_in_both_layouts(row
             assert decode_nvlink5(row["xid"], text, driver).immediate == row["promoted"]
 
 
-# --- real lines from public bug reports -----------------------------------------------------------------------
+# --- real lines from public bug reports --------------------------------------------------------------------
 
 # (Xid, the line's text after the code, the driver layout, the sheet's immediate and investigatory buckets)
 REAL_LINES = [
@@ -122,8 +127,8 @@ REAL_LINES = [
     (145, "RLW_RXPIPE Nonfatal XC0 i0 Link 13 (0x0409a0c2 0x00000008 0x00000001 0x00000000 0x00100000 "
      "0x00000004)", V1, "IGNORE", "CONTACT_SUPPORT"),
     # https://github.com/leptonai/gpud/pull/1160 (the R575 layout: the unit in IntrInfo[6:0])
-    (144, "SAW_MVB Nonfatal XC0 i0 Link 0 (0x00000001 0x00000008 0x00000000 0x00000000 0x00000000 0x00000000)",
-     V2, "IGNORE", "CONTACT_SUPPORT"),
+    (144, "SAW_MVB Nonfatal XC0 i0 Link 0 (0x00000001 0x00000008 0x00000000 0x00000000 0x00000000 "
+     "0x00000000)", V2, "IGNORE", "CONTACT_SUPPORT"),
     # https://github.com/leptonai/gpud/pull/1160 (link-down reason 100110)
     (149, "NETIR_LINK_EVT Fatal XC0 i0 Link 00 (0x026001c6 0x00000000 0x00000000 0x00000000 0x00000000 "
      "0x00000000)", V1, "IGNORE", "INVESTIGATE_SW/USER"),
@@ -186,7 +191,7 @@ def test_one_finding_per_gpu_and_code_judged_by_its_most_urgent_line() -> None:
     assert f.severity == PROBLEM and "INVESTIGATE_PEER_DEVICE" in f.what and "3 times" in f.what
 
 
-# --- check --list-rules ---------------------------------------------------------------------------------------
+# --- check --list-rules ------------------------------------------------------------------------------------
 
 
 def test_list_rules_lists_the_catalogue_text_and_json() -> None:

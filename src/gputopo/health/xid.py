@@ -210,7 +210,7 @@ def xid_rows() -> list[dict[str, object]]:
                 "description": e.description if e else c.description,
                 "immediate": e.immediate if e else None,
                 "investigatory": e.investigatory if e else None,
-                "catalogue_note": "; ".join(w for w in (e.note, e.text) if w) if e else "not in the catalogue",
+                "catalogue_note": "; ".join(w for w in (e.note, e.text) if w) if e else "not catalogued",
                 "kind": c.kind,
                 "severity": c.severity,
                 "action": c.action,
