@@ -277,6 +277,23 @@ def test_the_rules_can_be_turned_off_and_are_in_the_table() -> None:
     assert judge_imex(sick, expect=False, thresholds=parse_thresholds(both, "t.toml"))[0] == []
 
 
+def test_the_imex_rules_are_listed_with_their_source() -> None:
+    from test_check_rules import list_rules
+
+    rows = {r["name"]: r for r in json.loads(list_rules("--json").stdout)["rules"]}
+    assert rows["imex_daemon_not_ready"]["drains"] is True and rows["imex_daemon_not_ready"]["dcgm"] == "fail"
+    assert "DcgmImexManager" in rows["imex_daemon_not_ready"]["source"]
+    assert [
+        rows[n]["drains"] for n in ("imex_not_configured", "imex_domain_unhealthy", "imex_member_down")
+    ] == [
+        False,
+        False,
+        False,
+    ]
+    text = list_rules().stdout
+    assert "imex_member_down  [nvlink] problem/monitor, does not drain" in text
+
+
 # --- system: the configuration and the runs (system/imex.py) ---------------------------------------------
 
 

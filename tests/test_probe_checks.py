@@ -141,6 +141,29 @@ def test_the_two_reference_orders_agree_to_float_noise_on_two_chunks(tmp_path):
     assert (tmp_path / "progress-rank0.jsonl").read_text().count('"reference"') == 2 * ctx.spec["steps"]
 
 
+def test_the_second_reference_runs_only_when_a_curve_leaves_the_fixed_tolerance(tmp_path):
+    import torch.distributed as dist
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        ctx = make_ctx(tmp_path, world=1)
+        refs = checks.reference_runs(ctx)
+        assert refs is not None and refs.second_losses is None and refs.metrics()["ref2_run"] is False
+        # Within ABS_TOL + REL_TOL x |loss| of run 1 at every step: run 2 could not change the verdict.
+        near = [v + 1e-5 for v in refs.first["losses"]]
+        checks.second_run_if_needed(ctx, refs, near, verdict.REL_TOL)
+        assert refs.second_losses is None and refs.metrics()["ref2_losses"] == []
+        # One step off: run 2 now sets the noise floor the judge needs, once.
+        off = [*refs.first["losses"][:-1], refs.first["losses"][-1] + 0.5]
+        checks.second_run_if_needed(ctx, refs, off, verdict.REL_TOL)
+        assert refs.second_losses is not None and len(refs.second_losses) == ctx.spec["steps"]
+        assert refs.metrics()["ref2_run"] is True and refs.metrics()["ref2_device"] == "cpu rank 0"
+        assert verdict.judge_ddp({**refs.metrics(), "losses": off, "ranks": 1}).kind == "diverged"
+    finally:
+        dist.destroy_process_group()
+
+
 def test_dataparallel_on_cpu_matches_the_reference_and_passes_the_judge(tmp_path):
     ctx = make_ctx(tmp_path)
     metrics = checks.dp_check(ctx, _references(ctx))

@@ -62,7 +62,9 @@ def test_healthy_cpu_run_of_every_check_passes_and_writes_its_report(tmp_path):
     for name in ("dp", "ddp", "allreduce"):
         assert checks[name]["verdict"] == "pass", checks[name]["detail"]
     ddp = checks["ddp"]["metrics"]
-    assert len(ddp["losses"]) == len(ddp["ref_losses"]) == len(ddp["ref2_losses"]) == 5
+    assert len(ddp["losses"]) == len(ddp["ref_losses"]) == 5
+    # The second reference runs only for a curve off the fixed tolerance (a healthy CPU run never is).
+    assert len(ddp["ref2_losses"]) == (5 if ddp["ref2_run"] else 0)
     assert ddp["desync_steps"] == [] and ddp["backend"] == "gloo" and len(ddp["rank_losses"]) == 2
     rows = checks["allreduce"]["metrics"]["rows"]
     assert [r["wrong"] for r in rows] == [0] * len(rows)

@@ -530,3 +530,10 @@ def test_gathering_where_no_node_answers_is_exit_1_naming_why(tmp_path):
         "no node answered (2 asked: srun exited 1: srun: error: Unable to allocate resources)"
         in result.stderr
     )
+
+
+def test_the_budget_default_is_written_once():
+    from gputopo import racks
+    from gputopo.cli.racks import DEFAULT_BUDGET_S
+
+    assert DEFAULT_BUDGET_S == racks.DEFAULT_BUDGET_S

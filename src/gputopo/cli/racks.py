@@ -43,10 +43,16 @@ def nodes_command(
         None, "--nodelist", metavar="HOSTLIST", help="With --slurm: these nodes instead of the allocation's."
     ),
     budget: float = typer.Option(
-        DEFAULT_BUDGET_S, "--budget", metavar="SECONDS", help="With --slurm: the most the gathering may take."
+        DEFAULT_BUDGET_S,
+        "--budget",
+        metavar="SECONDS",
+        help="The most --slurm's gathering (and --audit's scontrol calls) may take.",
     ),
     segment: int | None = typer.Option(
-        None, "--segment", metavar="S", help="Whole segments of S fit nodes per domain (Slurm's --segment)."
+        None,
+        "--segment",
+        metavar="S",
+        help="Whole segments of S fit nodes per domain (Slurm's --segment); with --job, its segment size.",
     ),
     nodes: int | None = typer.Option(
         None,

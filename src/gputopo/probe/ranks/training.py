@@ -103,44 +103,74 @@ _REFERENCE_CACHE: dict[tuple[Any, ...], dict[str, Any]] = {}
 @dataclass
 class References:
     """The two reference runs: run 1 (DataParallel's float order) is the yardstick, run 2 (DDP's order)
-    measures how far an equally valid run strays from it."""
+    measures how far an equally valid run strays from it. Run 2 is run only when a check's curve leaves
+    the fixed tolerance (``second_run_if_needed``): until then ``second_losses`` is ``None``."""
 
     first: dict[str, Any]
-    second_losses: list[float]
+    second_losses: list[float] | None
     second_device: str
 
     def metrics(self) -> dict[str, Any]:
-        """Reference losses of both runs, for the judge."""
+        """Reference losses of both runs, for the judge (``ref2_losses`` empty when run 2 was not needed)."""
         return {
             "ref_losses": self.first["losses"],
-            "ref2_losses": self.second_losses,
+            "ref2_losses": self.second_losses if self.second_losses is not None else [],
+            "ref2_run": self.second_losses is not None,
             "ref_wall_s": self.first["wall_s"],
-            "ref2_device": self.second_device,
+            "ref2_device": self.second_device if self.second_losses is not None else None,
             "ref_scaler": self.first.get("amp", {}).get("scaler"),
         }
 
 
-def reference_runs(ctx: RankContext, group: Any = None) -> References | None:
-    """Both reference runs at once: run 1 in rank 0, run 2 in rank 1 (rank 0 again when it is alone).
+def _second_rank(ctx: RankContext) -> int:
+    return 1 if ctx.world > 1 else 0
 
-    Collective: every rank calls it; rank 0 gets the ``References``, the others ``None``. On GPUs, run 2
-    on a second device also folds that device's kernel nondeterminism into the noise floor.
+
+def reference_runs(ctx: RankContext, group: Any = None) -> References | None:
+    """Reference run 1 in rank 0 (the others wait); run 2 waits until a check needs it.
+
+    Collective: every rank calls it; rank 0 gets the ``References``, the others ``None``.
     """
-    second_rank = 1 if ctx.world > 1 else 0
     first = reference_run(ctx, "run 1", per_chunk_backward=False) if ctx.rank == 0 else None
-    second = reference_run(ctx, "run 2", per_chunk_backward=True) if ctx.rank == second_rank else None
-    path = ctx.out_dir / "reference-run2.json"
-    if ctx.rank == second_rank and second_rank != 0:
-        assert second is not None
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(second["losses"]))
-        os.replace(tmp, path)
     wait_for_others(ctx, group)
     if ctx.rank != 0:
         return None
     assert first is not None
-    second_losses = second["losses"] if second is not None else json.loads(path.read_text())
-    return References(first, second_losses, f"{ctx.device.type} rank {second_rank}")
+    return References(first, None, f"{ctx.device.type} rank {_second_rank(ctx)}")
+
+
+def second_run_if_needed(
+    ctx: RankContext, refs: References | None, losses: list[float] | None, tol: float, group: Any = None
+) -> None:
+    """Reference run 2 (in rank 1, rank 0 when it is alone), only when it can change a verdict.
+
+    Run 2 sets the noise floor, and the judge allows a gap of ``max(NOISE_FACTOR x floor, ABS_TOL +
+    tol x |reference|)`` (``verdict.allowed_gap``): it can only widen the fixed tolerance. A check whose
+    every step is within the fixed tolerance of run 1 passes the curve whatever run 2 says, so run 2 is
+    run only for a curve that leaves it (and then once for the launch: ``refs`` keeps it). Collective
+    over the set: rank 0 decides (``losses``, ``refs``: its own), every rank learns it through one
+    all-reduce of a flag on the CPU group. On GPUs, run 2 on a second device also folds that device's
+    kernel nondeterminism into the noise floor.
+    """
+    from gputopo.probe.judge.verdict import judge_curve
+
+    need = 0
+    if ctx.rank == 0 and refs is not None and refs.second_losses is None:
+        need = int(not judge_curve(list(losses or []), refs.first["losses"], [], tol).ok)
+    flag = torch.tensor([need], dtype=torch.int64)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=ctx.wait_group if ctx.wait_group is not None else group)
+    if not int(flag):
+        return
+    second_rank = _second_rank(ctx)
+    second = reference_run(ctx, "run 2", per_chunk_backward=True) if ctx.rank == second_rank else None
+    path = ctx.out_dir / "reference-run2.json"
+    if second is not None and second_rank != 0:
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(second["losses"]))
+        os.replace(tmp, path)
+    wait_for_others(ctx, group)
+    if ctx.rank == 0 and refs is not None:
+        refs.second_losses = second["losses"] if second is not None else json.loads(path.read_text())
 
 
 def _max_abs_diff(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
