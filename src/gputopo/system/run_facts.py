@@ -105,6 +105,24 @@ def _ldconfig_libs() -> dict[str, str]:
     return found
 
 
+INSPECTOR_PLUGIN = "libnccl-profiler-inspector.so"  # NVIDIA/nccl plugins/profiler/inspector/README.md
+
+
+def inspector_plugin(env: Mapping[str, str]) -> str | None:
+    """The path of NCCL's Inspector profiler plugin (``libnccl-profiler-inspector.so``, what ``make`` in
+    NCCL's ``plugins/profiler/inspector`` builds): on ``LD_LIBRARY_PATH``, the standard library folders,
+    beside the libnccl torch would load, or in ldconfig's cache; ``None`` when none is found."""
+    dirs = [d for d in env.get("LD_LIBRARY_PATH", "").split(":") if d] + list(STANDARD_LIB_DIRS)
+    lib = nccl_library()
+    if lib is not None:
+        dirs.append(str(lib.parent))
+    for d in dirs:
+        p = Path(d) / INSPECTOR_PLUGIN
+        if p.is_file():
+            return str(p)
+    return _ldconfig_libs().get(INSPECTOR_PLUGIN)
+
+
 def net_plugin(env: Mapping[str, str]) -> str | None:
     """The path of the NCCL net plugin NCCL would load with ``env``, or ``None`` (its internal one)."""
     name = env.get("NCCL_NET_PLUGIN", "").strip()
