@@ -192,3 +192,20 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, make):
     result = CliRunner().invoke(app, ["slow", str(target)])
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
+
+
+def test_another_key_order_and_p2p_lines_read_the_same(tmp_path):
+    """A log not in the writer's order (another version) or with point-to-point lines is read line by
+    line with json: the same answer as the fast reading."""
+    lines = job_lines(8, 40, late_rank=4, late_frac=0.2, seed=13)
+    write_job(tmp_path / "fast", lines)
+    reordered = {k: [json.dumps(json.loads(ln), sort_keys=True) for ln in v] for k, v in lines.items()}
+    p2p = '{"header":{"id":"0x1","comm_name":"pp","rank":0,"n_ranks":2,"nnodes":1},"metadata":{},'
+    p2p += '"p2p_perf":{"p2p":"Send","p2p_sn":1}}'
+    for v in reordered.values():
+        v.insert(3, p2p)
+    write_job(tmp_path / "slow", reordered)
+    fast, slow = analyse(tmp_path / "fast"), analyse(tmp_path / "slow")
+    assert [s.rank for s in fast.judgement.stragglers] == [s.rank for s in slow.judgement.stragglers] == [4]
+    assert fast.judgement.ranks == slow.judgement.ranks
+    assert any("point-to-point" in n for n in slow.notes)

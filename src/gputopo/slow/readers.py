@@ -43,7 +43,10 @@ MAX_NCCL_TESTS_BYTES = 64 * 1024 * 1024
 INSPECTOR_SUFFIX = ".log"
 
 
-OpKey = tuple[bytes, bytes, bytes, bytes]  # (communicator id, coll, coll_sn, message bytes), as written
+# (communicator id, b'"coll":"AllReduce","coll_sn":12,"coll_msg_size_bytes":4096'), as written: one
+# operation's identity; its parts are read once per operation, not once per line.
+OpKey = tuple[bytes, bytes]
+_KEY = re.compile(rb'"coll":"([^"\\]*)","coll_sn":(\d+),"coll_msg_size_bytes":(\d+)')
 
 
 @dataclass
@@ -71,13 +74,15 @@ class InspectorRead:
 
 
 def looks_like_inspector(path: Path) -> bool:
-    """A file whose first line is an Inspector record (read only its first 4 KiB)."""
+    """A file whose first line is an Inspector record: a JSON object with ``header`` and ``metadata``
+    (read only its first 16 KiB)."""
     try:
         with path.open("rb") as f:
-            head = f.read(4096)
+            head = f.read(16384)
     except OSError:
         return False
-    return head.lstrip().startswith(b'{"header"') and b'"metadata"' in head
+    first = head.lstrip().split(b"\n", 1)[0]
+    return first.startswith(b"{") and b'"header":' in first and b'"metadata":' in first
 
 
 def inspector_files(folder: Path) -> list[Path]:
@@ -102,10 +107,11 @@ def read_inspector(paths: Iterable[Path]) -> InspectorRead:
 # (<hostname>-pid<pid>.log), so its metadata is the same on every line and is read once, and so is each
 # communicator's header. A file this pattern does not account for line by line (another version's
 # order, another writer) is read with json instead: slower, same answer.
-_FAST = re.compile(
-    rb'\{"header":\{"id":"([^"\\]*)"(,[^{}]*)\},"metadata":\{[^{}]*\},"coll_perf":\{"coll":"([^"\\]*)",'
-    rb'"coll_sn":(\d+),"coll_msg_size_bytes":(\d+),"coll_exec_time_us":(\d+)[,}]'
+_HEAD = re.compile(rb'\{"header":\{"id":"([^"\\]*)"')
+_PERF = re.compile(
+    rb'"coll_perf":\{("coll":"[^"\\]*","coll_sn":\d+,"coll_msg_size_bytes":\d+),"coll_exec_time_us":(\d+)[,}]'
 )
+_ONE_HEAD = rb'\{"header":\{"id":"%s"(,[^{}]*)\},"metadata":\{[^{}]*\},"coll_perf"'
 _META = re.compile(
     rb'"metadata":\{"inspector_output_format_version":"([^"\\]*)",[^{}]*"hostname":"((?:[^"\\]|\\.)*)",'
     rb'"pid":(\d+)\}'
@@ -141,29 +147,36 @@ def _parse_inspector(data: bytes, out: InspectorRead) -> None:
 
 
 def _fast(data: bytes, n_lines: int, out: InspectorRead) -> bool:
-    meta = _META.search(data, 0, data.find(b"\n"))
-    if meta is None:
-        return False
+    first_end = data.find(b"\n")
+    meta = _META.search(data, 0, first_end)
+    if meta is None or data.count(b'"p2p_perf":'):
+        return False  # point-to-point lines interleave with the collectives': line by line
     version, host_b, pid_b = meta.groups()
-    if data.count(b'"hostname":"' + host_b + b'","pid":' + pid_b + b"}") != n_lines:
+    # One process per file (the plugin names it <hostname>-pid<pid>.log): its first and last lines agree.
+    last = data.rfind(b"\n", 0, len(data) - 1) + 1
+    if data.find(b'"hostname":"' + host_b + b'","pid":' + pid_b + b"}", last) < 0:
         return False
-    found = _FAST.findall(data)
-    p2p = data.count(b'"p2p_perf":')
-    if len(found) + p2p != n_lines:
+    perf = _PERF.findall(data)
+    if len(perf) != n_lines:
+        return False
+    ids = _HEAD.findall(data)
+    if len(ids) != n_lines:
         return False
     f = InspectorFile(host=json.loads(b'"' + host_b + b'"'), pid=int(pid_b))
-    if found:
-        ids, rests, colls, sns, sizes, execs = zip(*found, strict=True)
-        for comm, rest in set(zip(ids, rests, strict=True)):
-            head = json.loads(b'{"id":"' + comm + b'"' + rest + b"}")
+    if perf:
+        keys, execs = zip(*perf, strict=True)
+        for comm in set(ids):
+            m = re.search(_ONE_HEAD % re.escape(comm), data)
+            if m is None:
+                return False
+            head = json.loads(b'{"id":"' + comm + b'"' + m.group(1) + b"}")
             f.comms[comm] = (
                 int(head["rank"]),
                 int(head["n_ranks"]),
                 str(head.get("comm_name") or comm.decode()),
             )
-        f.execs = dict(zip(zip(ids, colls, sns, sizes, strict=True), map(int, execs), strict=True))
+        f.execs = dict(zip(zip(ids, keys, strict=True), map(int, execs), strict=True))
     out.versions.add(version.decode("utf-8", "replace"))
-    out.p2p += p2p
     out.files.append(f)
     return True
 
@@ -184,12 +197,12 @@ def _add_doc(doc: Any, out: InspectorRead, files: dict[tuple[str, int], Inspecto
         f = files.setdefault(proc, InspectorFile(*proc))
         comm = str(head["id"]).encode()
         f.comms[comm] = (int(head["rank"]), int(head["n_ranks"]), str(head.get("comm_name") or head["id"]))
-        key = (
-            comm,
-            str(perf["coll"]).encode(),
-            b"%d" % int(perf["coll_sn"]),
-            b"%d" % int(perf.get("coll_msg_size_bytes") or 0),
+        ident = b'"coll":%s,"coll_sn":%d,"coll_msg_size_bytes":%d' % (
+            json.dumps(str(perf["coll"])).encode(),
+            int(perf["coll_sn"]),
+            int(perf.get("coll_msg_size_bytes") or 0),
         )
+        key = (comm, ident)
         f.execs[key] = int(float(perf["coll_exec_time_us"]))
     except (KeyError, TypeError, ValueError, AttributeError):
         out.bad += 1
@@ -202,23 +215,31 @@ def inspector_ops(read: InspectorRead, rank_of: Mapping[tuple[str, int], int]) -
     placed = sorted(
         ((rank_of[(f.host, f.pid)], f) for f in read.files if (f.host, f.pid) in rank_of), key=lambda x: x[0]
     )
+    if not placed:
+        return []
     keys: set[OpKey] = set()
     for _, f in placed:
         keys.update(f.execs)
+    order = list(keys)
     names = {c: name for _, f in placed for c, (_r, _n, name) in f.comms.items()}
-    ops = []
     everyone = tuple(r for r, _ in placed)
-    for key in keys:
-        execs = [f.execs.get(key) for _, f in placed]
-        if None in execs:
-            rows = [(r, e) for (r, _), e in zip(placed, execs, strict=True) if e is not None]
-            ranks = tuple(r for r, _ in rows)
-            got = [e for _, e in rows]
+    # One column per rank in the keys' order (C-level lookups), then one row per operation.
+    columns = [list(map(f.execs.get, order)) for _, f in placed]
+    to_ms = (0.001).__mul__
+    ops = []
+    for key, row in zip(order, zip(*columns, strict=True), strict=True):
+        if None in row:
+            pairs = [(r, e) for r, e in zip(everyone, row, strict=True) if e is not None]
+            ranks = tuple(r for r, _ in pairs)
+            got: tuple[int, ...] = tuple(e for _, e in pairs)
         else:
-            ranks = everyone
-            got = execs  # type: ignore[assignment]
+            ranks, got = everyone, row  # type: ignore[assignment]
         longest = max(got)
-        comm, coll, sn, size = key
+        comm, ident = key
+        parts = _KEY.match(ident)
+        if parts is None:
+            continue
+        coll, sn, size = parts.groups()
         ops.append(
             Op(
                 comm=names.get(comm, comm.decode()),
@@ -226,7 +247,7 @@ def inspector_ops(read: InspectorRead, rank_of: Mapping[tuple[str, int], int]) -
                 seq=int(sn),
                 size=int(size),
                 ranks=ranks,
-                lateness=tuple((longest - e) / 1000.0 for e in got),
+                lateness=tuple(map(to_ms, map(longest.__sub__, got))),
                 duration_ms=longest / 1000.0,
                 busy_ms=sum(got) / 1000.0,
             )
