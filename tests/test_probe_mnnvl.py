@@ -198,6 +198,11 @@ def test_nccl_mnnvl_enable_0_is_named_as_the_cause() -> None:
     _, section = run(NET_FALLBACK, {0: DOMAIN_A, 1: DOMAIN_A}, [], env={"NCCL_MNNVL_ENABLE": "0"})
     assert kinds(section) == [("mnnvl", [0, 1])]
     assert section["findings"][0]["detail"].endswith("(MNNVL 0): NCCL_MNNVL_ENABLE=0 is set")
+    # NCCL skips the check just the same without P2P (ncclGetUserP2pLevel: LOC) or without cuMem.
+    _, section = run(NET_FALLBACK, {0: DOMAIN_A, 1: DOMAIN_A}, [], env={"NCCL_P2P_LEVEL": "LOC"})
+    assert section["findings"][0]["detail"].endswith("(MNNVL 0): NCCL_P2P_LEVEL=LOC is set")
+    _, section = run(NET_FALLBACK, {0: DOMAIN_A, 1: DOMAIN_A}, [], env={"NCCL_CUMEM_ENABLE": "0"})
+    assert section["findings"][0]["detail"].endswith("(MNNVL 0): NCCL_CUMEM_ENABLE=0 is set")
 
 
 def test_the_imex_warnings_are_problems_even_when_the_run_crashed() -> None:

@@ -228,9 +228,18 @@ def judge_mnnvl(
     crossed_by_net = bool(net["via"]) or any(c["nnodes"] > 1 and not c["mnnvl"] for c in log["comms"])
     if shared and not used and not log["warnings"] and crossed_by_net:
         why = []
-        off = {v for v in _env(local, "NCCL_MNNVL_ENABLE").values() if v.strip() == "0"}
-        if off:
-            why.append("NCCL_MNNVL_ENABLE=0 is set")
+        # What keeps NCCL from even trying (src/init.cc: the check runs only with NCCL_MNNVL_ENABLE not 0
+        # and a P2P level above LOC, ncclGetUserP2pLevel from NCCL_P2P_DISABLE/NCCL_P2P_LEVEL; src/mnnvl.cc:
+        # it needs cuMem, NCCL_CUMEM_ENABLE).
+        for name, values in (
+            ("NCCL_MNNVL_ENABLE", ("0",)),
+            ("NCCL_P2P_DISABLE", ("1",)),
+            ("NCCL_P2P_LEVEL", ("LOC", "0")),
+            ("NCCL_CUMEM_ENABLE", ("0",)),
+        ):
+            set_to = sorted({v.strip() for v in _env(local, name).values() if v.strip().upper() in values})
+            if set_to:
+                why.append(f"{name}={set_to[0]} is set")
         stuck = [g for g in log["gpus"] if g["state"] != FABRIC_COMPLETED]
         if stuck:
             g = stuck[0]
