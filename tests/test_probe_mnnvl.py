@@ -291,3 +291,46 @@ def test_the_cpu_rank_drill_fails_with_the_sentence(tmp_path: Path) -> None:
     )
     assert "/dev/nvidia-caps-imex-channels" in first["remedy"]
     assert probe_processes(tmp_path) == []
+
+
+def test_each_node_reports_its_domain_rack_and_imex_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    from gputopo.model import Gpu, GpuFabric
+    from gputopo.system.run_facts import imex_state, nvlink_facts
+    from gputopo.system.sysfs import FsView
+
+    fabric = GpuFabric(state="completed", status=0, cluster_uuid=DOMAIN_A.split(".")[0], clique_id=32766,
+                       chassis_serial="1821234567890", tray_index=3, slot=12)  # fmt: skip
+    topo = SimpleNamespace(gpus=[Gpu(index=i, fabric=fabric) for i in range(4)])
+    facts = nvlink_facts(topo)
+    assert facts["nvlink_domain"]["id"] == DOMAIN_A and facts["rack"] == "1821234567890"
+    assert nvlink_facts(SimpleNamespace(gpus=[Gpu(index=0)])) == {"nvlink_domain": None, "rack": None}
+    # IMEX: no configuration and no channels folder: nothing to compare.
+    etc = tmp_path / "etc"
+    (etc / "nvidia-imex").mkdir(parents=True)
+    fs = FsView(tmp_path / "sys", tmp_path / "proc", etc)
+    channels = tmp_path / "nvidia-caps-imex-channels"
+    assert imex_state(str(channels), fs) is None
+    channels.mkdir()
+    assert imex_state(str(channels), fs) == "not configured, no channel"
+    (channels / "channel0").touch()
+    # A node configuration with members, and no nvidia-imex-ctl anywhere it is looked for.
+    (etc / "nvidia-imex" / "nodes_config.cfg").write_text("10.0.0.1\n10.0.0.2\n")
+    monkeypatch.setattr("gputopo.system.imex.ctl_path", lambda: None)
+    assert imex_state(str(channels), fs) == "nvidia-imex-ctl missing, 1 channel"
+
+
+def test_inject_mnnvl_on_one_machine_is_a_usage_error() -> None:
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "gputopo", "probe", "--device", "cpu", "--gpus", "0,1", "--inject", "mnnvl"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "GPUTOPO_SLURM": "0"},
+    )  # fmt: skip
+    assert done.returncode == 2 and "--inject mnnvl is a drill of the inter-node tests" in done.stderr
+    assert "Traceback" not in done.stderr

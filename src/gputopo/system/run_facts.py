@@ -190,7 +190,8 @@ def imex_state(channels_dir: str = IMEX_CHANNELS_DIR, fs: Any = None) -> str | N
     if not reading.configured:
         daemon = "not configured"
     elif reading.daemon is None or reading.daemon.stdout is None:
-        daemon = "daemon not answering"
+        missing = reading.daemon is not None and "not found" in (reading.daemon.error or "")
+        daemon = "nvidia-imex-ctl missing" if missing else "daemon not answering"
     else:
         daemon = f"daemon {daemon_state(reading.daemon.stdout) or 'unreadable'}"
     count = "no channel" if not channels else f"{channels} channel{'s' if channels != 1 else ''}"

@@ -45,8 +45,9 @@ FABRIC_COMPLETED = 3
 
 # The NVLink bandwidth a GPU has into the domain, GB/s per direction (half of the bidirectional figure of
 # NVIDIA's datasheets): GB200 NVL72 and GB300 NVL72, "fifth-generation NVLink ... 1.8 TB/s" GPU-to-GPU
-# (18 links x 50 GB/s each way); GH200 NVL32, fourth-generation NVLink, 900 GB/s (18 x 25). The first
-# match on the GPU's name wins; ``GPUTOPO_NVLINK_DOMAIN_GBPS`` overrides it.
+# (18 links x 50 GB/s each way; 130 TB/s over the rack's 72 GPUs); GH200 NVL32, fourth-generation
+# NVLink, 900 GB/s (18 x 25). The first match on the GPU's name wins; ``GPUTOPO_NVLINK_DOMAIN_GBPS``
+# overrides it.
 NVLINK_CLASS_GBPS: tuple[tuple[str, float], ...] = (("GB300", 900.0), ("GB200", 900.0), ("GH200", 450.0))
 OVERRIDE_VARIABLE = "GPUTOPO_NVLINK_DOMAIN_GBPS"
 
