@@ -209,3 +209,18 @@ def test_another_key_order_and_p2p_lines_read_the_same(tmp_path):
     assert [s.rank for s in fast.judgement.stragglers] == [s.rank for s in slow.judgement.stragglers] == [4]
     assert fast.judgement.ranks == slow.judgement.ranks
     assert any("point-to-point" in n for n in slow.notes)
+
+
+def test_live_on_a_folder_without_this_hosts_ranks_is_one_line(tmp_path):
+    """--live asks the running job's ranks on this host (as `hang --live`): a folder whose record names
+    none is bad input, one line, exit 2."""
+    from gputopo.system.pyspy import find_pyspy
+
+    if find_pyspy() is None:
+        pytest.skip("py-spy is not installed")
+    (tmp_path / "run-record-elsewhere.json").write_text(
+        json.dumps({"schema": "gputopo/run-record/v1", "host": "elsewhere", "ranks": [], "gpus": []})
+    )
+    result = CliRunner().invoke(app, ["slow", "--live", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert "names no rank with a PID on this host" in result.output
