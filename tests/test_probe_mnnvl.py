@@ -189,6 +189,11 @@ def test_net_fallback_across_a_shared_domain_is_a_problem_with_the_imex_remedy()
     # A tray whose fabric registration never completed is named as the reason.
     _, section = run([*fabric_lines(state=2), *NET_FALLBACK[4:]], {0: DOMAIN_A, 1: DOMAIN_A}, [])
     assert "GPU 8000's fabric registration is in progress" in section["findings"][0]["detail"]
+    # Without NCCL's INIT lines nothing is claimed either way, and the note says why.
+    _, section = run([], {0: DOMAIN_A, 1: DOMAIN_A}, [])
+    assert section["findings"] == [] and any(
+        "whether it used the domain is unknown" in n for n in section["notes"]
+    )
     # Nodes in no domain (H100 boxes) going over IB: nothing to say about NVLink.
     _, section = run(NET_FALLBACK[4:], {0: None, 1: None}, [])
     assert section["findings"] == []

@@ -260,6 +260,13 @@ def judge_mnnvl(
                     "remedy": REMEDY,
                 }
             )
+    if shared and not (used or log["warnings"] or log["comms"] or net["via"]):
+        names = ", ".join(shared)
+        notes.append(
+            f"nodes share the NVLink domain {names}, but NCCL logged no communicator or channel lines "
+            "(NCCL_DEBUG below INFO, or NCCL_DEBUG_SUBSYS without INIT): whether it used the domain is "
+            "unknown"
+        )
     if len(set(filter(None, domains.values()))) > 1:
         named = "; ".join(
             f"{d}: node {', '.join(map(str, ns))}" for d, ns in _by_domain(domains, nodes).items()
