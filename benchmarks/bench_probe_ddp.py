@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -47,13 +48,16 @@ dist.destroy_process_group()
 """
 
 
-def _timed(cmd: list[str], env: dict[str, str]) -> float:
+def _timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall s, CPU s of the command and every process it started) of one run."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     elapsed = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         sys.exit(f"failed ({done.returncode}): {' '.join(cmd)}\n{done.stderr[-2000:]}")
-    return elapsed
+    return elapsed, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def main() -> None:
@@ -82,19 +86,29 @@ def main() -> None:
     baseline = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     baseline += [str(script), str(args.steps), str(args.batch_size)]
 
-    probe_s, baseline_s = [], []
+    probe_s, baseline_s, probe_cpu, baseline_cpu = [], [], [], []
     try:
         _timed(baseline, env)  # warm the file cache for both: the first import of torch is slow
         for i in range(args.runs):
-            probe_s.append(_timed(probe, env))
-            baseline_s.append(_timed(baseline, env))
-            print(f"run {i + 1}: probe {probe_s[-1]:.2f} s, baseline {baseline_s[-1]:.2f} s", flush=True)
+            wall, cpu = _timed(probe, env)
+            probe_s.append(wall)
+            probe_cpu.append(cpu)
+            wall, cpu = _timed(baseline, env)
+            baseline_s.append(wall)
+            baseline_cpu.append(cpu)
+            print(
+                f"run {i + 1}: probe {probe_s[-1]:.2f} s ({probe_cpu[-1]:.1f} s CPU), baseline "
+                f"{baseline_s[-1]:.2f} s ({baseline_cpu[-1]:.1f} s CPU)",
+                flush=True,
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     p, b = statistics.median(probe_s), statistics.median(baseline_s)
     ratio = p / b
     print(f"# steps {args.steps}, batch {args.batch_size} per rank, 2 gloo ranks, {args.runs} runs each")
     print(f"median probe {p:.2f} s, median baseline {b:.2f} s, ratio {ratio:.2f} (target <= {TARGET_RATIO})")
+    cpu_ratio = statistics.median(probe_cpu) / statistics.median(baseline_cpu)
+    print(f"CPU-time ratio {cpu_ratio:.2f} (the command and every process it started; swings less)")
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
     print("PASS" if ratio <= TARGET_RATIO else "FAIL")
 

@@ -365,3 +365,28 @@ def test_handles_refused_for_permission_or_by_cgroups_are_not_accessible(
     for i in (6, 7):
         assert gpu(doc, i)["state"] == "not accessible" and gpu(doc, i)["error"].startswith(words)
     assert gpu(doc, 3)["state"] is None and gpu(doc, 3)["uuid"] == uuid(3)
+
+
+def test_recommend_on_a_recovery_action_board_keeps_p2p_work_off_a_drain_p2p_gpu(
+    driver: Path, tmp_path: Path
+) -> None:
+    """NVML's recovery action read through the real pynvml (field 230): DRAIN_P2P (3) on GPU3 keeps it out
+    of every set of two or more, said why; GPU_RESET (1) on GPU6 keeps it out of every set; n=1 may use 3."""
+    lines = [
+        "driver 570.86.15",
+        *(f"gpu {i} {bus(i)} {uuid(i)} {i} NVIDIA H100 PCIe" for i in range(8)),
+        *(f"pcie {i} 5 5 16 16" for i in range(8)),
+        *(f"mem {i} 81559 0 512" for i in range(8)),
+        *(f"mig {i} 0 0" for i in range(8)),
+        *(f"field {i} 230 {({3: 3, 6: 1}).get(i, 0)}" for i in range(8)),
+    ]
+    board = machine(tmp_path, "\n".join(lines) + "\n")
+    result = fake_driver.run(driver, board, "recommend", "--n", "4", "--json", *TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    why = {e["gpu"]: e["why"] for e in doc["excluded"]}
+    assert set(why) == {3, 6}, why
+    assert "the driver asks to keep P2P work off it" in why[3] and "GPU reset" in why[6]
+    assert not {3, 6} & set(doc["candidates"][0]["gpus"])
+    one = json.loads(fake_driver.run(driver, board, "recommend", "--n", "1", "--json", *TIMEOUT).stdout)
+    assert [e["gpu"] for e in one["excluded"]] == [6]

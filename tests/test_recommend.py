@@ -517,3 +517,30 @@ def test_sixteen_gpus_answer_fast(topo):
         rec = recommend(topo, Constraints(n=k))
         assert time.process_time() - start < 10, f"K={k} took far too long: the search blew up"
         assert len(rec.best.gpus) == k
+
+
+def test_a_gpu_the_driver_drains_of_p2p_is_left_out_of_multi_gpu_sets_only() -> None:
+    """NVML recovery action DRAIN_P2P on GPU3 (a note for check) keeps it out of every set of two or more,
+    said as the reason; a one-GPU set may use it. GPU_RESET on GPU6 is a problem: out of every set."""
+    from gputopo.health.judge import judge_one
+    from gputopo.health.readings import GpuHealth, HealthSample
+
+    sample = HealthSample(
+        taken_s=0.0,
+        gpus=tuple(GpuHealth(index=i, recovery_action={3: 3, 6: 1}.get(i, 0)) for i in range(8)),
+    )
+    judged = judge_one(sample)
+    assert list(judged.p2p_drained_gpus()) == [3] and list(judged.unhealthy_gpus()) == [6]
+    topo = samples.load("seed-8gpu-nv4")
+    health = {
+        "unhealthy": tuple(sorted(judged.unhealthy_gpus().items())),
+        "no_p2p": tuple(sorted(judged.p2p_drained_gpus().items())),
+    }
+    four = recommend(topo, Constraints(n=4, **health))
+    assert not {3, 6} & {g for c in four.candidates for g in c.gpus}
+    why = {e.gpu: e.why for e in four.excluded}
+    assert "the driver asks to keep P2P work off it" in why[3] and "drain P2P" in why[3]
+    assert why[6].startswith("health: ") and "GPU reset" in why[6]
+    one = recommend(topo, Constraints(n=1, top=8, **health))
+    assert {e.gpu for e in one.excluded} == {6}  # GPU3 may hold a one-GPU job
+    assert 6 not in {g for c in one.candidates for g in c.gpus}

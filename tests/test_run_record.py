@@ -228,3 +228,96 @@ def test_a_ranks_recorded_start_time_reaches_hangs_placement(tmp_path: Path) -> 
         (0, 4242, 1764300000.25),
         (1, 4243, None),
     ]
+
+
+# --- every rank stays in the record; NCCL's Inspector armed; gputopo slow on a real job --------------------
+
+
+def test_a_rank_that_exits_first_stays_in_the_record() -> None:
+    from gputopo.launch.record import with_ranks
+
+    record = {"host": "h", "gpus": [{"local_rank": i, "index": i} for i in range(4)], "ranks": []}
+    everyone = [{"rank": r, "local_rank": r, "pid": 100 + r, "started": 1.0} for r in range(4)]
+    record = with_ranks(record, everyone)
+    record = with_ranks(record, everyone[2:])  # ranks 0 and 1 ended first
+    rows = {r["rank"]: r for r in record["ranks"]}
+    assert sorted(rows) == [0, 1, 2, 3]
+    assert [rows[r]["exited"] for r in range(4)] == [True, True, False, False]
+    assert rows[0]["pid"] == 100 and rows[0]["gpu"] == 0
+
+
+def test_inspector_env_arms_the_plugin_and_keeps_what_the_user_set() -> None:
+    from gputopo.launch.record import inspector_env
+
+    env, kept = inspector_env(
+        {"NCCL_INSPECTOR_DUMP_THREAD_INTERVAL_MICROSECONDS": "500"}, "/x/lib.so", "/r/inspector"
+    )
+    assert env["NCCL_PROFILER_PLUGIN"] == "/x/lib.so" and env["NCCL_INSPECTOR_ENABLE"] == "1"
+    assert env["NCCL_INSPECTOR_DUMP_DIR"] == "/r/inspector"
+    assert kept == {"NCCL_INSPECTOR_DUMP_THREAD_INTERVAL_MICROSECONDS": "500"}
+    assert inspector_env({}, None, "/r/inspector") == ({}, {})
+
+
+def test_run_inspector_without_the_plugin_says_how_and_runs(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    done = _run_print_env(
+        tmp_path, "--inspector", "--run-dir", str(tmp_path / "run"), env={"LD_LIBRARY_PATH": ""}
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Inspector plugin (libnccl-profiler-inspector.so) was not found" in done.stderr
+    assert _record(tmp_path / "run")["inspector"]["armed"] is False
+    assert sorted(_rank_env(tmp_path)) == [0, 1]
+
+
+def test_run_inspector_with_a_named_plugin_arms_every_rank(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    plugin = tmp_path / "libnccl-profiler-inspector.so"
+    plugin.write_bytes(b"")  # never loaded: the ranks are CPU ranks, NCCL does not start
+    script = tmp_path / "print_env.py"
+    script.write_text(PRINT_ENV.replace("'NCCL_RUN'", "'NCCL_RUN', 'NCCL_INSPECTOR', 'NCCL_PROFILER'") + "\n")
+    run = tmp_path / "run"
+    done = _gputopo(
+        "run", "--n", "2", "--torchrun", "--exclude", "0", "--input", "sample:seed-8gpu-nv4",
+        "--inspector-plugin", str(plugin), "--run-dir", str(run), "--", str(script), cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    envs = _rank_env(tmp_path)
+    for env in envs.values():
+        assert env["NCCL_PROFILER_PLUGIN"] == str(plugin) and env["NCCL_INSPECTOR_ENABLE"] == "1"
+        assert env["NCCL_INSPECTOR_DUMP_DIR"] == str((run / "inspector").resolve())
+    assert _record(run)["inspector"]["armed"] is True and (run / "inspector").is_dir()
+    bad = _gputopo(
+        "run", "--n", "1", "--inspector-plugin", str(tmp_path / "nope.so"), "--", "true", cwd=tmp_path
+    )
+    assert bad.returncode == 2 and "no such file" in bad.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("slow_rank", [5, None])
+def test_slow_names_the_late_rank_of_a_real_job_under_run(tmp_path: Path, slow_rank: int | None) -> None:
+    """8 gloo CPU ranks under `gputopo run`, 40 steps of 20 ms and one all-reduce; rank 5 sleeps 30 ms
+    more each step. `gputopo slow RUN_DIR` names it from the Flight Recorder's creation times, on this
+    host, with its GPU from the run record; without the sleep there is no straggler."""
+    pytest.importorskip("torch")
+    run_dir = tmp_path / "run"
+    env = {"SLOW_JOB_EXTRA_MS": "30"}
+    if slow_rank is not None:
+        env["SLOW_JOB_RANK"] = str(slow_rank)
+    done = _gputopo(
+        "run", "--n", "8", "--torchrun", "--input", "sample:seed-8gpu-nv4", "--run-dir", str(run_dir),
+        "--", str(HERE / "helpers" / "slow_job.py"), env=env, cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(list(run_dir.glob("fr-dump-*"))) == 8
+    assert len(_record(run_dir)["ranks"]) == 8  # every rank, also those that ended first
+    slow = _gputopo("slow", str(run_dir), "--json", cwd=tmp_path)
+    doc = json.loads(slow.stdout)
+    if slow_rank is None:
+        assert slow.returncode == 0, slow.stdout[-2000:]
+        assert doc["stragglers"] == []
+        return
+    assert slow.returncode == 1, slow.stdout[-2000:]
+    (s,) = doc["stragglers"]
+    gpus = {g["local_rank"]: g["index"] for g in _record(run_dir)["gpus"]}
+    assert (s["rank"], s["host"], s["gpu"]) == (slow_rank, socket.gethostname(), gpus[slow_rank])
+    assert s["lateness_ms"] > 10

@@ -7,7 +7,8 @@ slow rings that no single node's check shows (nccl#1634: one node's other plugin
 grouped as value -> nodes, as NCCL's RAS diagnostics print it, and judged: a different GPU count, NCCL
 version or NCCL net plugin is a problem (the ranks cannot agree on a ring or a transport), any other
 difference (driver, CUDA, torch, GPU model, VBIOS, GPUDirect RDMA mode, RDMA port count or rates, an
-``NCCL_*`` or ``TORCH_NCCL_*`` variable) a note.
+``NCCL_*`` or ``TORCH_NCCL_*`` variable, the NVLink domain or rack: a job may span racks) a note.
+A different IMEX state (its daemon, its channels) is a problem: NVLink between the nodes depends on it.
 """
 
 from __future__ import annotations
@@ -31,8 +32,13 @@ FACT_KEYS = (
     "gdr",
     "rdma_ports",
     "nic_rates_gbps",
+    "nvlink_domain",
+    "rack",
+    "imex",
 )
-PROBLEM_KEYS = frozenset({"gpu_count", "nccl", "net_plugin"})
+# IMEX that differs between nodes: NCCL's MNNVL check runs on every rank of a clique and stops the job
+# (or, with NCCL_MNNVL_ENABLE=0, leaves it on the network) where one node has no channel or daemon.
+PROBLEM_KEYS = frozenset({"gpu_count", "nccl", "net_plugin", "imex"})
 LABELS = {
     "gpu_count": "GPU count",
     "gpu_model": "GPU model",
@@ -45,6 +51,9 @@ LABELS = {
     "gdr": "GPUDirect RDMA",
     "rdma_ports": "RDMA ports",
     "nic_rates_gbps": "RDMA port rates (Gb/s)",
+    "nvlink_domain": "NVLink domain",
+    "rack": "rack (chassis serial)",
+    "imex": "IMEX",
 }
 UNSET = "(unset)"
 UNKNOWN = "(unknown)"
@@ -91,6 +100,8 @@ def _flatten(facts: Mapping[str, Any]) -> dict[str, str]:
         value = facts.get(key)
         if key == "net_plugin":
             out[key] = NO_PLUGIN if value is None else str(value)
+        elif key == "nvlink_domain":
+            out[key] = str(value.get("id")) if isinstance(value, Mapping) and value.get("id") else UNKNOWN
         elif isinstance(value, list | tuple):
             out[key] = ", ".join(str(v) for v in value) if value else UNKNOWN
         else:
@@ -130,7 +141,13 @@ _REMEDY = {
     "protocols and hang at the first collective",
     "net_plugin": "install the same NCCL net plugin (or none) on every node and set NCCL_NET_PLUGIN the "
     "same way; one node on another transport hangs or slows the job (nccl#1634)",
+    "imex": "check IMEX: `nvidia-imex-ctl -N`, the channels in /dev/nvidia-caps-imex-channels, "
+    "`NCCL_MNNVL_ENABLE`; every node of an NVLink domain needs the daemon and a channel",
 }
+_DOMAIN_REMEDY = (
+    "nodes in different NVLink domains (racks) talk over the network: keep a job's tensor- and "
+    "expert-parallel groups inside one domain (`gputopo nodes --segment`)"
+)
 _NOTE_REMEDY = "make the nodes' configuration the same unless the difference is meant"
 
 
@@ -140,7 +157,7 @@ def findings(drifts: list[Drift]) -> list[Finding]:
         Finding(
             where=d.label,
             what=f"differs across nodes: {d.values_text()}",
-            remedy=_REMEDY.get(d.key, _NOTE_REMEDY),
+            remedy=_REMEDY.get(d.key, _DOMAIN_REMEDY if d.key in ("nvlink_domain", "rack") else _NOTE_REMEDY),
             severity=d.severity,
             category="config",
             action="config",

@@ -54,6 +54,7 @@ COMMAND_MODULES = {
     "recommend": "recommend",
     "run": "run",
     "kill-stale": "stale",
+    "slow": "slow",
     "nodes": "racks",
     "topo": "topo",
 }

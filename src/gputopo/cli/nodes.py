@@ -81,12 +81,17 @@ def node_options(
     if node is not None and node.source == "slurm":
         node = _from_slurm(node, job, endpoint)
     if node is None:
+        if inject is not None and inject.value == "mnnvl":
+            raise UsageError(
+                "--inject mnnvl is a drill of the inter-node tests (NCCL between nodes of one NVLink domain)",
+                "run it across nodes: --nnodes 2 --node-rank R --rdzv-endpoint HOST:PORT --device cpu",
+            )
         # On one machine --inject slow slows GPUs in the per-GPU check (plan.config.check_per_gpu).
         return None
     if inject is not None and inject not in ACROSS_NODE_FAULTS:
         raise UsageError(
             f"--inject {inject.value} is a fault of the checks on one machine (training or per-GPU); "
-            "across nodes the inter-node tests take slow, corrupt, hang or crash",
+            "across nodes the inter-node tests take slow, corrupt, hang, crash or mnnvl",
             "drop --nnodes to drill it on one machine, or pick one of those",
         )
     if inject is not None and inject_node is None:

@@ -193,7 +193,8 @@ def with_health(
     sick = judgement.unhealthy_gpus()
     section = health_doc(judgement, LIVE_HEALTH_SOURCE)
     section["allowed"] = constraints.allow_unhealthy
-    return replace(constraints, unhealthy=tuple(sorted(sick.items()))), section
+    no_p2p = tuple(sorted(judgement.p2p_drained_gpus().items()))
+    return replace(constraints, unhealthy=tuple(sorted(sick.items())), no_p2p=no_p2p), section
 
 
 def health_doc(judgement: Judgement, source: str) -> dict[str, Any]:

@@ -75,6 +75,20 @@ def run_command(
         help="Set NCCL_RUN_DIAGNOSTICS=1 (NCCL >= 2.31): NCCL checks GPU peer paths at each communicator "
         "init and prints `NCCL DIAG` lines on rank 0's stdout (read them with gputopo hang --nccl-log).",
     ),
+    inspector: bool = typer.Option(
+        False,
+        "--inspector",
+        help="Arm NCCL's Inspector profiler plugin (NCCL >= 2.28): one JSON line per collective per rank "
+        "in RUN_FOLDER/inspector/, kernel-timed, for `gputopo slow RUN_FOLDER`. Without the plugin the "
+        "job runs anyway and gputopo says how to get it.",
+    ),
+    inspector_plugin: Path | None = typer.Option(
+        None,
+        "--inspector-plugin",
+        metavar="SO",
+        help="The Inspector plugin to load (libnccl-profiler-inspector.so); implies --inspector. "
+        "Default: found on LD_LIBRARY_PATH, the library folders or beside NCCL.",
+    ),
     run_dir: Path | None = typer.Option(
         None,
         "--run-dir",
@@ -93,6 +107,11 @@ def run_command(
         raise UsageError("--json goes with --dry-run", "the command's own output goes to stdout when it runs")
     if not command:
         raise UsageError("no command given", "put it after --, e.g. gputopo run --n 2 -- python train.py")
+    if inspector_plugin is not None and not inspector_plugin.is_file():
+        raise UsageError(
+            f"--inspector-plugin {inspector_plugin}: no such file",
+            "build it with `make` in NCCL's plugins/profiler/inspector, or drop --inspector-plugin",
+        )
     if not dry_run:
         from gputopo.launch.command import check_command
 
@@ -157,9 +176,47 @@ def run_command(
 
     env = merged_env(os.environ, plan)
     armed = _arm(out, topo, plan, env, flight_recorder, nccl_diagnostics, run_dir)
+    if inspector or inspector_plugin is not None:
+        _arm_inspector(out, armed, env, str(inspector_plugin) if inspector_plugin else None)
     env.update(armed.env)
     env["GPUTOPO_RUN_DIR"] = str(armed.folder.resolve())
     raise typer.Exit(run_supervised(plan.argv, env, on_ranks=armed.record_ranks, on_stop=armed.take_evidence))
+
+
+def _arm_inspector(out: Output, armed: _Armed, env: dict[str, str], named: str | None) -> None:
+    """NCCL's Inspector for the job, said in the run record; without a plugin, how to get one."""
+    from gputopo.launch.record import INSPECTOR_DIR_NAME, inspector_env
+    from gputopo.report import atomic_write
+    from gputopo.system import run_facts
+
+    plugin = named or run_facts.inspector_plugin(env)
+    folder = armed.folder.resolve() / INSPECTOR_DIR_NAME
+    extra, kept = inspector_env(env, plugin, str(folder))
+    if not extra and not kept:
+        out.warn(
+            f"--inspector: NCCL's Inspector plugin ({run_facts.INSPECTOR_PLUGIN}) was not found; the job "
+            "runs without it (build it with `make` in NCCL's plugins/profiler/inspector and give "
+            "--inspector-plugin PATH, or put it on LD_LIBRARY_PATH)"
+        )
+        armed.record["inspector"] = {"armed": False, "plugin": None, "dump_dir": None}
+    else:
+        folder.mkdir(parents=True, exist_ok=True)
+        armed.env.update(extra)
+        final = {**env, **extra}
+        armed.record["inspector"] = {
+            "armed": True,
+            "plugin": final.get("NCCL_PROFILER_PLUGIN"),
+            "dump_dir": final.get("NCCL_INSPECTOR_DUMP_DIR"),
+            "kept": kept,
+        }
+        out.err.print(
+            f"gputopo run: NCCL Inspector armed ({final.get('NCCL_PROFILER_PLUGIN')}), logs in "
+            f"{final.get('NCCL_INSPECTOR_DUMP_DIR')}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+    atomic_write(armed.path, json.dumps(armed.record, indent=2) + "\n")
 
 
 class _Armed:

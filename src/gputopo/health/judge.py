@@ -67,6 +67,15 @@ class Judgement:
                 out[f.gpu] = f.what
         return out
 
+    def p2p_drained_gpus(self) -> dict[int, str]:
+        """GPU index -> the finding, for GPUs whose driver asks to keep peer-to-peer work off them (NVML
+        recovery action DRAIN_P2P, 3: a note for ``check``, but no multi-GPU set may hold them)."""
+        return {
+            f.gpu: f.what
+            for f in self.findings
+            if f.gpu is not None and f.rule == "recovery_action" and f.what.endswith(_DRAIN_P2P_MARK)
+        }
+
     def to_json(self) -> dict[str, object]:
         """The health section every command's JSON carries: findings, not checked, unhealthy GPUs."""
         return {
@@ -754,6 +763,8 @@ _RECOVERY_FINDING: dict[int, tuple[str, str]] = {
 }
 # DCGM MonitorGpuRecoveryAction: drain P2P (3) warns; reset, reboot and drain-and-reset fail.
 _RECOVERY_NOTES = {3}
+# How the recovery-action finding of DRAIN_P2P (NVML_GPU_RECOVERY_ACTION_DRAIN_P2P = 3) ends its words.
+_DRAIN_P2P_MARK = "(NVML recovery action 3)"
 
 
 def _driver(j: _Judge, g: GpuHealth) -> None:

@@ -94,6 +94,39 @@ def recorder_env(
     )
 
 
+INSPECTOR_DIR_NAME = "inspector"  # RUN_DIR/inspector/: where `gputopo slow RUN_DIR` looks
+# The plugin's settings (NVIDIA/nccl plugins/profiler/inspector/README.md and inspector.cc's table of
+# variables, at 5067397): NCCL loads the plugin named by NCCL_PROFILER_PLUGIN; NCCL_INSPECTOR_ENABLE
+# turns it on; NCCL_INSPECTOR_DUMP_DIR is its output folder (it makes it); only kernel-timed operations
+# are kept (NCCL_INSPECTOR_REQUIRE_KERNEL_TIMING, default 1); the dump interval defaults to -1, "only at
+# communicator teardown", so a job that is killed would leave nothing: once a second instead.
+INSPECTOR_INTERVAL_US = 1_000_000
+
+
+def inspector_env(
+    environ: Mapping[str, str], plugin: str | None, dump_dir: str
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The variables that arm NCCL's Inspector for a launch (none without a plugin), and those the user
+    had set already (kept)."""
+    if plugin is None and not environ.get("NCCL_PROFILER_PLUGIN"):
+        return {}, {}
+    wanted = {
+        "NCCL_PROFILER_PLUGIN": plugin or "",
+        "NCCL_INSPECTOR_ENABLE": "1",
+        "NCCL_INSPECTOR_DUMP_DIR": dump_dir,
+        "NCCL_INSPECTOR_REQUIRE_KERNEL_TIMING": "1",
+        "NCCL_INSPECTOR_DUMP_THREAD_INTERVAL_MICROSECONDS": str(INSPECTOR_INTERVAL_US),
+    }
+    env: dict[str, str] = {}
+    kept: dict[str, str] = {}
+    for name, value in wanted.items():
+        if environ.get(name):
+            kept[name] = environ[name]
+        else:
+            env[name] = value
+    return env, kept
+
+
 def diagnostics_unsupported(nccl_version: str | None) -> str | None:
     """Why ``NCCL_RUN_DIAGNOSTICS`` will do nothing with this NCCL, or ``None`` (new enough, or unknown)."""
     if not nccl_version:
@@ -220,9 +253,12 @@ def run_record(
 def with_ranks(record: Mapping[str, Any], found: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The record with this node's ranks as the launch found them (``found``: ``rank``, ``local_rank``,
     ``pid``, ``started``), each given its host and GPU (local rank i has the i-th chosen GPU), so
-    ``gputopo hang`` can name a suspect's process and ``--live`` can look at it."""
+    ``gputopo hang`` can name a suspect's process and ``--live`` can look at it. Every rank that ever
+    ran stays: one the launch no longer shows (it ended before the others) keeps its row, marked
+    ``exited``, since ``hang`` and ``slow`` map its dumps and logs (by PID) through this record."""
     gpus = {g.get("local_rank"): g for g in record.get("gpus") or []}
     rows = []
+    now = {r["rank"] for r in found}
     for r in found:
         gpu = gpus.get(r.get("local_rank"))
         rows.append(
@@ -233,6 +269,10 @@ def with_ranks(record: Mapping[str, Any], found: Sequence[Mapping[str, Any]]) ->
                 "started": r.get("started"),
                 "host": record.get("host"),
                 "gpu": gpu.get("index") if gpu else None,
+                "exited": False,
             }
         )
-    return {**record, "ranks": rows}
+    for old in record.get("ranks") or []:
+        if isinstance(old, Mapping) and old.get("rank") not in now:
+            rows.append({**old, "exited": True})
+    return {**record, "ranks": sorted(rows, key=lambda r: r["rank"])}

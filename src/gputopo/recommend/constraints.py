@@ -37,6 +37,9 @@ class Constraints:
     # words; left out unless ``allow_unhealthy``. Empty when health was not read (``--input``).
     unhealthy: tuple[tuple[int, str], ...] = ()
     allow_unhealthy: bool = False
+    # GPUs whose driver asks to keep peer-to-peer work off them (NVML recovery action DRAIN_P2P), each with
+    # the finding: left out of every set of two or more GPUs (unless ``allow_unhealthy``); one GPU may.
+    no_p2p: tuple[tuple[int, str], ...] = ()
     # GPU pairs whose PCIe path crosses a bridge where ACS redirects peer traffic, with those bridges
     # (``fabric.redirected``, live machines only): a set holding one ranks after an equally fast set without.
     redirected: tuple[tuple[int, int, tuple[str, ...]], ...] = ()
@@ -65,6 +68,7 @@ def exclusions(topo: Topology, constraints: Constraints) -> tuple[Exclusion, ...
         if len(f.gpus) == 1
     }
     sick = dict(constraints.unhealthy)
+    no_p2p = dict(constraints.no_p2p)
     out = []
     for gpu in sorted(topo.gpus, key=lambda g: g.index):
         why = []
@@ -92,6 +96,10 @@ def exclusions(topo: Topology, constraints: Constraints) -> tuple[Exclusion, ...
                 )
         if gpu.index in sick and not constraints.allow_unhealthy and not unavailable:
             why.append(f"health: {sick[gpu.index]}")
+        elif (
+            gpu.index in no_p2p and constraints.n > 1 and not constraints.allow_unhealthy and not unavailable
+        ):
+            why.append(f"the driver asks to keep P2P work off it, so no multi-GPU set: {no_p2p[gpu.index]}")
         if why:
             out.append(Exclusion(gpu.index, "; ".join(why)))
     return tuple(out)

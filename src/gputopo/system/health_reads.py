@@ -13,7 +13,9 @@ reasons fall back to the older ``...ClocksThrottleReasons`` name (same bits); fi
 code per field (``nvmlFieldValue_t.nvmlReturn``), so one field's NOT_SUPPORTED does not hide the others;
 page retirement (before Ampere) and row remapping (Ampere and later) replace each other, so the one a GPU
 does not have is not listed as unknown when the other answered; the fabric state is asked through
-``nvmlDeviceGetGpuFabricInfoV`` (v2 struct, with the health mask), else ``nvmlDeviceGetGpuFabricInfo``.
+``nvmlDeviceGetGpuFabricInfoV`` (the v3 struct with the health summary, else v2 with the health mask), else
+``nvmlDeviceGetGpuFabricInfo``, and the platform's rack and tray through ``nvmlDeviceGetPlatformInfo``
+(system/nvml/fabric.py).
 """
 
 from __future__ import annotations

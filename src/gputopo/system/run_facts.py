@@ -20,6 +20,7 @@ import ctypes
 import ctypes.util
 import importlib.metadata
 import importlib.util
+import os
 import socket
 import subprocess
 from collections.abc import Iterable, Mapping
@@ -104,6 +105,24 @@ def _ldconfig_libs() -> dict[str, str]:
     return found
 
 
+INSPECTOR_PLUGIN = "libnccl-profiler-inspector.so"  # NVIDIA/nccl plugins/profiler/inspector/README.md
+
+
+def inspector_plugin(env: Mapping[str, str]) -> str | None:
+    """The path of NCCL's Inspector profiler plugin (``libnccl-profiler-inspector.so``, what ``make`` in
+    NCCL's ``plugins/profiler/inspector`` builds): on ``LD_LIBRARY_PATH``, the standard library folders,
+    beside the libnccl torch would load, or in ldconfig's cache; ``None`` when none is found."""
+    dirs = [d for d in env.get("LD_LIBRARY_PATH", "").split(":") if d] + list(STANDARD_LIB_DIRS)
+    lib = nccl_library()
+    if lib is not None:
+        dirs.append(str(lib.parent))
+    for d in dirs:
+        p = Path(d) / INSPECTOR_PLUGIN
+        if p.is_file():
+            return str(p)
+    return _ldconfig_libs().get(INSPECTOR_PLUGIN)
+
+
 def net_plugin(env: Mapping[str, str]) -> str | None:
     """The path of the NCCL net plugin NCCL would load with ``env``, or ``None`` (its internal one)."""
     name = env.get("NCCL_NET_PLUGIN", "").strip()
@@ -148,6 +167,47 @@ def nccl_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: env[k] for k in sorted(env) if k.startswith(NCCL_ENV_PREFIXES)}
 
 
+# Where the IMEX channels NCCL's MNNVL needs appear (NCCL src/mnnvl.cc names it in its warning).
+IMEX_CHANNELS_DIR = "/dev/nvidia-caps-imex-channels"
+IMEX_READ_S = 2.0  # nvidia-imex-ctl -q runs only where a node configuration lists members
+
+
+def imex_state(channels_dir: str = IMEX_CHANNELS_DIR, fs: Any = None) -> str | None:
+    """This node's IMEX in a few words for drift (``daemon READY, 1 channel``); ``None`` on a machine with
+    neither an IMEX node configuration nor the channels folder (nothing to compare)."""
+    import time
+
+    from gputopo.health.imex import daemon_state
+    from gputopo.system.imex import read_imex
+
+    try:
+        channels: int | None = sum(1 for name in os.listdir(channels_dir) if name.startswith("channel"))
+    except OSError:
+        channels = None
+    reading = read_imex(False, time.monotonic() + IMEX_READ_S, fs)
+    if not reading.configured and channels is None:
+        return None
+    if not reading.configured:
+        daemon = "not configured"
+    elif reading.daemon is None or reading.daemon.stdout is None:
+        missing = reading.daemon is not None and "not found" in (reading.daemon.error or "")
+        daemon = "nvidia-imex-ctl missing" if missing else "daemon not answering"
+    else:
+        daemon = f"daemon {daemon_state(reading.daemon.stdout) or 'unreadable'}"
+    count = "no channel" if not channels else f"{channels} channel{'s' if channels != 1 else ''}"
+    return f"{daemon}, {count}"
+
+
+def nvlink_facts(topology: Any) -> dict[str, Any]:
+    """The node's NVLink domain (``topo --json``'s ``nvlink_domain``) and rack (its chassis serial)."""
+    from gputopo.topology.nvlink_domain import node_domain
+
+    domain = node_domain([g.fabric for g in topology.gpus]) if topology is not None else None
+    if domain is None:
+        return {"nvlink_domain": None, "rack": None}
+    return {"nvlink_domain": domain.to_json(), "rack": domain.chassis_serial}
+
+
 def config_facts(topology: Any, gpus: Iterable[int], env: Mapping[str, str]) -> dict[str, Any]:
     """This node's facts for drift (keys of ``gputopo.drift.FACT_KEYS`` and ``env``). ``topology``
     (a ``model.Topology`` or ``None``) gives the driver, CUDA, GPU model and count when it was read live."""
@@ -177,5 +237,8 @@ def config_facts(topology: Any, gpus: Iterable[int], env: Mapping[str, str]) -> 
         # GPUDirect RDMA mode, RDMA port count and rates (sysfs/procfs): one node without nvidia-peermem
         # or with a port trained down shows as drift.
         **network_summary(),
+        # The NVLink domain and rack (judge.mnnvl reads whether nodes share one) and IMEX.
+        **nvlink_facts(topology),
+        "imex": imex_state(),
         "env": {k: v for k, v in nccl_env(env).items() if not k.startswith("TORCH_FR_")},
     }

@@ -26,6 +26,7 @@ _STAGE_WORDS = {
     "pair": "pair",
     "injected-hang": "injected hang",
     "injected-crash": "injected crash",
+    "injected-mnnvl": "injected MNNVL failure (no IMEX channel)",
 }
 
 

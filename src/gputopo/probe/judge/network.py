@@ -244,7 +244,7 @@ def judge_network(
         peak = max(float(r["busbw_gbps"]) for r in big)
         if peak < LOW_FRACTION * rate["gbs"]:
             low.append((t, peak))
-    if not judged:
+    if not judged and tests:
         notes.append(
             f"no inter-node test reached {MIN_JUDGED_BYTES >> 20} MiB messages: bandwidth not compared with "
             f"the line rate ({rate['gbs']:.1f} GB/s)"

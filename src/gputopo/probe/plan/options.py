@@ -53,10 +53,13 @@ class Fault(str, Enum):
     # across nodes: a delay before each of one node's collectives (a straggler).
     SLOW = "slow"
     SDC = "sdc"  # silent data corruption: one bit of the per-GPU check's result flipped on the GPUs named
+    # Across nodes only, on CPU ranks (which have no NCCL): the ranks of --inject-node write NCCL's log of
+    # an NVLink domain that is there but unusable (no IMEX channel) and stop as NCCL does (judge.mnnvl).
+    MNNVL = "mnnvl"
 
 
 # What the inter-node tests can plant (``gputopo.probe.ranks.crossnode``): no training runs there.
-ACROSS_NODE_FAULTS = (Fault.SLOW, Fault.CORRUPT, Fault.HANG, Fault.CRASH)
+ACROSS_NODE_FAULTS = (Fault.SLOW, Fault.CORRUPT, Fault.HANG, Fault.CRASH, Fault.MNNVL)
 # What only the per-GPU check (``gputopo.probe.ranks.pergpu``) can plant on one machine.
 PER_GPU_FAULTS = (Fault.SLOW, Fault.SDC)
 

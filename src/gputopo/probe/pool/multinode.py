@@ -246,7 +246,8 @@ def run_cross(
 
 # Lines of NCCL's INIT log that say which network carried what (judge.network); a log is read up to this.
 NCCL_LOG_MAX_BYTES = 4 << 20
-_NET_MARKS = ("Using network", "NET/", "via NET")
+# and about the NVLink domain (judge.mnnvl: its MNNVL and NVLS lines, and the communicators' MNNVL flag).
+_NET_MARKS = ("Using network", "NET/", "via NET", "MNNVL", "NVLS comm")
 
 
 def nccl_net_lines(folder: Any) -> list[str]:
@@ -310,7 +311,11 @@ def judge_outcome(
         outcome.joined,
         outcome.progress,
         outcome.message,
-        {"device": config.device, "nccl_lines": outcome.nccl_lines},
+        {
+            "device": config.device,
+            "nccl_lines": outcome.nccl_lines,
+            "nvlink_gbps": os.environ.get("GPUTOPO_NVLINK_DOMAIN_GBPS"),  # judge.mnnvl's override
+        },
     )
 
 

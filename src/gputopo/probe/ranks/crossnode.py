@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 from datetime import timedelta
@@ -127,6 +128,8 @@ def group_test(
         sys.stderr.write(f"gputopo probe: injected crash in rank {dist.get_rank()} during {test['id']}\n")
         sys.stderr.flush()
         os._exit(86)
+    if inject == "mnnvl":
+        fail_as_nccl_without_imex(spec, world, progress, test)
     progress("collective", test)
     # The exact check first: a wrong sum is found before any timing.
     count = 1 << 16
@@ -195,6 +198,23 @@ def group_test(
         "late_rank": late_rank,
         "wait_ms": [round(w, 3) for w in waits_ms],
     }
+
+
+def fail_as_nccl_without_imex(
+    spec: dict[str, Any], world: int, progress: Progress, test: dict[str, Any]
+) -> None:
+    """The ``mnnvl`` drill: write the NCCL log of a rank whose NVLink domain has no IMEX channel where the
+    probe points NCCL_DEBUG_FILE (``nccl-rank<r>.log``), then fail as the communicator's creation does."""
+    from gputopo.probe.judge.mnnvl import drill_log
+
+    rank = dist.get_rank()
+    lines = drill_log(socket.gethostname(), os.getpid(), rank, world)
+    with open(Path(spec["out_dir"]) / f"nccl-rank{rank}.log", "a") as f:
+        f.write("\n".join(lines) + "\n")
+    progress("injected-mnnvl", test)
+    # As torch reports an NCCL error: the result's name, then NCCL's last WARN (ncclGetLastError).
+    last = lines[-1].split("NCCL WARN ", 1)[1]
+    raise RuntimeError(f"NCCL error: unhandled system error (injected), Last error: {last}")
 
 
 def run(spec: dict[str, Any], rank: int, world: int, local_rank: int, device: torch.device, log: Any) -> None:

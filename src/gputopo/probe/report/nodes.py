@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from gputopo.probe.judge import nodes
+from gputopo.probe.judge.mnnvl import judge_mnnvl, parse_mnnvl, warning_findings
 from gputopo.probe.judge.network import judge_network
 from gputopo.probe.judge.progress import crash_findings, hang_findings
 
@@ -76,10 +77,14 @@ def internode_section(
         local = {int(k): v for k, v in (record.get("local") or {}).items()}
         if network is not None:
             nets = {n: (local.get(n) or {}).get("net") for n in layout.nodes}
-            more, more_notes, section["network"] = judge_network(
-                network["device"], record["tests"], network.get("nccl_lines"), nets, layout.nodes
+            lines, device = network.get("nccl_lines"), network["device"]
+            # The NVLink domain first: the tests it carried are judged against NVLink, not the NICs.
+            dom_found, dom_notes, section["mnnvl"], inside = judge_mnnvl(
+                device, record["tests"], lines, local, layout.nodes, network.get("nvlink_gbps")
             )
-            found, notes = [*found, *more], [*notes, *more_notes]
+            rest = [t for i, t in enumerate(record["tests"]) if i not in inside]
+            more, more_notes, section["network"] = judge_network(device, rest, lines, nets, layout.nodes)
+            found, notes = [*found, *dom_found, *more], [*notes, *dom_notes, *more_notes]
         rows = nodes.node_verdicts(layout, found, local)
         section.update(tests=record["tests"], findings=found, notes=notes, ranks=record["ranks"])
         section["busbw_gbps"] = _busbw_summary(record["tests"])
@@ -121,6 +126,9 @@ def internode_section(
     # gloo's and NCCL's messages go on with advice after the first sentence; the first names the error.
     last_line = last_line.split(". ")[0][:200]
     found = crash_findings(progress, last_line) if status == "failed" else []
+    # NCCL's "MNNVL ... is available but not working" stops the communicator: the cause, named first.
+    here = [int(options["node_rank"])]
+    found = [*warning_findings(parse_mnnvl((network or {}).get("nccl_lines") or []), here), *found]
     if not found:
         found = [
             {
@@ -247,6 +255,11 @@ def nodes_markdown(doc: dict[str, Any]) -> list[str]:
         )
         gdr = " with GPUDirect RDMA" if net.get("gdr") else ""
         out.append(f"- network between nodes: {net['transport']}{gdr}{rate}")
+    mnnvl = section.get("mnnvl") or {}
+    if mnnvl.get("used"):
+        size = f", a clique of {mnnvl['clique_size']} GPUs" if mnnvl.get("clique_size") else ""
+        nvls = ", NVLink SHARP on" if mnnvl.get("nvls_ranks") else ""
+        out.append(f"- NVLink domain between nodes: used by NCCL (MNNVL{size}{nvls})")
     out += [f"- note: {n}" for n in section.get("notes") or []]
     out += ["", "| " + " | ".join(NODE_HEADER) + " |", "|---" * len(NODE_HEADER) + "|"]
     out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in node_rows(doc)]

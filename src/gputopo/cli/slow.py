@@ -1,0 +1,80 @@
+"""CLI: ``gputopo slow``: which rank makes a job slow, from NCCL Inspector logs, Flight Recorder creation
+times or an nccl-tests ``-J`` file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from gputopo.cli import app
+from gputopo.cli.common import JSON_OPTION, examples, guarded
+from gputopo.ui.output import Output
+
+
+@app.command(
+    "slow",
+    epilog=examples(
+        "gputopo slow reports/run-20260101T120000Z          # the run folder `gputopo run` printed",
+        "gputopo slow nccl-inspector-1234/                  # an NCCL Inspector dump folder",
+        "gputopo slow dumps/ --run-record node0.json        # Flight Recorder dumps, ranks placed",
+        "gputopo slow all_reduce.json                       # an nccl-tests -J file",
+        "gputopo slow --live reports/run-20260101T120000Z   # the running job: its dumps taken now",
+        "gputopo slow RUN_DIR --html slow.html              # with a per-rank lateness chart",
+    ),
+)
+@guarded
+def slow_command(
+    path: Path | None = typer.Argument(
+        None,
+        metavar="PATH",
+        help="A run folder, an Inspector dump folder, Flight Recorder dumps, or an nccl-tests -J file.",
+    ),
+    json_out: bool = JSON_OPTION,
+    run_record: list[Path] | None = typer.Option(
+        None,
+        "--run-record",
+        metavar="FILE",
+        help="A run record (gputopo/run-record/v1) mapping ranks to hosts, PIDs and GPUs; repeatable. "
+        "Default: run-record*.json in PATH.",
+    ),
+    html: Path | None = typer.Option(
+        None, "--html", metavar="FILE", help="Also write a per-rank lateness chart."
+    ),
+    live: bool = typer.Option(
+        False,
+        "--live",
+        help="The job started by `gputopo run` still runs on this node: ask its ranks for their Flight "
+        "Recorder dumps (as `gputopo hang --live` does) and judge them. PATH is the run folder "
+        "(default: the newest reports/run-*).",
+    ),
+) -> None:
+    """Name the rank the others wait for: the one that arrives late at the job's collectives, where it
+    ran, how late, and what share of the job's time the others lose waiting for it. Exit 0 no straggler
+    (or undecided), 1 a straggler, 2 bad input."""
+    from gputopo.errors import UsageError
+    from gputopo.slow.service import analyse
+    from gputopo.ui.slow_view import SlowFormat, render
+
+    out = Output(json_mode=json_out)
+    if html is not None:
+        from gputopo.outputs import check_output
+
+        check_output(html, "--html", "slow.html")
+    if live:
+        from gputopo.cli.hang import _take_live
+
+        path = _take_live(out, [path] if path else [])
+    if path is None:
+        raise UsageError("nothing to read: give PATH", "e.g. gputopo slow reports/run-20260101T120000Z")
+    report = analyse(path, list(run_record or []))
+    if html is not None:
+        from gputopo.outputs import write_output
+
+        write_output(html, render(report, SlowFormat.HTML), "--html")
+        out.hint(f"HTML report: {html}")
+    out.document(report.document())
+    if not json_out:
+        out.line(render(report, SlowFormat.TEXT).rstrip("\n"))
+    if report.exit_code:
+        raise typer.Exit(report.exit_code)
