@@ -367,11 +367,8 @@ def test_handles_refused_for_permission_or_by_cgroups_are_not_accessible(
     assert gpu(doc, 3)["state"] is None and gpu(doc, 3)["uuid"] == uuid(3)
 
 
-def test_recommend_on_a_recovery_action_board_keeps_p2p_work_off_a_drain_p2p_gpu(
-    driver: Path, tmp_path: Path
-) -> None:
-    """NVML's recovery action read through the real pynvml (field 230): DRAIN_P2P (3) on GPU3 keeps it out
-    of every set of two or more, said why; GPU_RESET (1) on GPU6 keeps it out of every set; n=1 may use 3."""
+def recovery_board(tmp_path: Path) -> Path:
+    """Eight idle H100s; NVML recovery action (field 230) DRAIN_P2P (3) on GPU3, GPU_RESET (1) on GPU6."""
     lines = [
         "driver 570.86.15",
         *(f"gpu {i} {bus(i)} {uuid(i)} {i} NVIDIA H100 PCIe" for i in range(8)),
@@ -380,7 +377,15 @@ def test_recommend_on_a_recovery_action_board_keeps_p2p_work_off_a_drain_p2p_gpu
         *(f"mig {i} 0 0" for i in range(8)),
         *(f"field {i} 230 {({3: 3, 6: 1}).get(i, 0)}" for i in range(8)),
     ]
-    board = machine(tmp_path, "\n".join(lines) + "\n")
+    return machine(tmp_path, "\n".join(lines) + "\n")
+
+
+def test_recommend_on_a_recovery_action_board_keeps_p2p_work_off_a_drain_p2p_gpu(
+    driver: Path, tmp_path: Path
+) -> None:
+    """NVML's recovery action read through the real pynvml (field 230): DRAIN_P2P (3) on GPU3 keeps it out
+    of every set of two or more, said why; GPU_RESET (1) on GPU6 keeps it out of every set; n=1 may use 3."""
+    board = recovery_board(tmp_path)
     result = fake_driver.run(driver, board, "recommend", "--n", "4", "--json", *TIMEOUT)
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
@@ -390,3 +395,49 @@ def test_recommend_on_a_recovery_action_board_keeps_p2p_work_off_a_drain_p2p_gpu
     assert not {3, 6} & set(doc["candidates"][0]["gpus"])
     one = json.loads(fake_driver.run(driver, board, "recommend", "--n", "1", "--json", *TIMEOUT).stdout)
     assert [e["gpu"] for e in one["excluded"]] == [6]
+
+
+def test_doctor_sets_on_a_recovery_action_board_keep_p2p_work_off_a_drain_p2p_gpu(
+    driver: Path, tmp_path: Path
+) -> None:
+    """doctor's health window sees DRAIN_P2P on GPU3 (a note) and GPU_RESET on GPU6 (a problem): no
+    recommended set holds either, GPU3 is listed as left out of the sets with the driver's reason."""
+    result = fake_driver.run(
+        driver,
+        recovery_board(tmp_path),
+        "doctor",
+        "--skip-probe",
+        "--json",
+        "--report-dir",
+        str(tmp_path / "reports"),
+        *TIMEOUT,
+    )
+    assert result.returncode == 1, result.stderr  # GPU6's reset is a problem
+    doc = json.loads(result.stdout)
+    why = {e["gpu"]: e["why"] for e in doc["left_out"]}
+    assert set(why) == {3, 6}, why
+    assert "the driver asks to keep P2P work off it, so no multi-GPU set" in why[3]
+    recs = {r["n"]: r for r in doc["recommendations"]}
+    assert sorted(recs) == [2, 4, 6], recs  # six GPUs left for a set: 0,1,2,4,5,7
+    for r in recs.values():
+        assert r["best"] is not None and not {3, 6} & set(r["best"]["gpus"]), r
+
+
+def test_probe_default_set_on_a_recovery_action_board_leaves_the_drain_p2p_gpu_out(
+    driver: Path, tmp_path: Path
+) -> None:
+    """probe's own pick (no --gpus) leaves GPU3 out with the reason; a set the user names keeps it, warned."""
+    board = recovery_board(tmp_path)
+    result = fake_driver.run(driver, board, "probe", "--dry-run", "--json", *TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert {g for launch in doc["launches"] for g in launch["gpus"]} == {0, 1, 2, 4, 5, 6, 7}
+    left = {e["gpu"]: e["why"] for e in doc["left_out"]}
+    assert "the driver asks to keep P2P work off it" in left[3]
+    assert "GPU3 left out: the driver asks to keep P2P work off it" in result.stderr
+    named = fake_driver.run(driver, board, "probe", "--dry-run", "--json", "--gpus", "2,3", *TIMEOUT)
+    assert named.returncode == 0, named.stderr
+    assert [launch["gpus"] for launch in json.loads(named.stdout)["launches"]][0] == [2, 3]
+    assert "GPU3: the driver asks to keep P2P work off it" in named.stderr
+    one = fake_driver.run(driver, board, "probe", "--dry-run", "--json", "--gpus", "3", *TIMEOUT)
+    assert one.returncode == 0 and "P2P" not in one.stderr, one.stderr

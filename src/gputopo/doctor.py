@@ -147,19 +147,25 @@ def recommendations(
     sizes: list[int],
     evidence_doc: dict[str, Any] | None,
     unhealthy: Mapping[int, str] | None = None,
+    no_p2p: Mapping[int, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """The best set for each size (GPUs with a health problem left out), with its export line; a size
-    that can't be met says why."""
+    """The best set for each size (GPUs with a health problem left out, and those whose driver asks to
+    drain P2P, ``no_p2p``, left out of every set of two or more), with its export line; a size that can't
+    be met says why."""
     from gputopo.recommend import Constraints, candidate_dict, evidence_from_report, recommend
 
     evidence = evidence_from_report(evidence_doc, "doctor probes") if evidence_doc else None
     sick = tuple(sorted((unhealthy or {}).items()))
+    drained = tuple(sorted((no_p2p or {}).items()))
     redirected = redirected_pairs(topo)  # pairs behind an ACS-redirecting bridge rank after clean ones
     out = []
     for k in sizes:
         try:
             rec = recommend(
-                topo, Constraints(n=k, top=3, evidence=evidence, unhealthy=sick, redirected=redirected)
+                topo,
+                Constraints(
+                    n=k, top=3, evidence=evidence, unhealthy=sick, no_p2p=drained, redirected=redirected
+                ),
             )
         except GputopoError as exc:
             out.append({"n": k, "best": None, "export": None, "why": exc.message})
@@ -367,7 +373,7 @@ def run_doctor(options: DoctorOptions, probe_hook: ProbeHook | None = None) -> d
         options.on_start(machine)
     health = check_health(machine, options)  # node health first: its sick GPUs are left out below
     findings = machine_findings(machine.topology, options.env, health) + diag  # links, NCCL settings
-    sets = choose_sets(machine.topology, health.unhealthy)  # usable GPUs, sizes to probe, best sets
+    sets = choose_sets(machine.topology, health.unhealthy, health.no_p2p)  # usable GPUs, sizes, best sets
     try:
         probe = run_probes(machine, sets, options, probe_hook)  # probe plan -> one probe run
     except Interrupted as exc:  # a stop signal: what was complete goes up with it, marked interrupted
@@ -463,8 +469,9 @@ def read_machine(options: DoctorOptions) -> Machine:
 @dataclass(frozen=True)
 class HealthStep:
     """The node health check (``gputopo check``'s service) as the doctor ran it: its verdict and
-    one-line reason, findings, what it could not check, and the GPUs with a problem (index -> why).
-    ``checked`` is false where there is no live machine (simulated, ``--input``)."""
+    one-line reason, findings, what it could not check, the GPUs with a problem (index -> why) and those
+    whose driver asks to drain P2P (``no_p2p``: a note, but no multi-GPU set may hold them). ``checked``
+    is false where there is no live machine (simulated, ``--input``)."""
 
     checked: bool
     verdict: str | None
@@ -473,6 +480,7 @@ class HealthStep:
     not_checked: tuple[dict[str, str], ...] = ()
     unhealthy: Mapping[int, str] = field(default_factory=dict)
     window_s: float | None = None
+    no_p2p: Mapping[int, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The report's ``health`` section."""
@@ -524,6 +532,9 @@ def check_health(machine: Machine, options: DoctorOptions) -> HealthStep:
         if f.severity == PROBLEM and f.gpu is not None:
             unhealthy.setdefault(f.gpu, f.what)
     window = sample_s if result.sample is not None and sample_s > 0 else None
+    from gputopo.health.judge import drains_p2p
+
+    no_p2p = {f.gpu: f.what for f in kept if f.gpu is not None and f.gpu not in unhealthy and drains_p2p(f)}
     return HealthStep(
         result.sample is not None,
         result.verdict,
@@ -532,6 +543,7 @@ def check_health(machine: Machine, options: DoctorOptions) -> HealthStep:
         tuple(n.to_json() for n in result.not_checked),
         unhealthy,
         window,
+        no_p2p,
     )
 
 
@@ -559,15 +571,28 @@ class Sets:
     sizes: list[int]
     first: list[dict[str, Any]]
     unhealthy: Mapping[int, str] = field(default_factory=dict)
+    no_p2p: Mapping[int, str] = field(default_factory=dict)
 
 
-def choose_sets(topo: Topology, unhealthy: Mapping[int, str] | None = None) -> Sets:
+def choose_sets(
+    topo: Topology, unhealthy: Mapping[int, str] | None = None, no_p2p: Mapping[int, str] | None = None
+) -> Sets:
     """Usable GPUs (none with a health problem), the common sizes that fit, and the recommended set of
-    each size."""
+    each size; a GPU whose driver asks to drain P2P (``no_p2p``) is in no set, so the sizes count
+    without it."""
+    from gputopo.recommend import Constraints, exclusions
+
     usable, left_out = usable_gpus(topo, unhealthy)
-    sizes = common_sizes(len(usable))
+    drained = {g: why for g, why in (no_p2p or {}).items() if g in usable}
+    if drained:  # still probed on its own; out of the sets, with recommend's reason
+        multi = exclusions(topo, Constraints(n=2, no_p2p=tuple(sorted(drained.items()))))
+        left_out = sorted(
+            left_out + [{"gpu": e.gpu, "why": e.why} for e in multi if e.gpu in drained],
+            key=lambda e: e["gpu"],
+        )
+    sizes = common_sizes(len(usable) - len(drained))
     sick = dict(unhealthy or {})
-    return Sets(usable, left_out, sizes, recommendations(topo, sizes, None, sick), sick)
+    return Sets(usable, left_out, sizes, recommendations(topo, sizes, None, sick, drained), sick, drained)
 
 
 @dataclass(frozen=True)
@@ -604,7 +629,9 @@ class Judged:
 def judge(topo: Topology, sets: Sets, findings: list[Finding], probe: ProbeStep) -> Judged:
     """The probe's failed checks become findings; the probe's evidence re-ranks the sets."""
     findings = findings + probe_findings(probe.doc, redirected_pairs(topo))
-    recs = recommendations(topo, sets.sizes, probe.doc, sets.unhealthy) if probe.doc else sets.first
+    recs = (
+        recommendations(topo, sets.sizes, probe.doc, sets.unhealthy, sets.no_p2p) if probe.doc else sets.first
+    )
     return Judged(findings, recs)
 
 

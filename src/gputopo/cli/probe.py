@@ -5,6 +5,7 @@ torch is imported only by the probe's service, inside the command, so ``gputopo 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -215,6 +216,8 @@ def probe_command(
     inventory = detect_devices(
         device.value if device else None, need_cuda=not dry_run, nvml_timeout_s=nvml_timeout
     )
+    if inventory.device == "cuda" and input is None:
+        gpus, inventory = keep_p2p_off_drained(inventory, gpus, nvml_timeout, out.warn)
     config = build_config(
         inventory,
         gpus,
@@ -298,6 +301,33 @@ def probe_command(
         out.show(render_probe(doc))
     if run.verdict == "fail":
         raise typer.Exit(EXIT_PROBLEM)
+
+
+def keep_p2p_off_drained(
+    inventory: Any, gpus: list[str] | None, nvml_timeout_s: float | None, warn: Callable[[str], None]
+) -> tuple[list[str] | None, Any]:
+    """The GPUs whose driver asks to drain P2P (NVML recovery action DRAIN_P2P, one health sample) are left
+    out of the set the probe picks itself when it holds two or more GPUs, each said with the reason (and
+    in the dry run's ``left_out``); a set the user names (``--gpus``) is kept, with a warning."""
+    from dataclasses import replace
+
+    from gputopo.machine import read_live_health
+    from gputopo.probe.plan.config import parse_gpu_list
+
+    drained = read_live_health(nvml_timeout_s, gpus=list(inventory.gpus)).p2p_drained_gpus()
+    rest = [g for g in inventory.gpus if g not in drained]
+    if gpus is not None or not rest:  # the user's sets (or nothing else to probe): kept, warned about
+        sets = [parse_gpu_list(text) for text in gpus] if gpus is not None else [inventory.gpus]
+        named = {g for s in sets if len(s) > 1 for g in s}
+        for g in sorted(set(drained) & named):
+            warn(f"GPU{g}: the driver asks to keep P2P work off it ({drained[g]}); probed in a set as asked")
+        return gpus, inventory
+    if len(inventory.gpus) < 2 or not drained:
+        return gpus, inventory
+    why = {g: f"the driver asks to keep P2P work off it, so no multi-GPU set: {drained[g]}" for g in drained}
+    for g in sorted(why):
+        warn(f"GPU{g} left out: {why[g]}")
+    return [",".join(map(str, rest))], replace(inventory, why_not={**inventory.why_not, **why})
 
 
 def run_across_nodes(config: Any, node: Any, out: Output, json_out: bool) -> None:

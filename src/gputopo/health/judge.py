@@ -70,11 +70,7 @@ class Judgement:
     def p2p_drained_gpus(self) -> dict[int, str]:
         """GPU index -> the finding, for GPUs whose driver asks to keep peer-to-peer work off them (NVML
         recovery action DRAIN_P2P, 3: a note for ``check``, but no multi-GPU set may hold them)."""
-        return {
-            f.gpu: f.what
-            for f in self.findings
-            if f.gpu is not None and f.rule == "recovery_action" and f.what.endswith(_DRAIN_P2P_MARK)
-        }
+        return {f.gpu: f.what for f in self.findings if f.gpu is not None and drains_p2p(f)}
 
     def to_json(self) -> dict[str, object]:
         """The health section every command's JSON carries: findings, not checked, unhealthy GPUs."""
@@ -765,6 +761,16 @@ _RECOVERY_FINDING: dict[int, tuple[str, str]] = {
 _RECOVERY_NOTES = {3}
 # How the recovery-action finding of DRAIN_P2P (NVML_GPU_RECOVERY_ACTION_DRAIN_P2P = 3) ends its words.
 _DRAIN_P2P_MARK = "(NVML recovery action 3)"
+
+
+def drains_p2p(f: Finding) -> bool:
+    """True for the finding of a GPU whose driver asks to drain P2P (recovery action DRAIN_P2P, 3): the one
+    test every command (recommend, run, doctor, probe) uses to keep it out of multi-GPU sets."""
+    return (
+        f.rule == "recovery_action"
+        and f.action == _RECOVERY_FINDING[3][0]
+        and f.what.endswith(_DRAIN_P2P_MARK)
+    )
 
 
 def _driver(j: _Judge, g: GpuHealth) -> None:
