@@ -101,7 +101,8 @@ def run_check(options: CheckOptions, started: float | None = None) -> CheckResul
         found = scan(log.text, options.since_s, uptime_s=log.uptime_s)
         gpus = [(g.index, g.pci_bus_id) for g in sample.gpus] if sample is not None else []
         ack = options.state.acknowledged if options.state is not None else None
-        extra += xid_findings(found, gpus, options.thresholds, acknowledged=ack)
+        driver = sample.driver_version if sample is not None else None
+        extra += xid_findings(found, gpus, options.thresholds, acknowledged=ack, driver=driver)
         xid_keys = tuple(e.key for e in found.events if ack is None or not ack.covers(e))
     net = fabric.finish(
         ports,

@@ -261,10 +261,12 @@ def check_command(
 def _print_rules(rules: Any, as_json: bool) -> None:
     import sys
 
-    from gputopo.ui.check_view import rules_json, rules_text
+    from gputopo.health.xid import xid_rows
+    from gputopo.ui.check_view import rules_json, rules_text, xids_text
 
     table = list(rules.rules.values())
-    sys.stdout.write(rules_json(table) if as_json else rules_text(table))
+    xids = xid_rows()
+    sys.stdout.write(rules_json(table, xids) if as_json else rules_text(table) + xids_text(xids))
 
 
 def _load_state(

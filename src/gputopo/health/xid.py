@@ -23,6 +23,14 @@ from datetime import datetime, timedelta, timezone
 from gputopo.errors import InputError, UsageError
 from gputopo.findings import NOTE, PROBLEM, Finding
 from gputopo.health.rules import DEFAULT_THRESHOLDS, Thresholds
+from gputopo.health.xid_catalog import (
+    NVLINK5_XIDS,
+    CatalogEntry,
+    Nvl5Decode,
+    bucket_words,
+    catalog,
+    decode_nvlink5,
+)
 
 # Kernel logs larger than this are refused (a user's file) or cut to their newest part (the machine's own).
 MAX_LOG_BYTES = 32 * 1024 * 1024
@@ -55,7 +63,7 @@ _WHEN_CONVENIENT = (
 _APP = "the program on the GPU faulted (bad memory access, killed job); check the application, not the GPU"
 _WATCH = "DCGM warns on it: watch for it repeating; `nvidia-smi -q -i {i}` shows the GPU's state"
 _NVL5 = "NVLink5 error (Blackwell)"
-_NVL5_XIDS = range(144, 151)
+_NVL5_XIDS = NVLINK5_XIDS
 _RESET_GROUP = "GPU error whose catalogue resolution is a GPU reset (Blackwell)"
 
 
@@ -136,6 +144,83 @@ XID_TABLE: dict[int, XidClass] = {
     158: _hw(_RESET_GROUP, why="DCGM does not map it; the catalogue's resolution is a GPU reset"),
 }
 # fmt: on
+
+_CATALOG_RESET = "DCGM does not map it; the catalogue's resolution is a GPU reset"
+
+
+def _from_catalog(e: CatalogEntry) -> XidClass:
+    """A code the table above does not name, read by its resolution bucket in NVIDIA's catalogue."""
+    desc = f"{e.mnemonic}, unused on Ampere and newer" if e.unused else e.description
+    imm = e.immediate
+    if imm == "RESTART_APP":
+        return _app(desc)
+    if imm == "RESET_GPU":
+        return _hw(desc, why=_CATALOG_RESET)
+    if imm == "RESTART_VM":
+        return _hw(
+            desc,
+            "reboot",
+            bucket_words(imm),
+            why="DCGM does not map it; the catalogue's resolution is restarting the VM that owns the GPU",
+        )
+    if imm == "IGNORE":
+        return XidClass(
+            "hardware",
+            desc,
+            "none",
+            f"the catalogue asks for no action; if it repeats: {bucket_words(e.investigatory)}",
+            NOTE,
+        )
+    if imm == "CHECK_UVM":
+        return XidClass("hardware", desc, "monitor", bucket_words(imm), NOTE)
+    if e.unused:
+        return XidClass(
+            "hardware",
+            desc,
+            "monitor",
+            "the catalogue lists it as unused on Ampere and newer (Volta or older, or retired): "
+            "look it up in its archive for older GPUs, or contact support",
+            NOTE,
+        )
+    if imm == "CONTACT_SUPPORT":
+        return XidClass("hardware", desc, "monitor", bucket_words(imm), NOTE)
+    if imm is None:
+        return XidClass(
+            "hardware", desc, "monitor", e.text or "the catalogue gives no resolution for it", NOTE
+        )
+    raise ValueError(f"Xid {e.xid}: no reading for the catalogue's bucket {imm}")  # pragma: no cover
+
+
+# Every other code of the catalogue (1-172) is read by its resolution bucket: no code it knows is unknown.
+XID_TABLE.update({code: _from_catalog(e) for code, e in catalog().items() if code not in XID_TABLE})
+XID_TABLE = dict(sorted(XID_TABLE.items()))
+
+
+def xid_rows() -> list[dict[str, object]]:
+    """Every code of the table with the catalogue's facts, as ``check --list-rules`` lists them: the
+    mnemonic and description, NVIDIA's resolution buckets, and gputopo's kind, severity and action."""
+    cat = catalog()
+    rows: list[dict[str, object]] = []
+    for code, c in XID_TABLE.items():
+        e = cat.get(code)
+        rows.append(
+            {
+                "xid": code,
+                "mnemonic": e.mnemonic if e else None,
+                "description": e.description if e else c.description,
+                "immediate": e.immediate if e else None,
+                "investigatory": e.investigatory if e else None,
+                "catalogue_note": "; ".join(w for w in (e.note, e.text) if w) if e else "not catalogued",
+                "kind": c.kind,
+                "severity": c.severity,
+                "action": c.action,
+                "per_line": code in _NVL5_XIDS or code == 154,
+                "dcgm": c.dcgm,
+                "remedy": c.remedy.replace("{i}", "N"),
+            }
+        )
+    return rows
+
 
 # Xid 154's text names the new recovery action: "GPU recovery action changed from 0x0 (None) to 0x1 (GPU
 # Reset Required)". The code after "to" is NVML's nvmlDeviceGpuRecoveryAction_t.
@@ -383,13 +468,16 @@ def xid_findings(
     gpus: Iterable[tuple[int, str | None]],
     thresholds: Thresholds = DEFAULT_THRESHOLDS,
     acknowledged: Acknowledged | None = None,
+    driver: str | None = None,
 ) -> list[Finding]:
     """One finding per (GPU, Xid code). Hardware Xids are problems on that GPU, or notes where NVIDIA's
     catalogue and DCGM say reset when convenient (63, 94) or only warn; application ones notes. An Xid for
     a PCI address none of ``gpus`` (index, NVML bus id) has is judged the same, on that bus id (rule
     ``xid_unlisted_gpu``: a GPU NVML no longer lists is the commonest way an Xid 79 shows). Lines
     ``acknowledged`` by a person's resume make one note and never a problem. Whether each kind is reported
-    at all, and the problem severity, come from the thresholds table."""
+    at all, and the problem severity, come from the thresholds table. NVLink5 Xids (144-150) are decoded
+    from their registers with the catalogue's decode sheet, in the layout of ``driver`` (the version NVML
+    reports; the layout changed at R575), and judged by the sheet's bucket."""
     hardware, application, unknown, unlisted = (
         thresholds[n] for n in ("xid_hardware", "xid_application", "xid_unknown", "xid_unlisted_gpu")
     )
@@ -464,6 +552,10 @@ def xid_findings(
             cls.action,
             cls.remedy.format(i=i),
         )
+        if xid in _NVL5_XIDS:
+            dec = _worst_nvlink5(xid, events, driver)
+            what = f"Xid {xid}{desc} {on} {seen}{stamp}: {dec.words()}: {dec.raw}"
+            severity, action, remedy = _nvlink5_verdict(dec, rule.severity, remedy, i)
         if xid == 154:
             named = xid154_action(last.text)
             if named is not None:
@@ -496,6 +588,36 @@ def xid_findings(
             )
         )
     return out
+
+
+# The decode sheet's immediate buckets, most urgent first, with a line it cannot decode after a reset: the
+# group of lines one finding stands for is judged by its most urgent line.
+_NVL5_ORDER = ("RESET_GPU", "", "XID_154_EVAL", "IGNORE")
+
+
+def _worst_nvlink5(xid: int, events: Sequence[XidEvent], driver: str | None) -> Nvl5Decode:
+    decoded = [decode_nvlink5(xid, e.text, driver) for e in events]
+    rank = {b: n for n, b in enumerate(_NVL5_ORDER)}
+    return min(reversed(decoded), key=lambda d: rank.get(d.immediate if d.decoded else "", 1))
+
+
+def _nvlink5_verdict(dec: Nvl5Decode, problem: str, remedy: str, i: object) -> tuple[str, str, str]:
+    """(severity, action, remedy) of an NVLink5 line by the sheet's buckets: RESET_GPU a problem; IGNORE
+    and XID_154_EVAL (the 154 line, judged on its own, names any action) notes; not decoded: a problem."""
+    if not dec.decoded:
+        return (
+            problem,
+            "reset",
+            (f"{remedy}; its registers match no row of the catalogue's 'XID 144-150 Decode' sheet"),
+        )
+    then = f"; if it repeats: {bucket_words(dec.investigatory)} ({dec.investigatory})"
+    if dec.immediate == "RESET_GPU":
+        return (
+            problem,
+            "reset",
+            f"reset the GPU (`nvidia-smi -r -i {i}`); then: {bucket_words(dec.investigatory)}",
+        )
+    return NOTE, "none", f"{bucket_words(dec.immediate)}{then}"
 
 
 def _window_words(since_s: float | None) -> str:

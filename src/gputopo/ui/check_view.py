@@ -227,8 +227,27 @@ def rules_text(rules: Iterable[Rule]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def rules_json(rules: Iterable[Rule]) -> str:
-    return json.dumps({"schema": "gputopo/rules/v1", "rules": [r.to_json() for r in rules]}, indent=2) + "\n"
+def xids_text(xids: Iterable[dict[str, Any]]) -> str:
+    """The Xid catalogue under ``check --list-rules``: one line per code, NVIDIA's buckets and ours."""
+    lines = [
+        "",
+        "Xid catalogue (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html): code, NVIDIA's "
+        "immediate/investigatory buckets -> ours (rules xid_hardware, xid_application)",
+    ]
+    for x in xids:
+        nvidia = f"{x['immediate'] or '-'}/{x['investigatory'] or '-'}"
+        ours = f"{x['severity']}/{x['action']}" + (", decided per line" if x["per_line"] else "")
+        name = x["mnemonic"] or "-"
+        lines.append(f"  Xid {x['xid']:>3} {name}: {x['description']}; NVIDIA {nvidia} -> {ours}")
+        if x["catalogue_note"]:
+            lines.append(f"          {x['catalogue_note']}")
+    return "\n".join(lines) + "\n"
+
+
+def rules_json(rules: Iterable[Rule], xids: Iterable[dict[str, Any]] = ()) -> str:
+    doc: dict[str, Any] = {"schema": "gputopo/rules/v1", "rules": [r.to_json() for r in rules]}
+    doc["xids"] = list(xids)
+    return json.dumps(doc, indent=2) + "\n"
 
 
 def _cell(text: str) -> str:
@@ -250,8 +269,14 @@ def rules_markdown(rules: Iterable[Rule], xids: Iterable[tuple[int, Any]] = ()) 
         )
     xid_rows = list(xids)
     if xid_rows:
-        lines += ["", "| Xid | what | ours | DCGM |", "|-----|------|------|------|"]
+        from gputopo.health.xid_catalog import catalog
+
+        cat = catalog()
+        lines += ["", "| Xid | what | NVIDIA | ours | DCGM |", "|-----|------|--------|------|------|"]
         for code, c in xid_rows:
             dcgm = c.dcgm + (f": {c.why}" if c.why else "")
-            lines.append(f"| {code} | {_cell(c.description)} | {c.severity}, {c.action} | {_cell(dcgm)} |")
+            e = cat.get(code)
+            nvidia = f"{e.immediate or '-'} / {e.investigatory or '-'}" if e else "not in the catalogue"
+            ours = f"{c.severity}, {c.action}"
+            lines.append(f"| {code} | {_cell(c.description)} | {_cell(nvidia)} | {ours} | {_cell(dcgm)} |")
     return "\n".join(lines) + "\n"

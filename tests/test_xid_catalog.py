@@ -1,0 +1,217 @@
+"""NVIDIA's Xid catalogue as data (health/xid_catalog.json) and the NVLink5 Xids 144-150 decoded from their
+registers with its "XID 144-150 Decode" sheet
+(https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime, timezone
+from importlib import resources
+
+import pytest
+
+import fake_driver
+from gputopo.findings import NOTE, PROBLEM
+from gputopo.health import xid
+from gputopo.health.xid_catalog import V1, V2, bucket_words, catalog, decode_nvlink5
+
+NOW = datetime(2026, 11, 25, 12, 0, 0, tzinfo=timezone.utc)
+GPUS = [(0, "00000000:18:00.0")]
+
+
+def _doc() -> dict:  # type: ignore[type-arg]
+    return json.loads(resources.files("gputopo.health").joinpath("xid_catalog.json").read_text())
+
+
+def findings(line: str, driver: str | None = None) -> list:  # type: ignore[type-arg]
+    found = xid.scan(f"[ 10000.0] {line}\n", None, uptime_s=10_800.0, now=NOW)
+    return xid.xid_findings(found, GPUS, driver=driver)
+
+
+# --- the data file and the table ---------------------------------------------------------------------------
+
+
+def test_the_data_file_holds_every_code_1_to_172_and_equals_the_table() -> None:
+    doc = _doc()
+    assert doc["source"] == "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html"
+    codes = [e["xid"] for e in doc["xids"]]
+    assert codes == list(range(1, 173))
+    for e in doc["xids"]:
+        ours = xid.XID_TABLE[e["xid"]]
+        assert e["mnemonic"] and e["description"], e
+        assert (e["gputopo"]["kind"], e["gputopo"]["severity"], e["gputopo"]["action"]) == (
+            ours.kind,
+            ours.severity,
+            ours.action,
+        ), f"Xid {e['xid']}: xid_catalog.json and health.xid.XID_TABLE disagree"
+        for bucket in (e["immediate"], e["investigatory"]):
+            assert bucket is None or bucket in doc["buckets"], (e["xid"], bucket)
+        # Where the catalogue gives no bucket, the data says so rather than inventing one.
+        assert e["immediate"] is not None or "no resolution" in e["note"], e
+    for row in doc["decode"]["rows"]:
+        assert row["immediate"] in doc["buckets"] and row["investigatory"] in doc["buckets"], row
+
+
+def test_codes_the_catalogue_knows_are_no_longer_unknown_notes() -> None:
+    for code in (8, 46, 151, 159, 167):
+        (f,) = findings(f"NVRM: Xid (PCI:0000:18:00): {code}, pid=1, x")
+        assert f.rule != "xid_unknown", code
+    (f,) = findings("NVRM: Xid (PCI:0000:18:00): 46, pid=1, GPU stopped processing")
+    assert (f.severity, f.action) == (PROBLEM, "reset")  # the catalogue: RESET_GPU
+    (f,) = findings("NVRM: Xid (PCI:0000:18:00): 8, pid=1, x")
+    assert (f.severity, f.rule) == (NOTE, "xid_application")  # RESTART_APP
+    (f,) = findings("NVRM: Xid (PCI:0000:18:00): 2, pid=1, x")
+    assert f.severity == NOTE and "unused on Ampere" in f.remedy
+    (f,) = findings("NVRM: Xid (PCI:0000:18:00): 173, pid=1, a code past the catalogue")
+    assert f.rule == "xid_unknown"
+
+
+def test_power_smoothing_xids_162_165_are_notes_with_the_catalogues_words() -> None:
+    for code in range(162, 166):
+        assert catalog()[code].mnemonic.startswith("PSHC_")
+        (f,) = findings(f"NVRM: Xid (PCI:0000:18:00): {code}, Power smoothing event")
+        assert (f.severity, f.action) == (NOTE, "monitor"), code
+    (f,) = findings("NVRM: Xid (PCI:0000:18:00): 165, Power smoothing event")
+    assert "replace the GPU if the swings are not acceptable" in f.remedy
+    (f,) = findings("NVRM: Xid (PCI:0000:18:00): 163, Power smoothing event")
+    assert "No GPU reset".lower() in f.remedy.lower()
+
+
+# --- the decode sheet's own rows ---------------------------------------------------------------------------
+
+
+def _rows() -> list[dict]:  # type: ignore[type-arg]
+    return list(_doc()["decode"]["rows"])
+
+
+@pytest.mark.parametrize("row", _rows(), ids=lambda r: f"{r['xid']}-{r['unit']}-{r['reason']}")
+def test_every_row_of_the_decode_sheet_decodes_to_its_bucket_in_both_layouts(row: dict) -> None:  # type: ignore[type-arg]
+    reason = int(row["reason"], 2) << 20
+    status = int(row.get("status_bit") or row.get("status_value") or "0", 16)
+    for driver, unit, version in (
+        ("570.124.06", int(row["v1"], 2), V1),
+        ("575.57.08", int(row["v2"], 2), V2),
+    ):
+        text = (
+            f"{row['unit'].split('/')[0]} Fatal XC0 i0 Link 07 ({reason | unit:#010x} {status:#010x} 0x0 0x0)"
+        )
+        d = decode_nvlink5(row["xid"], text, driver)
+        assert d.decoded, (row, driver, d.why)
+        assert (d.immediate, d.investigatory, d.version, d.link) == (
+            row["immediate"],
+            row["investigatory"],
+            version,
+            7,
+        )
+        if "promoted" in row:  # IntrInfo[10] (V1) or [7] (V2) promotes the row to its "Action 2"
+            bit = 1 << (10 if version == V1 else 7)
+            text = f"X Nonfatal XC0 i0 Link 07 ({reason | unit | bit:#010x} {status:#010x})"
+            assert decode_nvlink5(row["xid"], text, driver).immediate == row["promoted"]
+
+
+# --- real lines from public bug reports --------------------------------------------------------------------
+
+# (Xid, the line's text after the code, the driver layout, the sheet's immediate and investigatory buckets)
+REAL_LINES = [
+    # https://github.com/leptonai/gpud/pull/1174 (a GB200's NETIR interrupt, link -1)
+    (149, "NETIR Fatal XC0 i0 Link -1 (0x000fe406 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)",
+     V1, "RESET_GPU", "SYMPATHETIC_REPORT_SOLO"),
+    # https://github.com/leptonai/gpud/pull/1174 and https://github.com/leptonai/gpud/pull/1160
+    # (link-down reason 100101: the peer went down)
+    (149, "NETIR_LINK_EVT Fatal XC0 i0 Link 00 (0x025001c6 0x00000000 0x00000000 0x00000000 0x00000000 "
+     "0x00000000)", V1, "RESET_GPU", "INVESTIGATE_PEER_DEVICE"),
+    # https://github.com/leptonai/gpud/pull/1174
+    (145, "RLW_RXPIPE Nonfatal XC0 i0 Link 13 (0x0409a0c2 0x00000008 0x00000001 0x00000000 0x00100000 "
+     "0x00000004)", V1, "IGNORE", "CONTACT_SUPPORT"),
+    # https://github.com/leptonai/gpud/pull/1160 (the R575 layout: the unit in IntrInfo[6:0])
+    (144, "SAW_MVB Nonfatal XC0 i0 Link 0 (0x00000001 0x00000008 0x00000000 0x00000000 0x00000000 "
+     "0x00000000)", V2, "IGNORE", "CONTACT_SUPPORT"),
+    # https://github.com/leptonai/gpud/pull/1160 (link-down reason 100110)
+    (149, "NETIR_LINK_EVT Fatal XC0 i0 Link 00 (0x026001c6 0x00000000 0x00000000 0x00000000 0x00000000 "
+     "0x00000000)", V1, "IGNORE", "INVESTIGATE_SW/USER"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("code,text,version,immediate,investigatory", REAL_LINES)
+def test_real_nvlink5_lines_decode_to_the_sheets_bucket(
+    code: int, text: str, version: str, immediate: str, investigatory: str
+) -> None:
+    driver = "570.133.20" if version == V1 else "580.65.06"
+    for d in (decode_nvlink5(code, text, driver), decode_nvlink5(code, text)):  # no driver: the one layout
+        assert d.decoded, d.why
+        assert (d.version, d.immediate, d.investigatory) == (version, immediate, investigatory)
+    (f,) = findings(f"NVRM: Xid (PCI:0000:18:00): {code}, {text}", driver)
+    assert investigatory in f.what and text in f.what
+    if immediate == "RESET_GPU":
+        assert (f.severity, f.action) == (PROBLEM, "reset")
+    else:
+        assert (f.severity, f.action) == (NOTE, "none")
+
+
+def test_a_peer_devices_fault_says_the_far_end_reported_it() -> None:
+    line = REAL_LINES[1][1]
+    (f,) = findings(f"NVRM: Xid (PCI:0000:18:00): 149, {line}", "570.133.20")
+    assert "link-down reason 100101" in f.what and "on link 0" in f.what
+    assert bucket_words("INVESTIGATE_PEER_DEVICE") in f.remedy and "switch tray" in f.remedy
+
+
+def test_the_subcode_field_moved_at_r575_so_the_driver_decides_the_layout() -> None:
+    v1_line = REAL_LINES[1][1]
+    d = decode_nvlink5(149, v1_line, "575.57.08")
+    assert not d.decoded and "before R575 layout reads it" in d.why
+    v2_line = REAL_LINES[3][1]
+    assert not decode_nvlink5(144, v2_line, "570.86.15").decoded
+    assert decode_nvlink5(144, v2_line, "575.57.08").unit == "SAW_MVB"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "NETIR_LINK_DOWN Nonfatal XC1 i2 Link 17 (0xdeadbeef)",  # one register
+        "SAW_MVB Nonfatal XC0 i0 Link 0 (0x00000001 0x00000040)",  # a bit the sheet has no row for
+        "something the driver never wrote",
+    ],
+)
+def test_an_undecodable_line_says_not_decoded_and_keeps_the_raw_text(text: str) -> None:
+    code = 149 if "NETIR" in text else 144
+    (f,) = findings(f"NVRM: Xid (PCI:0000:18:00): {code}, {text}", "580.65.06")
+    assert "not decoded" in f.what and text in f.what
+    assert (f.severity, f.action) == (PROBLEM, "reset")  # unknown is not healthy
+
+
+def test_one_finding_per_gpu_and_code_judged_by_its_most_urgent_line() -> None:
+    log = "".join(
+        f"[ 1000{n}.0] NVRM: Xid (PCI:0000:18:00): 149, {t}\n"
+        for n, t in enumerate((REAL_LINES[4][1], REAL_LINES[1][1], REAL_LINES[4][1]))
+    )
+    (f,) = xid.xid_findings(xid.scan(log, None, uptime_s=10_800.0, now=NOW), GPUS, driver="570.133.20")
+    assert f.severity == PROBLEM and "INVESTIGATE_PEER_DEVICE" in f.what and "3 times" in f.what
+
+
+# --- check --list-rules ------------------------------------------------------------------------------------
+
+
+def test_list_rules_lists_the_catalogue_text_and_json() -> None:
+    env = {**os.environ, "PYTHONPATH": str(fake_driver.SRC)}
+
+    def run(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "gputopo", "check", "--list-rules", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    text = run()
+    assert "Xid 149 NVLINK_NETIR_ERROR" in text and "decided per line" in text
+    assert "Xid 164 PSHC_LOW_LIFETIME" in text
+    rows = {r["xid"]: r for r in json.loads(run("--json"))["xids"]}
+    assert sorted(rows) == list(range(1, 173)) + [] or set(range(1, 173)) <= set(rows)
+    assert rows[79]["immediate"] == "RESTART_BM" and rows[79]["action"] == "drain"
+    assert rows[167]["immediate"] is None and "no resolution" in rows[167]["catalogue_note"]
