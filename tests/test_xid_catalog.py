@@ -215,3 +215,25 @@ def test_list_rules_lists_the_catalogue_text_and_json() -> None:
     assert sorted(rows) == list(range(1, 173)) + [] or set(range(1, 173)) <= set(rows)
     assert rows[79]["immediate"] == "RESTART_BM" and rows[79]["action"] == "drain"
     assert rows[167]["immediate"] is None and "no resolution" in rows[167]["catalogue_note"]
+
+
+# --- check reads the driver version from NVML and decodes by it ----------------------------------------
+
+
+def test_check_decodes_an_nvlink5_line_in_the_layout_of_the_driver_nvml_reports(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from test_health_reads import healthy
+
+    driver = fake_driver.build(tmp_path / "driver")
+    log = tmp_path / "kern.log"
+    # gpud #1160's line: link-down reason 100110, IGNORE in the layout before R575.
+    log.write_text(f"NVRM: Xid (PCI:0000:28:00): 149, {REAL_LINES[4][1]}\n")
+    verdicts = {}
+    for version in ("570.86.15", "580.65.06"):
+        machine = tmp_path / f"machine-{version}.txt"
+        machine.write_text("\n".join([f"driver {version}", "cuda 12080", *healthy(0), *healthy(1)]) + "\n")
+        done = fake_driver.run(
+            driver, machine, "check", "--json", "--sample-s", "0.2", "--kernel-log", str(log)
+        )
+        (f,) = [f for f in json.loads(done.stdout)["findings"] if "Xid 149" in f["what"]]
+        verdicts[version] = (done.returncode, f["severity"], "not decoded" in f["what"])
+    assert verdicts == {"570.86.15": (0, NOTE, False), "580.65.06": (1, PROBLEM, True)}
