@@ -123,6 +123,21 @@ def test_each_step_timeout_is_capped_by_the_budget_left():
     assert ga.step_timeout(120, started=0, now=480, budget=470) == 1.0
 
 
+def test_steps_after_the_budget_is_spent_are_not_started_but_recorded(tmp_path):
+    _executable(tmp_path / "nvidia-smi", FAKE_SMI)
+    _executable(tmp_path / "python", FAKE_PYTHON)
+    out = tmp_path / "out"
+    command = [sys.executable, str(SCRIPT), "--out-dir", str(out), "--python", str(tmp_path / "python")]
+    run = subprocess.run(
+        [*command, "--budget", "1"], capture_output=True, text=True, env=_env(tmp_path), timeout=60
+    )
+    assert run.returncode == 1, run.stderr
+    (written,) = out.iterdir()
+    steps = json.loads(written.read_text())["steps"]
+    assert len(steps) == 7 and all(s["timed_out"] for s in steps)
+    assert "budget was spent" in steps[-1]["stderr_tail"]
+
+
 def test_a_step_past_its_timeout_is_stopped_and_recorded():
     step = ga.run_step("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"], 1.0)
     assert step["timed_out"] and step["rc"] != 0 and step["wall_s"] < 30
@@ -225,3 +240,10 @@ def test_the_whole_run_writes_one_json_with_every_step(tmp_path):
     assert [r["share"] for r in doc["matmul_share"]["gpus"]] == [pytest.approx(0.9, abs=1e-4), 0.95]
     assert doc["driver"] == "570.86.15" and doc["passed"] is False
     assert f"wrote {written}" in run.stdout
+
+
+def test_the_bare_matmul_child_compiles_and_matches_the_probes_size():
+    compile(ga.BARE_MATMUL, "bare-matmul", "exec")
+    from gputopo.probe.ranks.pergpu import GPU_MATMULS_PER_REP, GPU_SIZES
+
+    assert f"n, per_rep, seconds = {GPU_SIZES.matmul_n}, {GPU_MATMULS_PER_REP['bf16']}," in ga.BARE_MATMUL
