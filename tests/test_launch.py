@@ -269,24 +269,3 @@ def test_run_under_real_torchrun_gives_the_rank_the_chosen_gpu():
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["0", "1"]
-
-
-def test_watcher_keeps_every_rank_that_ever_ran() -> None:
-    """A rank that exits first stays in the run record's set; a restarted rank takes its new PID."""
-    from gputopo.system.launcher import RankProcess, merge_ranks
-
-    first = [RankProcess(r, r, 100 + r, 1.0) for r in range(8)]
-    known = merge_ranks([], first)
-    assert [r.rank for r in known] == list(range(8))
-    # ranks 0-3 have exited; 4-7 still run, rank 5 restarted with a new PID
-    later = [
-        RankProcess(4, 4, 104, 1.0),
-        RankProcess(5, 5, 205, 2.0),
-        RankProcess(6, 6, 106, 1.0),
-        RankProcess(7, 7, 107, 1.0),
-    ]
-    known = merge_ranks(known, later)
-    assert [r.rank for r in known] == list(range(8))
-    assert {r.rank: r.pid for r in known}[5] == 205
-    assert {r.rank: r.pid for r in known}[0] == 100
-    assert merge_ranks(known, []) == known

@@ -129,6 +129,10 @@ REAL_LINES = [
     # https://github.com/leptonai/gpud/pull/1160 (the R575 layout: the unit in IntrInfo[6:0])
     (144, "SAW_MVB Nonfatal XC0 i0 Link 0 (0x00000001 0x00000008 0x00000000 0x00000000 0x00000000 "
      "0x00000000)", V2, "IGNORE", "CONTACT_SUPPORT"),
+    # https://github.com/NVIDIA/NVSentinel/issues/1357 (an R575+ layout line, cut before its ")"; DCGM's
+    # diagnostic called it fatal, the sheet says XID_154_EVAL: non-fatal)
+    (145, "RLW_SRC_TRACK Nonfatal XC1 i0 Link 17 (0x04084507 0x00000004 0x00000000 0x00000000 0x00000000 "
+     "0x00000000", V2, "XID_154_EVAL", "IGNORE"),
     # https://github.com/leptonai/gpud/pull/1160 (link-down reason 100110)
     (149, "NETIR_LINK_EVT Fatal XC0 i0 Link 00 (0x026001c6 0x00000000 0x00000000 0x00000000 0x00000000 "
      "0x00000000)", V1, "IGNORE", "INVESTIGATE_SW/USER"),
@@ -185,7 +189,7 @@ def test_an_undecodable_line_says_not_decoded_and_keeps_the_raw_text(text: str) 
 def test_one_finding_per_gpu_and_code_judged_by_its_most_urgent_line() -> None:
     log = "".join(
         f"[ 1000{n}.0] NVRM: Xid (PCI:0000:18:00): 149, {t}\n"
-        for n, t in enumerate((REAL_LINES[4][1], REAL_LINES[1][1], REAL_LINES[4][1]))
+        for n, t in enumerate((REAL_LINES[-1][1], REAL_LINES[1][1], REAL_LINES[-1][1]))
     )
     (f,) = xid.xid_findings(xid.scan(log, None, uptime_s=10_800.0, now=NOW), GPUS, driver="570.133.20")
     assert f.severity == PROBLEM and "INVESTIGATE_PEER_DEVICE" in f.what and "3 times" in f.what
@@ -215,3 +219,25 @@ def test_list_rules_lists_the_catalogue_text_and_json() -> None:
     assert sorted(rows) == list(range(1, 173)) + [] or set(range(1, 173)) <= set(rows)
     assert rows[79]["immediate"] == "RESTART_BM" and rows[79]["action"] == "drain"
     assert rows[167]["immediate"] is None and "no resolution" in rows[167]["catalogue_note"]
+
+
+# --- check reads the driver version from NVML and decodes by it ----------------------------------------
+
+
+def test_check_decodes_an_nvlink5_line_in_the_layout_of_the_driver_nvml_reports(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from test_health_reads import healthy
+
+    driver = fake_driver.build(tmp_path / "driver")
+    log = tmp_path / "kern.log"
+    # gpud #1160's line: link-down reason 100110, IGNORE in the layout before R575.
+    log.write_text(f"NVRM: Xid (PCI:0000:28:00): 149, {REAL_LINES[-1][1]}\n")
+    verdicts = {}
+    for version in ("570.86.15", "580.65.06"):
+        machine = tmp_path / f"machine-{version}.txt"
+        machine.write_text("\n".join([f"driver {version}", "cuda 12080", *healthy(0), *healthy(1)]) + "\n")
+        done = fake_driver.run(
+            driver, machine, "check", "--json", "--sample-s", "0.2", "--kernel-log", str(log)
+        )
+        (f,) = [f for f in json.loads(done.stdout)["findings"] if "Xid 149" in f["what"]]
+        verdicts[version] = (done.returncode, f["severity"], "not decoded" in f["what"])
+    assert verdicts == {"570.86.15": (0, NOTE, False), "580.65.06": (1, PROBLEM, True)}

@@ -405,7 +405,7 @@ _RULES = (
     Rule(
         "xid_hardware", "xid", PROBLEM, "reset", None, "",
         "a hardware Xid in the kernel log within the window (each code's severity and action from "
-        "health.xid.XID_TABLE)",
+        "health.xid.XID_TABLE; NVLink5 Xids 144-150 by the bucket of the catalogue's decode sheet)",
         f"{XID_CATALOG}; {W} BuildXidMappings", "per code: see `gputopo check --list-rules`",
         DCGM_FAIL, f"{W} BuildXidMappings (per code)",
     ),
@@ -416,7 +416,8 @@ _RULES = (
     ),
     Rule(
         "xid_unknown", "xid", NOTE, "monitor", None, "",
-        "an Xid gputopo's table does not classify", XID_CATALOG, "look the code up in NVIDIA's catalogue",
+        "an Xid past NVIDIA's catalogue (it lists 1-172), which gputopo's table cannot classify", XID_CATALOG,
+        "look the code up in NVIDIA's catalogue",
     ),
     Rule(
         "xid_unlisted_gpu", "xid", PROBLEM, "reset", None, "",

@@ -81,6 +81,8 @@ def _app(desc: str, dcgm: str = "none") -> XidClass:
     return XidClass("application", desc, "none", _APP, NOTE, dcgm)
 
 
+# Descriptions follow the 2026 catalogue; where DCGM files a code under a subsystem the catalogue does not
+# name (its warn list groups 38/39/42 as PCIe, 54/56/57/58/78 as power, 60/61/62 as thermal), ours says so.
 # Classification after NVIDIA's Xid catalogue (docs.nvidia.com/deploy/xid-errors, "Analyzing Xid Errors with
 # the Xid Catalog": the resolution buckets RESTART_APP vs RESET_GPU / RESTART_BM / CONTACT_SUPPORT) and
 # DCGM's BuildXidMappings (modules/health/DcgmHealthWatch.cpp at 72fa3fe: 48, 74, 79, 95, 119, 120, 140
@@ -94,24 +96,23 @@ XID_TABLE: dict[int, XidClass] = {
     68: _app("video decoder exception"),
     69: _app("graphics engine class error"),
     32: _warn("PBDMA error (invalid or corrupted push buffer stream)"),
-    38: _warn("PCIe bus error (driver firmware)"),
-    39: _warn("PCIe fabric error"),
-    42: _warn("PCIe replay error"),
-    54: _warn("power state change"),
-    56: _warn("clock change"),
-    57: _warn("clock change due to power"),
-    58: _warn("clock change due to thermal"),
-    60: _warn("clocks event: thermal"),
-    67: _warn("NVLink error"),
-    73: _warn("NVLink flow control error"),
-    78: _warn("power state forced change"),
-    93: _warn("corrupt InfoROM (Volta)"),
+    38: _warn("driver firmware error (DCGM warns on it as PCIe)"),
+    39: _warn("copy engine exception (DCGM warns on it as PCIe)"),
+    42: _warn("unused on Ampere and newer (DCGM warns on it as PCIe)"),
+    54: _warn("auxiliary power is not connected to the GPU board (DCGM: power)"),
+    56: _warn("unused on Ampere and newer (DCGM warns on it as power)"),
+    57: _warn("unused on Ampere and newer (DCGM warns on it as power)"),
+    58: _warn("unused on Ampere and newer (DCGM warns on it as power)"),
+    60: _warn("video processor exception (DCGM warns on it as thermal)"),
+    67: _warn("illegal access by driver (DCGM warns on it as NVLink)"),
+    73: _warn("unused on Ampere and newer (DCGM warns on it as NVLink)"),
+    78: _warn("vGPU start error (DCGM warns on it as power)"),
+    93: _warn("InfoROM wear limit reached (DCGM warns on it as InfoROM)"),
     121: _warn("C2C link corrected error"),
     137: _warn("NVLink FLA privilege error"),
     92: _warn("high single-bit ECC error rate"),
     48: _hw("double-bit ECC error", dcgm="fail"),
-    61: _hw("internal micro-controller breakpoint/warning", dcgm="warn",
-            why="the catalogue's resolution is a GPU reset; DCGM files 61 as a thermal warning"),
+    61: _warn("PMU breakpoint, unused on Ampere and newer (DCGM warns on it as thermal)"),
     62: _hw("internal micro-controller halt", dcgm="warn",
             why="the catalogue's resolution is a GPU reset and the driver follows it with Xid 154 (reset "
                 "required); DCGM files 62 as a thermal warning"),

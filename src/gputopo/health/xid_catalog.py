@@ -132,9 +132,11 @@ class Nvl5Decode:
         )
 
 
+# The line's unit, Fatal/Nonfatal word, link and registers; a line cut before its closing parenthesis (as
+# pasted in NVIDIA/NVSentinel #1357) still reads.
 _LINE = re.compile(
     r"^(?P<unit>[A-Za-z0-9_/ ]+?)\s+(?P<logged>Fatal|Nonfatal|Non-fatal)\b.*?"
-    r"(?:Link\s+(?P<link>-?\d+))?\s*\((?P<regs>0x[0-9a-fA-F]+(?:[\s,]+0x[0-9a-fA-F]+)*)\s*\)"
+    r"(?:Link\s+(?P<link>-?\d+))?\s*\((?P<regs>0x[0-9a-fA-F]+(?:[\s,]+0x[0-9a-fA-F]+)*)\s*\)?"
 )
 
 

@@ -115,20 +115,9 @@ def find_ranks(root_pid: int, marker: str | None = None) -> list[RankProcess]:
     return sorted(out, key=lambda r: r.rank)
 
 
-def merge_ranks(known: Sequence[RankProcess], found: Sequence[RankProcess]) -> list[RankProcess]:
-    """Every rank that ever ran: the ranks seen before, each replaced by its newest process where it is
-    found again (an elastic restart gives a rank a new PID). A rank that exits first stays in the list, so
-    the run record still maps it to its host and GPU once the job has ended."""
-    by_rank = {r.rank: r for r in known}
-    for r in found:
-        by_rank[r.rank] = r
-    return sorted(by_rank.values(), key=lambda r: r.rank)
-
-
 class RankWatcher(threading.Thread):
-    """Looks for the launch's ranks until told to stop, and calls ``on_change`` with every new set of
-    ranks that ever ran (``merge_ranks``; the run record is rewritten with them). ``latest`` holds the
-    ranks alive at the last look (their stacks are taken on a stop)."""
+    """Looks for the launch's ranks until told to stop, and calls ``on_change`` with every new set (the
+    run record is rewritten with them)."""
 
     def __init__(self, root_pid: int, marker: str, on_change: Callable[[list[RankProcess]], None]) -> None:
         super().__init__(name="gputopo-rank-watcher", daemon=True)
@@ -138,19 +127,17 @@ class RankWatcher(threading.Thread):
 
     def run(self) -> None:
         begun = time.monotonic()
-        ever: list[RankProcess] = []
+        seen: list[RankProcess] = []
         while not self.stopped.is_set():
             try:
                 found = find_ranks(self.root_pid, self.marker)
             except Exception:  # noqa: BLE001 -- a failed look must not take the launch down; look again
-                found = []
-            if found:
+                found = seen
+            if found and found != seen:
+                seen = found
                 self.latest = found
-            merged = merge_ranks(ever, found)
-            if merged != ever:
-                ever = merged
                 with contextlib.suppress(Exception):
-                    self.on_change(merged)
+                    self.on_change(found)
             fast = time.monotonic() - begun < RANK_POLL_FAST_FOR_S
             self.stopped.wait(RANK_POLL_FAST_S if fast else RANK_POLL_SLOW_S)
 
