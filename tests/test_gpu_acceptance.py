@@ -247,3 +247,19 @@ def test_the_bare_matmul_child_compiles_and_matches_the_probes_size():
     from gputopo.probe.ranks.pergpu import GPU_MATMULS_PER_REP, GPU_SIZES
 
     assert f"n, per_rep, seconds = {GPU_SIZES.matmul_n}, {GPU_MATMULS_PER_REP['bf16']}," in ga.BARE_MATMUL
+
+
+def test_a_gpu_listed_but_torch_without_cuda_exits_3(tmp_path):
+    _executable(tmp_path / "nvidia-smi", FAKE_SMI)
+    stand_in = tmp_path / "python"  # torch answers "no CUDA", as the real one does on this machine
+    _executable(stand_in, f"#!{sys.executable}\nimport sys\nsys.exit(1)\n")
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out-dir", str(tmp_path / "out"), "--python", str(stand_in)],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path),
+        timeout=60,
+    )
+    assert run.returncode == 3
+    assert run.stderr.splitlines()[0].startswith("gpu-acceptance: torch has no CUDA here")
+    assert not (tmp_path / "out").exists()
