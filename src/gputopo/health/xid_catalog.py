@@ -116,10 +116,6 @@ class Nvl5Decode:
     intr_info: int | None = None
     error_status: int | None = None
 
-    @property
-    def fatal(self) -> bool:
-        return self.decoded and "fatal" in self.severity.lower() and not self.severity.startswith("Non")
-
     def words(self) -> str:
         """One line: what the sheet says of it, or "not decoded" and why."""
         if not self.decoded:
