@@ -35,6 +35,14 @@ INPUT_METAVAR = "PATH|-|sample:NAME"
 INPUT_OPTION = typer.Option(None, "--input", "-i", metavar=INPUT_METAVAR, help=INPUT_HELP)
 
 # Shared by the commands that read the live machine (topo, recommend, probe, doctor): declared once.
+# hang and slow: the run records that place ranks on hosts, PIDs and GPUs.
+RUN_RECORD_OPTION = typer.Option(
+    None,
+    "--run-record",
+    metavar="FILE",
+    help="A run record (gputopo/run-record/v1) mapping ranks to hosts and GPUs; repeatable. "
+    "Default: run-record*.json beside the dumps.",
+)
 NVML_TIMEOUT_OPTION = typer.Option(
     DEFAULT_NVML_TIMEOUT_S,
     "--nvml-timeout",

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from gputopo.cli import app
-from gputopo.cli.common import JSON_OPTION, examples, guarded
+from gputopo.cli.common import JSON_OPTION, RUN_RECORD_OPTION, examples, guarded
 from gputopo.ui.output import Output
 
 
@@ -40,13 +40,7 @@ def hang_command(
     ras_json: Path | None = typer.Option(
         None, "--ras-json", metavar="FILE", help="Read a saved `ncclras -f json` output."
     ),
-    run_record: list[Path] | None = typer.Option(
-        None,
-        "--run-record",
-        metavar="FILE",
-        help="A run record (gputopo/run-record/v1) mapping ranks to hosts and GPUs; repeatable. "
-        "Default: run-record*.json beside the dumps.",
-    ),
+    run_record: list[Path] | None = RUN_RECORD_OPTION,
     html: Path | None = typer.Option(
         None, "--html", metavar="FILE", help="Also write an HTML report: the ranks drawn per host and group."
     ),

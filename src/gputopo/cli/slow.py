@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from gputopo.cli import app
-from gputopo.cli.common import JSON_OPTION, examples, guarded
+from gputopo.cli.common import JSON_OPTION, RUN_RECORD_OPTION, examples, guarded
 from gputopo.ui.output import Output
 
 
@@ -31,13 +31,7 @@ def slow_command(
         help="A run folder, an Inspector dump folder, Flight Recorder dumps, or an nccl-tests -J file.",
     ),
     json_out: bool = JSON_OPTION,
-    run_record: list[Path] | None = typer.Option(
-        None,
-        "--run-record",
-        metavar="FILE",
-        help="A run record (gputopo/run-record/v1) mapping ranks to hosts, PIDs and GPUs; repeatable. "
-        "Default: run-record*.json in PATH.",
-    ),
+    run_record: list[Path] | None = RUN_RECORD_OPTION,
     html: Path | None = typer.Option(
         None, "--html", metavar="FILE", help="Also write a per-rank lateness chart."
     ),
