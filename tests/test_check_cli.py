@@ -33,6 +33,7 @@ def check(driver: Path, machine_file: Path, *args: str):  # type: ignore[no-unty
     return fake_driver.run(driver, machine_file, "check", *args, timeout=60)
 
 
+@fake_driver.NEEDS_FABRIC_BINDINGS
 def test_a_healthy_node_exits_0_with_the_reason_first(driver: Path, tmp_path: Path) -> None:
     result = check(driver, machine(tmp_path, [*healthy(0), *healthy(1)]), *FAST)
     assert result.returncode == 0, result.stderr
@@ -52,6 +53,7 @@ def test_a_failed_row_remap_exits_1_and_names_it_first(driver: Path, tmp_path: P
     )
 
 
+@fake_driver.NEEDS_FABRIC_BINDINGS
 def test_a_pending_row_remap_is_reset_when_convenient_a_note(driver: Path, tmp_path: Path) -> None:
     result = check(driver, machine(tmp_path, [*healthy(0), *healthy(1), "remap 1 0 0 1 0"]), *FAST)
     assert result.returncode == 0
@@ -61,6 +63,7 @@ def test_a_pending_row_remap_is_reset_when_convenient_a_note(driver: Path, tmp_p
     ]
 
 
+@fake_driver.NEEDS_FABRIC_BINDINGS
 def test_json_document(driver: Path, tmp_path: Path) -> None:
     result = check(
         driver, machine(tmp_path, [*healthy(0), "clocks 0 8"]), *FAST, "--json", "--expect-gpus", "2"

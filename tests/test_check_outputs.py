@@ -39,6 +39,7 @@ def npd_reads(stdout: str, exit_code: int, max_output_length: int) -> tuple[str,
 SICK = [*healthy(0), "remap 0 0 0 0 1", *healthy(1), "eccerr 1 0 3 0 3"]
 
 
+@fake_driver.NEEDS_FABRIC_BINDINGS
 @pytest.mark.parametrize("limit", [80, 40])
 def test_npd_gets_one_line_that_fits_and_the_exit_code_it_maps(
     driver: Path, tmp_path: Path, limit: int
@@ -133,6 +134,7 @@ def test_fabric_manager_down_is_one_node_finding_not_one_per_gpu(driver: Path, t
     assert [f["where"] for f in one["findings"] if f["severity"] == "problem"] == ["GPU3"]
 
 
+@fake_driver.NEEDS_FABRIC_BINDINGS
 def test_a_fleet_baseline_compares_cleanly_on_a_sibling(driver: Path, tmp_path: Path) -> None:
     golden = tmp_path / "fleet.json"
     saved = check(

@@ -95,6 +95,7 @@ def problems(doc: dict, gpu: int) -> list[dict]:
     return [f for f in doc["findings"] if f["gpu"] == gpu and f["severity"] == "problem"]
 
 
+@fake_driver.NEEDS_FABRIC_BINDINGS
 def test_a_sound_node_reads_every_signal_and_is_healthy(driver: Path, tmp_path: Path) -> None:
     doc = read(driver, tmp_path, [*healthy(0), *healthy(1)])
     g = doc["second"][0]

@@ -73,6 +73,7 @@ def test_two_gb300_racks_on_clique_32766_are_two_domains_with_their_trays(facts:
     assert len(healthy["unchecked"]) == 18 and SICK not in sick["unchecked"]
 
 
+@fake_driver.NEEDS_FABRIC_BINDINGS
 def test_the_real_bindings_on_the_c_fake_driver_give_the_same_domains(facts: Path, tmp_path: Path) -> None:
     if fake_driver.compiler() is None:
         pytest.skip("no C compiler to build the fake driver")
