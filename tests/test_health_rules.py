@@ -15,7 +15,7 @@ import pytest
 
 from gputopo.errors import EXIT_USAGE, UsageError
 from gputopo.findings import NOTE, PROBLEM
-from gputopo.health.judge import Judgement, expected_pcie_replays_per_min, judge, judge_one
+from gputopo.health.judge import Judgement, drains_p2p, expected_pcie_replays_per_min, judge, judge_one
 from gputopo.health.readings import GpuHealth, HealthSample, NvlinkHealth, Unknown
 from gputopo.health.rules import DEFAULT_THRESHOLDS, RULES, load_thresholds, parse_thresholds
 
@@ -337,6 +337,16 @@ def test_the_drivers_recovery_action_in_its_words(action: int, words: str, what_
     severity = NOTE if action == 3 else PROBLEM
     assert [(x.gpu, x.severity, x.category, x.action) for x in f] == [(5, severity, "driver", what_to_do)]
     assert f"the driver asks for recovery: {words} (NVML recovery action {action})" in f[0].what
+    # Drain P2P has a rule of its own: what keeps the GPU out of multi-GPU sets, and what a thresholds
+    # file can raise to a problem.
+    assert f[0].rule == ("recovery_drain_p2p" if action == 3 else "recovery_action")
+    assert drains_p2p(f[0]) is (action == 3)
+
+
+def test_drain_p2p_raised_to_a_problem_by_a_thresholds_file_still_steers_the_sets() -> None:
+    t = parse_thresholds('[recovery_drain_p2p]\nseverity = "problem"\naction = "drain"\n', "t.toml")
+    f = found(after={2: {"recovery_action": 3}}, thresholds=t)
+    assert [(x.gpu, x.severity, x.action, drains_p2p(x)) for x in f] == [(2, PROBLEM, "drain", True)]
 
 
 def test_persistence_off_is_a_note() -> None:

@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gputopo.findings import NOTE, PROBLEM, Finding
+from gputopo.findings import PROBLEM, Finding
 from gputopo.health.readings import (
     CLOCKS_HW_POWER_BRAKE,
     CLOCKS_HW_SLOWDOWN,
@@ -757,20 +757,14 @@ _RECOVERY_FINDING: dict[int, tuple[str, str]] = {
     6: ("reset", "drain the GPU and reset its PCIe bus (a node reboot does it too)"),
     7: ("reboot", "drain the node and reboot it (a full power cycle)"),
 }
-# DCGM MonitorGpuRecoveryAction: drain P2P (3) warns; reset, reboot and drain-and-reset fail.
-_RECOVERY_NOTES = {3}
-# How the recovery-action finding of DRAIN_P2P (NVML_GPU_RECOVERY_ACTION_DRAIN_P2P = 3) ends its words.
-_DRAIN_P2P_MARK = "(NVML recovery action 3)"
+# NVML_GPU_RECOVERY_ACTION_DRAIN_P2P: the one action with its own rule (a note; DCGM warns).
+_DRAIN_P2P = 3
 
 
 def drains_p2p(f: Finding) -> bool:
     """True for the finding of a GPU whose driver asks to drain P2P (recovery action DRAIN_P2P, 3): the one
     test every command (recommend, run, doctor, probe) uses to keep it out of multi-GPU sets."""
-    return (
-        f.rule == "recovery_action"
-        and f.action == _RECOVERY_FINDING[3][0]
-        and f.what.endswith(_DRAIN_P2P_MARK)
-    )
+    return f.rule == "recovery_drain_p2p" and f.gpu is not None
 
 
 def _driver(j: _Judge, g: GpuHealth) -> None:
@@ -779,15 +773,11 @@ def _driver(j: _Judge, g: GpuHealth) -> None:
     if action is not None and action != RECOVERY_NONE:
         words = RECOVERY_ACTIONS.get(action, f"action {action}")
         what_to_do, remedy = _RECOVERY_FINDING.get(action, ("drain", "drain the GPU and see `nvidia-smi -q`"))
-        j.add(
-            "recovery_action",
-            label,
-            i,
-            f"{label}: the driver asks for recovery: {words} (NVML recovery action {action})",
-            remedy.format(i=i),
-            action=what_to_do,
-            severity=NOTE if action in _RECOVERY_NOTES else j.t["recovery_action"].severity,
-        )
+        what = f"{label}: the driver asks for recovery: {words} (NVML recovery action {action})"
+        if action == _DRAIN_P2P:
+            j.add("recovery_drain_p2p", label, i, what, remedy.format(i=i))
+        else:
+            j.add("recovery_action", label, i, what, remedy.format(i=i), action=what_to_do)
     if g.persistence_mode is False:
         j.add(
             "persistence_off",

@@ -366,10 +366,17 @@ _RULES = (
     # --- driver, config, node -----------------------------------------------------------------------------
     Rule(
         "recovery_action", "driver", PROBLEM, "reset", None, "",
-        "the driver asks for a recovery action (GPU reset, node reboot, drain and reset); drain P2P is a "
-        "note",
+        "the driver asks for a recovery action (GPU reset, node reboot, drain and reset)",
         "NVML field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (r570+)", "follow the action the driver names",
-        DCGM_FAIL, f"{W} MonitorGpuRecoveryAction (reset, reboot, drain-and-reset: fail; drain P2P: warn)",
+        DCGM_FAIL, f"{W} MonitorGpuRecoveryAction (reset, reboot, drain-and-reset: fail)",
+    ),
+    Rule(
+        "recovery_drain_p2p", "driver", NOTE, "monitor", None, "",
+        "the driver asks to drain peer-to-peer work from the GPU (recovery action DRAIN_P2P, 3); "
+        "recommend, run, doctor and probe leave it out of every multi-GPU set",
+        "NVML field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (r570+)",
+        "keep NVLink/P2P jobs off the GPU until it is reset; other jobs run",
+        DCGM_WARN, f"{W} MonitorGpuRecoveryAction (drain P2P: warn)",
     ),
     Rule(
         "gpu_unreadable", "driver", PROBLEM, "reset", None, "",
