@@ -419,3 +419,41 @@ def test_drill_options_go_together_and_need_the_probes():
         run_doctor(DoctorOptions(inject=Fault.CORRUPT))
     with pytest.raises(UsageError, match="--skip-probe skips them"):
         run_doctor(DoctorOptions(skip_probe=True, inject=Fault.CORRUPT, inject_gpus="0,1"))
+
+
+def test_a_gpu_whose_driver_asks_to_drain_p2p_is_in_no_probed_pair_but_still_probed_alone(monkeypatch):
+    """NVML recovery action DRAIN_P2P on GPU3: doctor's probes copy through it in no pair and no set,
+    while GPU3 still gets the one-GPU checks and the per-GPU check. Taking the split out of
+    ``probe_section`` puts GPU3 back into pairs 0-3, 1-3 and 2-3, and this fails."""
+    from datetime import datetime, timezone
+
+    from gputopo import doctor
+    from gputopo.probe import shared
+    from gputopo.probe.plan import config as probe_config
+    from gputopo.probe.plan.schedule import PER_GPU
+    from gputopo.probe.pool import devices, runner
+
+    pytest.importorskip("torch")
+    plans = []
+
+    def fake_run_probe(config, on_progress=None, plan=None, **handed):
+        plans.append(plan)
+        return shared.ProbeRun(config, (), {}, (), datetime.now(timezone.utc), 0.0)
+
+    inventory = probe_config.DeviceInventory("cuda", (0, 1, 2, 3), ("0", "1", "2", "3"))
+    monkeypatch.setattr(runner, "run_probe", fake_run_probe)
+    monkeypatch.setattr(devices, "detect_devices", lambda requested, **_options: inventory)
+    machine = doctor.choose_machine("sample:quad-nv4-pairs-2socket")
+    drained = {3: "GPU3: the driver asks for recovery: drain P2P (NVML recovery action 3)"}
+    sets = doctor.choose_sets(machine.topology, {}, drained)
+    best = [r["best"]["gpus"] for r in sets.first if r["best"]]
+    assert all(3 not in b for b in best)
+    doctor.probe_section(machine, sets.usable, best, DoctorOptions(steps=2), None, {}, drained)
+    (plan,) = plans
+    multi = [job for job in plan.jobs if len(job.gpus) > 1 and job.checks != (PER_GPU,)]
+    assert multi and all(3 not in job.gpus for job in multi)
+    assert {(0, 1), (0, 2), (1, 2)} <= {job.gpus for job in multi}
+    alone = [job for job in plan.jobs if job.gpus == (3,)]
+    assert alone, "GPU3 is still probed on its own"
+    per_gpu = [job for job in plan.jobs if PER_GPU in job.checks]
+    assert per_gpu and all(3 in job.gpus for job in per_gpu)

@@ -202,11 +202,13 @@ def probe_section(
     options: DoctorOptions,
     hook: ProbeHook | None,
     sick: Mapping[int, str] | None = None,
+    no_p2p: Mapping[int, str] | None = None,
 ) -> dict[str, Any] | None:
     """Every pair (short) and the recommended larger sets in one probe run (one pool of ranks, a fresh
     one only after a hang or crash); its ``gputopo/probe/v1`` document. What doctor already read is
     handed down: the machine's topology (for the GPU list and the bandwidth model) and, on a live
-    machine, the health its window found (``sick``), so the probe reads neither again."""
+    machine, the health its window found (``sick``), so the probe reads neither again. A GPU whose
+    driver asks to drain P2P (``no_p2p``) is in no pair: it gets the one-GPU checks alone."""
     from gputopo.probe.plan.config import build_config
     from gputopo.probe.plan.options import Mode
     from gputopo.probe.plan.schedule import Job, make_plan
@@ -239,12 +241,16 @@ def probe_section(
     if not usable:
         return None
     drill = {"inject": options.inject, "inject_gpus": options.inject_gpus}
+    # A GPU whose driver asks to drain P2P is probed on its own (one-GPU checks), never in a pair.
+    drained = tuple((g,) for g in usable if g in (no_p2p or {}))
+    paired = [g for g in usable if g not in (no_p2p or {})]
     bigger = tuple(tuple(s) for s in sizes_sets if len(s) > 2)
-    if len(usable) >= 2:
-        config = build_config(inventory, [",".join(map(str, usable))], each_pair=True, **common, **drill)
+    if len(paired) >= 2:
+        config = build_config(inventory, [",".join(map(str, paired))], each_pair=True, **common, **drill)
+        plan = make_plan(config, more_sets=drained + bigger)
     else:
-        config = build_config(inventory, [str(usable[0])], **common, **drill)
-    plan = make_plan(config, more_sets=bigger)
+        config = build_config(inventory, [str(g) for g in usable], **common, **drill)
+        plan = make_plan(config, more_sets=bigger)
     if not options.skip_speed and not quick and sizes_sets:
         # The speed table (one GPU, DataParallel, DDP, DDP+AMP) on each recommended set, as steps of
         # their own after the checks, in the same pool. CPU stand-ins' timings are shown but never
@@ -613,7 +619,9 @@ def run_probes(
     try:
         best = [r["best"]["gpus"] for r in sets.first if r["best"]]
         local = replace(options, inject=None, inject_gpus=None) if options.node is not None else options
-        return ProbeStep(probe_section(machine, sets.usable, best, local, probe_hook, sets.unhealthy), None)
+        return ProbeStep(
+            probe_section(machine, sets.usable, best, local, probe_hook, sets.unhealthy, sets.no_p2p), None
+        )
     except UnavailableError as exc:
         return ProbeStep(None, f"not run: {exc.message}" + (f" ({exc.hint})" if exc.hint else ""))
 
