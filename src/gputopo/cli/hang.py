@@ -9,6 +9,7 @@ import typer
 
 from gputopo.cli import app
 from gputopo.cli.common import JSON_OPTION, RUN_RECORD_OPTION, examples, guarded
+from gputopo.cli.job_report import finish, take_live
 from gputopo.ui.output import Output
 
 
@@ -78,7 +79,7 @@ def hang_command(
 
         check_output(html, "--html", "hang.html")  # before any work: a fifo or a folder is refused at once
     if live:
-        paths = [_take_live(out, list(paths or []))]
+        paths = [take_live(out, list(paths or []), "hang")]
     with paused_gc(freeze=True):  # one process, one report: the dumps' dicts need no collecting
         report = analyse(
             list(paths or []),
@@ -89,66 +90,7 @@ def hang_command(
             health=_local_health,
             nccl_log=nccl_log,
         )
-    if html is not None:
-        _write_html(html, render(report, HangFormat.HTML))
-        out.hint(f"HTML report: {html}")
-    out.document(report.document())
-    if not json_out:
-        out.line(render(report, HangFormat.TEXT).rstrip("\n"))
-    if report.exit_code:
-        raise typer.Exit(report.exit_code)
-
-
-def _take_live(out: Output, paths: list[Path]) -> Path:
-    """--live: this node's ranks' stacks (and live dumps) into the run folder; returns the folder."""
-    from gputopo.errors import InputError, UnavailableError, UsageError
-    from gputopo.hang.live import newest_run_dir, take, targets_here
-    from gputopo.system import run_facts
-    from gputopo.system.pyspy import MISSING_HINT, find_pyspy
-
-    if len(paths) > 1:
-        raise UsageError(
-            "--live takes one run folder", "e.g. gputopo hang --live reports/run-20260101T120000Z"
-        )
-    run_dir = paths[0] if paths else newest_run_dir(Path("reports"))
-    if run_dir is None:
-        raise InputError("--live: no run folder under reports/", "give the folder `gputopo run` printed")
-    if not run_dir.is_dir():
-        raise InputError(f"--live {run_dir}: no such folder", "give the folder `gputopo run` printed")
-    if find_pyspy() is None:
-        raise UnavailableError("--live: py-spy is not installed", MISSING_HINT)
-    host = run_facts.hostname()
-    targets = targets_here(run_dir, host)
-    if not targets:
-        raise InputError(
-            f"--live {run_dir}: its run record names no rank with a PID on this host ({host})",
-            "run it on a node of the job, in a folder `gputopo run` wrote (its record lists the ranks' PIDs)",
-        )
-    import os
-
-    gone = [t.rank for t in targets if not os.path.exists(f"/proc/{t.pid}")]
-    if len(gone) == len(targets):
-        raise InputError(
-            f"--live {run_dir}: none of this host's ranks is running any more",
-            f"the job has ended: gputopo hang {run_dir} reads what it left",
-        )
-    from gputopo.hang.live import summary
-
-    ev = take(run_dir, [t for t in targets if t.rank not in gone], host, "live")
-    out.hint(f"--live: {summary(ev)}")
-    for problem in ev.problems:
-        out.warn(problem)
-    if ev.hint and all(s.error for s in ev.stacks):
-        raise UnavailableError(f"--live: no rank's stack could be read ({ev.problems[0]})", ev.hint)
-    if ev.hint:
-        out.hint(ev.hint)
-    return run_dir
-
-
-def _write_html(path: Path, page: str) -> None:
-    from gputopo.outputs import write_output
-
-    write_output(path, page, "--html")
+    finish(out, report, lambda page: render(report, HangFormat.HTML if page else HangFormat.TEXT), html)
 
 
 def _local_health(hosts: set[str]) -> dict[tuple[str, int], list[dict[str, object]]]:

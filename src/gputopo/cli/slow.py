@@ -9,6 +9,7 @@ import typer
 
 from gputopo.cli import app
 from gputopo.cli.common import JSON_OPTION, RUN_RECORD_OPTION, examples, guarded
+from gputopo.cli.job_report import finish, take_live
 from gputopo.ui.output import Output
 
 
@@ -56,19 +57,8 @@ def slow_command(
 
         check_output(html, "--html", "slow.html")
     if live:
-        from gputopo.cli.hang import _take_live
-
-        path = _take_live(out, [path] if path else [])
+        path = take_live(out, [path] if path else [], "slow")
     if path is None:
         raise UsageError("nothing to read: give PATH", "e.g. gputopo slow reports/run-20260101T120000Z")
     report = analyse(path, list(run_record or []))
-    if html is not None:
-        from gputopo.outputs import write_output
-
-        write_output(html, render(report, SlowFormat.HTML), "--html")
-        out.hint(f"HTML report: {html}")
-    out.document(report.document())
-    if not json_out:
-        out.line(render(report, SlowFormat.TEXT).rstrip("\n"))
-    if report.exit_code:
-        raise typer.Exit(report.exit_code)
+    finish(out, report, lambda page: render(report, SlowFormat.HTML if page else SlowFormat.TEXT), html)

@@ -5,7 +5,7 @@ Recorder dumps, or an nccl-tests ``-J`` file."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,13 +50,13 @@ class SlowReport:
     def sentence(self) -> str:
         j = self.judgement
         if j.stragglers:
-            return "; ".join(self._about(s) for s in j.stragglers)
+            return "; ".join(self.about(s) for s in j.stragglers)
         if j.undecided:
             return f"undecided: {j.undecided}"
         spread = f"; spread {j.spread_pct:.0f}%" if j.spread_pct is not None else ""
         return f"no {self.unit} is consistently late{spread}"
 
-    def _about(self, s: J.Straggler) -> str:
+    def about(self, s: J.Straggler) -> str:
         p = self.place(s.rank)
         where = []
         if p.host:
@@ -277,7 +277,7 @@ def _report(
             Finding(
                 where=f"{unit} {s.rank}"
                 + (f" ({p.host} GPU {p.gpu})" if p.host and p.gpu is not None else ""),
-                what=report._about(s) + f" (outlier in {s.windows_flagged} of {s.windows} windows)",
+                what=report.about(s) + f" (outlier in {s.windows_flagged} of {s.windows} windows)",
                 remedy="look at what that rank does between collectives: its GPU clocks and health "
                 "(gputopo check on its node), its data loader and host load, its NIC",
                 severity=PROBLEM,
@@ -296,4 +296,4 @@ def _report(
                 category="process",
             )
         )
-    return SlowReport(source, str(path), j, places, clock, tuple(notes), unit, tuple(findings))
+    return replace(report, findings=tuple(findings))
