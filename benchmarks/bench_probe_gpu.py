@@ -39,30 +39,9 @@ dist.barrier()
 dist.destroy_process_group()
 """
 
-# The probe's matmul without the probe: the same size, dtype, warm-up and repetitions, CUDA events.
-PLAIN_MATMUL = """
-import json, statistics, sys, torch
-n, per_rep, warm, reps = 8192, 16, 3, 7
-out = []
-for d in range(torch.cuda.device_count()):
-    torch.cuda.set_device(d)
-    a = torch.randn(n, n, device=d, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=d, dtype=torch.bfloat16)
-    c = torch.empty(n, n, device=d, dtype=torch.bfloat16)
-    def rep():
-        for _ in range(per_rep):
-            torch.matmul(a, b, out=c)
-    for _ in range(warm):
-        rep()
-    torch.cuda.synchronize(d)
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record(); rep(); e.record(); e.synchronize()
-        times.append(s.elapsed_time(e) / 1000)
-    out.append(2 * n**3 * per_rep / statistics.median(times) / 1e12)
-print(json.dumps(out))
-"""
+# The probe's matmul without the probe: the same size, dtype and warm-up, CUDA events; one file shared with
+# scripts/gpu_acceptance.py.
+BARE_MATMUL = Path(__file__).resolve().parents[1] / "scripts" / "bare_matmul.py"
 
 
 def _run(cmd: list[str], env: dict[str, str]) -> tuple[float, str]:
@@ -133,7 +112,8 @@ def bench_cuda(args: argparse.Namespace, work: Path) -> None:
     print(f"probe --mode gpu: 1 GPU {one_s:.1f} s, {n} GPUs {all_s:.1f} s (target under {GPU_TARGET_S:g} s)")
     step_one, step_all = _step_s(json.loads(one)) or 0.0, _step_s(doc) or 0.0
     print(f"per-GPU step: 1 GPU {step_one:.2f} s, {n} GPUs {step_all:.2f} s")
-    plain = json.loads(_run([sys.executable, "-c", PLAIN_MATMUL], env)[1])
+    bare = json.loads(_run([sys.executable, str(BARE_MATMUL), "1"], env)[1])
+    plain = [g["median_tflops"] for g in bare["gpus"]]
     worst = 1.0
     for r, alone in zip(rows, plain, strict=False):
         ratio = r["matmul_tflops"] / alone

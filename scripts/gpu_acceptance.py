@@ -43,41 +43,9 @@ NO_GPU_HINT = (
     '(pip install "gputopo[probe]")'
 )
 
-# The bare baseline: the probe's own matmul (ranks/pergpu.py: 8192-square, 16 products a repetition
-# at fp16/bf16, CUDA-event timed) without the probe, bf16, on each GPU in turn, about 3 s each after a
-# warm-up. Prints {"gpus": [{"cuda_index", "name", "pci_bus_id", "tflops", "reps"}]}.
-BARE_MATMUL = r"""
-import json, sys, time, torch
-n, per_rep, seconds = 8192, 16, float(sys.argv[1])
-flop = 2 * n**3 * per_rep
-out = []
-for d in range(torch.cuda.device_count()):
-    torch.cuda.set_device(d)
-    a = torch.randn(n, n, device=d, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=d, dtype=torch.bfloat16)
-    c = torch.empty(n, n, device=d, dtype=torch.bfloat16)
-    def rep():
-        for _ in range(per_rep):
-            torch.matmul(a, b, out=c)
-    for _ in range(3):
-        rep()
-    torch.cuda.synchronize(d)
-    best, reps, start = 0.0, 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        s = torch.cuda.Event(enable_timing=True)
-        e = torch.cuda.Event(enable_timing=True)
-        s.record(); rep(); e.record(); torch.cuda.synchronize(d)
-        best = max(best, flop / (s.elapsed_time(e) / 1e3) / 1e12)
-        reps += 1
-    p = torch.cuda.get_device_properties(d)
-    # cudaDeviceProp.pciDomainID/pciBusID/pciDeviceID, torch's ints (as probe/ranks/cuda.py reads them)
-    ids = [getattr(p, k, None) for k in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
-    bus = "%04x:%02x:%02x.0" % tuple(ids) if None not in ids else None
-    out.append({"cuda_index": d, "name": p.name, "pci_bus_id": bus, "tflops": best, "reps": reps})
-    del a, b, c
-    torch.cuda.empty_cache()
-print(json.dumps({"dtype": "bfloat16", "n": n, "matmuls_per_rep": per_rep, "gpus": out}))
-"""
+# The bare baseline (scripts/bare_matmul.py, shared with benchmarks/bench_probe_gpu.py): the probe's own
+# matmul without the probe, bf16, on each GPU in turn, about 3 s each after a warm-up.
+BARE_MATMUL = Path(__file__).resolve().parent / "bare_matmul.py"
 
 SMI_FIELDS = "index,name,driver_version,uuid,pci.bus_id"
 
@@ -305,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         count = len(parse_smi(smi["stdout"]))
         step("check", [*gt, "check", "--json"], 45)
         step("topo", [*gt, "topo", "--json"], 45)
-        step("bare-matmul", [args.python, "-c", BARE_MATMUL, "3"], 30 + 6 * max(count, 1))
+        step("bare-matmul", [args.python, str(BARE_MATMUL), "3"], 30 + 6 * max(count, 1))
         probe = [*gt, "probe", "--report-dir", report_dir, "--timeout", "60", "--json"]
         step("probe-gpu", [*probe, "--mode", "gpu", "--precision", "bf16"], 120)
         for name, extra, planned in (

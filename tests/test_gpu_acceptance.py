@@ -182,7 +182,7 @@ FAKE_PYTHON = f"""\
     a = sys.argv[1:]
     if a[0] == "-c" and "is_available" in a[1]:
         sys.exit(0)
-    if a[0] == "-c":
+    if a[0].endswith("bare_matmul.py"):
         print(json.dumps({json.dumps(BARE)}))
     elif "probe" in a and "gpu" in a:
         print(json.dumps({json.dumps(PROBE)}))
@@ -243,11 +243,23 @@ def test_the_whole_run_writes_one_json_with_every_step(tmp_path):
 
 
 def test_the_bare_matmul_child_compiles_and_matches_the_probes_size():
-    compile(ga.BARE_MATMUL, "bare-matmul", "exec")
+    """One bare loop (scripts/bare_matmul.py) for the acceptance run and the benchmark, at the probe's
+    size and products per repetition."""
+    import ast
+
+    text = ga.BARE_MATMUL.read_text()
+    compile(text, "bare_matmul.py", "exec")
+    bench = (Path(__file__).resolve().parents[1] / "benchmarks" / "bench_probe_gpu.py").read_text()
+    assert '"scripts" / "bare_matmul.py"' in bench and "torch.matmul(" not in bench
     pytest.importorskip("torch")  # probe/ranks imports torch (the oldest-versions run has none)
     from gputopo.probe.ranks.pergpu import GPU_MATMULS_PER_REP, GPU_SIZES
 
-    assert f"n, per_rep, seconds = {GPU_SIZES.matmul_n}, {GPU_MATMULS_PER_REP['bf16']}," in ga.BARE_MATMUL
+    sizes = next(
+        node.value
+        for node in ast.parse(text).body
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Tuple)
+    )
+    assert ast.literal_eval(sizes)[:2] == (GPU_SIZES.matmul_n, GPU_MATMULS_PER_REP["bf16"])
 
 
 def test_a_gpu_listed_but_torch_without_cuda_exits_3(tmp_path):
@@ -264,3 +276,13 @@ def test_a_gpu_listed_but_torch_without_cuda_exits_3(tmp_path):
     assert run.returncode == 3
     assert run.stderr.splitlines()[0].startswith("gpu-acceptance: torch has no CUDA here")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_bare_matmul_script_runs_and_without_a_gpu_names_none():
+    pytest.importorskip("torch")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run(
+        [sys.executable, str(ga.BARE_MATMUL), "0.1"], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"dtype": "bfloat16", "n": 8192, "matmuls_per_rep": 16, "gpus": []}
