@@ -189,3 +189,81 @@ def test_nohup_keeps_sighup_ignored(tmp_path):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+class _StartRace:
+    """``subprocess.Popen`` that sends this process ``sig`` the moment the child exists, before the
+    caller can hold it: the race a signal sent while gputopo starts a command runs into."""
+
+    def __init__(self, sig: signal.Signals) -> None:
+        self.sig, self.children = sig, []
+        self.real = subprocess.Popen
+
+    def __call__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        child = self.real(*args, **kwargs)
+        self.children.append(child)
+        os.kill(os.getpid(), self.sig)  # the handler runs at the next bytecode, still inside "Popen"
+        for _ in range(100):
+            time.sleep(0.001)
+        return child
+
+
+@pytest.fixture
+def stop_signals():
+    from gputopo.cli.common import install_stop_signals, restore_signals
+
+    previous = install_stop_signals()
+    yield
+    restore_signals(previous)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT])
+def test_a_signal_while_run_starts_the_command_still_stops_it(monkeypatch, stop_signals, sig):
+    """Seen under a CPU hog in CI: a signal that arrived inside Popen (the child started, gputopo not yet
+    holding it) left the command running and its pipes open. Held back (errors.stop_held) until the
+    child is held, it stops the command like any other signal."""
+    from gputopo.errors import Interrupted
+    from gputopo.system import launcher
+
+    race = _StartRace(sig)
+    monkeypatch.setattr(launcher.subprocess, "Popen", race)
+    with pytest.raises(Interrupted) as stopped:
+        launcher.run_supervised(["sleep", "60"], dict(os.environ), grace_s=1.0, on_ranks=lambda ranks: None)
+    assert stopped.value.signum == sig
+    (child,) = race.children
+    assert child.poll() is not None, "the command was left running"
+
+
+def test_a_signal_while_the_probe_agent_starts_leaves_it_for_stop_to_find(monkeypatch, stop_signals):
+    from gputopo.errors import Interrupted
+    from gputopo.probe.pool import launch
+
+    race = _StartRace(signal.SIGTERM)
+    monkeypatch.setattr(launch.subprocess, "Popen", race)
+    monkeypatch.setattr(launch.sys, "executable", "sleep")  # `sleep -m ...` exits at once; any child does
+    run = launch.Launch("gputopo-test-")
+    try:
+        with pytest.raises(Interrupted):
+            run.start_launcher({}, 1, "race", dict(os.environ))
+        assert run.proc is race.children[0]  # held: stop() will find and stop it
+    finally:
+        run.stop()
+        run.cleanup()
+
+
+def test_stop_held_raises_once_at_the_end_and_never_over_another_error():
+    from gputopo.errors import Interrupted, defer_stop, stop_held
+
+    assert defer_stop(Interrupted(signal.SIGTERM, "SIGTERM")) is False  # not holding: raise now
+    with pytest.raises(Interrupted) as held, stop_held():
+        inner = stop_held()
+        inner.__enter__()
+        assert defer_stop(Interrupted(signal.SIGTERM, "SIGTERM")) is True
+        assert defer_stop(Interrupted(signal.SIGINT, "SIGINT")) is True
+        inner.__exit__(None, None, None)  # the inner block ends: still held by the outer one
+    assert held.value.name == "SIGTERM"  # the first signal, once, when the outer block ends
+    with pytest.raises(ValueError), stop_held():
+        defer_stop(Interrupted(signal.SIGTERM, "SIGTERM"))
+        raise ValueError("the start failed")
+    with stop_held():  # nothing left over from before
+        pass

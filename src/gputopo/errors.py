@@ -77,3 +77,39 @@ class Interrupted(KeyboardInterrupt):
     @property
     def exit_code(self) -> int:
         return 128 + self.signum
+
+
+# A stop signal that arrives while a child is being started is held back until the start is complete
+# and recorded, then raised: raised in the middle (inside ``subprocess.Popen``, after the child exists
+# but before the caller holds it), nothing would stop the child. The CLI's signal handler asks
+# ``defer_stop`` first; a block that starts children runs inside ``stop_held``.
+_holding: list[int] = []  # one entry per open stop_held block (they may nest)
+_held: list[Interrupted] = []
+
+
+class _StopHeld:
+    def __enter__(self) -> None:
+        _holding.append(1)
+
+    def __exit__(self, kind: object, value: object, tb: object) -> None:
+        _holding.pop()
+        if not _holding and _held:
+            held = _held.pop()
+            _held.clear()
+            if value is None:  # an exception already on its way out goes on; the held stop is dropped
+                raise held
+
+
+def stop_held() -> _StopHeld:
+    """``with stop_held(): child = Popen(...); self.child = child``: a stop signal in between is raised
+    when the block ends, when the caller's ``try``/``finally`` can stop the child."""
+    return _StopHeld()
+
+
+def defer_stop(exc: Interrupted) -> bool:
+    """The signal handler's question: hold ``exc`` (True: inside ``stop_held``) or raise it now (False)."""
+    if not _holding:
+        return False
+    if not _held:
+        _held.append(exc)
+    return True

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
-from gputopo.errors import GputopoError, InputError, Interrupted
+from gputopo.errors import GputopoError, InputError, Interrupted, defer_stop
 from gputopo.model import DEFAULT_NVML_TIMEOUT_S
 from gputopo.ui.output import Output
 
@@ -101,7 +101,10 @@ def _on_stop_signal(signum: int, frame: object) -> None:
     if _stopping:
         return
     _stopping.append(signum)
-    raise Interrupted(signum, signal.Signals(signum).name)
+    exc = Interrupted(signum, signal.Signals(signum).name)
+    if defer_stop(exc):  # a child is being started: raised once the caller holds it (errors.stop_held)
+        return
+    raise exc
 
 
 def install_stop_signals() -> dict[int, Any]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gputopo.errors import UnavailableError, UsageError
+from gputopo.errors import UnavailableError, UsageError, stop_held
 from gputopo.model import LaunchTools
 
 # Every process of a `gputopo run` launch carries this in its environment (torchrun passes its environment
@@ -171,19 +171,25 @@ def run_supervised(
     marker = uuid.uuid4().hex
     sys.stdout.flush()
     sys.stderr.flush()
-    try:
-        proc = subprocess.Popen(list(argv), env={**env, RUN_MARKER_ENV: marker})
-    except OSError as exc:
-        raise UnavailableError(
-            f"{program}: cannot run ({exc.strerror})", "check that it is executable"
-        ) from None
+    proc: subprocess.Popen[bytes] | None = None
     watcher = None
-    if on_ranks is not None or on_stop is not None:
-        watcher = RankWatcher(proc.pid, marker, on_ranks or (lambda ranks: None))
-        watcher.start()
     try:
+        # A stop signal while the child starts is raised after this block, where the except below can
+        # stop the child: raised inside Popen, it would leave the command running without gputopo.
+        with stop_held():
+            try:
+                proc = subprocess.Popen(list(argv), env={**env, RUN_MARKER_ENV: marker})
+            except OSError as exc:
+                raise UnavailableError(
+                    f"{program}: cannot run ({exc.strerror})", "check that it is executable"
+                ) from None
+            if on_ranks is not None or on_stop is not None:
+                watcher = RankWatcher(proc.pid, marker, on_ranks or (lambda ranks: None))
+                watcher.start()
         code = proc.wait()
     except KeyboardInterrupt as exc:
+        if proc is None:
+            raise
         signum = int(getattr(exc, "signum", signal.SIGINT))
         if watcher is not None:
             watcher.stopped.set()

@@ -27,6 +27,7 @@ from typing import Any
 
 import psutil
 
+from gputopo.errors import stop_held
 from gputopo.probe.plan.schedule import Job
 from gputopo.probe.plan.spec import MARKER_ENV
 
@@ -125,15 +126,18 @@ class Launch:
         job_path = self.dir / "job.json"
         job_path.write_text(json.dumps(job))
         log = open(self.dir / "launcher.log", "wb")  # noqa: SIM115 - closed once the child has it
+        # A stop signal while the agent starts is raised once self.proc holds it, so stop() finds it:
+        # the agent runs in a session of its own, and nothing else would stop it.
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gputopo.probe.ranks.agent", str(job_path)],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            with stop_held():
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "gputopo.probe.ranks.agent", str(job_path)],
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
         finally:
             log.close()
 
