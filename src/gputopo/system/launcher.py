@@ -238,7 +238,10 @@ def stop_launch(proc: subprocess.Popen[Any], marker: str, signum: int, grace_s: 
         proc.wait(timeout=KILL_GRACE_S)
     except subprocess.TimeoutExpired:
         proc.kill()
-        proc.wait()
+        # Never an endless wait on the way out: SIGKILL cannot be refused, and a wait that an earlier
+        # interrupt left unable to reap (Popen's waitpid lock) must not hang gputopo.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=KILL_GRACE_S)
 
 
 def _terminal_sent_it() -> bool:

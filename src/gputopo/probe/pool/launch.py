@@ -12,6 +12,7 @@ to the runner as outcomes defined here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -198,7 +199,8 @@ class Launch:
                 self.proc.wait(timeout=STOP_GRACE_S)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-                self.proc.wait()
+                with contextlib.suppress(subprocess.TimeoutExpired):  # never an endless wait on the way out
+                    self.proc.wait(timeout=STOP_GRACE_S)
         return stopped
 
     def cleanup(self) -> None:
