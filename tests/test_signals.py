@@ -267,3 +267,51 @@ def test_stop_held_raises_once_at_the_end_and_never_over_another_error():
         raise ValueError("the start failed")
     with stop_held():  # nothing left over from before
         pass
+
+
+def _signal_soon(sig: signal.Signals, after_s: float = 0.5) -> None:
+    import threading
+
+    threading.Timer(after_s, os.kill, (os.getpid(), sig)).start()
+
+
+def _hung_tool(tmp_path: Path, name: str, marker: str) -> Path:
+    """A tool that hangs in a session of its own (as srun and nvidia-imex-ctl are started), its sleep
+    tagged by ``marker`` in its command line."""
+    tool = tmp_path / name
+    tool.write_text(f"#!/bin/sh\nexec python3 -c 'import time; time.sleep(60)' {marker}\n")
+    tool.chmod(0o755)
+    return tool
+
+
+def _left(marker: str) -> list[int]:
+    left = []
+    for p in psutil.process_iter(["cmdline"]):
+        if marker in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid():
+            left.append(p.pid)
+    return left
+
+
+def test_stopping_gputopo_while_srun_gathers_stops_srun_too(tmp_path, monkeypatch, stop_signals):
+    from gputopo.errors import Interrupted
+    from gputopo.system import slurm_gather
+
+    marker = f"gputopo-test-{os.getpid()}-srun"
+    srun = _hung_tool(tmp_path, "srun", marker)
+    monkeypatch.setattr(slurm_gather, "srun_path", lambda: str(srun))
+    _signal_soon(signal.SIGTERM)
+    with pytest.raises(Interrupted):
+        slurm_gather.run_on_nodes("node[1-2]", 2, ["true"], timeout_s=30)
+    assert _left(marker) == []
+
+
+def test_stopping_gputopo_while_imex_ctl_answers_stops_the_tool_too(tmp_path, stop_signals):
+    from gputopo.errors import Interrupted
+    from gputopo.system import imex
+
+    marker = f"gputopo-test-{os.getpid()}-imex"
+    ctl = _hung_tool(tmp_path, "nvidia-imex-ctl", marker)
+    _signal_soon(signal.SIGTERM)
+    with pytest.raises(Interrupted):
+        imex.run_ctl(str(ctl), ["-q"], time.monotonic() + 60)
+    assert _left(marker) == []

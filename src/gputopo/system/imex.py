@@ -24,6 +24,7 @@ import signal
 import subprocess
 import time
 
+from gputopo.errors import stop_held
 from gputopo.health.imex import CtlAnswer, ImexReading, daemon_state, not_configured
 from gputopo.system.sysfs import FsView, read_bytes, view
 
@@ -105,20 +106,28 @@ def run_ctl(exe: str, args: list[str], deadline: float) -> CtlAnswer:
     if left < MIN_CALL_S:
         return CtlAnswer(line, error=f"`{line}` not run: the time budget (--budget) was spent")
     limit = min(TIMEOUT_S, left)
+    proc: subprocess.Popen[bytes] | None = None
     try:
-        # Its own process group, so a hung tool and anything it started are killed together.
-        proc = subprocess.Popen(
-            [exe, *args],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
-    except OSError as exc:
-        return CtlAnswer(line, error=f"`{line}`: {exc.strerror or exc}")
-    try:
+        # Its own process group, so a hung tool and anything it started are killed together; a stop
+        # signal while it starts is raised once proc holds it, and takes the group with it.
+        with stop_held():
+            try:
+                proc = subprocess.Popen(
+                    [exe, *args],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                return CtlAnswer(line, error=f"`{line}`: {exc.strerror or exc}")
         out, err = proc.communicate(timeout=limit)
+    except KeyboardInterrupt:
+        if proc is not None:
+            _kill_group(proc)
+        raise
     except subprocess.TimeoutExpired:
+        assert proc is not None
         _kill_group(proc)
         return CtlAnswer(
             line, error=f"`{line}` did not answer within {limit:.1f} s (cut off to keep --budget)"

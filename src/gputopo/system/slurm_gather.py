@@ -17,6 +17,7 @@ import subprocess
 import time
 from collections.abc import Sequence
 
+from gputopo.errors import stop_held
 from gputopo.system.scontrol import NO_PATH_DIRS
 
 # How long srun may take to wind down after the deadline before it is killed.
@@ -46,24 +47,31 @@ def run_on_nodes(
         "--kill-on-bad-exit=0",
         *argv,
     ]
-    try:
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            errors="replace",
-            start_new_session=True,
-        )
-    except OSError as exc:
-        return {}, f"srun could not start ({exc.strerror or exc})"
     error = None
+    proc: subprocess.Popen[str] | None = None
     try:
+        with stop_held():  # a stop signal meanwhile is raised below, where srun is stopped with gputopo
+            try:
+                proc = subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    errors="replace",
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                return {}, f"srun could not start ({exc.strerror or exc})"
         out, err = proc.communicate(timeout=max(timeout_s, 0.1))
     except subprocess.TimeoutExpired:
+        assert proc is not None
         out, err = _stop(proc)
         error = f"srun ran past the budget ({timeout_s:.0f} s) and was stopped"
+    except KeyboardInterrupt:  # gputopo stopped (Ctrl-C, scancel): srun's own session goes with it
+        if proc is not None:
+            _stop(proc)
+        raise
     if error is None and proc.returncode != 0:
         last = (err or "").strip().splitlines()
         error = f"srun exited {proc.returncode}" + (f": {last[-1][:200]}" if last else "")
@@ -83,7 +91,10 @@ def _stop(proc: subprocess.Popen[str]) -> tuple[str, str]:
     except subprocess.TimeoutExpired:
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)
-        return proc.communicate()
+        try:
+            return proc.communicate(timeout=GRACE_S)
+        except subprocess.TimeoutExpired:  # a task that left the session still holds the pipes
+            return "", ""
 
 
 def split_labelled(text: str) -> dict[int, str]:
