@@ -254,8 +254,9 @@ def probe_section(
     if not options.skip_speed and not quick and sizes_sets:
         # The speed table (one GPU, DataParallel, DDP, DDP+AMP) on each recommended set, as steps of
         # their own after the checks, in the same pool. CPU stand-ins' timings are shown but never
-        # judged, so a simulation times only its largest set.
-        timed = sizes_sets if inventory.device == "cuda" else [max(sizes_sets, key=len)]
+        # judged, so a simulation shows the table on its smallest set only: the cheapest to time (on 8
+        # stand-ins the 8-GPU set's one-GPU and DataParallel phases run the whole batch in one process).
+        timed = sizes_sets if inventory.device == "cuda" else [min(sizes_sets, key=len)]
         speed = tuple((Job(tuple(s), ("speed",)),) for s in timed if tuple(s) in plan.sets)
         plan = replace(plan, rounds=plan.rounds + speed)
     # The topology read once: live, the machine doctor read; simulated, the sample it loaded (what the
