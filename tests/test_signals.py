@@ -315,3 +315,22 @@ def test_stopping_gputopo_while_imex_ctl_answers_stops_the_tool_too(tmp_path, st
     with pytest.raises(Interrupted):
         imex.run_ctl(str(ctl), ["-q"], time.monotonic() + 60)
     assert _left(marker) == []
+
+
+def test_stop_held_in_another_thread_holds_nothing():
+    """Signal handlers run in the main thread: a stop held by a worker thread's block would be raised in
+    that worker, where nothing stops the program."""
+    import threading
+
+    from gputopo.errors import Interrupted, defer_stop, stop_held
+
+    answers = []
+
+    def worker() -> None:
+        with stop_held():
+            answers.append(defer_stop(Interrupted(signal.SIGTERM, "SIGTERM")))
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert answers == [False]

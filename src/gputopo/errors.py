@@ -88,10 +88,18 @@ _held: list[Interrupted] = []
 
 
 class _StopHeld:
+    # Python runs signal handlers in the main thread only: a block in another thread holds nothing (a
+    # stop held there would be raised in that thread, where nobody stops the program).
     def __enter__(self) -> None:
-        _holding.append(1)
+        import threading
+
+        self.holds = threading.current_thread() is threading.main_thread()
+        if self.holds:
+            _holding.append(1)
 
     def __exit__(self, kind: object, value: object, tb: object) -> None:
+        if not self.holds:
+            return
         _holding.pop()
         if not _holding and _held:
             held = _held.pop()
