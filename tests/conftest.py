@@ -45,6 +45,20 @@ def _no_host_sysfs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
 GOLDEN = Path(__file__).parent / "golden"
 
 
+# The stop signals a test sends to a gputopo it started. A runner started under `nohup`, or as a
+# background job of a script (SIGINT and SIGQUIT ignored), passes those dispositions on, and gputopo rightly
+# keeps an ignored signal ignored: such a child would never see the test's signal.
+STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+
+
+def default_stop_signals() -> None:
+    """``preexec_fn`` for a gputopo a test will signal: the stop signals as a terminal's shell leaves them."""
+    import signal
+
+    for name in STOP_SIGNALS:
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
+
+
 def plain_env(columns: int = 120) -> dict[str, str]:
     """Colour off and a fixed width, so CLI output is the same on every terminal and in CI."""
     return {"NO_COLOR": "1", "COLUMNS": str(columns), "TERM": "dumb"}

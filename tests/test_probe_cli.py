@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 pytest.importorskip("torch")
 pytest.importorskip("torchvision")
 
+from conftest import default_stop_signals  # noqa: E402
 from gputopo.probe.shared import COLLECTIVE_TIMEOUT_GRACE_S  # noqa: E402
 from own_procs import MARKER_VAR, leftovers, wait_for_none_left  # noqa: E402
 
@@ -163,7 +164,13 @@ def test_ctrl_c_stops_every_rank(tmp_path):
     cmd = [sys.executable, "-m", "gputopo", "probe", *BASE, "--mode", "ddp", "--steps", "100000"]
     cmd += ["--report-dir", str(tmp_path / "reports")]
     proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        preexec_fn=default_stop_signals,  # Ctrl-C reaches it even if this runner ignores SIGINT
     )
     try:
         deadline = time.monotonic() + 60

@@ -20,6 +20,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from conftest import default_stop_signals
+
 SAMPLE = "sample:workstation-2gpu-nvlink"
 
 
@@ -36,6 +38,7 @@ def start(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=default_stop_signals,
     )
 
 
@@ -210,11 +213,17 @@ class _StartRace:
 
 @pytest.fixture
 def stop_signals():
+    """gputopo's stop handlers in this process, over the dispositions a terminal's shell leaves (this
+    runner may have been started with SIGHUP or SIGINT ignored, which gputopo would keep)."""
     from gputopo.cli.common import install_stop_signals, restore_signals
 
+    names = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+    before = {sig: signal.signal(sig, signal.SIG_DFL) for sig in (getattr(signal, n) for n in names)}
     previous = install_stop_signals()
     yield
     restore_signals(previous)
+    for sig, handler in before.items():
+        signal.signal(sig, handler)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT])
