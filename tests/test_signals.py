@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 from conftest import default_stop_signals
+from own_procs import MARKER_VAR, leftovers, new_marker
 
 SAMPLE = "sample:workstation-2gpu-nvlink"
 
@@ -284,46 +285,40 @@ def _signal_soon(sig: signal.Signals, after_s: float = 0.5) -> None:
     threading.Timer(after_s, os.kill, (os.getpid(), sig)).start()
 
 
-def _hung_tool(tmp_path: Path, name: str, marker: str) -> Path:
-    """A tool that hangs in a session of its own (as srun and nvidia-imex-ctl are started), its sleep
-    tagged by ``marker`` in its command line."""
+def _hung_tool(tmp_path: Path, name: str) -> Path:
+    """A tool that hangs (as a stuck srun or nvidia-imex-ctl would), started by gputopo in a session of its
+    own; it inherits this test's marker (own_procs), so only it is looked for afterwards."""
     tool = tmp_path / name
-    tool.write_text(f"#!/bin/sh\nexec python3 -c 'import time; time.sleep(60)' {marker}\n")
+    tool.write_text("#!/bin/sh\nexec python3 -c 'import time; time.sleep(60)'\n")
     tool.chmod(0o755)
     return tool
-
-
-def _left(marker: str) -> list[int]:
-    left = []
-    for p in psutil.process_iter(["cmdline"]):
-        if marker in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid():
-            left.append(p.pid)
-    return left
 
 
 def test_stopping_gputopo_while_srun_gathers_stops_srun_too(tmp_path, monkeypatch, stop_signals):
     from gputopo.errors import Interrupted
     from gputopo.system import slurm_gather
 
-    marker = f"gputopo-test-{os.getpid()}-srun"
-    srun = _hung_tool(tmp_path, "srun", marker)
+    marker = new_marker()
+    monkeypatch.setenv(MARKER_VAR, marker)
+    srun = _hung_tool(tmp_path, "srun")
     monkeypatch.setattr(slurm_gather, "srun_path", lambda: str(srun))
     _signal_soon(signal.SIGTERM)
     with pytest.raises(Interrupted):
         slurm_gather.run_on_nodes("node[1-2]", 2, ["true"], timeout_s=30)
-    assert _left(marker) == []
+    assert leftovers(marker) == []
 
 
-def test_stopping_gputopo_while_imex_ctl_answers_stops_the_tool_too(tmp_path, stop_signals):
+def test_stopping_gputopo_while_imex_ctl_answers_stops_the_tool_too(tmp_path, monkeypatch, stop_signals):
     from gputopo.errors import Interrupted
     from gputopo.system import imex
 
-    marker = f"gputopo-test-{os.getpid()}-imex"
-    ctl = _hung_tool(tmp_path, "nvidia-imex-ctl", marker)
+    marker = new_marker()
+    monkeypatch.setenv(MARKER_VAR, marker)
+    ctl = _hung_tool(tmp_path, "nvidia-imex-ctl")
     _signal_soon(signal.SIGTERM)
     with pytest.raises(Interrupted):
         imex.run_ctl(str(ctl), ["-q"], time.monotonic() + 60)
-    assert _left(marker) == []
+    assert leftovers(marker) == []
 
 
 def test_stop_held_in_another_thread_holds_nothing():
