@@ -539,9 +539,9 @@ def check_health(machine: Machine, options: DoctorOptions) -> HealthStep:
         if f.severity == PROBLEM and f.gpu is not None:
             unhealthy.setdefault(f.gpu, f.what)
     window = sample_s if result.sample is not None and sample_s > 0 else None
-    from gputopo.health.judge import drains_p2p
+    from gputopo.health.judge import p2p_drained
 
-    no_p2p = {f.gpu: f.what for f in kept if f.gpu is not None and f.gpu not in unhealthy and drains_p2p(f)}
+    no_p2p = {g: what for g, what in p2p_drained(kept).items() if g not in unhealthy}
     return HealthStep(
         result.sample is not None,
         result.verdict,

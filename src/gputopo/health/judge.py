@@ -9,7 +9,7 @@ listed in ``not_checked`` with the reason, never taken as healthy.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gputopo.findings import PROBLEM, Finding
@@ -70,7 +70,7 @@ class Judgement:
     def p2p_drained_gpus(self) -> dict[int, str]:
         """GPU index -> the finding, for GPUs whose driver asks to keep peer-to-peer work off them (NVML
         recovery action DRAIN_P2P, 3: a note for ``check``, but no multi-GPU set may hold them)."""
-        return {f.gpu: f.what for f in self.findings if f.gpu is not None and drains_p2p(f)}
+        return p2p_drained(self.findings)
 
     def to_json(self) -> dict[str, object]:
         """The health section every command's JSON carries: findings, not checked, unhealthy GPUs."""
@@ -765,6 +765,11 @@ def drains_p2p(f: Finding) -> bool:
     """True for the finding of a GPU whose driver asks to drain P2P (recovery action DRAIN_P2P, 3): the one
     test every command (recommend, run, doctor, probe) uses to keep it out of multi-GPU sets."""
     return f.rule == "recovery_drain_p2p" and f.gpu is not None
+
+
+def p2p_drained(findings: Iterable[Finding]) -> dict[int, str]:
+    """GPU index -> the finding's words, for each GPU whose driver asks to drain P2P (``drains_p2p``)."""
+    return {f.gpu: f.what for f in findings if f.gpu is not None and drains_p2p(f)}
 
 
 def _driver(j: _Judge, g: GpuHealth) -> None:
