@@ -95,6 +95,7 @@ def run_check(options: CheckOptions, started: float | None = None) -> CheckResul
     if log is None:
         log = read_kernel_log(options.since_s, timeout_s=max(0.5, min(5.0, deadline - time.monotonic())))
     xid_keys: tuple[str, ...] = ()
+    xid_events: tuple[tuple[str, str, int], ...] = ()
     if log.text is None:
         not_checked.append(NotChecked("Xid", log.refused or "the kernel log could not be read"))
     else:
@@ -104,6 +105,7 @@ def run_check(options: CheckOptions, started: float | None = None) -> CheckResul
         driver = sample.driver_version if sample is not None else None
         extra += xid_findings(found, gpus, options.thresholds, acknowledged=ack, driver=driver)
         xid_keys = tuple(e.key for e in found.events if ack is None or not ack.covers(e))
+        xid_events = tuple((e.key, e.address, e.xid) for e in found.events)
     net = fabric.finish(
         ports,
         fabric.gpu_bus_ids([(g.index, g.pci_bus_id) for g in sample.gpus] if sample else []),
@@ -125,7 +127,7 @@ def run_check(options: CheckOptions, started: float | None = None) -> CheckResul
     result = summarize(
         sample, judgement, extra, not_checked, time.monotonic() - started, unavailable, xid_keys=xid_keys
     )
-    return replace(result, ports=port_counters(net.ports))
+    return replace(result, ports=port_counters(net.ports), xid_events=xid_events)
 
 
 def _imex(options: CheckOptions, deadline: float) -> tuple[list[Finding], list[NotChecked]]:

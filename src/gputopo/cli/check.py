@@ -17,6 +17,7 @@ from gputopo.health.check import (
     DEFAULT_SINCE,
 )
 from gputopo.health.node_action import DEFAULT_MAX_DRAINED
+from gputopo.health.subsystems import DEFAULT_MAX_AGE_S
 from gputopo.ui.check_view import NPD_DEFAULT_MAX_OUTPUT, CheckFormat
 from gputopo.ui.output import Output
 
@@ -36,6 +37,7 @@ PROM_FILE = "gputopo.prom"
         "gputopo check --expect-imex                # an NVL72 tray: its IMEX daemon and domain must be up",
         "gputopo check --format nagios              # GPUTOPO OK|WARNING|CRITICAL|UNKNOWN - reason",
         "gputopo check --format npd --max-output-length 200   # node-problem-detector custom plugin",
+        "gputopo check --format npd --subsystem memory --state FILE   # one condition, from the last check",
         "gputopo check --textfile /var/lib/node_exporter     # writes gputopo.prom for node_exporter",
         "gputopo check --drain --resume-if-healthy  # as Slurm's HealthCheckProgram (see docs/check.md)",
         "gputopo check --save-baseline golden.json --fleet  # on a known-good node; then --baseline",
@@ -126,6 +128,19 @@ def check_command(
         metavar="DIR",
         help="Also write DIR/gputopo.prom (node_exporter's textfile collector).",
     ),
+    subsystem: str | None = typer.Option(
+        None,
+        "--subsystem",
+        metavar="NAME",
+        help="With --format npd and --state: answer for one subsystem (memory, nvlink, xid, pcie, imex, "
+        "driver, accept) from the last check's fresh result in the state, without reading the GPUs.",
+    ),
+    max_age: float = typer.Option(
+        DEFAULT_MAX_AGE_S,
+        "--max-age",
+        metavar="SECONDS",
+        help="With --subsystem: an older recorded result is unknown (exit 3).",
+    ),
     nvml_timeout: float = typer.Option(
         DEFAULT_NVML_TIMEOUT_S,
         "--nvml-timeout",
@@ -152,6 +167,8 @@ def check_command(
         raise UsageError(
             f"--format {fmt}: not a format", f"one of {', '.join(f.value for f in CheckFormat)}"
         ) from None
+    if subsystem is not None:
+        _answer_subsystem(subsystem, form, state_file, max_age, max_output_length)
     # Every input is checked before the machine is touched: bad usage never reads, and never drains.
     from gputopo.check import CheckOptions, load_baseline, run_check
     from gputopo.health.node_action import parse_max_drained
@@ -234,11 +251,18 @@ def check_command(
             max_drained=limit,
             deadline=deadline,
         )
+    accept, xid_counts = None, None
+    if state is not None:
+        from gputopo.health.subsystems import remember
+
+        state, accept, xid_counts = remember(state, result, now)
     if state is not None and state_path is not None:
         _save_state(state_path, state, result, slurm, now, warnings)
     from gputopo.ui.check_view import RenderContext, render, render_prometheus, slurm_lines
 
-    ctx = RenderContext(slurm=slurm, max_output_length=max_output_length, now=now)
+    ctx = RenderContext(
+        slurm=slurm, max_output_length=max_output_length, now=now, accept=accept, xid_counts=xid_counts
+    )
     if textfile is not None:
         warnings += _write_textfile(textfile, render_prometheus(result, ctx).text)
     rendered = render(form, result, ctx)
@@ -255,6 +279,38 @@ def check_command(
         sys.stdout.write(slurm.command + "\n")  # --dry-run: the command only
     sys.stdout.flush()
     out.warnings([*warnings, *slurm_lines(slurm)])
+    raise typer.Exit(rendered.exit_code)
+
+
+def _answer_subsystem(
+    name: str, form: CheckFormat, state_file: Path | None, max_age: float, max_output_length: int
+) -> None:
+    """``--subsystem NAME``: NPD's answer for one subsystem from the state's fresh record (no GPU read:
+    node-problem-detector runs one rule per condition, and only the first of an interval reads NVML)."""
+    import sys
+
+    from gputopo.errors import UsageError
+    from gputopo.health.subsystems import BY_NAME, SUBSYSTEMS_SECTION, answer
+    from gputopo.ui.check_view import render_npd_subsystem
+
+    if name not in BY_NAME:
+        raise UsageError(f"--subsystem {name}: not a subsystem", f"one of {', '.join(BY_NAME)}")
+    if form != CheckFormat.NPD:
+        raise UsageError("--subsystem: only with --format npd", "gputopo check --format npd --subsystem NAME")
+    if not max_age > 0:
+        raise UsageError(f"--max-age {max_age:g}: must be more than 0 seconds", "e.g. --max-age 120")
+    warnings: list[str] = []
+    state, path = _load_state(state_file, False, warnings)
+    if state is None or path is None:
+        raise UsageError(
+            "--subsystem: needs the check state (--state FILE or GPUTOPO_CHECK_STATE)",
+            "the rule that runs `gputopo check --state FILE` records every subsystem there",
+        )
+    res = answer(state.sections.get(SUBSYSTEMS_SECTION), name, time.time(), max_age)
+    rendered = render_npd_subsystem(res, max_output_length)
+    sys.stdout.write(rendered.text)
+    sys.stdout.flush()
+    Output(json_mode=False).warnings(warnings)
     raise typer.Exit(rendered.exit_code)
 
 

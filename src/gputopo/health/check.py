@@ -48,6 +48,9 @@ class CheckResult:
     xid_keys: tuple[str, ...] = ()
     # The network ports' counters as read (port -> counter -> value): what the state file remembers.
     ports: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    # Every Xid line of the window, acknowledged or not, as (line key, PCI address as logged, Xid code):
+    # what the running Xid counters (health.subsystems.count_xids) count once each.
+    xid_events: tuple[tuple[str, str, int], ...] = ()
 
     @property
     def exit_code(self) -> int:

@@ -60,6 +60,9 @@ class CheckState:
     ports: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     ports_at: float | None = None
     problems: tuple[Mapping[str, Any], ...] = ()
+    # Every other top-level key of the document, carried through untouched: the sections other writers
+    # own (``accept``'s verdict) and those ``health.subsystems`` keeps (``subsystems``, ``xid_counter``).
+    sections: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def acknowledged(self) -> Acknowledged | None:
@@ -69,6 +72,7 @@ class CheckState:
 
     def to_json(self) -> dict[str, Any]:
         return {
+            **{k: v for k, v in self.sections.items() if k not in _OWN_KEYS},
             "schema": SCHEMA,
             "node": self.node,
             "drain": None
@@ -89,6 +93,18 @@ class CheckState:
                 "problems": [dict(p) for p in self.problems],
             },
         }
+
+
+# The top-level keys CheckState's own fields make; any other key is a section (``CheckState.sections``).
+_OWN_KEYS = frozenset({"schema", "node", "drain", "acknowledged", "counters", "last"})
+
+
+def with_section(state: CheckState, name: str, value: Any) -> CheckState:
+    """``state`` with its section ``name`` replaced (``None``: removed)."""
+    sections = {k: v for k, v in state.sections.items() if k != name}
+    if value is not None:
+        sections[name] = value
+    return replace(state, sections=sections)
 
 
 def dumps(state: CheckState) -> str:
@@ -150,6 +166,7 @@ def _from_json(doc: dict[str, Any], node: str) -> CheckState:
         ports={str(k): v for k, v in (counters.get("ports") or {}).items() if isinstance(v, dict)},
         ports_at=_num(counters.get("ports_at")),
         problems=tuple(p for p in (last.get("problems") or []) if isinstance(p, dict)),
+        sections={k: v for k, v in doc.items() if k not in _OWN_KEYS},
     )
 
 

@@ -10,7 +10,7 @@ not multi-node NVLink (an HGX B200 or H100 board behind its own NVSwitches), not
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,35 @@ def domain_id(cluster_uuid: str | None, clique_id: int | None) -> str | None:
     if not cluster_uuid or cluster_uuid == ZERO_UUID or not clique_id:
         return None
     return f"{cluster_uuid}.{clique_id}"
+
+
+def clique_label(gpus: Iterable[tuple[bool, int | None, str | None, int | None]]) -> str | None:
+    """The value GPU feature discovery gives the node label ``nvidia.com/gpu.clique``, or ``None`` where it
+    sets none, for ``(registration completed, its status, cluster UUID, clique id)`` per GPU. As
+    NVIDIA/k8s-device-plugin forms it (internal/lm/imex.go ``newImexLabeler``/``getFabricIDs``, with
+    go-nvlib's ``IsFabricAttached``): a GPU counts only when its fabric registration completed, its status
+    is success and its cluster UUID is not all zeros; the label is ``<clusterUUID>.<cliqueID>`` (the UUID
+    lower case 8-4-4-4-12, the clique in decimal, clique 0 included), and there is none when the counted
+    GPUs disagree on either (GFD only warns "non-unique") or none counts."""
+    uuids: set[str] = set()
+    cliques: set[int] = set()
+    for completed, status, cluster_uuid, clique_id in gpus:
+        if not completed or status not in (0, None) or not cluster_uuid or cluster_uuid == ZERO_UUID:
+            continue
+        if clique_id is None:
+            return None
+        uuids.add(cluster_uuid.lower())
+        cliques.add(clique_id)
+    if len(uuids) != 1 or len(cliques) != 1:
+        return None
+    return f"{next(iter(uuids))}.{next(iter(cliques))}"
+
+
+def fabric_clique_label(fabrics: Sequence[GpuFabric | None]) -> str | None:
+    """``clique_label`` of the GPUs' fabric as the inventory reads it (``topo --json``'s ``gpu_clique``)."""
+    return clique_label(
+        (f.state == COMPLETED, f.status, f.cluster_uuid, f.clique_id) for f in fabrics if f is not None
+    )
 
 
 def gpu_domain(f: GpuFabric | None) -> str | None:

@@ -55,6 +55,9 @@ def to_dict(topo: Topology) -> dict[str, Any]:
         "warnings": list(topo.warnings),
         # The node's NVLink domain (GB200/GB300 racks), or null: a contract (`gputopo nodes` reads it).
         "nvlink_domain": _domain_json(topo),
+        # Exactly the value GPU feature discovery puts in the node label nvidia.com/gpu.clique, or null
+        # where it puts none (registration not completed, no cluster UUID, GPUs that disagree).
+        "gpu_clique": nvlink_domain.fabric_clique_label([g.fabric for g in topo.gpus]),
         "node": topo.node,
         "check": topo.check,
     }

@@ -25,9 +25,21 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gputopo.findings import NOTE, Finding
+from gputopo.findings import NOTE, PROBLEM, Finding
 from gputopo.health.check import PROBLEMS, UNKNOWN, CheckResult
 from gputopo.health.rules import DCGM_NONE, Rule
+from gputopo.health.subsystems import (
+    ACCEPT_STATES,
+    RECOMMENDED,
+    SUBSYSTEMS,
+    AcceptStatus,
+    SubsystemResult,
+    XidCount,
+    gpus_read,
+    sample_clique,
+    subsystem_of,
+)
+from gputopo.health.subsystems import judge as judge_subsystems
 
 # NPD's own default max_output_length (pkg/custompluginmonitor/types/config.go: defaultMaxOutputLength).
 NPD_DEFAULT_MAX_OUTPUT = 80
@@ -60,6 +72,10 @@ class RenderContext:
     max_output_length: int = NPD_DEFAULT_MAX_OUTPUT
     now: float = 0.0
     state_age_s: float | None = None
+    # The acceptance (health.subsystems.accept_status; None: no state read) and the running Xid counts
+    # (None: no state, so no counter is reported).
+    accept: AcceptStatus | None = None
+    xid_counts: tuple[XidCount, ...] | None = None
 
 
 def first_line(result: CheckResult) -> str:
@@ -110,6 +126,22 @@ def render_npd(result: CheckResult, ctx: RenderContext) -> Rendered:
     return Rendered(fit_bytes(first_line(result), ctx.max_output_length) + "\n", result.exit_code)
 
 
+def npd_message(res: SubsystemResult, limit: int) -> str:
+    """One subsystem's NPD message, ``[rule] what - RecommendedAction: ACTION`` (NVSentinel's form), in at
+    most ``limit`` bytes: the words are cut, the rule and the action kept whole where they fit."""
+    head = f"[{res.rule}] "
+    tail = f" - RecommendedAction: {RECOMMENDED.get(res.action, res.action.upper())}"
+    room = limit - len(head.encode()) - len(tail.encode())
+    if room < 8:  # too short for words and the action: the words alone, cut
+        return fit_bytes(head + res.what, limit)
+    return head + fit_bytes(res.what, room) + tail
+
+
+def render_npd_subsystem(res: SubsystemResult, limit: int) -> Rendered:
+    """A ``check --subsystem NAME --format npd`` answer: the message and NPD's exit code."""
+    return Rendered(npd_message(res, limit) + "\n", res.status)
+
+
 def _label(value: object) -> str:
     text = "" if value is None else str(value)
     return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
@@ -133,37 +165,178 @@ def _finding_labels(f: Finding, result: CheckResult) -> tuple[tuple[str, object]
     )
 
 
+class _Families:
+    """The exposition text, one family at a time (``# HELP``, ``# TYPE``, its samples)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def family(self, name: str, kind: str, help_text: str, samples: Iterable[tuple[str, float]]) -> None:
+        self.lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+        self.lines += [f"{name}{labels} {_number(value)}" for labels, value in samples]
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:.3f}"
+
+
+# Problems of the node (not one GPU's) that make every GPU unfit: all GPUs' rule (``node``), a broken
+# fabric or driver. IMEX, the network and settings do not make a GPU unhealthy.
+_GPU_WIDE = frozenset({"memory", "nvlink", "pcie", "driver"})
+
+
+def _gpu_series(g: Any) -> tuple[tuple[str, object], ...]:
+    return (("uuid", g.uuid or ""), ("index", g.index), ("pci_bus_id", g.pci_bus_id or ""))
+
+
 def render_prometheus(result: CheckResult, ctx: RenderContext) -> Rendered:
-    """The text exposition format (version 0.0.4). Findings with the same labels (two Xid codes on one
-    GPU) are one sample whose value counts them: a series appears once per scrape."""
-    out = [
-        "# HELP gputopo_check_status gputopo check's exit code: 0 healthy, 1 problems, 3 could not check.",
-        "# TYPE gputopo_check_status gauge",
-        f"gputopo_check_status {result.exit_code}",
-        "# HELP gputopo_check_gpus GPUs the check read.",
-        "# TYPE gputopo_check_gpus gauge",
-        f"gputopo_check_gpus {len(result.sample.gpus) if result.sample is not None else 0}",
-        "# HELP gputopo_check_duration_seconds How long the check took.",
-        "# TYPE gputopo_check_duration_seconds gauge",
-        f"gputopo_check_duration_seconds {result.elapsed_s:.3f}",
-    ]
+    """The text exposition format (version 0.0.4), by Prometheus' naming conventions (``gputopo_``
+    prefix, base units, ``_total`` counters, ``_info`` for a value that is a label):
+
+    - ``gputopo_check_up``: 1 when at least one GPU was read; 0 otherwise, and then no GPU is reported
+      healthy (dcgm-exporter PR #744: "/health says 200 with no GPUs");
+    - ``gputopo_gpu_healthy{uuid,index,pci_bus_id}``: 1 healthy, 0 not (a problem of its own, a problem
+      on every GPU, or not read);
+    - ``gputopo_gpu_problems{uuid,index,pci_bus_id,rule}`` and ``gputopo_node_problems{rule}``: problems
+      by rule;
+    - ``gputopo_gpu_xid_events_total{uuid,index,pci_bus_id,xid}``: Xid lines counted once each across
+      checks (only with ``--state``, which keeps the running count; without it the series is left out);
+    - ``gputopo_subsystem_status{subsystem,condition}``: each subsystem's NPD exit code (0, 1, 3);
+    - ``gputopo_node_accepted`` and ``gputopo_node_accept_state{state}``: the acceptance;
+    - ``gputopo_nvlink_domain_info{gpu_clique}``: the NVLink domain as nvidia.com/gpu.clique names it;
+    - the check's own ``gputopo_check_status`` (exit code), ``_gpus``, ``_duration_seconds``,
+      ``_timestamp_seconds`` and ``gputopo_check_finding`` (one sample per finding, dcgm-exporter's label
+      names). Findings with the same labels are one sample whose value counts them."""
+    out = _Families()
+    sample = result.sample
+    read = gpus_read(sample)
+    up = bool(read)
+    out.family(
+        "gputopo_check_status",
+        "gauge",
+        "gputopo check's exit code: 0 healthy, 1 problems, 3 could not check.",
+        [("", result.exit_code)],
+    )
+    out.family(
+        "gputopo_check_up",
+        "gauge",
+        "1 when the check read at least one GPU, 0 when it read none (then no GPU is reported healthy).",
+        [("", 1 if up else 0)],
+    )
+    out.family(
+        "gputopo_check_gpus", "gauge", "GPUs the check read.", [("", len(sample.gpus) if sample else 0)]
+    )
+    out.family(
+        "gputopo_check_duration_seconds",
+        "gauge",
+        "How long the check took.",
+        [("", round(result.elapsed_s, 3))],
+    )
     if ctx.now:
-        out += [
-            "# HELP gputopo_check_timestamp_seconds When the check ran (seconds since the epoch).",
-            "# TYPE gputopo_check_timestamp_seconds gauge",
-            f"gputopo_check_timestamp_seconds {ctx.now:.3f}",
-        ]
+        out.family(
+            "gputopo_check_timestamp_seconds",
+            "gauge",
+            "When the check ran (seconds since the epoch).",
+            [("", round(ctx.now, 3))],
+        )
+    problems = [f for f in result.findings if f.severity == PROBLEM]
+    gpu_wide = any(f.gpu is None and f.where == "node" and subsystem_of(f) in _GPU_WIDE for f in problems)
+    read_ids = {g.index for g in read}
+    if up and sample is not None:
+        out.family(
+            "gputopo_gpu_healthy",
+            "gauge",
+            "1 when the GPU was read and has no problem, 0 otherwise.",
+            [
+                (
+                    _labels(_gpu_series(g)),
+                    int(g.index in read_ids and not gpu_wide and not any(f.gpu == g.index for f in problems)),
+                )
+                for g in sample.gpus
+            ],
+        )
+    per_gpu: dict[tuple[tuple[str, object], ...], int] = {}
+    per_node: dict[str, int] = {}
+    for f in problems:
+        g = sample.gpu(f.gpu) if sample is not None and f.gpu is not None else None
+        if g is not None:
+            key = (*_gpu_series(g), ("rule", f.rule or f.category))
+            per_gpu[key] = per_gpu.get(key, 0) + 1
+        else:
+            per_node[f.rule or f.category] = per_node.get(f.rule or f.category, 0) + 1
+    out.family(
+        "gputopo_gpu_problems",
+        "gauge",
+        "Problems found on one GPU, by rule.",
+        [(_labels(k), n) for k, n in per_gpu.items()],
+    )
+    out.family(
+        "gputopo_node_problems",
+        "gauge",
+        "Problems found on the node, not on one GPU (all GPUs, the fabric, IMEX, the network), by rule.",
+        [(_labels((("rule", r),)), n) for r, n in per_node.items()],
+    )
+    if ctx.xid_counts is not None:
+        out.family(
+            "gputopo_gpu_xid_events_total",
+            "counter",
+            "Xid lines in the kernel log, each counted once across checks, by GPU and code.",
+            [
+                (
+                    _labels(
+                        (
+                            ("uuid", c.uuid or ""),
+                            ("index", "" if c.index is None else c.index),
+                            ("pci_bus_id", c.pci_bus_id),
+                            ("xid", c.xid),
+                        )
+                    ),
+                    c.count,
+                )
+                for c in ctx.xid_counts
+            ],
+        )
+    subsystems = judge_subsystems(result, ctx.accept)
+    out.family(
+        "gputopo_subsystem_status",
+        "gauge",
+        "Each subsystem's node-problem-detector exit code: 0 OK, 1 problem, 3 could not check.",
+        [
+            (_labels((("subsystem", s.name), ("condition", s.condition))), subsystems[s.name].status)
+            for s in SUBSYSTEMS
+        ],
+    )
+    accept_state = ctx.accept.state if ctx.accept is not None else "unknown"
+    out.family(
+        "gputopo_node_accepted",
+        "gauge",
+        "1 while the node holds a gputopo accept verdict for these GPUs and this driver, 0 otherwise.",
+        [("", int(accept_state == "accepted"))],
+    )
+    out.family(
+        "gputopo_node_accept_state",
+        "gauge",
+        "The acceptance: 1 for the node's state (accepted, rejected, stale, none, unknown), 0 else.",
+        [(_labels((("state", st),)), int(st == accept_state)) for st in ACCEPT_STATES],
+    )
+    clique = sample_clique(sample)
+    out.family(
+        "gputopo_nvlink_domain_info",
+        "gauge",
+        "The NVLink domain, as the node label nvidia.com/gpu.clique names it (<ClusterUUID>.<CliqueID>).",
+        [(_labels((("gpu_clique", clique),)), 1)] if clique else [],
+    )
     counts: dict[tuple[tuple[str, object], ...], int] = {}
     for f in result.findings:
         key = _finding_labels(f, result)
         counts[key] = counts.get(key, 0) + 1
-    out += [
-        "# HELP gputopo_check_finding A finding of gputopo check (the value counts those with these labels).",
-        "# TYPE gputopo_check_finding gauge",
-    ]
-    for key, n in counts.items():
-        out.append(f"gputopo_check_finding{_labels(key)} {n}")
-    return Rendered("\n".join(out) + "\n", result.exit_code)
+    out.family(
+        "gputopo_check_finding",
+        "gauge",
+        "A finding of gputopo check (the value counts those with these labels).",
+        [(_labels(k), n) for k, n in counts.items()],
+    )
+    return Rendered("\n".join(out.lines) + "\n", result.exit_code)
 
 
 Renderer = Callable[[CheckResult, RenderContext], Rendered]
