@@ -299,6 +299,8 @@ def _answer_subsystem(
         raise UsageError("--subsystem: only with --format npd", "gputopo check --format npd --subsystem NAME")
     if not max_age > 0:
         raise UsageError(f"--max-age {max_age:g}: must be more than 0 seconds", "e.g. --max-age 120")
+    if max_output_length < 1:
+        raise UsageError(f"--max-output-length {max_output_length}: must be 1 or more", "NPD's default is 80")
     warnings: list[str] = []
     state, path = _load_state(state_file, False, warnings)
     if state is None or path is None:
