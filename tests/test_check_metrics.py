@@ -182,3 +182,49 @@ def test_clique_label_is_formed_as_gpu_feature_discovery_forms_it() -> None:
     assert clique_label([ok, (True, 0, CLUSTER, 5)]) is None  # cliques disagree: GFD sets no label
     assert clique_label([ok, (True, 0, "11111111-2222-3333-4444-555555555555", 32766)]) is None
     assert clique_label([(False, 0, CLUSTER, 1)]) is None and clique_label([]) is None
+
+
+def test_an_npd_message_keeps_its_rule_and_action_within_the_limit() -> None:
+    from gputopo.health.subsystems import SubsystemResult
+    from gputopo.ui.check_view import npd_message
+
+    res = SubsystemResult(1, "row_remap_failure", "a row remapping failed on GPU0 " * 20, "replace")
+    for limit in (80, 120, 200):
+        message = npd_message(res, limit)
+        assert len(message.encode()) <= limit
+        assert message.startswith("[row_remap_failure] a row remapping")
+        assert message.endswith("... - RecommendedAction: REPLACE_HARDWARE")
+    assert npd_message(SubsystemResult(0, "ok", "fine"), 80) == "[ok] fine - RecommendedAction: NONE"
+    assert len(npd_message(res, 30).encode()) <= 30  # too short for both: the words, cut
+
+
+def test_the_state_keeps_other_writers_sections() -> None:
+    from gputopo.health.state import dumps, loads, with_section
+
+    text = json.dumps(
+        {"schema": "gputopo/check-state/v1", "node": "n1", "accept": {"verdict": "accepted"}, "x": [1]}
+    )
+    state, warning = loads(text, "s.json", "n1")
+    assert warning is None and state.sections == {"accept": {"verdict": "accepted"}, "x": [1]}
+    again = json.loads(dumps(with_section(state, "xid_counter", {"counted": []})))
+    assert again["accept"] == {"verdict": "accepted"} and again["x"] == [1] and again["node"] == "n1"
+    assert again["xid_counter"] == {"counted": []} and again["schema"] == "gputopo/check-state/v1"
+
+
+def test_acceptance_goes_stale_when_a_vbios_changes() -> None:
+    from gputopo.health.readings import GpuHealth, HealthSample
+    from gputopo.health.subsystems import accept_status
+
+    gpu = GpuHealth(0, "00000000:18:00.0", UUID0, vbios_version="96.00.99.00.02")
+    sample = HealthSample((gpu,), 0.0, driver_version="570.86.15")
+    section = {
+        "verdict": "accepted",
+        "at": 1.0,
+        "driver": "570.86.15",
+        "gpus": [{"uuid": UUID0, "vbios": "96.00.99.00.01"}],
+    }
+    status = accept_status(section, sample)
+    assert status.state == "stale" and "GPU0's VBIOS changed (96.00.99.00.01 -> 96.00.99.00.02)" in status.why
+    fine = accept_status({**section, "gpus": [{"uuid": UUID0, "vbios": "96.00.99.00.02"}]}, sample)
+    assert fine.accepted and accept_status(None, sample).state == "none"
+    assert accept_status(section, None).state == "unknown"
