@@ -196,11 +196,13 @@ def test_a_stale_or_missing_record_is_unknown(driver: Path, tmp_path: Path) -> N
 
 
 def accepted_section(lines: list[str]) -> dict[str, Any]:
-    """What `gputopo accept` keeps after passing on a board (its own section of the state: the verdict, when,
-    the driver and each GPU's UUID and VBIOS)."""
+    """What `gputopo accept` keeps after passing on a board (its own section of the state, in the shape of
+    i45's accept/record.py ``make``: the verdict, when, the driver and each GPU's UUID and VBIOS)."""
     gpus = [ln.split() for ln in lines if ln.startswith("gpu ")]
     return {
+        "schema": "gputopo/accept-record/v1",
         "verdict": "accepted",
+        "reason": "every step passed",
         "at": time.time(),
         "driver": "570.86.15",
         "gpus": [{"index": int(g[1]), "uuid": g[3], "vbios": "96.00.99.00.01"} for g in gpus],
@@ -235,4 +237,4 @@ def test_accepted_then_not_after_the_driver_changes(driver: Path, tmp_path: Path
     doc["accept"] = {**accepted_section(lines), "verdict": "rejected"}
     npd.state.write_text(json.dumps(doc))
     seen, _ = npd.run(board(tmp_path, lines))
-    assert seen["GputopoNotAccepted"][1].startswith("[accept_rejected] gputopo accept said 'rejected'")
+    assert seen["GputopoNotAccepted"][1].startswith("[accept_rejected] gputopo accept said 'rejected': every")

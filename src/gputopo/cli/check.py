@@ -261,7 +261,7 @@ def check_command(
     from gputopo.ui.check_view import RenderContext, render, render_prometheus, slurm_lines
 
     ctx = RenderContext(
-        slurm=slurm, max_output_length=max_output_length, now=now, accept=accept, xid_counts=xid_counts
+        slurm=slurm, max_output_length=max_output_length, now=now, acceptance=accept, xid_counts=xid_counts
     )
     if textfile is not None:
         warnings += _write_textfile(textfile, render_prometheus(result, ctx).text)

@@ -209,7 +209,9 @@ def accept_status(section: Any, sample: HealthSample | None) -> AcceptStatus:
     at = section.get("at") if isinstance(section.get("at"), (int, float)) else None
     verdict = section["verdict"]
     if verdict != "accepted":
-        return AcceptStatus("rejected", f"gputopo accept said {verdict!r}", at)
+        reason = section.get("reason") if isinstance(section.get("reason"), str) else None
+        said = f"gputopo accept said {verdict!r}" + (f": {reason}" if reason else "")
+        return AcceptStatus("rejected", said, at)
     read = gpus_read(sample)
     if not read or sample is None:
         return AcceptStatus("unknown", "no GPU could be read to compare with the accepted ones", at)
@@ -361,14 +363,28 @@ def count_xids(
     return doc, rows
 
 
+def sections_after(
+    sections: Mapping[str, Any], result: CheckResult, now: float
+) -> tuple[dict[str, Any], AcceptStatus, tuple[XidCount, ...]]:
+    """What one check writes for the rules and metrics that follow, from the state's sections as they are
+    (read under the state's lock where there is one, so two checks never count a line twice): the new
+    ``subsystems`` and ``xid_counter`` sections; also the acceptance as judged now (from ``accept``'s
+    section, never written here) and the Xid counts, for the metrics."""
+    accepted = accept_status(sections.get(ACCEPT_SECTION), result.sample)
+    xid_doc, counts = count_xids(sections.get(XID_SECTION), result.xid_events, result.sample)
+    results = judge(result, accepted)
+    new = {
+        SUBSYSTEMS_SECTION: record(results, now, sample_clique(result.sample)),
+        XID_SECTION: xid_doc,
+    }
+    return new, accepted, tuple(counts)
+
+
 def remember(
     state: CheckState, result: CheckResult, now: float
 ) -> tuple[CheckState, AcceptStatus, tuple[XidCount, ...]]:
-    """What one check adds to the state for the rules and metrics that follow: every subsystem's result
-    (section ``subsystems``) and the running Xid counts (``xid_counter``); also the acceptance as judged
-    now and the counts, for the metrics."""
-    accepted = accept_status(state.sections.get(ACCEPT_SECTION), result.sample)
-    xid_doc, counts = count_xids(state.sections.get(XID_SECTION), result.xid_events, result.sample)
-    results = judge(result, accepted)
-    state = with_section(state, SUBSYSTEMS_SECTION, record(results, now, sample_clique(result.sample)))
-    return with_section(state, XID_SECTION, xid_doc), accepted, tuple(counts)
+    """``state`` with ``sections_after``'s sections written into it."""
+    new, accepted, counts = sections_after(state.sections, result, now)
+    for name, value in new.items():
+        state = with_section(state, name, value)
+    return state, accepted, counts

@@ -74,7 +74,7 @@ class RenderContext:
     state_age_s: float | None = None
     # The acceptance (health.subsystems.accept_status; None: no state read) and the running Xid counts
     # (None: no state, so no counter is reported).
-    accept: AcceptStatus | None = None
+    acceptance: AcceptStatus | None = None
     xid_counts: tuple[XidCount, ...] | None = None
 
 
@@ -296,7 +296,7 @@ def render_prometheus(result: CheckResult, ctx: RenderContext) -> Rendered:
                 for c in ctx.xid_counts
             ],
         )
-    subsystems = judge_subsystems(result, ctx.accept)
+    subsystems = judge_subsystems(result, ctx.acceptance)
     out.family(
         "gputopo_subsystem_status",
         "gauge",
@@ -306,7 +306,7 @@ def render_prometheus(result: CheckResult, ctx: RenderContext) -> Rendered:
             for s in SUBSYSTEMS
         ],
     )
-    accept_state = ctx.accept.state if ctx.accept is not None else "unknown"
+    accept_state = ctx.acceptance.state if ctx.acceptance is not None else "unknown"
     out.family(
         "gputopo_node_accepted",
         "gauge",
