@@ -614,6 +614,29 @@ def _one_line(text: str, limit: int = 300) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
+def summary_finding(result: DcgmDiagResult) -> Finding:
+    """One note that says what the diagnostic said as a whole (its status, what ran, which DCGM and
+    driver), so a reader sees the file or run was read even when it holds no finding."""
+    counts = ", ".join(f"{n} {word}" for word, n in result.counts.items() if n) or "no test result"
+    made = ", ".join(
+        part
+        for part in (
+            f"DCGM {result.dcgm_version}" if result.dcgm_version else "",
+            f"driver {result.driver_version}" if result.driver_version else "",
+            f"{result.iterations} runs" if result.iterations > 1 else "",
+        )
+        if part
+    )
+    what = f"{TOOL} ({result.source}): {result.status}" + (f": {result.reason}" if result.reason else "")
+    what += f" [{counts}{'; ' + made if made else ''}]"
+    remedy = {
+        PASSED: "nothing to do",
+        FAILED: "see the problems DCGM found, each on its GPU",
+        NOT_CHECKED: "it says nothing about the GPUs: fix what kept DCGM from running, run it again",
+    }[result.status]
+    return Finding(result.source, what, remedy, NOTE, category="driver", rule="dcgm_diag")
+
+
 def findings_of(results: Iterable[DcgmDiagResult]) -> list[Finding]:
     """Every finding of these results, in order (doctor's and accept's one call)."""
     return [f for r in results for f in r.findings]

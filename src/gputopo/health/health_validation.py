@@ -120,6 +120,14 @@ def judge_verdict(doc: Any, source: str, label: str) -> HealthValidationResult:
     return HealthValidationResult(status, overall, tuple(order), source, node, tuple(components))
 
 
+def summary_finding(result: HealthValidationResult) -> Finding:
+    """One note that says what the verdict was as a whole, so a reader sees the file was read."""
+    node = f" for {result.node}" if result.node else ""
+    what = f"{TOOL} ({result.source}): the verdict{node} is {result.overall_severity} ({result.status})"
+    remedy = "nothing to do" if result.status == "passed" else "see the problems it found"
+    return Finding(result.source, what, remedy, NOTE, category="config", rule=RULE)
+
+
 def _component_findings(comp: dict[str, Any]) -> list[Finding]:
     severity = str(comp.get("max_severity") or "").strip().upper()
     if severity not in SEVERITIES or severity == "PASS":
