@@ -414,3 +414,107 @@ def test_the_result_json_is_plain_data(tmp_path: Path) -> None:
         and out["serials"]["3"] == fake.SERIALS[3]
     )
     assert out["findings"][0]["rule"] == "dcgm_diag_fail" and out["tool"] == "dcgmi diag"
+
+
+@pytest.fixture
+def stop_signals():  # type: ignore[no-untyped-def]
+    """gputopo's stop handlers in this process (as tests/test_signals.py installs them)."""
+    import signal
+
+    from gputopo.cli.common import install_stop_signals, restore_signals
+
+    names = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+    before = {sig: signal.signal(sig, signal.SIG_DFL) for sig in (getattr(signal, n) for n in names)}
+    previous = install_stop_signals()
+    yield
+    restore_signals(previous)
+    for sig, handler in before.items():
+        signal.signal(sig, handler)
+
+
+def test_stopping_gputopo_while_dcgmi_runs_stops_dcgmi_and_its_children(dcgmi_bin, stop_signals) -> None:  # type: ignore[no-untyped-def]
+    import signal
+    import threading
+
+    from gputopo.errors import Interrupted
+    from gputopo.system.dcgmi import run_dcgm_diag
+
+    dcgmi_bin({"3": {"hang_s": 600, "child": True}})
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    with pytest.raises(Interrupted):
+        run_dcgm_diag(3, budget_s=300)
+    assert wait_for_none_left(dcgmi_bin.marker) == []
+
+
+def _mutations(doc: object, rng) -> object:  # type: ignore[no-untyped-def]
+    """``doc`` with one node somewhere replaced by a value of another type."""
+    import copy
+
+    doc = copy.deepcopy(doc)
+    spots: list[tuple[object, object]] = []
+    stack = [doc]
+    while stack:
+        node = stack.pop()
+        keys = (
+            list(node.keys())
+            if isinstance(node, dict)
+            else range(len(node))
+            if isinstance(node, list)
+            else []
+        )
+        for k in keys:
+            spots.append((node, k))
+            stack.append(node[k])  # type: ignore[index]
+    parent, key = rng.choice(spots)
+    parent[key] = rng.choice([None, "x", "3", -1, 2**40, 1.5, True, [], {}, [None], {"status": 5}])  # type: ignore[index]
+    return doc
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        fake.doc_4x(level=2, outcome={("memory", 3): ("Fail", [fake.FAULTY_MEMORY_GPU3])}),
+        fake.doc_3x(fail_gpu=3),
+        fake.doc_nvvs(),
+        fake.iterations([fake.doc_4x(level=1)] * 2, failed="x"),
+        fake.runtime_error(),
+    ],
+    ids=["4x", "3x", "nvvs", "iterations", "runtime-error"],
+)
+def test_any_odd_value_anywhere_is_judged_or_refused_never_a_traceback(doc: dict) -> None:
+    import random
+
+    rng = random.Random(45)
+    for _ in range(300):
+        mutated = _mutations(doc, rng)
+        try:
+            got = dcgm_diag.judge_documents([mutated], "fuzz", "--dcgm-diag fuzz")
+        except InputError as exc:
+            assert "\n" not in exc.message
+            continue
+        assert got.status in dcgm_diag.STATUSES
+        json.dumps(got.to_json())
+
+
+def test_any_odd_value_in_a_verdict_is_judged_or_refused() -> None:
+    import random
+
+    from gputopo.health.health_validation import judge_verdict
+
+    rng = random.Random(45)
+    doc = verdict(
+        "CRITICAL",
+        {
+            "category": "nvlink",
+            "max_severity": "CRITICAL",
+            "check_ids": ["nvlink_active"],
+            "entities": ["GPU 3"],
+        },
+    )
+    for _ in range(200):
+        try:
+            got = judge_verdict(_mutations(doc, rng), "fuzz", "--health-validation fuzz")
+        except InputError as exc:
+            assert "\n" not in exc.message
+            continue
+        json.dumps(got.to_json())

@@ -204,10 +204,16 @@ class DcgmDiagResult:
     counts: Mapping[str, int] = field(default_factory=dict)  # pass/fail/warn/skip -> result lines
     iterations: int = 1
     runtime_error: str | None = None
+    level: int | None = None  # the -r level, where gputopo ran it
 
     @property
     def passed(self) -> bool:
         return self.status == PASSED
+
+    @property
+    def failed_gpus(self) -> tuple[int, ...]:
+        """The GPUs (DCGM's ids) with a problem, in order."""
+        return tuple(sorted({f.gpu for f in self.findings if f.severity == PROBLEM and f.gpu is not None}))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -221,6 +227,8 @@ class DcgmDiagResult:
             "counts": dict(self.counts),
             "iterations": self.iterations,
             "runtime_error": self.runtime_error,
+            "level": self.level,
+            "failed_gpus": list(self.failed_gpus),
             "findings": [f.to_json() for f in self.findings],
         }
 
@@ -405,10 +413,10 @@ def _first(run: Mapping[str, Any], body: Mapping[str, Any], key: str, nested: tu
 
 def _serials(run: Mapping[str, Any], body: Mapping[str, Any]) -> dict[int, str]:
     out: dict[int, str] = {}
-    for group in run.get("entity_groups") or ():  # 4.x: entity_groups[].entities[].serial_num
+    for group in _list(run.get("entity_groups")):  # 4.x: entity_groups[].entities[].serial_num
         if not isinstance(group, dict) or str(group.get("entity_group", "")).upper() != "GPU":
             continue
-        for entity in group.get("entities") or ():
+        for entity in _list(group.get("entities")):
             if isinstance(entity, dict) and _int(entity.get("entity_id")) is not None:
                 serial = _text(entity.get("serial_num"))
                 if serial:
@@ -424,10 +432,10 @@ def _serials(run: Mapping[str, Any], body: Mapping[str, Any]) -> dict[int, str]:
 
 def _results(body: Mapping[str, Any]) -> list[DiagResult]:
     out: list[DiagResult] = []
-    for category in body.get("test_categories") or ():
+    for category in _list(body.get("test_categories")):
         if not isinstance(category, dict):
             continue
-        for test in category.get("tests") or ():
+        for test in _list(category.get("tests")):
             if isinstance(test, dict):
                 out.extend(_test_results(test))
     return out
@@ -437,14 +445,14 @@ def _test_results(test: Mapping[str, Any]) -> list[DiagResult]:
     name = _text(test.get("name")) or "test"
     out: list[DiagResult] = []
     seen: set[tuple[Any, str]] = set()
-    for entry in test.get("results") or ():
+    for entry in _list(test.get("results")):
         if not isinstance(entry, dict):
             continue  # nvvs indexes its results by GPU: the gaps are nulls
         status = _status(entry.get("status"))
         if status is None:
             continue
-        warnings = tuple(w for w in entry.get("warnings") or () if isinstance(w, dict))
-        info = tuple(str(i) for i in entry.get("info") or () if isinstance(i, str))
+        warnings = tuple(w for w in _list(entry.get("warnings")) if isinstance(w, dict))
+        info = tuple(str(i) for i in _list(entry.get("info")) if isinstance(i, str))
         for where, gpu in _entities(entry):
             out.append(DiagResult(name, status, where, gpu, warnings, info))
         seen.update((_code(w), _message(w)) for w in warnings)
@@ -453,7 +461,7 @@ def _test_results(test: Mapping[str, Any]) -> list[DiagResult]:
         # Errors of no entity appear only in the summary (HelperJsonAddResult's includeAllErrors).
         extra = tuple(
             w
-            for w in summary.get("warnings") or ()
+            for w in _list(summary.get("warnings"))
             if isinstance(w, dict) and (_code(w), _message(w)) not in seen
         )
         status = _status(summary.get("status"))
@@ -640,3 +648,8 @@ def summary_finding(result: DcgmDiagResult) -> Finding:
 def findings_of(results: Iterable[DcgmDiagResult]) -> list[Finding]:
     """Every finding of these results, in order (doctor's and accept's one call)."""
     return [f for r in results for f in r.findings]
+
+
+def _list(value: Any) -> list[Any]:
+    """``value`` where it is a JSON array, else nothing (a field of the wrong type reads as absent)."""
+    return value if isinstance(value, list) else []

@@ -98,7 +98,7 @@ def judge_verdict(doc: Any, source: str, label: str) -> HealthValidationResult:
             f"{label}: overall_severity {doc['overall_severity']!r} is none of {', '.join(SEVERITIES)}", _HINT
         )
     node = next((doc[k] for k in ("hostname", "node", "node_name") if isinstance(doc.get(k), str)), None)
-    components = [c for c in doc.get("affected_components") or () if isinstance(c, dict)]
+    components = [c for c in _list(doc.get("affected_components")) if isinstance(c, dict)]
     findings: list[Finding] = []
     for comp in components:
         findings.extend(_component_findings(comp))
@@ -133,8 +133,8 @@ def _component_findings(comp: dict[str, Any]) -> list[Finding]:
     if severity not in SEVERITIES or severity == "PASS":
         return []
     category = str(comp.get("category") or "").strip()
-    checks = [str(c) for c in comp.get("check_ids") or () if isinstance(c, (str, int))]
-    entities = [str(e) for e in comp.get("entities") or () if isinstance(e, (str, int))]
+    checks = [str(c) for c in _list(comp.get("check_ids")) if isinstance(c, (str, int))]
+    entities = [str(e) for e in _list(comp.get("entities")) if isinstance(e, (str, int))]
     ours = _CATEGORIES.get(category.lower(), "config")
     problem = severity in ("CRITICAL", "UNKNOWN")
     checked = f" ({', '.join(checks)})" if checks else ""
@@ -171,3 +171,8 @@ def _remedy(severity: str) -> str:
             "Health Validation could not judge the node: fix what kept it from reading it, and run it again"
         )
     return "the node may stay in service; keep an eye on it"
+
+
+def _list(value: Any) -> list[Any]:
+    """``value`` where it is a JSON array, else nothing (a field of the wrong type reads as absent)."""
+    return value if isinstance(value, list) else []

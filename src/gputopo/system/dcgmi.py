@@ -14,6 +14,7 @@ What the output means is judged in ``health.dcgm_diag``; output that is not DCGM
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shlex
 import shutil
@@ -49,8 +50,13 @@ def run_dcgm_diag(level: int, budget_s: float, exe: str | None = None) -> DcgmDi
     Never raises for the machine's sake: no ``dcgmi``, a hang, a spent budget, or an answer that is not
     DCGM's JSON are each a result with ``status`` "not checked" and the ``reason``. A stop signal
     (``KeyboardInterrupt`` / ``errors.Interrupted``) stops ``dcgmi`` (and the diagnostic it started) and is
-    raised again. ``level`` outside 1-4 is a ``UsageError``.
+    raised again. The result records ``level``. ``level`` outside 1-4 is a ``UsageError``.
     """
+    return dataclasses.replace(_run(level, budget_s, exe), level=level)
+
+
+def _run(level: int, budget_s: float, exe: str | None) -> DcgmDiagResult:
+    """``run_dcgm_diag``'s work, before the level is recorded."""
     if level not in LEVELS:
         raise UsageError(f"--dcgm-level {level}: DCGM's levels are 1 to 4", "e.g. --dcgm-level 3")
     command = [DCGMI, "diag", "-r", str(level), "-j"]
