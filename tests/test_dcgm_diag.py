@@ -331,19 +331,17 @@ def test_run_every_level_through_dcgmi_on_path(dcgmi_bin) -> None:  # type: igno
         {
             "1": {"stdout": fake.styled(fake.doc_4x(level=1)), "rc": 0},
             "2": {"stdout": fake.styled(bad), "rc": 226},  # dcgmi exits non-zero on a failed test
-            "3": {
-                "stdout": fake.styled(
-                    fake.doc_4x(level=3, outcome={("targeted_power", 5): ("Warn", [fake.POWER_LOW])})
-                ),
-                "rc": 0,
-            },
+            # A warning: no dcgmi writes "Warn" in its JSON (4.x writes "Fail", 3.x "Fail"); nvvs's JSON
+            # writes "WARN", so the level-3 answer is that real shape.
+            "3": {"stdout": fake.styled(fake.doc_nvvs()), "rc": 0},
             "4": {"stdout": fake.styled(skipped), "rc": 0},
         }
     )
     got = {level: run_dcgm_diag(level, budget_s=30) for level in (1, 2, 3, 4)}
     assert [got[lv].status for lv in (1, 2, 3, 4)] == [PASSED, FAILED, PASSED, NOT_CHECKED]
     assert got[2].findings[0].gpu == 3 and "DCGM_FR_FAULTY_MEMORY" in got[2].findings[0].what
-    assert got[3].findings[0].severity == NOTE
+    assert {(f.gpu, f.rule) for f in got[3].findings} == {(2, "dcgm_diag_warn"), (0, "dcgm_diag_skip")}
+    assert all(f.severity == NOTE for f in got[3].findings) and got[3].level == 3
     assert got[1].source == "dcgmi diag -r 1 -j"
     assert fake.calls(bin_dir) == [["diag", "-r", str(lv), "-j"] for lv in (1, 2, 3, 4)]
 
@@ -518,3 +516,24 @@ def test_any_odd_value_in_a_verdict_is_judged_or_refused() -> None:
             assert "\n" not in exc.message
             continue
         json.dumps(got.to_json())
+
+
+def test_a_result_is_matched_to_this_machines_gpus_by_serial(tmp_path: Path) -> None:
+    doc = fake.doc_4x(level=1, gpus=4, outcome={("software", 3): ("Fail", [fake.FAULTY_MEMORY_GPU3])})
+    got = read_dcgm_diag(write(tmp_path, doc))
+    same = {i: fake.SERIALS[i] for i in range(4)}
+    assert dcgm_diag.match_serials(got, same).findings == got.findings
+    # DCGM's GPU3 is NVML's GPU1 here: the problem moves to GPU1.
+    swapped = {0: fake.SERIALS[0], 1: fake.SERIALS[3], 2: fake.SERIALS[2], 3: fake.SERIALS[1]}
+    [problem] = dcgm_diag.match_serials(got, swapped).findings
+    assert (problem.gpu, problem.where) == (1, "GPU1") and "on GPU1 (DCGM's GPU3) (serial" in problem.what
+    # A GPU swapped in since: a pass is not a pass for it.
+    passed = read_dcgm_diag(write(tmp_path, fake.doc_4x(level=1, gpus=4)))
+    new = {**same, 2: "1650999999999"}
+    held = dcgm_diag.match_serials(passed, new)
+    assert held.status == NOT_CHECKED and "GPU2 (serial 1650999999999)" in (held.reason or "")
+    assert dcgm_diag.match_serials(got, new).status == FAILED  # a failure found stays one
+    early = read_dcgm_diag(write(tmp_path, fake.runtime_error()))
+    assert dcgm_diag.match_serials(early, same) == early
+    nvvs = read_dcgm_diag(write(tmp_path, fake.doc_nvvs()))
+    assert "cannot be matched" in dcgm_diag.match_serials(nvvs, same).findings[-1].what

@@ -40,6 +40,7 @@ for it is kept beside each finding, so a reader can check.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -643,6 +644,65 @@ def summary_finding(result: DcgmDiagResult) -> Finding:
         NOT_CHECKED: "it says nothing about the GPUs: fix what kept DCGM from running, run it again",
     }[result.status]
     return Finding(result.source, what, remedy, NOTE, category="driver", rule="dcgm_diag")
+
+
+def match_serials(result: DcgmDiagResult, serials_by_index: Mapping[int, str]) -> DcgmDiagResult:
+    """``result`` held against this machine's GPUs (NVML index -> serial), for a saved file or a run:
+
+    - a GPU DCGM names by an id that is another NVML index (the same serial) is renamed to that index;
+    - a GPU of this machine whose serial the result does not hold was not diagnosed (swapped in since, or
+      the file is another node's): the result is "not checked", saying which;
+    - a result without serials (an early failure, an old nvvs file) cannot be matched: a note says so.
+
+    ``accept`` calls this; ``doctor`` shows a file as it is.
+    """
+    if not result.serials:
+        if result.status == NOT_CHECKED or not serials_by_index:
+            return result
+        note = Finding(
+            result.source,
+            f"{TOOL} ({result.source}): the result names no GPU serial, so it cannot be matched to this "
+            "machine's GPUs",
+            "run `dcgmi diag -r LEVEL -j` on this node with DCGM 3.x or later (its JSON names the serials)",
+            NOTE,
+            category="driver",
+            rule="dcgm_diag",
+        )
+        return dataclasses.replace(result, findings=(*result.findings, note))
+    index_of = {serial: index for index, serial in serials_by_index.items() if serial}
+    moved = {dcgm_id: index_of[s] for dcgm_id, s in result.serials.items() if s in index_of}
+    findings = tuple(_renamed(f, moved) for f in result.findings)
+    missing = sorted(i for i, s in serials_by_index.items() if s and s not in result.serials.values())
+    if not missing:
+        return dataclasses.replace(result, findings=findings)
+    shown = ", ".join(f"GPU{i} (serial {serials_by_index[i]})" for i in missing[:4])
+    shown += f" and {len(missing) - 4} more" if len(missing) > 4 else ""
+    reason = f"the DCGM result does not cover {shown}: another node's result, or a GPU swapped in since"
+    note = Finding(
+        result.source,
+        f"{TOOL} ({result.source}): {reason}",
+        "run `dcgmi diag` again on this node as it is now",
+        NOTE,
+        category="driver",
+        rule="dcgm_diag",
+    )
+    status = NOT_CHECKED if result.status != FAILED else FAILED  # a failure found stays a failure
+    return dataclasses.replace(
+        result,
+        status=status,
+        reason=reason if status == NOT_CHECKED else result.reason,
+        findings=(*findings, note),
+    )
+
+
+def _renamed(f: Finding, moved: Mapping[int, int]) -> Finding:
+    if f.gpu is None or moved.get(f.gpu, f.gpu) == f.gpu:
+        return f
+    index = moved[f.gpu]
+    what = f.what.replace(f"on GPU{f.gpu} ", f"on GPU{index} (DCGM's GPU{f.gpu}) ", 1)
+    return dataclasses.replace(
+        f, gpu=index, where=f"GPU{index}" if f.where == f"GPU{f.gpu}" else f.where, what=what
+    )
 
 
 def findings_of(results: Iterable[DcgmDiagResult]) -> list[Finding]:
