@@ -244,6 +244,33 @@ sys.exit(answer.get("rc", 0))
 """
 
 
+def answer(kind: str, level: int = 3, gpus: int = 8) -> dict[str, Any]:
+    """One ready answer of the fake ``dcgmi`` (for ``fake_dcgmi``'s ``answers``), by what it should say:
+    ``pass``, ``fail_gpu3`` (DCGM_FR_FAULTY_MEMORY on GPU 3, exit 226 as dcgmi exits on a failure),
+    ``warn`` (nvvs's WARN shape), ``skips`` (every test skipped), ``runtime_error`` (no host engine, exit
+    255), ``text`` (no JSON at all), ``hang`` (sleeps, with a child, until stopped)."""
+    if kind == "pass":
+        return {"stdout": styled(doc_4x(level=level, gpus=gpus)), "rc": 0}
+    if kind == "fail_gpu3":
+        bad = doc_4x(level=level, gpus=gpus, outcome={("software", 3): ("Fail", [FAULTY_MEMORY_GPU3])})
+        return {"stdout": styled(bad), "rc": 226}
+    if kind == "warn":
+        return {"stdout": styled(doc_nvvs()), "rc": 0}
+    if kind == "skips":
+        every = {(t, g): ("Skip", [SKIPPED]) for _, t in LEVEL_TESTS[level] for g in range(gpus)}
+        return {"stdout": styled(doc_4x(level=level, gpus=gpus, outcome=every)), "rc": 0}
+    if kind == "runtime_error":
+        return {"stdout": styled(runtime_error()), "rc": 255}
+    if kind == "text":
+        return {
+            "stdout": "Error: unable to establish a connection to the specified host: localhost\n",
+            "rc": 255,
+        }
+    if kind == "hang":
+        return {"hang_s": 600, "child": True, "stdout": "{}"}
+    raise ValueError(f"no fake dcgmi answer {kind!r}")
+
+
 def fake_dcgmi(bin_dir: Path, answers: dict[str, dict[str, Any]]) -> Path:
     """Write ``bin_dir/dcgmi`` answering ``answers`` (by level, "*" for any) and return its path."""
     bin_dir.mkdir(parents=True, exist_ok=True)

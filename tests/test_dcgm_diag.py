@@ -537,3 +537,24 @@ def test_a_result_is_matched_to_this_machines_gpus_by_serial(tmp_path: Path) -> 
     assert dcgm_diag.match_serials(early, same) == early
     nvvs = read_dcgm_diag(write(tmp_path, fake.doc_nvvs()))
     assert "cannot be matched" in dcgm_diag.match_serials(nvvs, same).findings[-1].what
+
+
+@pytest.mark.parametrize(
+    ("kind", "status"),
+    [
+        ("pass", PASSED),
+        ("fail_gpu3", FAILED),
+        ("warn", PASSED),
+        ("skips", NOT_CHECKED),
+        ("runtime_error", NOT_CHECKED),
+        ("text", NOT_CHECKED),
+    ],
+)
+def test_the_ready_answers_say_what_they_are_named(dcgmi_bin, kind: str, status: str) -> None:  # type: ignore[no-untyped-def]
+    from gputopo.system.dcgmi import run_dcgm_diag
+
+    dcgmi_bin({"*": fake.answer(kind, level=2)})
+    got = run_dcgm_diag(2, budget_s=30)
+    assert got.status == status
+    if kind == "fail_gpu3":
+        assert got.failed_gpus == (3,)
