@@ -555,7 +555,7 @@ def xid_findings(
         )
         if xid in _NVL5_XIDS:
             dec = _worst_nvlink5(xid, events, driver)
-            what = f"Xid {xid}{desc} {on} {seen}{stamp}: {dec.words()}: {dec.raw}"
+            what = f"{dec.name}{desc} {on} {seen}{stamp}: {dec.words()}: {dec.raw}"
             severity, action, remedy = _nvlink5_verdict(dec, rule.severity, remedy, i)
         if xid == 154:
             named = xid154_action(last.text)
@@ -591,25 +591,34 @@ def xid_findings(
     return out
 
 
-# The decode sheet's immediate buckets, most urgent first, with a line it cannot decode after a reset: the
-# group of lines one finding stands for is judged by its most urgent line.
-_NVL5_ORDER = ("RESET_GPU", "", "XID_154_EVAL", "IGNORE")
+# The decode sheet's immediate buckets, most urgent first: the group of lines one finding stands for is
+# judged by its most urgent line (a line the sheet cannot read, by the worst bucket its unit or code has).
+_NVL5_ORDER = ("RESET_GPU", "XID_154_EVAL", "IGNORE")
+
+
+def _bucket(d: Nvl5Decode) -> str:
+    return d.immediate if d.decoded else d.fallback
 
 
 def _worst_nvlink5(xid: int, events: Sequence[XidEvent], driver: str | None) -> Nvl5Decode:
     decoded = [decode_nvlink5(xid, e.text, driver) for e in events]
     rank = {b: n for n, b in enumerate(_NVL5_ORDER)}
-    return min(reversed(decoded), key=lambda d: rank.get(d.immediate if d.decoded else "", 1))
+    return min(reversed(decoded), key=lambda d: (rank.get(_bucket(d), 0), not d.decoded))
 
 
 def _nvlink5_verdict(dec: Nvl5Decode, problem: str, remedy: str, i: object) -> tuple[str, str, str]:
     """(severity, action, remedy) of an NVLink5 line by the sheet's buckets: RESET_GPU a problem; IGNORE
-    and XID_154_EVAL (the 154 line, judged on its own, names any action) notes; not decoded: a problem."""
+    and XID_154_EVAL (the 154 line, judged on its own, names any action) notes. A line the sheet cannot
+    read is judged by the most urgent bucket the sheet gives its unit (or its code): unknown is not
+    healthy where the sheet could ask for a reset, and no drain where every row says IGNORE."""
     if not dec.decoded:
+        sheet = "its registers match no row of the catalogue's 'XID 144-150 Decode' sheet"
+        if dec.fallback == "RESET_GPU":
+            return problem, "reset", f"{remedy}; {sheet}, and the sheet's rows for it ask for a reset"
         return (
-            problem,
-            "reset",
-            (f"{remedy}; its registers match no row of the catalogue's 'XID 144-150 Decode' sheet"),
+            NOTE,
+            "none",
+            f"{bucket_words(dec.fallback)}: {sheet}, and none of its rows asks for more ({dec.fallback})",
         )
     then = f"; if it repeats: {bucket_words(dec.investigatory)} ({dec.investigatory})"
     if dec.immediate == "RESET_GPU":
