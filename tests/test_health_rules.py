@@ -237,7 +237,7 @@ def test_fabric_registration_not_complete_is_a_problem() -> None:
     f = found(after={4: {"fabric_state": 2}})
     assert [(x.gpu, x.severity, x.rule) for x in f] == [(4, NOTE, "fabric_in_progress")]
     f = found(after={4: {"fabric_status": 999}})
-    assert "completed with NVML error 999" in f[0].what
+    assert "completed with NVML_ERROR_UNKNOWN (999)" in f[0].what  # the NVML error by name
     assert found(after={4: {"fabric_state": 0, "nvlinks": ()}}) == ()  # not an NVSwitch system
 
 
@@ -561,3 +561,39 @@ def test_a_tray_in_a_rack_without_a_domain_is_a_problem_but_a_board_is_not() -> 
     # A failed registration is judged alone, not also as a tray without a domain.
     failed = rack(g3={**zero, "fabric_status": 999}).findings
     assert [(x.gpu, x.rule) for x in failed] == [(3, "fabric_not_ready")]
+
+
+# --- The fabric mask in every registration state (issue 42) -----------------------------------------------
+# DCGM 4.6 MonitorFabricFields (NVIDIA/DCGM modules/health/DcgmHealthWatch.cpp at 72fa3fe, lines 3599-3729)
+# reads DCGM_FI_DEV_FABRIC_HEALTH_MASK first and fails a TRUE field or an incorrect configuration whatever
+# the registration's state; then it judges the state (in progress: warn; not started, failed: fail).
+
+
+def test_a_mask_fault_during_registration_in_progress_is_a_problem_naming_the_field() -> None:
+    # 0x4aa: every 2-bit field FALSE, INCORRECT_CONFIGURATION = 4 (NO_PARTITION); summary UNHEALTHY.
+    stuck = {"fabric_state": 2, "fabric_health_mask": 0x4AA, "fabric_health_summary": 2}
+    f = rack(g2=stuck).findings
+    assert [(x.gpu, x.rule, x.severity) for x in f] == [(2, "fabric_unhealthy", PROBLEM)]  # one, not two
+    assert "no partition" in f[0].what and "registration in progress" in f[0].what
+    # On every GPU (DCGM fails all four): one node finding that names all of them, a problem.
+    (node,) = rack(**{f"g{i}": stuck for i in range(4)}).findings
+    assert (node.where, node.severity, node.rule) == ("node", PROBLEM, "fabric_unhealthy")
+    assert "all 4 GPUs" in node.what and "no partition" in node.what
+    # Not started with a TRUE field: one problem, the mask's, naming the state.
+    f = rack(g1={"fabric_state": 1, "fabric_health_mask": 0x1A9}).findings
+    assert [(x.gpu, x.rule) for x in f] == [(1, "fabric_unhealthy")]
+    assert "bandwidth degraded" in f[0].what and "registration not started" in f[0].what
+
+
+def test_partition_assigned_is_read_with_its_own_polarity() -> None:
+    # PARTITION_ASSIGNED (bits 12-13): 1 (TRUE) is the good value, 2 (FALSE) no partition.
+    f = rack(g0={"fabric_health_mask": 0x21AA}).findings
+    assert [(x.gpu, x.rule, x.severity) for x in f] == [(0, "fabric_unhealthy", PROBLEM)]
+    assert "partition not assigned (PARTITION_ASSIGNED FALSE)" in f[0].what
+    for mask in (0x11AA, 0x01AA, 0xAA, 0x80):
+        assert rack(g0={"fabric_health_mask": mask}).findings == (), hex(mask)
+
+
+def test_a_registration_that_completed_with_an_error_names_the_nvml_error() -> None:
+    (f,) = rack(g3={"fabric_status": 23}).findings
+    assert f.rule == "fabric_not_ready" and "NVML_ERROR_INSUFFICIENT_RESOURCES (23)" in f.what

@@ -215,23 +215,25 @@ _RULES = (
         "start on it (error 802)",
         "NVML nvmlDeviceGetGpuFabricInfoV (state, status)",
         "check nvidia-fabricmanager; then reset the GPU or reboot",
-        DCGM_FAIL, f"{W} MonitorFabricFields (not started, failed: fail)",
+        DCGM_FAIL, f"{W} MonitorFabricFields, lines 3676-3735 at 72fa3fe (not started, failed: fail)",
     ),
     Rule(
         "fabric_in_progress", "nvlink", NOTE, "monitor", None, "",
         "the GPU's NVLink fabric registration is still in progress (CUDA waits for it)",
         "NVML nvmlDeviceGetGpuFabricInfoV (state NVML_GPU_FABRIC_STATE_IN_PROGRESS)",
         "wait; a registration that stays in progress: check nvidia-fabricmanager",
-        DCGM_WARN, f"{W} MonitorFabricFields (in progress: warn)",
+        DCGM_WARN, f"{W} MonitorFabricFields, lines 3676-3735 at 72fa3fe (in progress: warn)",
     ),
     Rule(
         "fabric_unhealthy", "nvlink", PROBLEM, "drain", None, "",
-        "the fabric's health mask names a fault: one of its 2-bit fields TRUE (bandwidth degraded, route "
-        "recovery, route unhealthy, access timeout recovery) or an incorrect configuration other than none "
-        "(0xaa, 0x1aa, 0x80 are healthy)",
-        f"{W} MonitorFabricFields (health mask: fail); nvml.h NVML_GPU_FABRIC_HEALTH_MASK_*",
+        "the fabric's health mask names a fault, in any registration state: one of its 2-bit fields TRUE "
+        "(bandwidth degraded, route recovery, route unhealthy, access timeout recovery), an incorrect "
+        "configuration other than none (no partition, insufficient NVLinks, ...), or PARTITION_ASSIGNED "
+        "FALSE, the one field whose TRUE is good (0xaa, 0x1aa, 0x11aa, 0x80 are healthy)",
+        f"{W} MonitorFabricFields (health mask read first, whatever the state: fail); nvml.h "
+        "NVML_GPU_FABRIC_HEALTH_MASK_*, PARTITION_ASSIGNED as nvidia-ml-py 13.615 declares it",
         "check nvidia-fabricmanager; reset or reboot",
-        DCGM_FAIL, f"{W} MonitorFabricFields",
+        DCGM_FAIL, f"{W} MonitorFabricFields, lines 3612-3674 at 72fa3fe (PARTITION_ASSIGNED is not read)",
     ),
     Rule(
         "fabric_summary_unhealthy", "nvlink", PROBLEM, "drain", None, "",
