@@ -292,3 +292,48 @@ def test_check_decodes_an_old_layout_nvlink5_line_alike_on_a_570_and_a_580_drive
         "570.86.15": (0, NOTE, False, "Xid 149.38"),
         "580.65.06": (0, NOTE, False, "Xid 149.38"),
     }
+
+
+# --- remedies and DCGM parity (issue 42) ---------------------------------------------------------------
+
+
+def test_xid_45_alone_says_restart_the_fabric_manager_and_with_another_follows_that() -> None:
+    # The catalogue's WORKFLOW_XID_45: "Solo: RESTART_FM Not Solo: IGNORE (follow other Xid)". The line is
+    # the NIXL fault-injection note's ("CUDA channels killed, caused by previous Xid 149") shape.
+    line45 = "NVRM: Xid (PCI:0000:18:00): 45, pid=4242, name=python, Ch 00000008"
+    (f,) = findings(line45)
+    assert f.severity == NOTE and "restart the fabric manager" in f.remedy
+    assert "nvidia-fabricmanager" in f.remedy and "WORKFLOW_XID_45" in f.remedy
+    log = (
+        f"[ 9000.0] NVRM: Xid (PCI:0000:18:00): 79, pid=1, GPU has fallen off the bus.\n[ 9001.0] {line45}\n"
+    )
+    out = xid.xid_findings(xid.scan(log, None, uptime_s=10_800.0, now=NOW), GPUS)
+    (f45,) = [x for x in out if x.what.startswith("Xid 45")]
+    assert "follows Xid 79 on this GPU" in f45.remedy and "fabric manager" not in f45.remedy
+    # An Xid 79 on another GPU does not count: 45 is alone on its own GPU.
+    other = [(0, "00000000:18:00.0"), (1, "00000000:2A:00.0")]
+    log = f"[ 9000.0] NVRM: Xid (PCI:0000:2a:00): 79, pid=1, x\n[ 9001.0] {line45}\n"
+    out = xid.xid_findings(xid.scan(log, None, uptime_s=10_800.0, now=NOW), other)
+    (f45,) = [x for x in out if x.what.startswith("Xid 45")]
+    assert "restart the fabric manager" in f45.remedy
+
+
+def test_the_parity_text_says_what_dcgm_really_does_for_92_and_93() -> None:
+    # NVIDIA/DCGM modules/health/DcgmHealthWatch.cpp at 72fa3fe, BuildXidMappings: no 92 at all; 93 only
+    # with DCGM_CHIP_ARCH_VOLTA (line 3434).
+    assert xid.XID_TABLE[92].dcgm == "none" and "maps no Xid 92" in xid.XID_TABLE[92].why
+    assert "DCGM warns" not in xid.XID_TABLE[92].remedy
+    assert "only on Volta" in xid.XID_TABLE[93].why
+    assert xid.dcgm_xid_source(93).endswith("line 3434 at 72fa3fe")
+    assert "maps no such code" in xid.dcgm_xid_source(92)
+
+
+def test_xid_167_and_169_have_rows_of_their_own_169_as_62() -> None:
+    for code in (167, 169):
+        (f,) = findings(f"NVRM: Xid (PCI:0000:18:00): {code}, pid=1, x")
+        assert (f.severity, f.action, f.rule) == (PROBLEM, "reset", "xid_hardware"), code
+    assert (xid.XID_TABLE[169].severity, xid.XID_TABLE[169].action) == (
+        xid.XID_TABLE[62].severity,
+        xid.XID_TABLE[62].action,
+    )
+    assert "62" in xid.XID_TABLE[169].why

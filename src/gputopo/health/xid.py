@@ -107,10 +107,17 @@ XID_TABLE: dict[int, XidClass] = {
     67: _warn("illegal access by driver (DCGM warns on it as NVLink)"),
     73: _warn("unused on Ampere and newer (DCGM warns on it as NVLink)"),
     78: _warn("vGPU start error (DCGM warns on it as power)"),
-    93: _warn("InfoROM wear limit reached (DCGM warns on it as InfoROM)"),
+    93: XidClass("hardware", "InfoROM wear limit reached", "monitor",
+                 "the catalogue asks for no action; if it repeats: contact support (`nvidia-smi -q -i {i}` "
+                 "shows the InfoROM)", NOTE, "warn",
+                 "DCGM warns on it (as a corrupt InfoROM) only on Volta: BuildXidMappings scopes it to "
+                 "DCGM_CHIP_ARCH_VOLTA and ignores it on every later GPU"),
     121: _warn("C2C link corrected error"),
     137: _warn("NVLink FLA privilege error"),
-    92: _warn("high single-bit ECC error rate"),
+    92: XidClass("hardware", "high single-bit ECC error rate", "monitor",
+                 "the catalogue asks for no action; if it repeats: contact support (`nvidia-smi -q -d ECC -i "
+                 "{i}` shows the counts)", NOTE, "none",
+                 "DCGM maps no Xid 92 (BuildXidMappings); its ECC watch reads the counters instead"),
     48: _hw("double-bit ECC error", dcgm="fail"),
     61: _warn("PMU breakpoint, unused on Ampere and newer (DCGM warns on it as thermal)"),
     62: _hw("internal micro-controller halt", dcgm="warn",
@@ -140,6 +147,11 @@ XID_TABLE: dict[int, XidClass] = {
         "GPU recovery action changed", "reset",
             "the driver asks for a recovery action; `nvidia-smi -q` shows it; follow it",
             why="judged by the action the line names: none and drain P2P are notes; reboot asks for one"),
+    167: _hw("PCIe fatal timeout", why="DCGM does not map it and the catalogue gives no bucket; a fatal PCIe "
+             "timeout cuts the GPU off its bus until a reset (gputopo's judgement)"),
+    169: _hw("internal micro-controller halt (SEC2)",
+             why="DCGM does not map it; the catalogue describes it as it describes 62 (internal "
+                 "micro-controller halt), whose resolution is a GPU reset"),
     155: _hw(_RESET_GROUP, why="DCGM does not map it; the catalogue's resolution is a GPU reset"),
     156: _hw(_RESET_GROUP, why="DCGM does not map it; the catalogue's resolution is a GPU reset"),
     158: _hw(_RESET_GROUP, why="DCGM does not map it; the catalogue's resolution is a GPU reset"),
@@ -197,6 +209,23 @@ XID_TABLE.update({code: _from_catalog(e) for code, e in catalog().items() if cod
 XID_TABLE = dict(sorted(XID_TABLE.items()))
 
 
+# Where DCGM maps each code: NVIDIA/DCGM modules/health/DcgmHealthWatch.cpp at 72fa3fe (DCGM 4.6),
+# BuildXidMappings, the line of the code's entry.
+DCGM_XID_LINES = {
+    48: 3361, 74: 3362, 79: 3363, 94: 3364, 95: 3366, 119: 3371, 120: 3372, 140: 3373, 31: 3380, 32: 3381,
+    43: 3382, 63: 3383, 64: 3388, 38: 3394, 39: 3395, 42: 3396, 60: 3401, 61: 3406, 62: 3408, 54: 3413,
+    56: 3414, 57: 3415, 58: 3420, 78: 3421, 67: 3426, 73: 3427, 121: 3428, 137: 3429, 93: 3434,
+}  # fmt: skip
+
+
+def dcgm_xid_source(code: int) -> str:
+    """Where DCGM maps ``code`` (its function and line), or that it does not."""
+    line = DCGM_XID_LINES.get(code)
+    if line is None:
+        return "DCGM 4.6 BuildXidMappings maps no such code"
+    return f"DCGM modules/health/DcgmHealthWatch.cpp BuildXidMappings, line {line} at 72fa3fe"
+
+
 def xid_rows() -> list[dict[str, object]]:
     """Every code of the table with the catalogue's facts, as ``check --list-rules`` lists them: the
     mnemonic and description, NVIDIA's resolution buckets, and gputopo's kind, severity and action."""
@@ -217,6 +246,8 @@ def xid_rows() -> list[dict[str, object]]:
                 "action": c.action,
                 "per_line": code in _NVL5_XIDS or code == 154,
                 "dcgm": c.dcgm,
+                "dcgm_source": dcgm_xid_source(code),
+                "why": c.why,
                 "remedy": c.remedy.replace("{i}", "N"),
             }
         )
@@ -531,12 +562,17 @@ def xid_findings(
                 )
             continue
         if cls.kind == "application":
+            remedy = cls.remedy
+            if xid == 45:
+                remedy = _xid45_remedy(
+                    sorted(c for g, a, c in groups if (g, a) == (gpu, address) and c != 45)
+                )
             if application.enabled:
                 out.append(
                     Finding(
                         where,
                         what,
-                        cls.remedy,
+                        remedy,
                         application.severity,
                         gpu=gpu,
                         category="xid",
@@ -589,6 +625,24 @@ def xid_findings(
             )
         )
     return out
+
+
+def _xid45_remedy(others: Sequence[int]) -> str:
+    """Xid 45 by the catalogue's WORKFLOW_XID_45 ("Solo: RESTART_FM; Not Solo: IGNORE (follow other
+    Xid)"): alone on its GPU in the window, restart the fabric manager; with another Xid, that one
+    decides."""
+    if others:
+        codes = ", ".join(f"Xid {c}" for c in others)
+        return (
+            f"it follows {codes} on this GPU in the window: follow {'that' if len(others) == 1 else 'their'} "
+            "remedy; Xid 45 is the driver cleaning up the contexts it stopped (the catalogue's "
+            "WORKFLOW_XID_45, not solo)"
+        )
+    return (
+        "alone (no other Xid on this GPU in the window): restart the fabric manager "
+        "(`systemctl restart nvidia-fabricmanager`, on NVSwitch systems), as the catalogue's WORKFLOW_XID_45 "
+        "asks; a job that was killed also leaves one"
+    )
 
 
 # The decode sheet's immediate buckets, most urgent first: the group of lines one finding stands for is

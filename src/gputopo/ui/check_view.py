@@ -239,6 +239,9 @@ def xids_text(xids: Iterable[dict[str, Any]]) -> str:
         ours = f"{x['severity']}/{x['action']}" + (", decided per line" if x["per_line"] else "")
         name = x["mnemonic"] or "-"
         lines.append(f"  Xid {x['xid']:>3} {name}: {x['description']}; NVIDIA {nvidia} -> {ours}")
+        if x.get("dcgm") != "none" or x.get("why"):
+            why = f"; ours differs: {x['why']}" if x.get("why") else ""
+            lines.append(f"          DCGM {x['dcgm']} ({x['dcgm_source']}){why}")
         if x["catalogue_note"]:
             lines.append(f"          {x['catalogue_note']}")
     return "\n".join(lines) + "\n"
@@ -269,12 +272,18 @@ def rules_markdown(rules: Iterable[Rule], xids: Iterable[tuple[int, Any]] = ()) 
         )
     xid_rows = list(xids)
     if xid_rows:
+        from gputopo.health.xid import DCGM_XID_LINES
         from gputopo.health.xid_catalog import catalog
 
         cat = catalog()
         lines += ["", "| Xid | what | NVIDIA | ours | DCGM |", "|-----|------|--------|------|------|"]
         for code, c in xid_rows:
-            dcgm = c.dcgm + (f": {c.why}" if c.why else "")
+            line = DCGM_XID_LINES.get(code)
+            dcgm = (
+                c.dcgm
+                + (f" (BuildXidMappings line {line})" if line else "")
+                + (f": {c.why}" if c.why else "")
+            )
             e = cat.get(code)
             nvidia = f"{e.immediate or '-'} / {e.investigatory or '-'}" if e else "not in the catalogue"
             ours = f"{c.severity}, {c.action}"
