@@ -22,7 +22,7 @@ from datetime import datetime, timedelta, timezone
 
 from gputopo.errors import InputError, UsageError
 from gputopo.findings import NOTE, PROBLEM, Finding
-from gputopo.health.rules import DEFAULT_THRESHOLDS, Thresholds
+from gputopo.health.rules import DEFAULT_THRESHOLDS, DRAIN_ACTIONS, Rule, Thresholds, XidPolicy
 from gputopo.health.xid_catalog import (
     NVLINK5_XIDS,
     CatalogEntry,
@@ -226,13 +226,20 @@ def dcgm_xid_source(code: int) -> str:
     return f"DCGM modules/health/DcgmHealthWatch.cpp BuildXidMappings, line {line} at 72fa3fe"
 
 
-def xid_rows() -> list[dict[str, object]]:
+def xid_rows(policy: XidPolicy | None = None) -> list[dict[str, object]]:
     """Every code of the table with the catalogue's facts, as ``check --list-rules`` lists them: the
-    mnemonic and description, NVIDIA's resolution buckets, and gputopo's kind, severity and action."""
+    mnemonic and description, NVIDIA's resolution buckets, and gputopo's kind, severity and action, as
+    the admin's Xid ``policy`` sets them (``policy``: application or node where it names the code)."""
     cat = catalog()
     rows: list[dict[str, object]] = []
     for code, c in XID_TABLE.items():
         e = cat.get(code)
+        said = policy.says(code) if policy is not None else None
+        if said == "application":
+            c = XidClass(c.kind, c.description, "none", c.remedy, NOTE, c.dcgm, c.why)
+        elif said == "node":
+            action = c.action if c.action in DRAIN_ACTIONS else "reset"
+            c = XidClass(c.kind, c.description, action, c.remedy, PROBLEM, c.dcgm, c.why)
         rows.append(
             {
                 "xid": code,
@@ -249,6 +256,7 @@ def xid_rows() -> list[dict[str, object]]:
                 "dcgm_source": dcgm_xid_source(code),
                 "why": c.why,
                 "remedy": c.remedy.replace("{i}", "N"),
+                "policy": said,
             }
         )
     return rows
@@ -546,67 +554,60 @@ def xid_findings(
         )
         what = f"Xid {xid}{desc} {on} {seen}{stamp}: {last.text}"
         i = gpu if gpu is not None else address
+        hw = hardware if gpu is not None else unlisted
         if cls is None:
-            if unknown.enabled:
-                out.append(
-                    Finding(
-                        where,
-                        what,
-                        "look the code up in NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors)",
-                        unknown.severity,
-                        gpu=gpu,
-                        category="xid",
-                        action="monitor",
-                        rule="xid_unknown",
-                    )
-                )
-            continue
-        if cls.kind == "application":
+            verdict = _Verdict(
+                unknown.severity,
+                "monitor",
+                "look the code up in NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors)",
+                unknown,
+            )
+        elif cls.kind == "application":
             remedy = cls.remedy
             if xid == 45:
                 remedy = _xid45_remedy(
                     sorted(c for g, a, c in groups if (g, a) == (gpu, address) and c != 45)
                 )
-            if application.enabled:
-                out.append(
-                    Finding(
-                        where,
-                        what,
-                        remedy,
-                        application.severity,
-                        gpu=gpu,
-                        category="xid",
-                        action="none",
-                        rule="xid_application",
-                    )
-                )
-            continue
-        rule = hardware if gpu is not None else unlisted
-        if not rule.enabled:
-            continue
-        severity, action, remedy = (
-            (rule.severity if cls.severity == PROBLEM else NOTE),
-            cls.action,
-            cls.remedy.format(i=i),
-        )
-        if xid in _NVL5_XIDS:
-            dec = _worst_nvlink5(xid, events, driver)
-            what = f"{dec.name}{desc} {on} {seen}{stamp}: {dec.words()}: {dec.raw}"
-            severity, action, remedy = _nvlink5_verdict(dec, rule.severity, remedy, i)
-        if xid == 154:
-            named = xid154_action(last.text)
-            if named is not None:
-                severity = rule.severity if named[0] == PROBLEM else NOTE
-                action = named[1]
-                remedy = f"the driver asks: {named[2]}; `nvidia-smi -q -i {i}` shows the recovery action"
-        if gpu is None:
-            remedy = (
-                f"{remedy}; compare `nvidia-smi -L` with `lspci -d 10de:` (the GPU at PCI {address} is gone "
-                "from NVML's list)"
+            verdict = _Verdict(application.severity, "none", remedy, application)
+        else:
+            severity, action, remedy = (
+                (hw.severity if cls.severity == PROBLEM else NOTE),
+                cls.action,
+                cls.remedy.format(i=i),
             )
-        out.append(
-            Finding(where, what, remedy, severity, gpu=gpu, category="xid", action=action, rule=rule.name)
-        )
+            if xid in _NVL5_XIDS:
+                dec = _worst_nvlink5(xid, events, driver)
+                what = f"{dec.name}{desc} {on} {seen}{stamp}: {dec.words()}: {dec.raw}"
+                severity, action, remedy = _nvlink5_verdict(dec, hw.severity, remedy, i)
+            if xid == 154:
+                named = xid154_action(last.text)
+                if named is not None:
+                    severity = hw.severity if named[0] == PROBLEM else NOTE
+                    action = named[1]
+                    remedy = f"the driver asks: {named[2]}; `nvidia-smi -q -i {i}` shows the recovery action"
+            if gpu is None:
+                remedy = (
+                    f"{remedy}; compare `nvidia-smi -L` with `lspci -d 10de:` (the GPU at PCI {address} is "
+                    "gone from NVML's list)"
+                )
+            verdict = _Verdict(severity, action, remedy, hw)
+        policy = thresholds.xid_policy
+        said = policy.says(xid) if policy is not None else None
+        if policy is not None and said is not None:
+            verdict, what = _by_policy(verdict, what, said, policy.source, application, hw)
+        if verdict.rule.enabled:
+            out.append(
+                Finding(
+                    where,
+                    what,
+                    verdict.remedy,
+                    verdict.severity,
+                    gpu=gpu,
+                    category="xid",
+                    action=verdict.action,
+                    rule=verdict.rule.name,
+                )
+            )
     if acked:
         codes = sorted({e.xid for e in acked})
         until = acknowledged.until if acknowledged is not None else None
@@ -625,6 +626,32 @@ def xid_findings(
             )
         )
     return out
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    severity: str
+    action: str
+    remedy: str
+    rule: Rule
+
+
+def _by_policy(
+    v: _Verdict, what: str, said: str, source: str, application: Rule, hardware: Rule
+) -> tuple[_Verdict, str]:
+    """The verdict as the admin's Xid policy has it: ``application`` a note that never drains (rule
+    xid_application), ``node`` a problem (rule xid_hardware, or xid_unlisted_gpu; an action that would
+    not drain becomes a reset). Where the severity changes, the finding says so."""
+    if said == "application":
+        new = _Verdict(NOTE, "none", v.remedy, application)
+        words = "the application's: a note, never a drain"
+    else:
+        action = v.action if v.action in DRAIN_ACTIONS else "reset"
+        new = _Verdict(hardware.severity, action, v.remedy, hardware)
+        words = f"the node's: a {hardware.severity}"
+    if (new.severity, new.action) == (v.severity, v.action):
+        return new, what
+    return new, f"{what} (the Xid policy in {source} makes it {words})"
 
 
 def _xid45_remedy(others: Sequence[int]) -> str:

@@ -227,16 +227,25 @@ def rules_text(rules: Iterable[Rule]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def xids_text(xids: Iterable[dict[str, Any]]) -> str:
-    """The Xid catalogue under ``check --list-rules``: one line per code, NVIDIA's buckets and ours."""
+def xids_text(xids: Iterable[dict[str, Any]], policy: Any = None) -> str:
+    """The Xid catalogue under ``check --list-rules``: one line per code, NVIDIA's buckets and ours, after
+    the admin's Xid policy in force (``rules.XidPolicy``) where there is one."""
     lines = [
         "",
         "Xid catalogue (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html): code, NVIDIA's "
         "immediate/investigatory buckets -> ours (rules xid_hardware, xid_application)",
     ]
+    if policy is not None:
+        codes = lambda s: ", ".join(map(str, sorted(s))) or "none"  # noqa: E731
+        lines.append(
+            f"Xid policy in force ({policy.source}): application (a note) {codes(policy.application)}; "
+            f"node (a problem) {codes(policy.node)}; allow_fatal {str(policy.allow_fatal).lower()}"
+        )
     for x in xids:
         nvidia = f"{x['immediate'] or '-'}/{x['investigatory'] or '-'}"
         ours = f"{x['severity']}/{x['action']}" + (", decided per line" if x["per_line"] else "")
+        if x.get("policy"):
+            ours += f" (Xid policy: {x['policy']})"
         name = x["mnemonic"] or "-"
         lines.append(f"  Xid {x['xid']:>3} {name}: {x['description']}; NVIDIA {nvidia} -> {ours}")
         if x.get("dcgm") != "none" or x.get("why"):
@@ -247,9 +256,10 @@ def xids_text(xids: Iterable[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def rules_json(rules: Iterable[Rule], xids: Iterable[dict[str, Any]] = ()) -> str:
+def rules_json(rules: Iterable[Rule], xids: Iterable[dict[str, Any]] = (), policy: Any = None) -> str:
     doc: dict[str, Any] = {"schema": "gputopo/rules/v1", "rules": [r.to_json() for r in rules]}
     doc["xids"] = list(xids)
+    doc["xid_policy"] = policy.to_json() if policy is not None else None
     return json.dumps(doc, indent=2) + "\n"
 
 
