@@ -597,3 +597,44 @@ def test_partition_assigned_is_read_with_its_own_polarity() -> None:
 def test_a_registration_that_completed_with_an_error_names_the_nvml_error() -> None:
     (f,) = rack(g3={"fabric_status": 23}).findings
     assert f.rule == "fabric_not_ready" and "NVML_ERROR_INSUFFICIENT_RESOURCES (23)" in f.what
+
+
+# --- NVLink5 as DCGM judges it: the ECC data total, effective and symbol BER (issue 42) ---------------------
+# DCGM 4.6 MonitorNVLink5Fields (NVIDIA/DCGM modules/health/DcgmHealthWatch.cpp lines 2807-2947 at
+# 72fa3fe) fails a rise of DCGM_FI_DEV_NVLINK_ECC_ERROR_TOTAL (NVML field 160) and an effective or symbol
+# BER over its threshold (levels). NVML encodes a BER as mantissa (bits 8-11) * 10^-exponent (bits 0-7).
+
+
+def _ber(mantissa: int, exponent: int) -> int:
+    return mantissa << 8 | exponent
+
+
+def test_the_nvlink_ecc_data_total_rising_is_a_problem() -> None:
+    f = found(before={2: {"nvlink_ecc_data_errors": 40}}, after={2: {"nvlink_ecc_data_errors": 41}})
+    assert [(x.gpu, x.rule, x.severity, x.action) for x in f] == [
+        (2, "nvlink_ecc_data_rise", PROBLEM, "reset")
+    ]
+    assert "rose by 1" in f[0].what and "field 160" in f[0].what
+    assert found(before={2: {"nvlink_ecc_data_errors": 40}}, after={2: {"nvlink_ecc_data_errors": 40}}) == ()
+
+
+def test_an_effective_ber_worse_than_1e_12_is_a_problem_with_no_counter_moving() -> None:
+    # The same level in both samples: nothing rises, DCGM still fails it, so does gputopo.
+    bad = {"nvlink_effective_ber_raw": _ber(5, 11)}
+    f = found(before={1: bad}, after={1: bad})
+    assert [(x.gpu, x.rule, x.severity) for x in f] == [(1, "nvlink_effective_ber", PROBLEM)]
+    assert "5e-11 is worse than 1e-12" in f[0].what
+    # DCGM's boundaries (IsEffectiveBerThresholdExceeded): 1e-12 and 10e-13 pass, 2e-12 and 11e-13 fail,
+    # 15e-255 is a zero BER.
+    for (m, e), bad_ in {(1, 12): False, (2, 12): True, (10, 13): False, (11, 13): True, (9, 14): False,
+                         (15, 255): False, (1, 3): True}.items():  # fmt: skip
+        got = found(after={1: {"nvlink_effective_ber_raw": _ber(m, e)}})
+        assert bool(got) is bad_, (m, e, got)
+
+
+def test_a_symbol_ber_above_its_floor_is_a_problem() -> None:
+    # DCGM_SYMBOL_BER_FLOOR_EXP_AGGREGATED = 238 with a floor mantissa of 15; a zero mantissa is healthy.
+    f = found(after={5: {"nvlink_symbol_ber_raw": _ber(3, 9)}})
+    assert [(x.gpu, x.rule) for x in f] == [(5, "nvlink_symbol_ber")] and "3e-9" in f[0].what
+    for (m, e), bad in {(0, 9): False, (15, 238): False, (1, 239): False, (2, 237): True}.items():
+        assert bool(found(after={5: {"nvlink_symbol_ber_raw": _ber(m, e)}})) is bad, (m, e)

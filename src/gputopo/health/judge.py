@@ -31,6 +31,8 @@ from gputopo.health.readings import (
     GpuHealth,
     HealthSample,
     NvlinkHealth,
+    ber_parts,
+    ber_words,
     nvml_return_words,
 )
 from gputopo.health.rules import DEFAULT_THRESHOLDS, Rule, Thresholds
@@ -376,7 +378,77 @@ def _nvlink(
                 remedy,
             )
         _nvlink_counters(j, g, g0, window_s, remedy)
+        _nvlink_totals(j, g, g0, window_s, remedy)
     _fabric(j, g)
+
+
+def effective_ber_exceeded(raw: int) -> bool:
+    """DCGM's effective BER threshold, 1e-12, on NVML's encoding as DCGM compares it (common/DcgmUtilities.cpp
+    IsEffectiveBerThresholdExceeded at 72fa3fe): 15e-255 is a zero BER; worse than the threshold is an
+    exponent below 12, 12 with a mantissa above 1, or 13 with a mantissa above 10."""
+    mantissa, exponent = ber_parts(raw)
+    if (mantissa, exponent) == (15, 255):
+        return False
+    return exponent < 12 or (exponent == 12 and mantissa > 1) or (exponent == 13 and mantissa > 10)
+
+
+# DCGM_SYMBOL_BER_FLOOR_EXP_AGGREGATED (common/DcgmGPUHardwareLimits.h at 72fa3fe): the floor exponent of
+# the aggregated symbol BER of a Blackwell (NVLink5) GPU, with a floor mantissa of 15.
+SYMBOL_BER_FLOOR_EXP = 238
+
+
+def symbol_ber_exceeded(raw: int) -> bool:
+    """DCGM's symbol BER test (modules/health/DcgmHealthWatch.cpp IsSymbolBerThresholdExceeded, lines
+    55-73 at 72fa3fe): a zero mantissa is healthy; otherwise worse than 15e-238 (the aggregated floor) is
+    exceeded. "Symbol means FEC didn't succeed to fix the error": DCGM expects none at all."""
+    mantissa, exponent = ber_parts(raw)
+    if mantissa == 0:
+        return False
+    if exponent == SYMBOL_BER_FLOOR_EXP:
+        return mantissa > 15
+    return exponent < SYMBOL_BER_FLOOR_EXP
+
+
+def _nvlink_totals(
+    j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | None, remedy: str
+) -> None:
+    """The GPU-wide NVLink signals DCGM 4.6 MonitorNVLink5Fields judges (DcgmHealthWatch.cpp lines
+    2807-2947 at 72fa3fe): a rise of the NVLink ECC data error total (field 160) by
+    DCGM_LIMIT_MAX_NVLINK_ERROR, and the effective and symbol BER, which are levels: read once, in the
+    second sample, a bad link is flagged even when no counter moves in the window."""
+    label, i = g.label, g.index
+    if g0 is not None:
+        rise = _rise(g0.nvlink_ecc_data_errors, g.nvlink_ecc_data_errors)
+        if rise and rise >= j.t.limit("nvlink_ecc_data_rise"):
+            w = _secs(window_s) if window_s else "the window"
+            j.add(
+                "nvlink_ecc_data_rise",
+                label,
+                i,
+                f"{label}: NVLink ECC data errors rose by {rise} in {w} (NVML field 160, every link; "
+                f"{g.nvlink_ecc_data_errors} in all)",
+                remedy,
+            )
+    raw = g.nvlink_effective_ber_raw
+    if raw is not None and effective_ber_exceeded(raw):
+        j.add(
+            "nvlink_effective_ber",
+            label,
+            i,
+            f"{label}: NVLink effective BER {ber_words(raw)} is worse than 1e-12 (NVML field 220, every "
+            "link; a level: the links are bad even while no error counter moves)",
+            remedy,
+        )
+    raw = g.nvlink_symbol_ber_raw
+    if raw is not None and symbol_ber_exceeded(raw):
+        j.add(
+            "nvlink_symbol_ber",
+            label,
+            i,
+            f"{label}: NVLink symbol BER {ber_words(raw)} is above its floor (15e-238; NVML field 222, every "
+            "link): errors FEC did not correct",
+            remedy,
+        )
 
 
 def _far_ends(links: Sequence[NvlinkHealth]) -> str:

@@ -64,6 +64,29 @@ NVLINK5_COUNTERS = {
     221: "symbol",
 }
 
+# The NVLink fields read for the whole GPU (nvml.h): NVML_FI_DEV_NVLINK_ECC_DATA_ERROR_COUNT_TOTAL (160,
+# "total for all links"; DCGM_FI_DEV_NVLINK_ECC_ERROR_TOTAL), NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER (220)
+# and NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER (222; DCGM_FI_DEV_NVLINK_EFFECTIVE_BER_RAW and _SYMBOL_BER_RAW).
+FIELD_NVLINK_ECC_DATA_TOTAL = 160
+FIELD_NVLINK_EFFECTIVE_BER = 220
+FIELD_NVLINK_SYMBOL_BER = 222
+# nvmlFieldValue_t.scopeId for the NVLink5 aggregate over every link (DCGM DcgmCacheManager.cpp,
+# "NVLink5+ requires scopeId = UINT_MAX for aggregate data"; NvmlFieldRequiresNvLinkAggregate).
+SCOPE_ALL_LINKS = 0xFFFFFFFF
+
+
+def ber_parts(raw: int) -> tuple[int, int]:
+    """NVML's encoded BER as (mantissa, exponent): the value is mantissa * 10^-exponent, mantissa in bits
+    8-11 and exponent in bits 0-7 (nvml.h NVML_NVLINK_BER_MANTISSA_* / _EXP_*; DCGM NvmlBerParser)."""
+    return (raw >> 8) & 0xF, raw & 0xFF
+
+
+def ber_words(raw: int) -> str:
+    """``0x50b`` -> ``5e-11``."""
+    mantissa, exponent = ber_parts(raw)
+    return f"{mantissa}e-{exponent}"
+
+
 # The NVLink counters the judge follows, by attribute name and the words a finding uses.
 NVLINK_COUNTERS = {
     "replay_errors": "replay",
@@ -127,6 +150,13 @@ class GpuHealth:
     platform_chassis_serial: str | None = None
     platform_tray_index: int | None = None
     nvlinks: tuple[NvlinkHealth, ...] | None = None
+    # The GPU's NVLink totals and levels DCGM 4.6 MonitorNVLink5Fields judges beside the per-link counters:
+    # the NVLink ECC data error total of every link (NVML field 160, a counter), and the effective and
+    # symbol BER of the links together (fields 220 and 222, read with scopeId UINT_MAX as DCGM reads them
+    # on NVLink5, levels in NVML's mantissa/exponent encoding). ``None``: the driver lacks it.
+    nvlink_ecc_data_errors: int | None = None
+    nvlink_effective_ber_raw: int | None = None
+    nvlink_symbol_ber_raw: int | None = None
     unknown: tuple[Unknown, ...] = ()
 
     @property

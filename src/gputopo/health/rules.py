@@ -198,10 +198,41 @@ _RULES = (
         "nvlink5_error_rise", "nvlink", PROBLEM, "reset", 1, "errors in the window, per counter (>=)",
         "an NVLink5 (Blackwell) error counter rising: malformed packets, buffer overruns, receive, remote, "
         "general, link integrity, link recovery (failed or not), effective or symbol errors (NVML fields "
-        "206-211, 214, 215, 219, 221; the raw BER fields are not judged)",
+        "206-211, 214, 215, 219, 221; the BER levels and the ECC data total are rules of their own)",
         f"{DCGM_LIMITS} DCGM_LIMIT_MAX_NVLINK_ERROR = 1; NVML field values scoped to each link",
         "reset the GPU; errors that return need service",
         DCGM_FAIL, f"{W} MonitorNVLink5Fields and MonitorNVLinkErrorFields (fail)",
+    ),
+    Rule(
+        "nvlink_ecc_data_rise", "nvlink", PROBLEM, "reset", 1, "errors in the window (>=)",
+        "the GPU's NVLink ECC data error total (every link) rising",
+        "NVML field 160 NVML_FI_DEV_NVLINK_ECC_DATA_ERROR_COUNT_TOTAL (DCGM_FI_DEV_NVLINK_ECC_ERROR_TOTAL); "
+        f"{DCGM_LIMITS} DCGM_LIMIT_MAX_NVLINK_ERROR = 1",
+        "reset the GPU; errors that return need service",
+        DCGM_FAIL, f"{W} MonitorNVLink5Fields, lines 2807-2947 at 72fa3fe (a rise of DCGM_FI_DEV_NVLINK_ECC_"
+        "ERROR_TOTAL: fail)",
+    ),
+    Rule(
+        "nvlink_effective_ber", "nvlink", PROBLEM, "reset", 1e-12, "effective BER, every link (>)",
+        "the NVLink effective BER of the GPU's links worse than 1e-12: a level, read once, so a bad link is "
+        "found even while no error counter moves",
+        "NVML field 220 NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER, scopeId UINT_MAX (mantissa bits 8-11, "
+        "exponent bits 0-7; 15e-255 is zero); DCGM common/DcgmUtilities.cpp IsEffectiveBerThresholdExceeded "
+        "(exponent < 12, 12 with mantissa > 1, 13 with mantissa > 10)",
+        "reset the GPU; a BER that stays high needs the link serviced (cable, cartridge, switch tray)",
+        DCGM_FAIL, f"{W} MonitorNVLink5Fields, lines 2888-2929 at 72fa3fe (DCGM_FI_DEV_NVLINK_EFFECTIVE_BER_"
+        "RAW: fail)",
+    ),
+    Rule(
+        "nvlink_symbol_ber", "nvlink", PROBLEM, "reset", None, "",
+        "the NVLink symbol BER of the GPU's links above its floor, 15e-238 on NVLink5: symbol errors are "
+        "errors FEC did not correct, and DCGM expects none",
+        "NVML field 222 NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER, scopeId UINT_MAX; DCGM "
+        "common/DcgmGPUHardwareLimits.h DCGM_SYMBOL_BER_FLOOR_EXP_AGGREGATED = 238 and DcgmHealthWatch.cpp "
+        "IsSymbolBerThresholdExceeded (lines 55-73)",
+        "reset the GPU; a symbol BER that stays needs the link serviced",
+        DCGM_FAIL,
+        f"{W} MonitorNVLink5Fields, lines 2888-2929 at 72fa3fe (DCGM_FI_DEV_NVLINK_SYMBOL_BER_RAW: fail)",
     ),
     Rule(
         "nvlink_errors_history", "nvlink", NOTE, "monitor", 0, "errors since the counters were reset (>)",
