@@ -481,3 +481,25 @@ def test_a_ready_daemon_keeps_naming_members_even_its_own_address_listed() -> No
 def test_this_host_finds_itself_by_its_own_addresses() -> None:
     hosts = system_imex.own_hosts()
     assert "127.0.0.1" in hosts or "::1" in hosts
+
+
+def test_through_the_fake_ctl_this_host_is_found_by_its_own_address(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The member at 127.0.0.1 is this host (psutil lists the loopback address): its daemon WAITING_FOR_PEERS
+    # is reported once, as the daemon; 10.0.0.3 sees it DISCONNECTED and that is not a second problem.
+    doc = json.loads(domain_json("DEGRADED"))
+    doc["nodes"]["0"]["host"] = "127.0.0.1"
+    doc["nodes"]["0"]["status"] = "WAITING_FOR_PEERS"
+    doc["nodes"]["1"]["status"] = "WAITING_FOR_PEERS"  # two in the daemon's state: only the address tells
+    for node in doc["nodes"].values():
+        for c in node["connections"].values():
+            if c["host"] == "10.0.0.1":
+                c["host"], c["status"] = "127.0.0.1", "DISCONNECTED"
+    found, _ = read_through_fake(
+        tmp_path, monkeypatch, ready("WAITING_FOR_PEERS\n"), {"out": json.dumps(doc)}
+    )
+    assert [(f.where, f.rule) for f in found] == [
+        ("IMEX", "imex_daemon_not_ready"),
+        ("IMEX member 10.0.0.2", "imex_member_down"),
+    ], found
