@@ -236,10 +236,9 @@ def xids_text(xids: Iterable[dict[str, Any]], policy: Any = None) -> str:
         "immediate/investigatory buckets -> ours (rules xid_hardware, xid_application)",
     ]
     if policy is not None:
-        codes = lambda s: ", ".join(map(str, sorted(s))) or "none"  # noqa: E731
         lines.append(
-            f"Xid policy in force ({policy.source}): application (a note) {codes(policy.application)}; "
-            f"node (a problem) {codes(policy.node)}; allow_fatal {str(policy.allow_fatal).lower()}"
+            f"Xid policy in force ({policy.source}): application (a note) {_codes(policy.application)}; "
+            f"node (a problem) {_codes(policy.node)}; allow_fatal {str(policy.allow_fatal).lower()}"
         )
     for x in xids:
         nvidia = f"{x['immediate'] or '-'}/{x['investigatory'] or '-'}"
@@ -254,6 +253,10 @@ def xids_text(xids: Iterable[dict[str, Any]], policy: Any = None) -> str:
         if x["catalogue_note"]:
             lines.append(f"          {x['catalogue_note']}")
     return "\n".join(lines) + "\n"
+
+
+def _codes(codes: Iterable[int]) -> str:
+    return ", ".join(map(str, sorted(codes))) or "none"
 
 
 def rules_json(rules: Iterable[Rule], xids: Iterable[dict[str, Any]] = (), policy: Any = None) -> str:
