@@ -68,6 +68,12 @@ def check_command(
     thresholds: Path | None = typer.Option(
         None, "--thresholds", metavar="FILE", help="Override health rules (TOML/JSON; see --list-rules)."
     ),
+    xid_policy: Path | None = typer.Option(
+        None,
+        "--xid-policy",
+        metavar="FILE",
+        help="Which Xid codes are the application's (a note) and which the node's (a problem): TOML/JSON.",
+    ),
     kernel_log: str | None = typer.Option(
         None,
         "--kernel-log",
@@ -139,10 +145,14 @@ def check_command(
     """Check this node's GPU health (ECC, row remaps, NVLink/PCIe errors, clocks, Xid, recovery action)."""
     started = time.monotonic()
     from gputopo.errors import GputopoError, UsageError
-    from gputopo.health.rules import DEFAULT_THRESHOLDS, load_thresholds
+    from gputopo.health.rules import DEFAULT_THRESHOLDS, load_thresholds, load_xid_policy
     from gputopo.health.xid import parse_since
 
     rules = load_thresholds(thresholds) if thresholds is not None else DEFAULT_THRESHOLDS
+    if xid_policy is not None:  # --xid-policy wins over an xid_policy table in the thresholds file
+        from dataclasses import replace
+
+        rules = replace(rules, xid_policy=load_xid_policy(xid_policy))
     if list_rules:
         _print_rules(rules, json_out or fmt == "json")
         raise typer.Exit(0)
@@ -265,8 +275,11 @@ def _print_rules(rules: Any, as_json: bool) -> None:
     from gputopo.ui.check_view import rules_json, rules_text, xids_text
 
     table = list(rules.rules.values())
-    xids = xid_rows()
-    sys.stdout.write(rules_json(table, xids) if as_json else rules_text(table) + xids_text(xids))
+    xids = xid_rows(rules.xid_policy)
+    policy = rules.xid_policy
+    sys.stdout.write(
+        rules_json(table, xids, policy) if as_json else rules_text(table) + xids_text(xids, policy)
+    )
 
 
 def _load_state(
