@@ -569,8 +569,12 @@ def main(argv: list[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     work = out_dir / WORK
     shutil.rmtree(work, ignore_errors=True)
-    site, tmp, reports, logs = work / "site", work / "tmp", work / "reports", work / "logs"
-    for d in (site, tmp, reports, logs, work / "cache"):
+    # Every file three folders down or more: where only a few files of --out-dir come back, and only those
+    # at most two folders down (the device machine's $OUT), a run killed before its clean-up leaves
+    # nothing there that could crowd out the JSON and the archive.
+    run = work / "run"
+    site, tmp, reports, logs, cache = (run / d for d in ("site", "tmp", "reports", "logs", "cache"))
+    for d in (site, tmp, reports, logs, cache):
         d.mkdir(parents=True)
     # The steps' environment: gputopo from the tree, carried wheels after it, both before the machine's
     # site-packages; no bytecode written into the tree; temporary files and caches in the work folder.
@@ -580,10 +584,11 @@ def main(argv: list[str] | None = None) -> int:
         PYTHONDONTWRITEBYTECODE="1",
         PYTHONUNBUFFERED="1",
         TMPDIR=str(tmp),
-        XDG_CACHE_HOME=str(work / "cache"),
-        TRITON_CACHE_DIR=str(work / "cache" / "triton"),
-        TORCHINDUCTOR_CACHE_DIR=str(work / "cache" / "inductor"),
-        CUDA_CACHE_PATH=str(work / "cache" / "nv"),
+        XDG_CACHE_HOME=str(cache),
+        TRITON_CACHE_DIR=str(cache / "triton"),
+        TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
+        CUDA_CACHE_PATH=str(cache / "nv"),
+        MPLCONFIGDIR=str(cache / "matplotlib"),
         GPUTOPO_CHECK_STATE="",  # check keeps no state file on this machine
         CUDA_DEVICE_ORDER=os.environ.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),
     )

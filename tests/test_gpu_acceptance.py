@@ -215,10 +215,15 @@ FAKE_PYTHON = f"""\
     elif "probe" in a and "gpu" in a:
         reports = a[a.index("--report-dir") + 1]
         open(os.path.join(reports, "probe-x.json"), "w").write("{{}}")
-        (mine,) = glob.glob(os.path.join(os.path.dirname(os.path.dirname(reports)), "*.json"))
+        up = reports
+        while not glob.glob(os.path.join(up, "gpu-acceptance-*.json")):
+            up = os.path.dirname(up)
+        (mine,) = glob.glob(os.path.join(up, "gpu-acceptance-*.json"))
         doc = json.load(open(mine))
+        shallow = sorted(os.path.relpath(os.path.join(d, f), up) for d, _, fs in os.walk(up) for f in fs
+                         if os.path.relpath(d, up).count(os.sep) < 2)
         print(json.dumps({{**{json.dumps(PROBE)}, "seen": [s["name"] for s in doc["steps"]],
-                          "finished": doc["finished"], "tmp": os.environ["TMPDIR"]}}))
+                          "finished": doc["finished"], "tmp": os.environ["TMPDIR"], "shallow": shallow}}))
     elif "p2p" in a:
         print("p2p broke", file=sys.stderr); sys.exit(1)
     elif "allreduce" in a and os.environ.get("FAKE_HANG"):
@@ -272,6 +277,8 @@ def test_the_whole_run_writes_one_json_with_every_step(tmp_path):
     seen = steps["probe-gpu"]["output"]
     assert seen["seen"] == list(steps)[:7] and seen["finished"] is False and doc["finished"] is True
     assert seen["tmp"].startswith(str(out))  # the steps' temporary files stay under --out-dir
+    # Mid-run, nothing but the two kept files lies within two folders of --out-dir (the rest is deeper).
+    assert seen["shallow"] == sorted([written.name, archive.name])
     assert steps["wheels"]["skipped"].startswith("nothing to install")
     assert doc["environment"]["gputopo"]["file"] == str(ga.SRC)  # gputopo from the tree, first
     assert "budget left" in steps["sustained-matmul"]["skipped"]  # 20 s leave no sustained run
