@@ -534,6 +534,10 @@ def download_wheels(folder: Path, python_version: str, also: list[str]) -> int:
     return 0
 
 
+def _fig(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, (int, float)) else str(value)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out-dir", default="reports/examples", help="the one folder it writes under")
@@ -750,11 +754,11 @@ def main(argv: list[str] | None = None) -> int:
         held_words = ""
         if row.get("sustained_tflops") is not None:
             drop = row.get("sustained_drop")
-            held_words = f"; sustained {row['sustained_tflops']:.0f}" + (
+            held_words = f"; sustained {row['sustained_tflops']:.3g}" + (
                 f" (drop {drop:.0%})" if isinstance(drop, (int, float)) else ""
             )
         print(
-            f"GPU{row['gpu']}: probe {row['probe_tflops']} / bare {row['bare_tflops']} TFLOP/s: "
+            f"GPU{row['gpu']}: probe {_fig(row['probe_tflops'])} / bare {_fig(row['bare_tflops'])} TFLOP/s: "
             f"{share}{held_words}"
         )
     path = out_dir / names["json"]
