@@ -223,6 +223,12 @@ def test_a_lone_gpu_is_held_to_three_quarters_of_a_measured_healthy_one():
     assert memory["verdict"] == "slow" and memory["why"].startswith("memory 2e+03 GB/s")
     (healthy,) = judge_rows([row(0, 770.0, mem=2950.0, **cuda)], 0.10)
     assert healthy["verdict"] == "pass"
+    from gputopo.probe.report.document import gpu_table
+
+    lone = [row(0, 770.0, mem=2950.0, **cuda)]
+    check = judge_gpus({"device": "cuda", "precision": "bf16", "rows": lone}, 0.1)
+    floor_line = next(line for line in gpu_table([0], check.to_dict()) if line.strip().startswith("floor"))
+    assert "598.5" in floor_line and "2250" in floor_line and "measured" in floor_line
 
 
 def test_the_h200_row_is_not_a_gh200_nor_an_h200_nvl():
