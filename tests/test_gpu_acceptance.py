@@ -569,3 +569,18 @@ def test_the_exact_command_rehearsed_in_a_bare_venv_with_only_torch(tmp_path, ba
     assert any(m.startswith("reports/probe-") for m in doc["archive_members"])
     assert {p.relative_to(tree) for p in tree.rglob("*")} == before  # no bytecode, nothing in the tree
     assert list(home.iterdir()) == [] and list(tmp.iterdir()) == []
+
+
+def _bench():
+    path = ROOT / "benchmarks" / "bench_probe_gpu.py"
+    spec = importlib.util.spec_from_file_location("bench_probe_gpu", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_benchmark_times_out_a_hung_command_and_pairs_through_the_acceptance_script():
+    bench = _bench()
+    with pytest.raises(SystemExit, match="timed out after 0.5 s"):
+        bench._run([sys.executable, "-c", "import time; time.sleep(30)"], dict(os.environ), 0.5)
+    assert bench._acceptance().matmul_shares is not None  # the pairing by bus id it uses
