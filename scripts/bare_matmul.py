@@ -12,9 +12,11 @@ Each GPU in turn prints one JSON document: ``{"dtype", "n", "matmuls_per_rep", "
 
 ``--sustain`` loads every GPU at once for SECONDS, as DCGM's GEMM stress does (its diagnostic plugin runs
 for minutes: a GPU that throttles on power or heat holds its clocks only for the first seconds), and
-adds per GPU the median of each window of the run (``windows``), the first and last window's medians and
+adds per GPU the median of each window of the run (``windows_tflops``), the first and last window's
+medians and
 ``drop`` (1 - last / first: how far the rate fell under sustained load). Where ``nvidia-smi`` answers, its
-clocks, power, temperature and active clock event reasons are sampled once a window (``smi``).
+clocks, power, temperature and active clock event reasons are sampled once a window (``smi``, each
+sample's ``t_s`` on the clock of ``load_started_s``).
 
 CUDA numbers the GPUs in its own order unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; this script sets it (when
 unset) so that ``cuda_index`` is nvidia-smi's index, and names each GPU's PCI bus id besides.
@@ -150,7 +152,8 @@ def smi_sampler(stop: threading.Event, every: float, rows: list) -> None:
         rows.append({"t_s": round(time.perf_counter() - T0, 1), "csv": done.stdout.strip().splitlines()})
 
 
-T0 = time.perf_counter()
+T0 = time.perf_counter()  # the smi samples' clock; the load starts at load_started_s on it
+LOAD: dict = {}
 
 
 def sustain(devices: list[str], seconds: float) -> list[dict]:
@@ -161,6 +164,7 @@ def sustain(devices: list[str], seconds: float) -> list[dict]:
         loop.warm()
     samples: list[list[tuple[float, float]]] = [[] for _ in loops]
     start = time.perf_counter()
+    LOAD["load_started_s"] = round(start - T0, 1)
 
     def run(i: int) -> None:
         if not loops[i].cpu:
@@ -225,7 +229,9 @@ def main(argv: list[str]) -> None:
         doc["seconds"] = seconds
         doc["gpus"] = sustain(devices, seconds) if devices else []
         stop.set()
+        doc["smi_fields"] = SMI_QUERY
         doc["smi"] = smi_rows
+        doc.update(LOAD)
     print(json.dumps(doc))
 
 
