@@ -13,10 +13,9 @@ Each GPU in turn prints one JSON document: ``{"dtype", "n", "matmuls_per_rep", "
 ``--sustain`` loads every GPU at once for SECONDS, as DCGM's GEMM stress does (its diagnostic plugin runs
 for minutes: a GPU that throttles on power or heat holds its clocks only for the first seconds), and
 adds per GPU the median of each window of the run (``windows_tflops``), the first and last window's
-medians and
-``drop`` (1 - last / first: how far the rate fell under sustained load). Where ``nvidia-smi`` answers, its
-clocks, power, temperature and active clock event reasons are sampled once a window (``smi``, each
-sample's ``t_s`` on the clock of ``load_started_s``).
+medians and ``drop`` (1 - last / first: how far the rate fell under sustained load). Where
+``nvidia-smi`` answers, its clocks, power, temperature and active clock event reasons are sampled once a
+window (``smi``, each sample's ``t_s`` on the clock of ``load_started_s``).
 
 CUDA numbers the GPUs in its own order unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; this script sets it (when
 unset) so that ``cuda_index`` is nvidia-smi's index, and names each GPU's PCI bus id besides.
