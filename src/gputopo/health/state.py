@@ -1,4 +1,5 @@
-"""``gputopo check --state FILE``: what one check leaves for the next (pure: the document and its rules).
+"""``gputopo check --state FILE``: what one check leaves for the next, and the sections other commands keep
+beside it (pure: the document and its rules; ``system.state_file`` reads, locks and writes the file).
 
 - **Drains remembered, resumes acknowledged.** When gputopo drains the node it records when, why and the
   Xid lines that caused it. When a later check finds the node back in service (or drained under someone
@@ -9,8 +10,30 @@
 - **One answer everywhere.** The last check's judgement (its time, verdict and sick GPUs) is what
   ``recommend``, ``run`` and ``doctor`` use while it is fresh.
 
-A file that is not such a document (corrupt, another program's, another node's) is named in a warning and
-replaced, never a crash: the check still runs, with a fresh state.
+**The document** is one JSON object: ``schema`` (``gputopo/check-state/v1``), ``node``, and one top-level
+key per *section*, each owned by one writer. ``check`` owns ``drain`` and ``acknowledged`` (the node
+record: only a check that acts on Slurm changes them) and ``counters`` and ``last`` (its latest
+judgement). Every other top-level key belongs to someone else (``accept`` keeps its verdict under
+``accept``) and is carried through every write untouched, also when this gputopo does not know it. A file
+whose schema is newer (``.../v2``) is read only: its sections are not interpreted and nothing is saved
+over it (a fleet rolling gputopo back keeps every node's drain and acknowledgements).
+
+**The API for another writer** (``accept``, a per-subsystem result):
+
+- ``StateDoc``: the parsed document (``node``, ``sections``, ``version``); ``doc.section(name)`` reads
+  one section (``None`` when absent), ``doc.with_section(name, value)`` returns the document with it
+  replaced (``None`` removes it); a name in ``RESERVED`` is refused (``ValueError``).
+- ``system.state_file.update_section(path, node, name, change, wait_s)``: the read-modify-write of one
+  section under the file's lock: waits at most ``wait_s`` for ``<state>.lock``, re-reads the file under
+  it, calls ``change(old_value) -> new_value`` (``old_value`` ``None`` when absent), saves (the previous
+  file kept as ``<state>.old``) and returns a ``system.state_file.Saved``: ``saved`` or, with the
+  reason, not (lock not got in time, a newer schema, an unsafe path). Nothing else in the file changes.
+- ``system.state_file.read_state(path, node)``: a read without the lock (what readers do: a write is a
+  rename, so a reader sees the old file or the new one, never half).
+
+A file that is not such a document (corrupt, another program's, another node's) is named in a warning;
+the check still runs, from the backup ``<state>.old`` when that is good, else afresh; the next save moves
+the bad file aside to ``<state>.bad`` (never silently replaced).
 """
 
 from __future__ import annotations
@@ -24,7 +47,15 @@ from gputopo.findings import PROBLEM, Finding
 from gputopo.health.readings import GpuHealth, HealthSample, NvlinkHealth
 from gputopo.health.xid import Acknowledged
 
-SCHEMA = "gputopo/check-state/v1"
+SCHEMA_PREFIX = "gputopo/check-state/v"
+VERSION = 1
+SCHEMA = f"{SCHEMA_PREFIX}{VERSION}"
+# The top-level keys that are not sections.
+RESERVED = frozenset({"schema", "node"})
+# check's sections: the node record (only a check acting on Slurm writes it) and its latest judgement.
+NODE_RECORD_SECTIONS = ("drain", "acknowledged")
+JUDGEMENT_SECTIONS = ("counters", "last")
+CHECK_SECTIONS = (*NODE_RECORD_SECTIONS, *JUDGEMENT_SECTIONS)
 # Where root keeps it by default (--drain/--resume-if-healthy); GPUTOPO_CHECK_STATE names another.
 DEFAULT_ROOT_PATH = "/var/lib/gputopo/check-state.json"
 STATE_ENV = "GPUTOPO_CHECK_STATE"
@@ -95,26 +126,141 @@ def dumps(state: CheckState) -> str:
     return json.dumps(state.to_json(), indent=1, sort_keys=True) + "\n"
 
 
+@dataclass(frozen=True)
+class StateDoc:
+    """The whole state document: the node it is about, every section by its top-level key (check's and
+    everyone else's, known or not), and the schema version it was written in (above ``VERSION``: written
+    by a newer gputopo, read only)."""
+
+    node: str
+    sections: Mapping[str, Any] = field(default_factory=dict)
+    version: int = VERSION
+
+    @property
+    def newer(self) -> bool:
+        return self.version > VERSION
+
+    def section(self, name: str) -> Any:
+        """The section ``name`` as stored (``None`` when absent)."""
+        return self.sections.get(name)
+
+    def with_section(self, name: str, value: Any) -> StateDoc:
+        """This document with section ``name`` replaced by ``value`` (``None`` removes it); the other
+        sections as they are. ``ValueError`` for a reserved key (``schema``, ``node``)."""
+        if name in RESERVED or not name:
+            raise ValueError(f"{name!r} is not a section name")
+        sections = {k: v for k, v in self.sections.items() if k != name}
+        if value is not None:
+            sections[name] = value
+        return replace(self, sections=sections)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.sections, "schema": f"{SCHEMA_PREFIX}{self.version}", "node": self.node}
+
+
+def dumps_doc(doc: StateDoc) -> str:
+    return json.dumps(doc.to_json(), indent=1, sort_keys=True) + "\n"
+
+
+def version_of(schema: Any) -> int | None:
+    """The version in ``gputopo/check-state/vN`` (``None``: not a gputopo check state's schema)."""
+    if not isinstance(schema, str) or not schema.startswith(SCHEMA_PREFIX):
+        return None
+    digits = schema[len(SCHEMA_PREFIX) :]
+    return int(digits) if digits.isdigit() and len(digits) < 6 else None
+
+
+def parse_doc(doc: Any, label: str, node: str) -> tuple[StateDoc | None, str | None]:
+    """The state document in the parsed JSON ``doc`` for ``node``: (the document, ``None``); (``None``, why
+    not) when it is not one (not a gputopo check state, another node's); a newer schema comes back
+    with its sections kept as they are and a warning (read only). ``label`` starts the messages."""
+    version = version_of(doc.get("schema")) if isinstance(doc, dict) else None
+    if not isinstance(doc, dict) or version is None or version < 1:
+        what = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        return None, f"{label}: not a gputopo check state ({str(what)[:80]!r})"
+    if doc.get("node") != node:
+        return None, (
+            f"{label}: the state of node {str(doc.get('node'))[:80]!r}, not {node!r} (give each node its "
+            "own file)"
+        )
+    sections = {str(k): v for k, v in doc.items() if k not in RESERVED}
+    parsed = StateDoc(node, sections, version)
+    if parsed.newer:
+        return parsed, (
+            f"{label}: written by a newer gputopo (schema v{version}; this one knows v{VERSION}): read "
+            "only, nothing is saved and nothing in it is used (upgrade gputopo on this node)"
+        )
+    return parsed, None
+
+
+def check_state(doc: StateDoc | None, node: str) -> CheckState:
+    """check's own sections of ``doc`` (a fresh state when there is none, or it is newer than this
+    gputopo knows: its layout is not guessed at)."""
+    if doc is None or doc.newer:
+        return CheckState(node)
+    try:
+        return _from_json(dict(doc.sections), node)
+    except (ValueError, TypeError, AttributeError):
+        return CheckState(node)
+
+
+def with_check_state(doc: StateDoc | None, state: CheckState) -> StateDoc:
+    """``doc`` with check's sections replaced by ``state``'s; everyone else's sections as they were."""
+    out = doc if doc is not None else StateDoc(state.node)
+    mine = state.to_json()
+    return replace(out, sections={**out.sections, **{name: mine[name] for name in CHECK_SECTIONS}})
+
+
+def node_record(state: CheckState) -> dict[str, Any]:
+    """The node record (gputopo's drain and the acknowledgement) as stored: what a check that acts on
+    Slurm compares before acting, to see whether another check changed it meanwhile."""
+    doc = state.to_json()
+    return {name: doc[name] for name in NODE_RECORD_SECTIONS}
+
+
+def merged(fresh: CheckState, mine: CheckState, with_record: bool) -> CheckState:
+    """What a check saves over ``fresh`` (the state re-read under the lock): its own judgement and
+    counters (``mine``); the node record its own too only when ``with_record`` (it acted on a record
+    nobody changed meanwhile), else the fresh one, so a plain check never undoes a drain."""
+    out = replace(
+        fresh,
+        counters=mine.counters,
+        counters_at=mine.counters_at,
+        judged_at=mine.judged_at,
+        verdict=mine.verdict,
+        unhealthy=mine.unhealthy,
+        uuids=mine.uuids,
+        ports=mine.ports,
+        ports_at=mine.ports_at,
+        problems=mine.problems,
+    )
+    if not with_record:
+        return out
+    return replace(
+        out,
+        drained_at=mine.drained_at,
+        drained_reason=mine.drained_reason,
+        drained_events=mine.drained_events,
+        ack_until=mine.ack_until,
+        ack_keys=mine.ack_keys,
+        ack_by=mine.ack_by,
+    )
+
+
 def loads(text: str | None, path: str, node: str) -> tuple[CheckState, str | None]:
-    """The state in ``text`` (``None``: no file yet) for ``node``, and a warning when the file had to be
-    replaced (not JSON, not a gputopo check state, another node's): then a fresh state."""
+    """check's state in ``text`` (``None``: no file yet) for ``node``, and a warning when it could not be
+    used (not JSON, not a gputopo check state, another node's, a newer schema): then a fresh state. Text
+    already within the size and depth caps (``system.state_file`` reads through ``inputs``)."""
     fresh = CheckState(node)
     if text is None:
         return fresh, None
     try:
-        doc = json.loads(text)
-        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-            what = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-            return fresh, f"--state {path}: not a gputopo check state ({what!r}); it is replaced"
-        if doc.get("node") != node:
-            return fresh, (
-                f"--state {path}: the state of node {doc.get('node')!r}, not {node!r}; it is replaced "
-                "(give each node its own file)"
-            )
-        return _from_json(doc, node), None
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raw = json.loads(text)
+    except (ValueError, RecursionError) as exc:
         first = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
-        return fresh, f"--state {path}: corrupt ({first}); it is replaced"
+        return fresh, f"--state {path}: corrupt ({first})"
+    doc, warning = parse_doc(raw, f"--state {path}", node)
+    return check_state(doc, node), warning
 
 
 def _num(v: Any) -> float | None:
