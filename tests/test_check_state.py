@@ -315,3 +315,52 @@ def test_a_fifo_deep_or_huge_state_is_a_warning_within_the_budget(driver: Path, 
         fh.truncate(100 * 1024 * 1024)
     result = slurm_check(driver, machine(tmp_path, healthy(0)), bin_dir, "--state", str(huge))
     assert result.returncode == 0 and "larger than 4 MiB" in result.stderr
+
+
+def test_a_bad_state_is_a_warning_in_the_commands_that_read_it(tmp_path: Path) -> None:
+    """topo --json carried a bad file as ``"check": null`` with no word; recommend and run likewise."""
+    from conftest import invoke
+    from fake_nvml import FakeNvml
+
+    state = tmp_path / "state.json"
+    env = {"SLURMD_NODENAME": "rack1-07", "GPUTOPO_CHECK_STATE": str(state)}
+    for content, words in (
+        ("{cut", "corrupt"),
+        ("[" * 10000 + "]" * 10000, "JSON nested deeper than"),
+        ('{"schema": "gputopo/check-state/v9", "node": "rack1-07"}', "written by a newer gputopo"),
+    ):
+        state.write_text(content)
+        with FakeNvml.nvlink_box().installed():
+            result = invoke("topo", "--json", env=env)
+        doc = json.loads(result.stdout)
+        assert result.exit_code == 0 and doc["check"] is None
+        assert any(words in w and str(state) in w for w in doc["warnings"]), doc["warnings"]
+        assert words in result.stderr
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with FakeNvml.nvlink_box().installed():
+        result = invoke("topo", "--json", env={**env, "GPUTOPO_CHECK_STATE": str(fifo)})
+    assert result.exit_code == 0 and "is a fifo, not a regular file" in result.stderr
+
+
+def test_the_last_check_reaches_the_other_commands_and_a_bad_one_is_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last check's judgement is read through the safe reader: its problems reach the other commands,
+    and a bad file is one not-checked line there (machine.with_last_check)."""
+    from gputopo.findings import Finding
+    from gputopo.health.judge import Judgement
+    from gputopo.health.state import CheckState, dumps, remember_judgement
+    from gputopo.machine import with_last_check
+
+    state = tmp_path / "state.json"
+    sick = Finding(where="GPU1", gpu=1, what="row remap failed", remedy="drain", category="memory")
+    state.write_text(dumps(remember_judgement(CheckState("n1"), time.time() - 30, "problems", [sick], None)))
+    monkeypatch.setenv("GPUTOPO_CHECK_STATE", str(state))
+    monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    judged = with_last_check(Judgement((), ()), {1: None})
+    assert [f.gpu for f in judged.findings] == [1] and judged.not_checked == ()
+    state.write_text("{cut")
+    judged = with_last_check(Judgement((), ()), {1: None})
+    assert judged.findings == () and judged.not_checked[0].what == "the last gputopo check"
+    assert "corrupt" in judged.not_checked[0].why

@@ -191,9 +191,9 @@ def _read_one(path: Path, label: str, node: str) -> tuple[str, StateDoc | None, 
     return "ok", doc, why
 
 
-def read_state(path: Path, node: str, label: str | None = None) -> StateRead:
+def read_state(path: Path, node: str, label: str | None = None, fresh: str = "starting afresh") -> StateRead:
     """The state at ``path`` for ``node``, never raising: see ``StateRead``. ``label`` starts every
-    warning (default ``--state PATH``)."""
+    warning (default ``--state PATH``); ``fresh`` ends the warning of a file that could not be used."""
     label = label or f"--state {path}"
     refused = unsafe(path, label)
     if refused is not None:
@@ -219,7 +219,7 @@ def read_state(path: Path, node: str, label: str | None = None) -> StateRead:
             main_bad=kind == "bad",
             from_backup=True,
         )
-    return StateRead(path, warnings=(f"{why}{moved}; starting afresh",), main_bad=kind == "bad")
+    return StateRead(path, warnings=(f"{why}{moved}; {fresh}",), main_bad=kind == "bad")
 
 
 def _age(path: Path) -> str:
