@@ -364,3 +364,23 @@ def test_the_last_check_reaches_the_other_commands_and_a_bad_one_is_said(
     judged = with_last_check(Judgement((), ()), {1: None})
     assert judged.findings == () and judged.not_checked[0].what == "the last gputopo check"
     assert "corrupt" in judged.not_checked[0].why
+
+
+def test_a_healthy_check_of_one_rule_set_keeps_anothers_problems(driver: Path, tmp_path: Path) -> None:
+    """One check per subsystem (node-problem-detector runs one rule each): the latest judgement is kept per
+    --thresholds file, and the node's verdict for the other commands is the worst fresh one."""
+    from gputopo.health.state import check_state, fresh_judgement, parse_doc
+
+    bin_dir, _ = fake_scontrol(tmp_path, None)
+    state = tmp_path / "check-state.json"
+    quiet = tmp_path / "no-memory.json"
+    quiet.write_text('{"row_remap_failure": {"enabled": false}}')
+    sick = machine(tmp_path, SICK)
+    assert slurm_check(driver, sick, bin_dir, "--state", str(state)).returncode == 1
+    assert (
+        slurm_check(driver, sick, bin_dir, "--state", str(state), "--thresholds", str(quiet)).returncode == 0
+    )
+    doc, _ = parse_doc(saved(state), "f", "gpu07")
+    judged = check_state(doc, "gpu07")
+    assert set(judged.results) == {"default", str(quiet)} and judged.verdict == "healthy"
+    assert fresh_judgement(judged, time.time())["verdict"] == "problems"

@@ -303,6 +303,7 @@ def keep_state(
     deadline: float,
     now: float,
     shown: tuple[str, ...] = (),
+    rule_set: str = "default",
 ) -> Kept:
     """Act on Slurm (when ``view``: --drain/--resume-if-healthy) and save the state, both under the state's
     lock (``system.state_file.locked``, waited for until ``deadline``, a ``time.monotonic()`` reading).
@@ -311,7 +312,9 @@ def keep_state(
     ``judged`` what it judged with (a person's take-over applied): when another check changed the node
     record (drain, acknowledgements) in between, this check's view of the node is stale and it does
     nothing to Slurm (the next check decides), so 20 checks at once drain once. Without a state file
-    (``path`` ``None``) there is nothing to lock: it acts as asked. ``shown``: warnings already said."""
+    (``path`` ``None``) there is nothing to lock: it acts as asked. ``shown``: warnings already said;
+    ``rule_set`` names the rule set whose latest judgement this is (``--thresholds``' file, or
+    ``default``)."""
     from gputopo.health import state as st
     from gputopo.system import state_file
 
@@ -361,7 +364,7 @@ def keep_state(
                 mine = st.resumed(mine)
             if result.verdict != "unknown":
                 mine = st.remember_judgement(
-                    mine, now, result.verdict, result.findings, result.sample, result.ports
+                    mine, now, result.verdict, result.findings, result.sample, result.ports, rule_set
                 )
             new = st.merged(fresh, mine, with_record=acting and same_record and not read_only)
             if fresh_read.read_only is None:

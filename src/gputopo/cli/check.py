@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -244,6 +245,7 @@ def check_command(
         deadline=deadline,
         now=now,
         shown=tuple(warnings),
+        rule_set=os.path.abspath(thresholds) if thresholds is not None else "default",
     )
     slurm = kept.slurm
     warnings += kept.warnings

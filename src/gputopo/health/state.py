@@ -54,7 +54,10 @@ SCHEMA = f"{SCHEMA_PREFIX}{VERSION}"
 RESERVED = frozenset({"schema", "node"})
 # check's sections: the node record (only a check acting on Slurm writes it) and its latest judgement.
 NODE_RECORD_SECTIONS = ("drain", "acknowledged")
-JUDGEMENT_SECTIONS = ("counters", "last")
+JUDGEMENT_SECTIONS = ("counters", "last", "results")
+# The rule set of a check without --thresholds; at most MAX_RESULTS rule sets are kept (the oldest go).
+DEFAULT_RULE_SET = "default"
+MAX_RESULTS = 32
 CHECK_SECTIONS = (*NODE_RECORD_SECTIONS, *JUDGEMENT_SECTIONS)
 # Where root keeps it by default (--drain/--resume-if-healthy); GPUTOPO_CHECK_STATE names another.
 DEFAULT_ROOT_PATH = "/var/lib/gputopo/check-state.json"
@@ -91,6 +94,10 @@ class CheckState:
     ports: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     ports_at: float | None = None
     problems: tuple[Mapping[str, Any], ...] = ()
+    # The latest judgement of each rule set (``--thresholds`` file, or ``default``): one check per
+    # subsystem (node-problem-detector's rules) each keeps its own, so a healthy run of one never erases
+    # another's fresh problems. Rule set -> {at, verdict, unhealthy, uuids, problems}.
+    results: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def acknowledged(self) -> Acknowledged | None:
@@ -119,6 +126,7 @@ class CheckState:
                 "uuids": {str(k): v for k, v in sorted(self.uuids.items())},
                 "problems": [dict(p) for p in self.problems],
             },
+            "results": {k: dict(v) for k, v in sorted(self.results.items())},
         }
 
 
@@ -233,6 +241,7 @@ def merged(fresh: CheckState, mine: CheckState, with_record: bool) -> CheckState
         ports=mine.ports,
         ports_at=mine.ports_at,
         problems=mine.problems,
+        results=_newest({**fresh.results, **mine_only(fresh, mine)}),
     )
     if not with_record:
         return out
@@ -245,6 +254,21 @@ def merged(fresh: CheckState, mine: CheckState, with_record: bool) -> CheckState
         ack_keys=mine.ack_keys,
         ack_by=mine.ack_by,
     )
+
+
+def mine_only(fresh: CheckState, mine: CheckState) -> dict[str, Mapping[str, Any]]:
+    """The rule sets' results ``mine`` judged anew (newer than ``fresh``'s, or not there)."""
+    out = {}
+    for k, v in mine.results.items():
+        old = fresh.results.get(k)
+        if old is None or (_num(v.get("at")) or 0) > (_num(old.get("at")) or 0):
+            out[k] = v
+    return out
+
+
+def _newest(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    ordered = sorted(results.items(), key=lambda kv: _num(kv[1].get("at")) or 0.0, reverse=True)
+    return dict(ordered[:MAX_RESULTS])
 
 
 def loads(text: str | None, path: str, node: str) -> tuple[CheckState, str | None]:
@@ -296,6 +320,11 @@ def _from_json(doc: dict[str, Any], node: str) -> CheckState:
         ports={str(k): v for k, v in (counters.get("ports") or {}).items() if isinstance(v, dict)},
         ports_at=_num(counters.get("ports_at")),
         problems=tuple(p for p in (last.get("problems") or []) if isinstance(p, dict)),
+        results={
+            str(k): v
+            for k, v in (doc.get("results") or {}).items()
+            if isinstance(v, dict) and _num(v.get("at"))
+        },
     )
 
 
@@ -389,8 +418,10 @@ def remember_judgement(
     findings: Sequence[Finding],
     sample: HealthSample | None,
     ports: Mapping[str, Mapping[str, int]] | None = None,
+    rule_set: str = DEFAULT_RULE_SET,
 ) -> CheckState:
-    """The judgement other commands read back: the sick GPUs (index -> first problem) and their UUIDs."""
+    """The judgement other commands read back: the sick GPUs (index -> first problem) and their UUIDs,
+    as the latest (``last``) and as ``rule_set``'s own (``results``)."""
     unhealthy: dict[int, str] = {}
     for f in findings:
         if f.severity == PROBLEM and f.gpu is not None:
@@ -400,6 +431,13 @@ def remember_judgement(
     # Every problem, the node's own too (fabric, network): ``gputopo nodes`` names why a node is unfit;
     # ``last_check_findings`` still hands on only those of single GPUs.
     problems = tuple(f.to_json() for f in findings if f.severity == PROBLEM)
+    entry = {
+        "at": now,
+        "verdict": verdict,
+        "unhealthy": {str(k): v for k, v in sorted(unhealthy.items())},
+        "uuids": {str(k): v for k, v in sorted(uuids.items())},
+        "problems": [dict(p) for p in problems],
+    }
     return replace(
         state,
         judged_at=now,
@@ -411,40 +449,81 @@ def remember_judgement(
         counters_at=now if sample is not None else state.counters_at,
         ports=dict(ports) if ports else state.ports,
         ports_at=now if ports else state.ports_at,
+        results=_newest({**state.results, rule_set: entry}),
     )
+
+
+def _fresh_results(state: CheckState, now: float, max_age_s: float) -> list[tuple[float, Mapping[str, Any]]]:
+    """Every rule set's judgement that is fresh, as (at, entry); a state without ``results`` (written by
+    an older gputopo) stands as one from its ``last``."""
+    entries: list[Mapping[str, Any]] = list(state.results.values())
+    if not entries and state.judged_at is not None and state.verdict is not None:
+        entries = [
+            {
+                "at": state.judged_at,
+                "verdict": state.verdict,
+                "uuids": {str(k): v for k, v in state.uuids.items()},
+                "problems": [dict(p) for p in state.problems],
+            }
+        ]
+    out = []
+    for e in entries:
+        at = _num(e.get("at"))
+        if at is None or not isinstance(e.get("verdict"), str):
+            continue
+        if 0 <= now - at <= max_age_s:
+            out.append((at, e))
+    return sorted(out, key=lambda x: x[0], reverse=True)
+
+
+_WORST = {"problems": 2, "unknown": 1, "healthy": 0}
 
 
 def last_check_findings(
     state: CheckState, now: float, live_uuids: Mapping[int, str | None], max_age_s: float = FRESH_S
 ) -> tuple[list[Finding], float | None]:
-    """The last check's problems on single GPUs, while it is fresh (``max_age_s``), for the commands that
-    read one sample (recommend, run, topo, probe) or a window of their own (doctor): so they agree with
-    ``check`` on which GPUs are sick. Each says how old it is. Only GPUs whose UUID is the one the check
-    saw at that index (a renumbered or swapped GPU is not blamed). Also the age, or ``None`` when stale."""
+    """The fresh checks' problems on single GPUs (every rule set's, while fresh: ``max_age_s``), for the
+    commands that read one sample (recommend, run, topo, probe) or a window of their own (doctor): so they
+    agree with ``check`` on which GPUs are sick. Each says how old it is. Only GPUs whose UUID is the one
+    the check saw at that index (a renumbered or swapped GPU is not blamed). Also the age of the newest,
+    or ``None`` when none is fresh."""
     from gputopo.findings import finding_from_json
 
-    if state.judged_at is None:
+    fresh = _fresh_results(state, now, max_age_s)
+    if not fresh:
         return [], None
-    age = now - state.judged_at
-    if age < 0 or age > max_age_s:
-        return [], None
-    words = f"{age / 60:.0f} min" if age >= 60 else f"{age:.0f} s"
     out = []
-    for doc in state.problems:
-        f = finding_from_json(doc)
-        if f.gpu is None or (live_uuids.get(f.gpu) or None) != (state.uuids.get(f.gpu) or None):
-            continue
-        out.append(replace(f, what=f"{f.what} (gputopo check, {words} ago)"))
-    return out, age
+    seen: set[tuple[Any, ...]] = set()
+    for at, entry in fresh:
+        age = now - at
+        words = f"{age / 60:.0f} min" if age >= 60 else f"{age:.0f} s"
+        uuids = entry.get("uuids") if isinstance(entry.get("uuids"), dict) else {}
+        for doc in entry.get("problems") or []:
+            if not isinstance(doc, dict):
+                continue
+            f = finding_from_json(doc)
+            key = (f.gpu, f.rule, f.what)
+            if f.gpu is None or key in seen:
+                continue
+            if (live_uuids.get(f.gpu) or None) != (uuids.get(str(f.gpu)) or None):
+                continue
+            seen.add(key)
+            out.append(replace(f, what=f"{f.what} (gputopo check, {words} ago)"))
+    return out, now - fresh[0][0]
 
 
 def fresh_judgement(state: CheckState, now: float, max_age_s: float = FRESH_S) -> dict[str, Any] | None:
-    """The last check's judgement while fresh, as a node's facts carry it (``gputopo topo --json``'s
-    ``check``): ``verdict``, ``at`` (epoch seconds) and ``problems`` (findings); ``None`` when there was
-    none or it is older than ``max_age_s`` (then ``gputopo nodes`` counts the node fit, unchecked)."""
-    if state.judged_at is None or state.verdict is None:
+    """The fresh checks' judgement, as a node's facts carry it (``gputopo topo --json``'s ``check``):
+    ``verdict`` (the worst of every rule set's fresh one), ``at`` (the newest, epoch seconds) and
+    ``problems`` (every fresh rule set's, once each); ``None`` when there was none or all are older than
+    ``max_age_s`` (then ``gputopo nodes`` counts the node fit, unchecked)."""
+    fresh = _fresh_results(state, now, max_age_s)
+    if not fresh:
         return None
-    age = now - state.judged_at
-    if age < 0 or age > max_age_s:
-        return None
-    return {"verdict": state.verdict, "at": state.judged_at, "problems": [dict(p) for p in state.problems]}
+    verdict = max((e["verdict"] for _, e in fresh), key=lambda v: _WORST.get(v, 1))
+    problems: list[dict[str, Any]] = []
+    for _, e in fresh:
+        for p in e.get("problems") or []:
+            if isinstance(p, dict) and p not in problems:
+                problems.append(dict(p))
+    return {"verdict": verdict, "at": fresh[0][0], "problems": problems}
