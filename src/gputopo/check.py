@@ -258,14 +258,9 @@ def load_baseline(path: Path) -> dict[str, Any]:
 def default_state_path(node_actions: bool) -> Path | None:
     """``--state``'s default: ``GPUTOPO_CHECK_STATE`` when set (empty: none); for root acting on its Slurm
     node (``--drain``/``--resume-if-healthy``), ``/var/lib/gputopo/check-state.json``; else none."""
-    from gputopo.health.state import DEFAULT_ROOT_PATH, STATE_ENV
+    from gputopo.system.state_file import writer_path
 
-    if STATE_ENV in os.environ:
-        value = os.environ[STATE_ENV]
-        return Path(value) if value else None
-    if node_actions and os.geteuid() == 0:
-        return Path(DEFAULT_ROOT_PATH)
-    return None
+    return writer_path(node_actions)
 
 
 def read_state(path: Path, node: str) -> Any:

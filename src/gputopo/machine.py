@@ -176,14 +176,12 @@ def node_facts(warnings: Sequence[str] = ()) -> dict[str, Any]:
 
 
 def check_state_path() -> Path | None:
-    """The state file commands read the last check from: ``GPUTOPO_CHECK_STATE`` (empty: none), else
-    root's ``/var/lib/gputopo/check-state.json``, for every user (root saves it 0644 in a 0755 folder)."""
-    import os
+    """The state file commands read the last check from (``system.state_file.reader_path``):
+    ``GPUTOPO_CHECK_STATE`` (empty: none), else root's ``/var/lib/gputopo/check-state.json``, for every
+    user (root saves it 0644 in a 0755 folder)."""
+    from gputopo.system.state_file import reader_path
 
-    from gputopo.health.state import DEFAULT_ROOT_PATH, STATE_ENV
-
-    path = os.environ.get(STATE_ENV, DEFAULT_ROOT_PATH)
-    return Path(path) if path else None
+    return reader_path()
 
 
 def check_state_read() -> tuple[CheckState | None, str | None]:

@@ -22,7 +22,8 @@ document; this is the file).
   ``<state>.bad`` rather than replaced. A newer schema, a refused path or a fifo is never written.
 
 ``update_section`` is the read-modify-write another command (``accept``) uses for its own top-level
-section; see ``health.state``'s docstring for the API.
+section, ``writer_path`` where it keeps it by default and ``reader_path`` where readers look; see
+``health.state``'s docstring for the API.
 """
 
 from __future__ import annotations
@@ -46,6 +47,29 @@ from gputopo.health.state import StateDoc, parse_doc
 MAX_STATE_BYTES = 4 * 1024 * 1024
 # How often a writer tries the lock again while another holds it.
 _POLL_S = 0.02
+
+
+def writer_path(root_default: bool) -> Path | None:
+    """The state a writer keeps when none is named: ``GPUTOPO_CHECK_STATE`` when set (empty: none); for
+    root when ``root_default`` (``check --drain``, ``accept``), ``/var/lib/gputopo/check-state.json``;
+    else none."""
+    from gputopo.health.state import DEFAULT_ROOT_PATH, STATE_ENV
+
+    if STATE_ENV in os.environ:
+        value = os.environ[STATE_ENV]
+        return Path(value) if value else None
+    if root_default and os.geteuid() == 0:
+        return Path(DEFAULT_ROOT_PATH)
+    return None
+
+
+def reader_path() -> Path | None:
+    """The state a reader reads the last check from: ``GPUTOPO_CHECK_STATE`` (empty: none), else root's
+    ``/var/lib/gputopo/check-state.json`` for every user (root saves it 0644 in a 0755 folder)."""
+    from gputopo.health.state import DEFAULT_ROOT_PATH, STATE_ENV
+
+    value = os.environ.get(STATE_ENV, DEFAULT_ROOT_PATH)
+    return Path(value) if value else None
 
 
 def lock_path(path: Path) -> Path:
