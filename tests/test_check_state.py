@@ -289,7 +289,11 @@ def test_as_root_another_users_or_a_writable_state_is_refused(driver: Path, tmp_
     folder.chmod(0o1777)  # as /tmp: sticky
     sticky = slurm_check(driver, machine(tmp_path, healthy(0)), bin_dir, "--state", str(folder / "s.json"))
     assert sticky.returncode == 0, sticky.stderr
-    assert oct((folder / "s.json").stat().st_mode & 0o777) == "0o644"
+    assert oct((folder / "s.json").stat().st_mode & 0o777) == "0o644"  # users read root's verdict
+    # ... but only root opens the lock: flock needs no write permission, and a user holding root's lock
+    # would stop every check.
+    lock = folder / "s.json.lock"
+    assert oct(lock.stat().st_mode & 0o777) == "0o600"
 
 
 # --- every read through the one safe reader ----

@@ -323,7 +323,8 @@ def keep_state(
     try:
         with state_file.locked(path, deadline - time.monotonic()):
             fresh_read = state_file.read_state(path, node)
-            warnings += [w for w in fresh_read.warnings if w not in shown]
+            said = {_without_age(w) for w in shown}
+            warnings += [w for w in fresh_read.warnings if _without_age(w) not in said]
             if fresh_read.refused is not None:
                 return Kept(
                     _held(view, f"nothing done: {fresh_read.refused}"), tuple(warnings), fresh_read.refused
@@ -367,7 +368,8 @@ def keep_state(
                 if failed is not None:
                     warnings.append(f"--state {failed}")
     except state_file.LockNotGot as exc:
-        blocked = exc.message
+        if acting or exc.busy:
+            blocked = exc.message
         if acting:
             slurm = _held(view, f"nothing done: {exc.message}")
         else:
@@ -387,6 +389,13 @@ def _act(
     return act_on_node(
         result, view, drain=drain, resume=resume, dry_run=dry_run, max_drained=max_drained, deadline=deadline
     )
+
+
+def _without_age(warning: str) -> str:
+    """A warning without the backup's age in it (``(saved 5 s ago)``), which changes between two reads."""
+    import re
+
+    return re.sub(r" \(saved \d+ (?:min|s) ago\)", "", warning)
 
 
 def _would_act(

@@ -85,9 +85,14 @@ def bad_path(path: Path) -> Path:
 
 
 class LockNotGot(GputopoError):
-    """The state's lock was held by another writer past the time allowed (or could not be taken)."""
+    """The state's lock was held by another writer past the time allowed (``busy``), or could not be
+    taken at all (no permission to make it, a link or another user's file planted there)."""
 
     exit_code = 3
+
+    def __init__(self, message: str, hint: str | None = None, busy: bool = False) -> None:
+        super().__init__(message, hint)
+        self.busy = busy
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,7 @@ class StateRead:
     main_bad: bool = False
     not_regular: bool = False
     from_backup: bool = False
+    unreadable: bool = False
 
     @property
     def read_only(self) -> str | None:
@@ -114,6 +120,8 @@ class StateRead:
             return self.refused
         if self.not_regular:
             return f"{self.path} is not a regular file"
+        if self.unreadable:
+            return f"{self.path} could not be read, so it is not replaced"
         if self.doc is not None and self.doc.newer:
             return f"{self.path} was written by a newer gputopo (schema v{self.doc.version})"
         return None
@@ -242,8 +250,11 @@ def read_state(path: Path, node: str, label: str | None = None, fresh: str = "st
             (f"{why}{moved}; read its backup {old}{when} instead",),
             main_bad=kind == "bad",
             from_backup=True,
+            unreadable=kind == "unreadable",
         )
-    return StateRead(path, warnings=(f"{why}{moved}; {fresh}",), main_bad=kind == "bad")
+    return StateRead(
+        path, warnings=(f"{why}{moved}; {fresh}",), main_bad=kind == "bad", unreadable=kind == "unreadable"
+    )
 
 
 def _age(path: Path) -> str:
@@ -266,7 +277,7 @@ def locked(path: Path, wait_s: float) -> Iterator[None]:
         raise LockNotGot(refused[0], refused[1])
     try:
         fd = os.open(
-            where, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), 0o644
+            where, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), 0o600
         )
     except OSError as exc:
         raise LockNotGot(
@@ -277,9 +288,11 @@ def locked(path: Path, wait_s: float) -> Iterator[None]:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise LockNotGot(f"the lock {where}: not a regular file", f"remove it (rm {where})")
-        if info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) != 0o644:
+        if info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) != 0o600:
+            # Only its owner may open it: flock needs no write permission, so a lock file others can read
+            # would let any user hold root's lock and stop every check (exit 3).
             with contextlib.suppress(OSError):
-                os.fchmod(fd, 0o644)  # made under a umask of 077 or 002: readable, writable by its owner only
+                os.fchmod(fd, 0o600)
         deadline = time.monotonic() + max(0.0, wait_s)
         while True:
             try:
@@ -297,6 +310,7 @@ def locked(path: Path, wait_s: float) -> Iterator[None]:
                     f"the lock {where} was held by another gputopo past the time allowed "
                     f"({max(0.0, wait_s):.1f} s of --budget)",
                     "another check or accept was writing the state; the next run tries again",
+                    busy=True,
                 )
             time.sleep(min(_POLL_S, left))
         yield
