@@ -111,7 +111,7 @@ def check_command(
         "--state",
         metavar="FILE",
         help="Remember drains, acknowledgements and counters between runs (root's default with --drain: "
-        "/var/lib/gputopo/check-state.json).",
+        "/var/lib/gputopo/check-state.json; writers take FILE.lock, a .old backup is kept).",
     ),
     fmt: str = typer.Option("text", "--format", metavar=FORMAT_NAMES, help="Output format."),
     json_out: bool = JSON_OPTION,
