@@ -90,3 +90,45 @@ def test_a_state_written_before_rule_sets_reads_from_its_last_judgement() -> Non
     assert warning is None and state.results == {}
     assert st.fresh_judgement(state, now)["verdict"] == "problems"
     assert [f.gpu for f in st.last_check_findings(state, now, {0: None})[0]] == [0]
+
+
+def test_readers_look_at_roots_state_as_any_user(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Non-root users' recommend and run read root's verdict (saved 0644 in a 0755 folder); only writers
+    that act for the node (check --drain, accept) default to it, as root."""
+    from pathlib import Path
+
+    from gputopo.system import state_file
+
+    monkeypatch.delenv(st.STATE_ENV, raising=False)
+    monkeypatch.setattr(state_file.os, "geteuid", lambda: 1000)
+    assert state_file.reader_path() == Path(st.DEFAULT_ROOT_PATH)
+    assert state_file.writer_path(True) is None
+    monkeypatch.setattr(state_file.os, "geteuid", lambda: 0)
+    assert (
+        state_file.writer_path(True) == Path(st.DEFAULT_ROOT_PATH) and state_file.writer_path(False) is None
+    )
+    monkeypatch.setenv(st.STATE_ENV, "")
+    assert state_file.reader_path() is None and state_file.writer_path(True) is None
+
+
+def test_update_section_keeps_everything_else_and_refuses_what_it_must_not_write(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from gputopo.system.state_file import update_section
+
+    path = tmp_path / "state.json"
+    drained = st.with_check_state(None, st.drained(st.CheckState("n1"), "gputopo: x", ["k"], 5.0))
+    path.write_text(st.dumps_doc(drained.with_section("future", {"kept": True})))
+    done = update_section(path, "n1", "accept", lambda old: {"verdict": "accepted", "was": old}, 5)
+    assert done.saved and done.exit_code == 0
+    doc = json.loads(path.read_text())
+    assert doc["accept"] == {"verdict": "accepted", "was": None} and doc["future"] == {"kept": True}
+    assert doc["drain"]["events"] == ["k"] and json.loads((tmp_path / "state.json.old").read_text())["future"]
+    newer = '{"schema": "gputopo/check-state/v3", "node": "n1"}'
+    path.write_text(newer)
+    refused = update_section(path, "n1", "accept", lambda old: 1, 5)
+    assert not refused.saved and refused.exit_code == 3 and "newer gputopo" in (refused.why_not or "")
+    assert path.read_text() == newer
+    link = tmp_path / "link.json"
+    link.symlink_to(path)
+    refused = update_section(link, "n1", "accept", lambda old: 1, 5)
+    assert not refused.saved and refused.exit_code == 2 and "symbolic link" in (refused.why_not or "")
+    assert path.read_text() == newer
