@@ -344,6 +344,12 @@ def test_a_bad_state_is_a_warning_in_the_commands_that_read_it(tmp_path: Path) -
         assert result.exit_code == 0 and doc["check"] is None
         assert any(words in w and str(state) in w for w in doc["warnings"]), doc["warnings"]
         assert words in result.stderr
+        with FakeNvml.nvlink_box().installed():
+            rec = invoke("recommend", "--n", "2", "--json", env=env)
+        assert rec.exit_code == 0 and words in rec.stderr
+        assert any(
+            n["what"] == "the last gputopo check" for n in json.loads(rec.stdout)["health"]["not_checked"]
+        )
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     with FakeNvml.nvlink_box().installed():

@@ -529,6 +529,7 @@ def check_health(machine: Machine, options: DoctorOptions) -> HealthStep:
     )
     # The last `gputopo check` on this node, while fresh: its judgement over minutes (the state file) joins
     # doctor's own window, so both name the same sick GPUs.
+    from gputopo.health.state import LAST_CHECK_WHAT
     from gputopo.machine import last_check
 
     sick = {f.gpu for f in kept if f.severity == PROBLEM and f.gpu is not None}
@@ -537,7 +538,7 @@ def check_health(machine: Machine, options: DoctorOptions) -> HealthStep:
     kept += tuple(f for f in last if f.gpu not in sick)
     not_checked = tuple(n.to_json() for n in result.not_checked)
     if state_warning is not None:  # a state file that could not be used is said, never a silent nothing
-        not_checked += ({"what": "the last gputopo check", "why": state_warning},)
+        not_checked += ({"what": LAST_CHECK_WHAT, "why": state_warning},)
     unhealthy: dict[int, str] = {}
     for f in kept:
         if f.severity == PROBLEM and f.gpu is not None:

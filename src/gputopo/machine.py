@@ -121,13 +121,14 @@ def with_last_check(judged: Judgement, live_uuids: Mapping[int, str | None]) -> 
     sick here keeps its own finding. A state file that could not be used is one ``not_checked`` entry
     saying why (never a silent nothing)."""
     from gputopo.health.judge import Judgement, NotChecked
+    from gputopo.health.state import LAST_CHECK_WHAT
 
     sick = set(judged.unhealthy_gpus())
     problems, warning = last_check(live_uuids)
     added = tuple(f for f in problems if f.gpu not in sick)
     not_checked = judged.not_checked
     if warning is not None:
-        not_checked = (*not_checked, NotChecked("the last gputopo check", warning))
+        not_checked = (*not_checked, NotChecked(LAST_CHECK_WHAT, warning))
     if not added:
         return Judgement(judged.findings, not_checked) if warning is not None else judged
     findings = sorted((*judged.findings, *added), key=lambda f: f.severity != "problem")

@@ -64,6 +64,8 @@ DEFAULT_ROOT_PATH = "/var/lib/gputopo/check-state.json"
 STATE_ENV = "GPUTOPO_CHECK_STATE"
 # The most acknowledged lines remembered (the oldest are forgotten first; they age out of --since anyway).
 MAX_KEYS = 2000
+# What the other commands' "not checked" line calls a state file that could not be used.
+LAST_CHECK_WHAT = "the last gputopo check"
 # How old the last check's judgement may be for recommend/run/doctor to use it.
 FRESH_S = 900.0
 
