@@ -240,6 +240,8 @@ def test_recommend_run_and_doctor_use_the_last_checks_judgement_while_fresh(
     assert alone["excluded"] == []
     doc = json.loads(state.read_text())
     doc["last"]["at"] = time.time() - 3600
+    for judged in doc["results"].values():  # each rule set's judgement (here the default rules')
+        judged["at"] = time.time() - 3600
     state.write_text(json.dumps(doc))
     stale = json.loads(
         fake_driver.run(driver, path, "recommend", "--n", "1", "--json", timeout=60, extra_env=env).stdout
