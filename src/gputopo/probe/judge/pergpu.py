@@ -69,8 +69,8 @@ LEAVE_OUT = frozenset({GPU_SLOW, GPU_CORRUPT, "crashed"})
 EXPECTED_FRACTION = 0.5
 # Below this fraction of a figure measured on a healthy GPU of the same model (same size, dtype and
 # method as the probe's) a GPU is slow. DCGM sets its per-SKU floors the same way, at 0.75 of what a
-# healthy part measured (issue 45's review of its diagnostic plugins, e.g. the memory bandwidth plugin's
-# per-SKU ``minimum_bandwidth``); it leaves a quarter for a warm card, another host and the probe's own
+# healthy part measured (a review of its diagnostic plugins, e.g. the memory bandwidth plugin's per-SKU
+# ``minimum_bandwidth``); it leaves a quarter for a warm card, another host and the probe's own
 # overhead, and catches a GPU a third below its healthy speed, which the datasheet half lets through.
 MEASURED_FRACTION = 0.75
 
