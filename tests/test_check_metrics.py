@@ -199,14 +199,14 @@ def test_an_npd_message_keeps_its_rule_and_action_within_the_limit() -> None:
 
 
 def test_the_state_keeps_other_writers_sections() -> None:
-    from gputopo.health.state import dumps, loads, with_section
+    from gputopo.health.state import CheckState, dumps_doc, parse_doc, with_check_state
 
-    text = json.dumps(
-        {"schema": "gputopo/check-state/v1", "node": "n1", "accept": {"verdict": "accepted"}, "x": [1]}
-    )
-    state, warning = loads(text, "s.json", "n1")
-    assert warning is None and state.sections == {"accept": {"verdict": "accepted"}, "x": [1]}
-    again = json.loads(dumps(with_section(state, "xid_counter", {"counted": []})))
+    raw = {"schema": "gputopo/check-state/v1", "node": "n1", "accept": {"verdict": "accepted"}, "x": [1]}
+    doc, warning = parse_doc(raw, "s.json", "n1")
+    assert warning is None and doc is not None
+    assert doc.sections == {"accept": {"verdict": "accepted"}, "x": [1]}
+    doc = with_check_state(doc, CheckState("n1")).with_section("xid_counter", {"counted": []})
+    again = json.loads(dumps_doc(doc))
     assert again["accept"] == {"verdict": "accepted"} and again["x"] == [1] and again["node"] == "n1"
     assert again["xid_counter"] == {"counted": []} and again["schema"] == "gputopo/check-state/v1"
 

@@ -191,8 +191,61 @@ def test_a_stale_or_missing_record_is_unknown(driver: Path, tmp_path: Path) -> N
         driver, machine, "check", "--format", "npd", "--subsystem", "gpu", "--state", str(npd.state)
     )
     assert bad.returncode == 2 and "not a subsystem" in bad.stderr
-    no_state = fake_driver.run(driver, machine, "check", "--format", "npd", "--subsystem", "memory")
+    # Without --state a rule reads where readers read (GPUTOPO_CHECK_STATE, else root's default) ...
+    by_env = fake_driver.run(
+        driver,
+        machine,
+        "check",
+        "--format",
+        "npd",
+        "--subsystem",
+        "memory",
+        extra_env={"GPUTOPO_CHECK_STATE": str(npd.state)},
+    )
+    assert by_env.returncode == 3 and by_env.stdout.startswith("[stale]"), by_env.stdout
+    # ... and with no state at all (GPUTOPO_CHECK_STATE empty) it is a usage error.
+    no_state = fake_driver.run(
+        driver,
+        machine,
+        "check",
+        "--format",
+        "npd",
+        "--subsystem",
+        "memory",
+        extra_env={"GPUTOPO_CHECK_STATE": ""},
+    )
     assert no_state.returncode == 2 and "needs the check state" in no_state.stderr
+
+
+def test_answering_rules_take_no_lock_and_the_record_is_written_only_under_it(
+    driver: Path, tmp_path: Path
+) -> None:
+    """While another writer holds the state's lock, a one-subsystem rule still answers at once (it only
+    reads); the checking rule saves nothing, its per-subsystem record and Xid counters included (they are
+    written only under the lock, with the check's own sections)."""
+    import fcntl
+    import os
+
+    npd = Npd(driver, tmp_path)
+    npd.kernel_log.write_text(XID79)
+    machine = board(tmp_path, [*healthy(0)])
+    npd.run(machine)
+    saved = json.loads(npd.state.read_text())
+    assert saved["xid_counter"]["counts"][0]["xid"] == 79
+    assert saved["subsystems"]["results"]["xid"]["status"] == 1
+    held = os.open(npd.state.with_name(npd.state.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        started = time.monotonic()
+        done = fake_driver.run(driver, machine, *npd.args(npd.config["rules"][3]), timeout=60)
+        assert done.returncode == 1 and done.stdout.startswith("[xid_hardware]"), done.stdout
+        assert time.monotonic() - started < 20  # it never waited on the lock (held until the end)
+        npd.kernel_log.write_text(XID79 + XID79.replace("100.0", "200.0"))
+        check = fake_driver.run(driver, machine, *npd.args(npd.config["rules"][0]), "--budget", "3")
+        assert check.returncode == 3 and "held by another gputopo" in check.stderr + check.stdout
+        assert json.loads(npd.state.read_text()) == saved  # nothing written without the lock
+    finally:
+        os.close(held)
 
 
 def accepted_section(lines: list[str]) -> dict[str, Any]:

@@ -61,6 +61,8 @@ class DoctorOptions:
     on_row: Any = None  # prints the inter-node progress
     on_start: Any = None  # called with the ``Machine`` once it is read, before anything slow (a first line)
     nccl_log: Path | None = None  # a job's output whose ``NCCL DIAG`` lines join the findings (--nccl-log)
+    dcgm_diag: Path | None = None  # a saved ``dcgmi diag -j`` output whose results join the findings
+    health_validation: Path | None = None  # a saved NVIDIA Health Validation NodeVerdict, likewise
     full: bool = False  # a simulation runs the full probe, not the quick show
 
 
@@ -375,6 +377,7 @@ def run_doctor(options: DoctorOptions, probe_hook: ProbeHook | None = None) -> d
     """
     check_options(options)
     diag = nccl_log_findings(options.nccl_log)  # NCCL DIAG lines of a job's log, read before the slow part
+    diag += imported_findings(options)  # saved dcgmi diag / Health Validation results, likewise
     machine = read_machine(options)  # the topology: this machine, or a sample simulated on CPU
     if options.on_start is not None:
         options.on_start(machine)
@@ -457,6 +460,23 @@ def nccl_log_findings(path: Path | None) -> list[Finding]:
     ]
 
 
+def imported_findings(options: DoctorOptions) -> list[Finding]:
+    """``--dcgm-diag FILE`` and ``--health-validation FILE``: each file's findings (DCGM's failures as
+    problems on the GPU it names, warnings and skipped tests as notes; Health Validation's CRITICAL and
+    UNKNOWN as problems), after a note that says what the file said as a whole. An unreadable file is an
+    ``InputError`` (exit 2) before anything else runs."""
+    from gputopo.health import dcgm_diag, health_validation
+
+    found: list[Finding] = []
+    if options.dcgm_diag is not None:
+        result = dcgm_diag.read_dcgm_diag(options.dcgm_diag)
+        found += [dcgm_diag.summary_finding(result), *result.findings]
+    if options.health_validation is not None:
+        verdict = health_validation.read_health_validation(options.health_validation)
+        found += [health_validation.summary_finding(verdict), *verdict.findings]
+    return found
+
+
 def read_machine(options: DoctorOptions) -> Machine:
     """The machine to check (``choose_machine``), refused when CPU ranks cannot stand in for its GPUs."""
     machine = choose_machine(options.input, options.simulate, options.nvml_timeout_s)
@@ -529,11 +549,16 @@ def check_health(machine: Machine, options: DoctorOptions) -> HealthStep:
     )
     # The last `gputopo check` on this node, while fresh: its judgement over minutes (the state file) joins
     # doctor's own window, so both name the same sick GPUs.
-    from gputopo.machine import last_check_problems
+    from gputopo.health.state import LAST_CHECK_WHAT
+    from gputopo.machine import last_check
 
     sick = {f.gpu for f in kept if f.severity == PROBLEM and f.gpu is not None}
     uuids = {g.index: g.uuid for g in (result.sample.gpus if result.sample else ())}
-    kept += tuple(f for f in last_check_problems(uuids) if f.gpu not in sick)
+    last, state_warning = last_check(uuids)
+    kept += tuple(f for f in last if f.gpu not in sick)
+    not_checked = tuple(n.to_json() for n in result.not_checked)
+    if state_warning is not None:  # a state file that could not be used is said, never a silent nothing
+        not_checked += ({"what": LAST_CHECK_WHAT, "why": state_warning},)
     unhealthy: dict[int, str] = {}
     for f in kept:
         if f.severity == PROBLEM and f.gpu is not None:
@@ -547,7 +572,7 @@ def check_health(machine: Machine, options: DoctorOptions) -> HealthStep:
         result.verdict,
         f"health: {result.reason}",
         kept,
-        tuple(n.to_json() for n in result.not_checked),
+        not_checked,
         unhealthy,
         window,
         no_p2p,

@@ -26,7 +26,6 @@ from gputopo.errors import EXIT_OK, EXIT_PROBLEM, EXIT_UNAVAILABLE
 from gputopo.findings import PROBLEM, Finding
 from gputopo.health.check import HEALTHY, CheckResult
 from gputopo.health.readings import NOT_READ, GpuHealth, HealthSample
-from gputopo.health.state import CheckState, with_section
 from gputopo.health.xid import bus_key
 from gputopo.model import GPU_NOT_ACCESSIBLE
 from gputopo.topology.nvlink_domain import clique_label
@@ -378,13 +377,3 @@ def sections_after(
         XID_SECTION: xid_doc,
     }
     return new, accepted, tuple(counts)
-
-
-def remember(
-    state: CheckState, result: CheckResult, now: float
-) -> tuple[CheckState, AcceptStatus, tuple[XidCount, ...]]:
-    """``state`` with ``sections_after``'s sections written into it."""
-    new, accepted, counts = sections_after(state.sections, result, now)
-    for name, value in new.items():
-        state = with_section(state, name, value)
-    return state, accepted, counts
