@@ -12,11 +12,13 @@ beside it (pure: the document and its rules; ``system.state_file`` reads, locks 
 
 **The document** is one JSON object: ``schema`` (``gputopo/check-state/v1``), ``node``, and one top-level
 key per *section*, each owned by one writer. ``check`` owns ``drain`` and ``acknowledged`` (the node
-record: only a check that acts on Slurm changes them) and ``counters`` and ``last`` (its latest
-judgement). Every other top-level key belongs to someone else (``accept`` keeps its verdict under
-``accept``) and is carried through every write untouched, also when this gputopo does not know it. A file
-whose schema is newer (``.../v2``) is read only: its sections are not interpreted and nothing is saved
-over it (a fleet rolling gputopo back keeps every node's drain and acknowledgements).
+record: only a check that acts on Slurm changes them), ``counters``, ``last`` and ``results`` (its
+latest judgement), and ``subsystems`` and ``xid_counter`` (``health.subsystems``: what
+node-problem-detector's one-subsystem rules answer from, the running Xid counts; written in the same
+save, under the lock). Every other top-level key belongs to someone else (``accept`` keeps its verdict
+under ``accept``) and is carried through every write untouched, also when this gputopo does not know
+it. A file whose schema is newer (``.../v2``) is read only: its sections are not interpreted and nothing
+is saved over it (a fleet rolling gputopo back keeps every node's drain and acknowledgements).
 
 **The API for another writer** (``accept``, a per-subsystem result):
 
