@@ -426,3 +426,20 @@ def test_flight_recorder_lateness_is_from_the_median_member_on_the_same_host():
     j = J.judge(series)
     assert [s.rank for s in j.stragglers] == [6]
     assert j.ranks[1] < -7 and abs(j.ranks[0]) < 0.5
+
+
+def test_two_processes_in_one_file_read_the_same(tmp_path):
+    """The pattern trusts a file to be one process's only where every line it took names the same host
+    and PID; two logs joined into one file are read line by line, to the same answer."""
+    lines = job_lines(8, 30, late_rank=5, late_frac=0.2, seed=17, hosts=2)
+    write_job(tmp_path / "apart", lines)
+    joined = tmp_path / "joined"
+    write_job(joined, lines)
+    a, b = sorted(joined.glob("*.log"))[:2]
+    a.write_text(a.read_text() + b.read_text())
+    b.unlink()
+    apart, together = analyse(tmp_path / "apart"), analyse(joined)
+    assert (
+        [s.rank for s in apart.judgement.stragglers] == [s.rank for s in together.judgement.stragglers] == [5]
+    )
+    assert apart.judgement.ranks == together.judgement.ranks

@@ -265,12 +265,15 @@ def _describe(
         if rank not in s.ranks:
             continue
         j = s.ranks.index(rank)
+        n = len(s.ranks)
         for row in s.rows:
             own = row[j]
             mine.append(own)
-            if own >= max(row):
+            if own >= max(row):  # the last to arrive (the common case for a straggler): C-level sums
                 last += 1
-            waited += sum(own - v for v in row if v < own)
+                waited += own * n - sum(row)
+            else:
+                waited += sum(own - v for v in row if v < own)
         if s.comm in comms:
             names.add(s.name)
     return Straggler(

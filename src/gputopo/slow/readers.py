@@ -33,6 +33,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import compress
 from pathlib import Path
 from typing import Any
 
@@ -104,19 +105,24 @@ def read_inspector(paths: Iterable[Path]) -> InspectorRead:
     return out
 
 
-# One pass per file: one pattern over the line shape the writer emits (inspector_json.cc,
-# inspectorCommInfoDumpColl: header (inspectorCommInfoHeader), metadata (inspectorCommInfoMetaHeader),
-# coll_perf (inspectorCompletedColl), compact: json.cc writes no spaces; one object per line), with a
-# second branch that takes any other line whole: those (point-to-point lines, another version's order,
-# another writer) are read with json. Groups: communicator id, the rest of the header, the format
-# version, host and pid as written, the operation's identity, its execution time; or the other line.
+# One pattern over the line shape the writer emits (inspector_json.cc, inspectorCommInfoDumpColl: header
+# (inspectorCommInfoHeader), metadata (inspectorCommInfoMetaHeader), coll_perf (inspectorCompletedColl),
+# compact: json.cc writes no spaces; one object per line), with a second branch that takes any other line
+# whole: those (point-to-point lines, another version's order, another writer) are read with json.
+# Groups: communicator id, the rest of the header, the operation's identity, its execution time; or the
+# other line. The spans between are skipped by character classes (the fastest loops Python's re has):
+# one regex pass over the bytes; a comm_name with a "}" in it takes the json branch.
 _LINE = re.compile(
-    rb'\{"header":\{"id":"([^"\\]*)"(,"comm_name":"(?:[^"\\]|\\.)*","rank":\d+,"n_ranks":\d+,"nnodes":\d+)\},'
-    rb'"metadata":\{"inspector_output_format_version":"([^"\\]*)",[^{}]*?'
-    rb'"hostname":("(?:[^"\\]|\\.)*","pid":\d+)\},'
+    rb'\{"header":\{"id":"([^"\\]*)"(,[^}]*)\},"metadata":\{[^}]*\},'
     rb'"coll_perf":\{("coll":"[^"\\]*","coll_sn":\d+,"coll_msg_size_bytes":\d+),"coll_exec_time_us":(\d+),'
-    rb"[^\n]*\}\}\n"
+    rb"[^\n]*\n"
     rb"|([^\n]*)\n"
+)
+# The first record's metadata: the file's format version, host and PID (a file is one process's,
+# <hostname>-pid<pid>.log; checked by counting that host and PID on every line the pattern took).
+_META = re.compile(
+    rb'"metadata":\{"inspector_output_format_version":"([^"\\]*)",[^}]*?'
+    rb'("hostname":"((?:[^"\\]|\\.)*)","pid":(\d+)\})'
 )
 
 
@@ -131,35 +137,40 @@ def parse_inspector(data: bytes, out: InspectorRead) -> None:
         except (ValueError, RecursionError):
             out.truncated += 1
             data = data[:cut]
+    rows = _LINE.findall(data)
+    if not rows:
+        return
+    cids, heads, keys, execs, others = zip(*rows, strict=True)
+    n_fast = len(cids) - cids.count(b"")
     files: dict[tuple[str, int], InspectorFile] = {}
-    cur_proc = b""
-    f: InspectorFile | None = None
-    cur_id = b""
-    d: dict[bytes, int] = {}
-    for cid, head, version, proc, key, ex, other in _LINE.findall(data):
-        if not cid:
-            if other.strip():
-                cur_proc = cur_id = b""
-                _add_doc(other, out, files)
-            continue
-        if proc != cur_proc or f is None:
-            host_b, _, pid_b = proc.rpartition(b',"pid":')
-            ident = (json.loads(host_b), int(pid_b))
-            f = files.get(ident)
-            if f is None:
-                f = files[ident] = InspectorFile(*ident)
-            cur_proc, cur_id = proc, b""
-        if cid != cur_id:
-            got = f.execs.get(cid)
-            if got is None:
-                hd = json.loads(b'{"id":"' + cid + b'"' + head + b"}")
-                f.comms[cid] = (hd["rank"], hd["n_ranks"], hd["comm_name"])
-                got = f.execs[cid] = {}
-                v = version.decode("utf-8", "replace")
-                if v not in out.versions:
-                    out.versions.append(v)
-            d, cur_id = got, cid
-        d[key] = int(ex)
+    meta = _META.search(data) if n_fast else None
+    fast = False
+    if meta is not None:
+        version, needle, host_b, pid_b = meta.groups()
+        fast = data.count(needle) - sum(o.count(needle) for o in others if o) == n_fast
+    if fast and meta is not None:
+        ident = (json.loads(b'"' + host_b + b'"'), int(pid_b))
+        f = files[ident] = InspectorFile(*ident)
+        v = version.decode("utf-8", "replace")
+        if v not in out.versions:
+            out.versions.append(v)
+        whole = n_fast == len(cids)
+        ints = list(map(int, execs)) if whole else [int(e) if e else 0 for e in execs]
+        ids = dict.fromkeys(cids)
+        ids.pop(b"", None)
+        for cid in ids:
+            hd = json.loads(b'{"id":"' + cid + b'"' + heads[cids.index(cid)] + b"}")
+            f.comms[cid] = (int(hd["rank"]), int(hd["n_ranks"]), str(hd.get("comm_name") or cid.decode()))
+            if len(ids) == 1 and whole:
+                f.execs[cid] = dict(zip(keys, ints, strict=True))
+            else:
+                sel = list(map(cid.__eq__, cids))
+                f.execs[cid] = dict(zip(compress(keys, sel), compress(ints, sel), strict=False))
+    else:  # no line fits the writer's shape, or they are not all one process's: every line with json
+        others = tuple(data.split(b"\n"))
+    for line in others:
+        if line and line.strip():
+            _add_doc(line, out, files)
     out.files.extend(files.values())
 
 
@@ -242,11 +253,16 @@ def inspector_series(read: InspectorRead, rank_of: Mapping[tuple[str, int], int]
         mem = sorted(members[cid], key=lambda m: m[0])
         ranks = tuple(r for r, _ in mem)
         dicts = [d for _, d in mem]
-        driver = min(dicts, key=len)
-        gets = [d.get for d in dicts]
+        driver = list(min(dicts, key=len))
+        if all(len(d) == len(driver) for d in dicts) and all(list(d) == driver for d in dicts):
+            # Every member recorded the same operations in the same order (the common case): their
+            # values side by side, no lookup per record.
+            table: Iterable[tuple[int | None, ...]] = zip(*(d.values() for d in dicts), strict=True)
+        else:
+            gets = [d.get for d in dicts]
+            table = ([g(key) for g in gets] for key in driver)
         groups: dict[tuple[bytes, int], tuple[list[int], list[list[float]], list[float], list[float]]] = {}
-        for key in driver:
-            vals = [g(key) for g in gets]
+        for key, vals in zip(driver, table, strict=True):
             if None in vals:
                 out.incomplete += 1
                 continue
