@@ -443,3 +443,12 @@ def test_two_processes_in_one_file_read_the_same(tmp_path):
         [s.rank for s in apart.judgement.stragglers] == [s.rank for s in together.judgement.stragglers] == [5]
     )
     assert apart.judgement.ranks == together.judgement.ranks
+
+
+def test_live_without_dumps_says_what_to_do(tmp_path):
+    """--live took stacks but no rank served its Flight Recorder: the error names the fix."""
+    from gputopo.errors import InputError
+
+    with pytest.raises(InputError) as e:
+        analyse(tmp_path, live=True)
+    assert "no rank served its Flight Recorder" in str(e.value) and "gputopo run" in (e.value.hint or "")

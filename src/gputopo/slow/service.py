@@ -123,7 +123,13 @@ class SlowReport:
         }
 
 
-def analyse(path: Path, run_records: list[Path] | None = None) -> SlowReport:
+LIVE_HINT = (
+    "start the job with `gputopo run` on a Python script (it runs it inside torch's control plane), or "
+    "wrap its main in torch.distributed.elastic.control_plane.worker_main() (docs/hang.md)"
+)
+
+
+def analyse(path: Path, run_records: list[Path] | None = None, live: bool = False) -> SlowReport:
     if not path.exists():
         raise InputError(f"{path}: no such file or folder", _HINT)
     if path.is_file():
@@ -137,6 +143,12 @@ def analyse(path: Path, run_records: list[Path] | None = None) -> SlowReport:
     dumps = _dump_specs(path)
     if dumps:
         return _flight_recorder(dumps, path, records)
+    if live:
+        raise InputError(
+            f"--live {path}: the ranks' stacks were taken but no rank served its Flight Recorder (their main "
+            "does not run inside torch's control plane)",
+            LIVE_HINT,
+        )
     raise InputError(f"{path}: no NCCL Inspector logs, Flight Recorder dumps or nccl-tests file in it", _HINT)
 
 
