@@ -178,3 +178,45 @@ def test_slow_live_names_the_late_rank_of_an_unchanged_script_under_run(tmp_path
         except subprocess.TimeoutExpired:
             job.kill()
             job.communicate()
+
+
+@pytest.mark.slow
+def test_hang_live_reads_the_flight_recorder_of_an_unchanged_script_under_run(tmp_path):
+    """tests/helpers/hang_job.py without its own worker_main (HANG_JOB_CONTROL_PLANE unset), rank 2
+    stuck outside the collective, under `gputopo run --torchrun`: `gputopo hang --live` takes every rank's
+    Flight Recorder into RUN_DIR/live/ and names rank 2."""
+    pytest.importorskip("torch.distributed.elastic.control_plane")
+    from gputopo.system.pyspy import find_pyspy
+
+    if find_pyspy() is None:
+        pytest.skip("py-spy is not installed")
+    from test_hang_live import JOB, _env, _gputopo, _record
+
+    run = tmp_path / "run"
+    env = _env(HANG_JOB_DUMP_AFTER_S="never", HANG_JOB_TIMEOUT_S="300", HANG_JOB_STUCK_RANK="2")
+    env.pop("HANG_JOB_CONTROL_PLANE", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gputopo", "run", "--n", "4", "--torchrun", "--input", "sample:seed-8gpu-nv4",
+         "--run-dir", str(run), "--", str(JOB)],
+        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        doc: dict = {}
+        while time.monotonic() < deadline:
+            if len(_record(run).get("ranks") or []) == 4:
+                live = _gputopo("hang", "--live", str(run), "--json", cwd=tmp_path)
+                doc = json.loads(live.stdout) if live.stdout.strip() else {}
+                if doc.get("suspects") and len(list((run / "live").glob("*"))) == 4:
+                    break
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(2)
+        assert [s["rank"] for s in doc.get("suspects", [])] == [2], doc
+        assert len(list((run / "live").glob("*"))) == 4  # every rank's Flight Recorder, taken live
+    finally:
+        if proc.poll() is None:
+            import signal as sig
+
+            os.killpg(proc.pid, sig.SIGKILL)
+            proc.wait()

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import os
 import runpy
+import socket
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, suppress
 
@@ -48,6 +50,11 @@ def control_plane() -> Iterator[str | None]:
             return
         if ours:
             stack.callback(_unlink, path)
+        # torch's WorkerServer binds in its constructor and listens from a thread; a shutdown that comes
+        # before that thread listens is lost and the join waits forever (WorkerServer.cpp: shutdown() is
+        # server_.stop() then serverThread_.join(); measured: a script that ends at once hung its rank).
+        # So the script starts only once the server has answered.
+        _wait_until_served(path)
         # A script that wraps its own main in worker_main() (docs/hang.md) would start a second server on
         # the same socket and fail ("already exists"): inside this process, worker_main() now only yields.
         stack.callback(setattr, cp, "worker_main", cp.worker_main)
@@ -58,6 +65,23 @@ def control_plane() -> Iterator[str | None]:
 @contextmanager
 def _served() -> Iterator[None]:
     yield  # the control plane already runs in this process
+
+
+def _wait_until_served(path: str, within_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(2.0)
+                sock.connect(path)
+                sock.sendall(b"POST /handler/ping HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n")
+                if sock.recv(16).startswith(b"HTTP/"):
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.02)
+    print(f"gputopo: torch's control plane on {path} did not answer in {within_s:g} s", file=sys.stderr)
+    return False
 
 
 def _unlink(path: str) -> None:
