@@ -73,6 +73,17 @@ def test_cpu_ranks_get_one_thread_and_no_gpu():
     assert env[plan_spec.MARKER_ENV] == "m1"
 
 
+def test_cpu_ranks_keep_freed_memory_for_the_next_step_unless_the_user_set_it(monkeypatch):
+    """glibc would unmap every freed batch and fault it in again, zeroed, at the next step."""
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "4096")
+    env = plan_spec.rank_environment(build_config(CPU, ["0,1"]), Job((0, 1), ("ddp",)), "m1")
+    assert env["MALLOC_MMAP_THRESHOLD_"] == str(32 << 20)  # glibc's largest on 64-bit
+    assert env["MALLOC_TRIM_THRESHOLD_"] == "4096"  # the user's own
+    gpu = plan_spec.rank_environment(build_config(GPU_BOX, ["5,6"]), Job((5, 6), ("ddp",)), "m2")
+    assert "MALLOC_MMAP_THRESHOLD_" not in gpu
+
+
 def test_gpu_ranks_see_their_set_in_nvidia_smi_order(monkeypatch):
     monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
     config = build_config(GPU_BOX, ["5,6"])
