@@ -11,14 +11,20 @@ doctor's cost from the machine's load, and the load average before and after.
 Part 1: ``gputopo doctor --input sample:seed-8gpu-nv4 --steps 3 --model tiny`` (8 CPU ranks stand in
 for the seed's 8 GPUs: every pair and the recommended larger sets, every check) against a bare
 ``torch.distributed.run --nproc-per-node 8`` gloo script that initialises, all-reduces 4 MiB once and
-exits: the least any 8-rank launch costs here. Target: at most 5x (median wall time, runs alternating
-so drift on a busy machine hits both alike). Also printed: the doctor's launches (pools) and CPU time.
+exits: the least any 8-rank launch costs here. Target: at most 5x, on the median wall time and on the
+median CPU time (runs alternating so drift on a busy machine hits both alike). Printed with it, so a
+number says what it measured on any machine: the CPU model and the load average before and after, per
+run the load, both commands' CPU (and how much of it was system time), the doctor's launches (pools),
+verdict, sets and the checks each ran (skipped ones named), and where the doctor's CPU went: by phase,
+from the CPU time each pool rank stamps as it starts, joins, enters each step and ends (the launch
+record), with a doctor rank's start-up beside the bare launch's CPU per rank (the machine's speed at
+starting torch). ``--profile`` adds one doctor run with every pool rank under cProfile (CPU time).
 
 Part 2: ``gputopo doctor --skip-probe`` against ``gputopo topo`` on the same input. Target: at most 3x
 (median CPU time of the child, which on a shared machine swings far less than wall time).
 
     python benchmarks/bench_doctor.py [--runs 3] [--startup-runs 7] [--first-runs 3] [--skip-full]
-                                      [--only-first-run] [--only-full]
+                                      [--only-first-run] [--only-full] [--profile]
 """
 
 from __future__ import annotations
@@ -57,8 +63,16 @@ dist.destroy_process_group()
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
+# System time of the last ``timed`` command and its descendants (the rest of its CPU is user time).
+LAST_SYS_S = [0.0]
+
+
 def timed(cmd: list[str], env: dict[str, str], ok: tuple[int, ...] = (0,)) -> tuple[float, float, str]:
-    """(wall s, CPU s of the child and its descendants, stdout) of one run of ``cmd``."""
+    """(wall s, CPU s of the child and its descendants, stdout) of one run of ``cmd``.
+
+    The CPU time is what the kernel charged to every process the command started and waited for (user
+    and system time, ``RUSAGE_CHILDREN``), so it holds whatever other work shares the machine.
+    """
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -66,7 +80,8 @@ def timed(cmd: list[str], env: dict[str, str], ok: tuple[int, ...] = (0,)) -> tu
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode not in ok:
         sys.exit(f"failed ({done.returncode}): {' '.join(cmd)}\n{done.stderr[-2000:]}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    LAST_SYS_S[0] = after.ru_stime - before.ru_stime
+    cpu = (after.ru_utime - before.ru_utime) + LAST_SYS_S[0]
     return wall, cpu, done.stdout
 
 
@@ -151,6 +166,7 @@ def full(work: Path, runs: int, profile: bool = False) -> bool:
         wall, cpu, out = timed(doctor, env, ok=(0, 1))
         d_wall.append(wall)
         d_cpu.append(cpu)
+        d_sys = LAST_SYS_S[0]
         doc = json.loads(out)
         probe = doc["probe"]
         phases.append(ranks_cpu(probe))
@@ -159,8 +175,8 @@ def full(work: Path, runs: int, profile: bool = False) -> bool:
         b_cpu.append(cpu)
         print(
             f"run {i + 1} (load {load:.1f} before): doctor {d_wall[-1]:.1f} s ({d_cpu[-1]:.1f} s CPU, "
-            f"{len(probe['launches'])} launch(es), verdict {doc['verdict']}), bare 8-rank torchrun "
-            f"{b_wall[-1]:.1f} s ({b_cpu[-1]:.1f} s CPU)",
+            f"{d_sys:.1f} s of it system; {len(probe['launches'])} launch(es), verdict {doc['verdict']}), "
+            f"bare 8-rank torchrun {b_wall[-1]:.1f} s ({b_cpu[-1]:.1f} s CPU, {LAST_SYS_S[0]:.1f} s system)",
             flush=True,
         )
         print(f"  {counted(probe)}", flush=True)
@@ -168,16 +184,19 @@ def full(work: Path, runs: int, profile: bool = False) -> bool:
     ratio = d / b
     cpu_ratio = statistics.median(d_cpu) / statistics.median(b_cpu)
     print(f"# doctor {SAMPLE} --steps 3 --model tiny vs bare 8-rank gloo torchrun, {runs} runs each")
-    print("where the doctor's CPU went (median s over the runs; the ranks stamp their own CPU time):")
-    for name in phases[0]:
-        print(f"  {name:40s} {statistics.median(p.get(name, 0.0) for p in phases):6.1f}")
     ranks = statistics.median(p["ranks in all"] for p in phases)
-    print(f"  {'parent, launcher and agent (the rest)':40s} {statistics.median(d_cpu) - ranks:6.1f}")
-    start = statistics.median(p[START_UP] for p in phases) / 8
-    print(
-        f"  a doctor rank's start-up {start:.2f} s CPU against {statistics.median(b_cpu) / 8:.2f} s per rank "
-        "for the whole bare launch: the machine's speed at starting torch, in both"
-    )
+    if ranks > 0:
+        print("where the doctor's CPU went (median s over the runs; the ranks stamp their own CPU time):")
+        for name in phases[0]:
+            print(f"  {name:40s} {statistics.median(p.get(name, 0.0) for p in phases):6.1f}")
+        print(f"  {'parent, launcher and agent (the rest)':40s} {statistics.median(d_cpu) - ranks:6.1f}")
+        start = statistics.median(p[START_UP] for p in phases) / 8
+        print(
+            f"  a doctor rank's start-up {start:.2f} s CPU against {statistics.median(b_cpu) / 8:.2f} s per "
+            "rank for the whole bare launch: the machine's speed at starting torch, in both"
+        )
+    else:
+        print("(this gputopo's launch record has no per-rank CPU: no split by phase)")
     print(f"median doctor {d:.1f} s, median bare {b:.1f} s, wall ratio {ratio:.2f} (target <= {TARGET_FULL})")
     d_c, b_c = statistics.median(d_cpu), statistics.median(b_cpu)
     print(
