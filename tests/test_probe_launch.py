@@ -108,6 +108,28 @@ def test_every_pool_rank_sees_every_gpu_of_the_pool():
         pool.cleanup()
 
 
+def test_the_launch_record_splits_each_ranks_cpu_by_step_from_the_stamps_it_wrote():
+    """Ranks stamp their CPU time as they join, are ready, enter each step and end; a pool stopped
+    mid-step has no end stamp, and that step is left out rather than counted negative."""
+    config = build_config(CPU, ["0,1,2"])
+    steps = [((Job((0, 1), ("ddp",)), ("ddp",)),), ((Job((1, 2), ("ddp",)), ("ddp",)),)]
+    pool = rank_pool.Pool(config, steps)
+    try:
+        marks = {("join", 0): 2.0, ("ready", 0): 2.5, ("step", 0): 2.6, ("step", 1): 4.6, ("end", 2): 5.0}
+        pool.cpu_marks = {0: dict(marks), 1: {**marks, ("step", 1): 4.0, ("end", 2): 6.5}, 2: dict(marks)}
+        assert pool.step_cpu_s(0, (0, 1)) == pytest.approx(2.0 + 1.4)
+        assert pool.step_cpu_s(1, (1, 2)) == pytest.approx(2.5 + 0.4)
+        cpu = pool.rank_cpu_s()
+        assert cpu["start"] == [2.0, 2.0, 2.0] and cpu["join"] == [0.5, 0.5, 0.5]
+        assert cpu["idle"] == [0.4, 0.0, 2.0]  # rank 0 waits out step 1, rank 2 step 0
+        assert cpu["total"] == [5.0, 6.5, 5.0]
+        del pool.cpu_marks[2][("end", 2)]  # stopped in step 1
+        assert pool.step_cpu_s(1, (1, 2)) is None
+        assert pool.rank_cpu_s()["idle"][2] == 2.0 and pool.rank_cpu_s()["total"][2] is None
+    finally:
+        pool.cleanup()
+
+
 STUBBORN = (
     "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
     "print('ready', flush=True); time.sleep(60)"

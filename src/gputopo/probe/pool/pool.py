@@ -343,10 +343,12 @@ class Pool(Launch):
         busy = {(j.step, r) for j in self.jobs for r in j.ranks}
         idle = []
         for rank in ranks:
+            # Steps it entered and left (a pool stopped mid-step leaves that step out).
+            spans = [(self._mark(rank, "step", k), self._step_end(rank, k)) for k in range(len(self.steps))]
             spent = [
-                (self._step_end(rank, k) or 0.0) - (self._mark(rank, "step", k) or 0.0)
-                for k in range(len(self.steps))
-                if (k, rank) not in busy and self._mark(rank, "step", k) is not None
+                end - begin
+                for k, (begin, end) in enumerate(spans)
+                if (k, rank) not in busy and begin is not None and end is not None
             ]
             idle.append(round(sum(spent), 2))
         join, ready = ([self._mark(r, stage) for r in ranks] for stage in ("join", "ready"))
