@@ -32,6 +32,7 @@ import os
 import re
 import shutil
 import socket
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -56,6 +57,38 @@ SAMPLES = (
     "dgx2-v100-16gpu",
 )
 BOXES = ("nvlink_box", "nvswitch_box", "pcie_box", "lost_gpu_box", "no_driver")
+
+
+# What the recorded text depends on besides gputopo: the renderers (typer, click, rich), the NVML bindings
+# (which reads exist), and torch (the Flight Recorder dumps' frames). The golden files hold the versions
+# they were written with (VERSIONS.json); where another version is installed (the oldest-versions run of
+# .ci/run, a fresh venv that pulled newer ones) the cases are skipped and say which, never failed.
+RENDERERS = ("typer", "click", "rich", "nvidia-ml-py")
+VERSIONS_FILE = GOLDEN_DIR / "VERSIONS.json"
+
+
+def installed_versions() -> dict[str, str | None]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str | None] = {}
+    for name in (*RENDERERS, "torch"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def version_mismatch(names: tuple[str, ...]) -> str | None:
+    """Why the golden files cannot be compared here (another version of one of ``names``), or ``None``."""
+    if write_mode() or not VERSIONS_FILE.exists():
+        return None
+    recorded = json.loads(VERSIONS_FILE.read_text())
+    here = installed_versions()
+    differ = [
+        f"{n} {recorded.get(n)} recorded, {here.get(n)} here" for n in names if recorded.get(n) != here.get(n)
+    ]
+    return "golden files written with other versions: " + "; ".join(differ) if differ else None
 
 
 def write_mode() -> bool:
@@ -474,6 +507,9 @@ def test_command_output_matches_its_golden_file(
         if not any(target.iterdir()):
             # fr_dumps.py gives its ranks 60 s: on a machine too loaded for that, no rank dumps.
             pytest.skip(f"the {scenario} scenario's ranks wrote no dump in time")
+    why = version_mismatch(RENDERERS + (("torch",) if case.needs and case.needs.startswith("fr:") else ()))
+    if why:
+        pytest.skip(why)
     if case.host_dev and glob.glob("/dev/nvidia*"):
         pytest.skip("doctor lists the holders of this host's own /dev/nvidia* files")
     if case.needs == "fixtures" and shared_fixtures() is None:
@@ -483,6 +519,7 @@ def test_command_output_matches_its_golden_file(
     if write_mode():
         GOLDEN_DIR.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
+        VERSIONS_FILE.write_text(json.dumps(installed_versions(), indent=2) + "\n")
         return
     if not path.exists():
         pytest.fail(f"no golden file {path.name}; write it with GPUTOPO_WRITE_GOLDEN=1")
@@ -527,3 +564,15 @@ def test_normalise_replaces_what_changes_between_runs(tmp_path: Path) -> None:
         "gputopo <VERSION> <DUR>; checked <AGE> ago\n"
         "at f (<REPO>/tests/x.py:12) g (<LIB>/a.py:<LINE>)\n"
     )
+
+
+def test_the_golden_files_name_the_versions_they_were_written_with(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert set(json.loads(VERSIONS_FILE.read_text())) == {*RENDERERS, "torch"}
+    monkeypatch.delenv("GPUTOPO_WRITE_GOLDEN", raising=False)
+    monkeypatch.delenv("GPUTOPO_UPDATE_GOLDEN", raising=False)
+    recorded = json.loads(VERSIONS_FILE.read_text())
+    monkeypatch.setattr(sys.modules[__name__], "installed_versions", lambda: {**recorded, "rich": "0.0.1"})
+    assert version_mismatch(RENDERERS) == (
+        f"golden files written with other versions: rich {recorded['rich']} recorded, 0.0.1 here"
+    )
+    assert version_mismatch(("torch",)) is None
