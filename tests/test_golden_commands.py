@@ -119,6 +119,10 @@ class Case:
     # Reads this host's own /dev/nvidia* (doctor's survey of GPU holders has no re-rooting): not run on a
     # host that has them, where the holders it lists are that host's.
     host_dev: bool = False
+    # Command lines run first, on the same board (their output is not recorded): a state to read back.
+    before: tuple[tuple[str, ...], ...] = ()
+    # Globs ({c} the corpus) of files the command writes whose content a user sees: recorded after stdout.
+    files: tuple[str, ...] = ()
 
 
 def _both(name: str, *args: str, **kw) -> list[Case]:  # type: ignore[no-untyped-def]
@@ -200,6 +204,43 @@ def _cases() -> list[Case]:
             "check-bad-thresholds", ("check", *fast, "--thresholds", "{c}/bad/not-json.json"), nvml="pcie_box"
         )
     )
+    # The check state's life cycle (--state: load, remember, save) and a baseline saved then compared:
+    # the second run reads what the first wrote; the files are recorded too.
+    state = (*fast, "--state", "{c}/state/pcie.json")
+    out.append(
+        Case(
+            "check-state-second-run",
+            ("check", *state),
+            nvml="pcie_box",
+            before=(("check", *state),),
+            files=("{c}/state/pcie.json",),
+        )
+    )
+    save = (*fast, "--save-baseline", "{c}/baseline/nvswitch.json")
+    out.append(
+        Case(
+            "check-save-baseline",
+            ("check", *save),
+            nvml="nvswitch_box",
+            files=("{c}/baseline/nvswitch.json",),
+        )
+    )
+    out += _both(
+        "check-baseline-same-board",
+        "check",
+        *fast,
+        "--baseline",
+        "{c}/baseline/same.json",
+        nvml="nvswitch_box",
+        before=(("check", *fast, "--save-baseline", "{c}/baseline/same.json"),),
+    )
+    out.append(
+        Case(
+            "check-baseline-not-json",
+            ("check", *fast, "--baseline", "{c}/bad/not-json.json"),
+            nvml="pcie_box",
+        )
+    )
     out.append(
         Case("check-bad-since", ("check", "--since", "soon", "--kernel-log", "/dev/null"), nvml="pcie_box")
     )
@@ -225,6 +266,7 @@ def _cases() -> list[Case]:
             "doctor-seed-skip-probe",
             ("doctor", "--input", SEED, "--skip-probe", "--report-dir", "{c}/reports/d1"),
             host_dev=True,
+            files=("{c}/reports/d1/*.md",),
         )
     )
     out.append(
@@ -390,6 +432,7 @@ class Seen:
     exit_code: int
     stdout: str
     stderr: str
+    files: tuple[tuple[str, str], ...] = ()  # (path, content) of the case's ``files``
 
 
 def run_case(case: Case, corpus: Path, request: pytest.FixtureRequest) -> Seen:
@@ -403,16 +446,23 @@ def run_case(case: Case, corpus: Path, request: pytest.FixtureRequest) -> Seen:
         machine.write_text(driver_machine(case.driver))
         done = fake_driver.run(lib, machine, *args, timeout=120, extra_env={"COLUMNS": str(COLUMNS), **env})
         return Seen(done.returncode, done.stdout, done.stderr)
-    if case.nvml is not None:
-        from fake_nvml import FakeNvml
+    with contextlib.ExitStack() as stack:
+        if case.nvml is not None:
+            from fake_nvml import FakeNvml
 
-        with getattr(FakeNvml, case.nvml)().installed():
-            result = invoke(*args, columns=COLUMNS, env=env)
-    else:
+            stack.enter_context(getattr(FakeNvml, case.nvml)().installed())
+        for line in case.before:
+            first = invoke(*(a.replace("{c}", str(corpus)) for a in line), columns=COLUMNS, env=env)
+            assert first.exception is None or isinstance(first.exception, SystemExit), first.output
         result = invoke(*args, columns=COLUMNS, env=env)
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception  # a traceback is never golden
-    return Seen(result.exit_code, result.stdout, result.stderr)
+    written = tuple(
+        (path, Path(path).read_text())
+        for pattern in case.files
+        for path in sorted(glob.glob(pattern.replace("{c}", str(corpus))))
+    )
+    return Seen(result.exit_code, result.stdout, result.stderr, written)
 
 
 def _version() -> str:
@@ -467,19 +517,26 @@ def normalise(text: str, corpus: Path) -> str:
     return text
 
 
-def record(case: Case, seen: Seen, corpus: Path) -> str:
-    """The golden file's text: the command line, the exit code, stdout (JSON re-indented), stderr."""
-    stdout = seen.stdout
-    if stdout.lstrip().startswith(("{", "[")):
+def _document(text: str) -> str:
+    """``text`` with a JSON document re-indented (key order kept), and ending in a newline."""
+    if text.lstrip().startswith(("{", "[")):
         with contextlib.suppress(ValueError):
-            stdout = json.dumps(json.loads(stdout), indent=2, ensure_ascii=False) + "\n"
-    body = (
+            text = json.dumps(json.loads(text), indent=2, ensure_ascii=False) + "\n"
+    return text if text.endswith("\n") or not text else text + "\n"
+
+
+def record(case: Case, seen: Seen, corpus: Path) -> str:
+    """The golden file's text: the command lines run before, the command line, the exit code, stdout
+    (JSON re-indented), stderr, then each file the case names."""
+    body = "".join(f"(before) $ gputopo {' '.join(line)}\n" for line in case.before)
+    body += (
         f"$ gputopo {' '.join(case.args)}\n"
         f"exit {seen.exit_code}\n"
-        f"--- stdout\n{stdout}"
-        f"{'' if stdout.endswith(chr(10)) or not stdout else chr(10)}"
+        f"--- stdout\n{_document(seen.stdout)}"
         f"--- stderr\n{seen.stderr}"
     )
+    for path, content in seen.files:
+        body += f"{'' if body.endswith(chr(10)) else chr(10)}--- file {path}\n{_document(content)}"
     for pattern in case.varies:
         body = re.sub(pattern, lambda m: m.group(0).replace(m.group(1), "<VARIES>"), body)
     return normalise(body, corpus)
