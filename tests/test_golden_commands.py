@@ -18,7 +18,7 @@ child: marked slow), node facts (tests/test_racks.py), saved ``nvidia-smi topo -
 A golden file changes only in a commit that changes behaviour and says so; a commit that moves code leaves
 them equal. To rewrite them after such a change (and drop the files of cases that are gone)::
 
-    GPUTOPO_WRITE_GOLDEN=1 pytest tests/test_golden_commands.py -m "slow or not slow"
+    GPUTOPO_WRITE_GOLDEN=1 pytest tests/test_golden_commands.py
 
 then read ``git diff tests/golden/commands`` line by line before committing.
 """
