@@ -57,6 +57,7 @@ SAMPLES = (
     "dgx2-v100-16gpu",
 )
 BOXES = ("nvlink_box", "nvswitch_box", "pcie_box", "lost_gpu_box", "no_driver")
+DRAIN_BOARD = "drain_p2p_gpu3"
 
 
 # What the recorded text depends on besides gputopo: the renderers (typer, click, rich), the NVML bindings
@@ -335,6 +336,28 @@ def _cases() -> list[Case]:
     out.append(Case("kill-stale-no-files", ("kill-stale", "--device-files", "{c}/no-devices/nvidia*")))
     out.append(Case("kill-stale-bad-age", ("kill-stale", "--older-than", "soon")))
 
+    # The drain-P2P rule, wherever it applies today (cli/probe.py, cli/options.py, doctor.py): GPU3's
+    # driver asks to keep P2P work off it.
+    drain = {"nvml": DRAIN_BOARD}
+    out += _both("drain-recommend-n2", "recommend", "-n", "2", **drain)
+    out.append(Case("drain-recommend-n4", ("recommend", "-n", "4"), **drain))
+    out.append(Case("drain-run-n3-dry", ("run", "-n", "3", "--dry-run", "--", "python", "x.py"), **drain))
+    out.append(
+        Case("drain-run-n3-dry--json", ("run", "-n", "3", "--dry-run", "--json", "--", "x.py"), **drain)
+    )
+    out += _both("drain-probe-each-pair-plan", "probe", "--each-pair", "--dry-run", **drain)
+    out.append(Case("drain-probe-named-set-plan", ("probe", "-g", "0,1,2,3", "--dry-run"), **drain))
+    out += _both("drain-check", "check", *fast, **drain)
+    out.append(Case("drain-topo", ("topo",), **drain))
+    out.append(
+        Case(
+            "drain-doctor-skip-probe",
+            ("doctor", "--skip-probe", "--report-dir", "{c}/reports/d5", "--no-html"),
+            host_dev=True,
+            **drain,
+        )
+    )
+
     # the program itself
     out.append(Case("help", ("--help",)))
     out.append(Case("unknown-command", ("frobnicate",)))
@@ -424,6 +447,19 @@ def driver_machine(name: str) -> str:
     raise KeyError(name)
 
 
+def board(name: str):  # type: ignore[no-untyped-def]
+    """A FakeNvml board by name: one of FakeNvml's own (``BOXES``), or one built here (``DRAIN_BOARD``:
+    the NVSwitch box with health answered and GPU3's driver asking to drain P2P, the rule issue 41 moves
+    into one machine step)."""
+    from fake_nvml import FakeNvml
+
+    if name == DRAIN_BOARD:
+        fake = FakeNvml.nvswitch_box(health=True)
+        fake.gpus[3].health.fields[230] = 3  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: DRAIN_P2P
+        return fake
+    return getattr(FakeNvml, name)()
+
+
 # --- running and normalising ----------------------------------------------------------------------------
 
 
@@ -448,9 +484,7 @@ def run_case(case: Case, corpus: Path, request: pytest.FixtureRequest) -> Seen:
         return Seen(done.returncode, done.stdout, done.stderr)
     with contextlib.ExitStack() as stack:
         if case.nvml is not None:
-            from fake_nvml import FakeNvml
-
-            stack.enter_context(getattr(FakeNvml, case.nvml)().installed())
+            stack.enter_context(board(case.nvml).installed())
         for line in case.before:
             first = invoke(*(a.replace("{c}", str(corpus)) for a in line), columns=COLUMNS, env=env)
             assert first.exception is None or isinstance(first.exception, SystemExit), first.output
