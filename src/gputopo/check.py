@@ -274,15 +274,31 @@ def read_state(path: Path, node: str) -> Any:
     return read(path, node)
 
 
-def answer_subsystem(path: Path, name: str, now: float, max_age_s: float) -> tuple[Any, tuple[str, ...]]:
+def answer_subsystem(
+    path: Path | None, name: str, now: float, max_age_s: float
+) -> tuple[Any, tuple[str, ...]]:
     """``check --subsystem NAME``: the subsystem's result (``health.subsystems.SubsystemResult``) from the
-    state's fresh ``subsystems`` record, and the read's warnings. A read without the lock (a reader: a
-    save is a rename, so it sees the old file or the new one), and nothing is written, so the rules that
-    only answer never wait on a writer. A path not to be trusted is refused (``InputError``, exit 2);
-    a state that cannot be used (corrupt, another node's, newer) has no record: unknown."""
-    from gputopo.health.subsystems import SUBSYSTEMS_SECTION, answer
+    state's fresh ``subsystems`` record, and the read's warnings. ``path`` ``None``: where readers read
+    (``GPUTOPO_CHECK_STATE``, else root's default). A read without the lock (a reader: a save is a
+    rename, so it sees the old file or the new one), and nothing is written, so the rules that only
+    answer never wait on a writer. Bad usage is ``UsageError``; a path not to be trusted is refused
+    (``InputError``, exit 2); a state that cannot be used (corrupt, another node's, newer) has no
+    record: unknown."""
+    from gputopo.errors import UsageError
+    from gputopo.health.subsystems import BY_NAME, SUBSYSTEMS_SECTION, answer
     from gputopo.system.slurm_node import node_name
+    from gputopo.system.state_file import reader_path
 
+    if name not in BY_NAME:
+        raise UsageError(f"--subsystem {name}: not a subsystem", f"one of {', '.join(BY_NAME)}")
+    if not max_age_s > 0:
+        raise UsageError(f"--max-age {max_age_s:g}: must be more than 0 seconds", "e.g. --max-age 120")
+    path = path or reader_path()
+    if path is None:
+        raise UsageError(
+            "--subsystem: needs the check state (--state FILE, or GPUTOPO_CHECK_STATE not empty)",
+            "the rule that runs `gputopo check --state FILE` records every subsystem there",
+        )
     read = read_state(path, node_name())
     if read.refused is not None:
         raise InputError(read.refused, read.hint)

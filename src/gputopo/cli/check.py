@@ -13,12 +13,12 @@ from gputopo.cli import app
 from gputopo.cli.common import JSON_OPTION, debug_enabled, examples, guarded
 from gputopo.health.check import (
     DEFAULT_BUDGET_S,
+    DEFAULT_MAX_AGE_S,
     DEFAULT_NVML_TIMEOUT_S,
     DEFAULT_SAMPLE_S,
     DEFAULT_SINCE,
 )
 from gputopo.health.node_action import DEFAULT_MAX_DRAINED
-from gputopo.health.subsystems import DEFAULT_MAX_AGE_S
 from gputopo.ui.check_view import NPD_DEFAULT_MAX_OUTPUT, CheckFormat
 from gputopo.ui.output import Output
 
@@ -313,28 +313,15 @@ def _answer_subsystem(
     node-problem-detector runs one rule per condition, and only the first of an interval reads NVML)."""
     import sys
 
+    from gputopo.check import answer_subsystem
     from gputopo.errors import UsageError
-    from gputopo.health.subsystems import BY_NAME
     from gputopo.ui.check_view import render_npd_subsystem
 
-    if name not in BY_NAME:
-        raise UsageError(f"--subsystem {name}: not a subsystem", f"one of {', '.join(BY_NAME)}")
     if form != CheckFormat.NPD:
         raise UsageError("--subsystem: only with --format npd", "gputopo check --format npd --subsystem NAME")
-    if not max_age > 0:
-        raise UsageError(f"--max-age {max_age:g}: must be more than 0 seconds", "e.g. --max-age 120")
     if max_output_length < 1:
         raise UsageError(f"--max-output-length {max_output_length}: must be 1 or more", "NPD's default is 80")
-    from gputopo.check import answer_subsystem
-    from gputopo.system.state_file import reader_path
-
-    path = state_file or reader_path()
-    if path is None:
-        raise UsageError(
-            "--subsystem: needs the check state (--state FILE, or GPUTOPO_CHECK_STATE not empty)",
-            "the rule that runs `gputopo check --state FILE` records every subsystem there",
-        )
-    res, warnings = answer_subsystem(path, name, time.time(), max_age)
+    res, warnings = answer_subsystem(state_file, name, time.time(), max_age)
     rendered = render_npd_subsystem(res, max_output_length)
     sys.stdout.write(rendered.text)
     sys.stdout.flush()

@@ -30,6 +30,8 @@ DEFAULT_SAMPLE_S = DEFAULT_HEALTH_WINDOW_S
 DEFAULT_BUDGET_S = 20.0
 DEFAULT_SINCE = "2h"
 DEFAULT_SINCE_S = 7200.0
+# How old the last check's per-subsystem record may be for ``check --subsystem`` to answer from it (s).
+DEFAULT_MAX_AGE_S = 120.0
 # The one-line reason every output starts with.
 REASON_CHARS = 200
 

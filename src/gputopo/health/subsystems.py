@@ -24,7 +24,7 @@ from typing import Any
 
 from gputopo.errors import EXIT_OK, EXIT_PROBLEM, EXIT_UNAVAILABLE
 from gputopo.findings import PROBLEM, Finding
-from gputopo.health.check import HEALTHY, CheckResult
+from gputopo.health.check import DEFAULT_MAX_AGE_S, HEALTHY, CheckResult
 from gputopo.health.readings import NOT_READ, GpuHealth, HealthSample
 from gputopo.health.xid import bus_key
 from gputopo.model import GPU_NOT_ACCESSIBLE
@@ -33,8 +33,6 @@ from gputopo.topology.nvlink_domain import clique_label
 SUBSYSTEMS_SECTION = "subsystems"
 XID_SECTION = "xid_counter"
 ACCEPT_SECTION = "accept"
-# How old the recorded result may be for a rule to answer from it (seconds; check --max-age).
-DEFAULT_MAX_AGE_S = 120.0
 # The most Xid line keys remembered as counted (the newest kept; older lines have left any window).
 MAX_COUNTED_KEYS = 2000
 # NVML_GPU_FABRIC_STATE_COMPLETED (nvml.h).
