@@ -1,0 +1,580 @@
+"""``gputopo accept``'s service: may this node take jobs? Its steps, in order, within a budget, to one
+verdict (``accept.steps``), kept in the check state file (``accept.record``), and with ``--gate`` the
+Slurm node drained while it runs and resumed only when accepted.
+
+The steps: **inventory** (one NVML sample: the GPUs expected are there, readable, one VBIOS per model,
+the fabric), **health** (the whole ``gputopo check``), **DCGM's diagnostics** (when asked), **each GPU
+alone** (the probe's per-GPU check against the floors) and **the wiring** (no GPU drained of P2P, the P2P
+data check on every pair, an all-reduce over every GPU). The first failure stops the run unless
+``keep_going``; a step with no time left in the budget is "not checked".
+
+The CLI builds ``Options`` (validated once, here), calls ``run`` and renders the ``AcceptReport``; no
+console or typer object comes down: ``Hooks`` carries the callbacks.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from gputopo import __version__
+from gputopo.accept import record, steps
+from gputopo.accept.floors import FloorTable, packaged
+from gputopo.accept.steps import FAILED, SCHEMA, StepResult
+from gputopo.errors import EXIT_UNAVAILABLE, GputopoError, UsageError
+from gputopo.health.check import DEFAULT_NVML_TIMEOUT_S, DEFAULT_SAMPLE_S, DEFAULT_SINCE_S
+from gputopo.health.rules import DEFAULT_THRESHOLDS, Thresholds
+from gputopo.probe.plan.options import PER_GPU_FAULTS, Fault
+from gputopo.system.kernel_log import KernelLog
+
+DEFAULT_BUDGET_S = 1800.0
+# Each step's share of the budget at most (what is left is the cap when less is left).
+STEP_BUDGET_S = {"inventory": 60.0, "health": 60.0, "dcgm": 900.0, "per_gpu": 600.0, "wiring": 600.0}
+# A step is not started with less time than this left in the budget: it is "not checked".
+MIN_STEP_S = 2.0
+DEFAULT_REPORT_DIR = "reports"
+GATE_REASON = "gputopo: accepting"
+DCGM_LEVELS = (1, 2, 3, 4)
+# CPU stand-in ranks exist for indices 0-7 only (probe.plan.config.CPU_STAND_INS).
+MAX_STAND_INS = 8
+
+
+def _ignore(*_: Any) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """What the service tells its caller while it runs: ``warn`` (a line for stderr) and ``progress``
+    (a step's name and a line about it: started, its result)."""
+
+    warn: Callable[[str], None] = _ignore
+    progress: Callable[[str, str], None] = _ignore
+
+
+@dataclass(frozen=True, kw_only=True)
+class Options:
+    """What ``gputopo accept`` was asked, keyword only, validated when built (``UsageError``, exit 2:
+    bad input never reaches the machine, and never drains)."""
+
+    expect_gpus: int | None = None
+    expect_model: str | None = None
+    expect_imex: bool = False
+    device: str | None = None  # cuda | cpu (CPU ranks stand in for the GPUs) | None: cuda
+    budget_s: float = DEFAULT_BUDGET_S
+    keep_going: bool = False
+    floors: FloorTable = field(default_factory=packaged, compare=False)
+    dcgm_level: int | None = None
+    dcgm_diag: Path | None = None
+    thresholds: Thresholds = DEFAULT_THRESHOLDS
+    sample_s: float = DEFAULT_SAMPLE_S
+    since_s: float | None = DEFAULT_SINCE_S
+    kernel_log: KernelLog | None = field(default=None, compare=False)  # a saved log (None: this machine's)
+    nvml_timeout_s: float = DEFAULT_NVML_TIMEOUT_S
+    report_dir: Path = Path(DEFAULT_REPORT_DIR)
+    state_path: Path | None = None
+    gate: bool = False
+    dry_run: bool = False
+    inject: Fault | None = None  # a drill: plant sdc or slow in the per-GPU check on ``inject_gpus``
+    inject_gpus: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 < self.budget_s < math.inf:
+            raise UsageError(f"--budget {self.budget_s:g}: must be more than 0 seconds", "e.g. --budget 1800")
+        if self.expect_gpus is not None and self.expect_gpus < 1:
+            raise UsageError(f"--expect-gpus {self.expect_gpus}: must be 1 or more", "e.g. --expect-gpus 8")
+        if self.expect_model is not None and not self.expect_model.strip():
+            raise UsageError("--expect-model: empty", "e.g. --expect-model H100")
+        if self.device not in (None, "cuda", "cpu"):
+            raise UsageError(f"--device {self.device}: not a device", "cuda or cpu")
+        if self.dcgm_level is not None and self.dcgm_level not in DCGM_LEVELS:
+            raise UsageError(
+                f"--dcgm-level {self.dcgm_level}: DCGM's levels are 1 to 4",
+                "1 quick (seconds), 2 medium (~2 min), 3 long (~30 min), 4 extended (1-2 h)",
+            )
+        if self.dcgm_level is not None and self.dcgm_diag is not None:
+            raise UsageError(
+                "--dcgm-level runs DCGM; --dcgm-diag reads a saved run: give one", "drop one of them"
+            )
+        if self.dry_run and not self.gate:
+            raise UsageError("--dry-run: only with --gate", "gputopo accept --gate --dry-run")
+        if self.inject_gpus is not None and self.inject is None:
+            raise UsageError("--inject-gpus needs --inject", "e.g. --inject sdc --inject-gpus 1")
+        if self.inject is not None and self.inject not in PER_GPU_FAULTS:
+            raise UsageError(
+                f"--inject {self.inject.value}: accept plants only the per-GPU check's drills",
+                "--inject sdc or --inject slow, with --inject-gpus N",
+            )
+        if self.inject is not None and self.inject_gpus is None:
+            raise UsageError(f"--inject {self.inject.value} needs --inject-gpus", "e.g. --inject-gpus 1")
+
+    @property
+    def asked(self) -> tuple[str, ...]:
+        """The steps this run is asked for, in order (DCGM's only with ``--dcgm-level``/``--dcgm-diag``)."""
+        dcgm = self.dcgm_level is not None or self.dcgm_diag is not None
+        return tuple(s for s in steps.STEPS if s != "dcgm" or dcgm)
+
+
+@dataclass(frozen=True)
+class AcceptReport:
+    """What ``run`` found: the steps, the node (name, driver, GPUs), the Slurm gate's actions, the stored
+    record's fate, warnings, and the time; ``document()`` is the whole ``gputopo/accept/v1`` JSON."""
+
+    steps: tuple[StepResult, ...]
+    node: str
+    device: str
+    driver: str | None
+    gpus: tuple[dict[str, Any], ...]
+    started_utc: str
+    elapsed_s: float
+    budget_s: float
+    gate: tuple[dict[str, Any], ...] = ()
+    gate_note: str | None = None
+    saved: str | None = None  # where the verdict was kept, or why not
+    warnings: tuple[str, ...] = ()
+    report: dict[str, str] | None = None
+
+    @property
+    def verdict(self) -> str:
+        return steps.verdict(self.steps)
+
+    @property
+    def exit_code(self) -> int:
+        return steps.EXIT_CODES.get(self.verdict, EXIT_UNAVAILABLE)
+
+    def with_files(self, paths: dict[str, str]) -> AcceptReport:
+        return replace(self, report=dict(paths))
+
+    def document(self) -> dict[str, Any]:
+        """The ``gputopo/accept/v1`` document (docs/accept.md), built here and nowhere else."""
+        return {
+            "schema": SCHEMA,
+            "gputopo_version": __version__,
+            "node": self.node,
+            "device": self.device,
+            "verdict": self.verdict,
+            "reason": steps.reason(self.steps),
+            "started_utc": self.started_utc,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "budget_s": self.budget_s,
+            "driver": self.driver,
+            "gpus": [dict(g) for g in self.gpus],
+            "steps": [s.to_json() for s in self.steps],
+            "actions": [
+                {"step": s.name, "action": s.action, "why": s.summary}
+                for s in self.steps
+                if s.status == FAILED
+            ],
+            "not_checked": [
+                {"step": s.name, "why": s.why_not} for s in self.steps if s.status == steps.NOT_CHECKED
+            ],
+            "gate": {"actions": [dict(a) for a in self.gate], "note": self.gate_note}
+            if self.gate or self.gate_note
+            else None,
+            "state": self.saved,
+            "warnings": list(self.warnings),
+            "report": self.report,
+        }
+
+
+@dataclass
+class _Run:
+    """What the steps hand each other: the inventory's sample, the health check's result, the probe's
+    device inventory."""
+
+    options: Options
+    hooks: Hooks
+    deadline: float
+    sample: Any = None
+    check: Any = None
+    probe_inventory: Any = None
+    device: str = "cuda"
+    warnings: list[str] = field(default_factory=list)
+
+
+def run(options: Options, hooks: Hooks | None = None) -> AcceptReport:
+    """Run the steps asked for, in order; the report (the verdict kept in the state file when one is
+    named, the Slurm node gated when asked)."""
+    hooks = hooks or Hooks()
+    started = time.monotonic()
+    started_utc = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    ctx = _Run(options, hooks, started + options.budget_s, device=options.device or "cuda")
+    gate = _Gate(options, hooks) if options.gate else None
+    if gate is not None:
+        gate.start(started + min(options.budget_s / 4, 30.0))
+    done: list[StepResult] = []
+    failed: str | None = None
+    for name in options.asked:
+        if failed is not None and not options.keep_going:
+            done.append(steps.not_run(name, failed))
+            continue
+        left = ctx.deadline - time.monotonic()
+        if left < MIN_STEP_S:
+            done.append(steps.not_checked(name, "the time budget (--budget) ran out before it"))
+            continue
+        hooks.progress(name, "started")
+        t0 = time.monotonic()
+        step_deadline = t0 + min(left, STEP_BUDGET_S[name])
+        try:
+            result = _STEPS[name](ctx, step_deadline)
+        except GputopoError as exc:
+            if isinstance(exc, UsageError):
+                raise
+            result = steps.not_checked(name, exc.message)
+        elapsed = time.monotonic() - t0
+        if elapsed > STEP_BUDGET_S[name] + 5 and result.status == steps.PASSED:
+            result = steps.not_checked(name, f"it ran {elapsed:.0f} s, past its budget")
+        result = replace(result, elapsed_s=elapsed)
+        hooks.progress(name, f"{result.status}: {result.summary}")
+        done.append(result)
+        if result.status == FAILED and failed is None:
+            failed = name
+    driver, gpus = _identity(ctx)
+    report = AcceptReport(
+        steps=tuple(done),
+        node=_node_name(),
+        device=ctx.device,
+        driver=driver,
+        gpus=tuple(gpus),
+        started_utc=started_utc,
+        elapsed_s=time.monotonic() - started,
+        budget_s=options.budget_s,
+        warnings=tuple(ctx.warnings),
+    )
+    if gate is not None:
+        gate.finish(report, time.monotonic() + 20.0)
+        report = replace(report, gate=tuple(gate.actions), gate_note=gate.note)
+    if options.state_path is not None:
+        report = replace(report, saved=_save(options.state_path, report, hooks))
+    return report
+
+
+def _node_name() -> str:
+    from gputopo.system.slurm_node import node_name
+
+    return node_name()
+
+
+def _identity(ctx: _Run) -> tuple[str | None, list[dict[str, Any]]]:
+    sample = ctx.sample
+    if sample is None:
+        return None, []
+    gpus = [
+        {
+            "index": g.index,
+            "uuid": g.uuid,
+            "vbios": g.vbios_version,
+            "name": g.name,
+            "pci_bus_id": g.pci_bus_id,
+        }
+        for g in sample.gpus
+    ]
+    return sample.driver_version, gpus
+
+
+# --- the steps ---------------------------------------------------------------------------------------------
+
+
+def _inventory(ctx: _Run, deadline: float) -> StepResult:
+    from gputopo.system import nvml
+    from gputopo.system.health_reads import sample_health
+
+    o = ctx.options
+    try:
+        _, ctx.sample = sample_health(None, timeout_s=o.nvml_timeout_s, deadline=deadline)
+    except nvml.NvmlUnavailable as exc:
+        return steps.judge_inventory(
+            None, expect_gpus=o.expect_gpus, expect_model=o.expect_model, unavailable=exc.message
+        )
+    return steps.judge_inventory(ctx.sample, expect_gpus=o.expect_gpus, expect_model=o.expect_model)
+
+
+def _health(ctx: _Run, deadline: float) -> StepResult:
+    from gputopo.check import CheckOptions, run_check
+    from gputopo.health.check import HEALTHY, PROBLEMS
+
+    o = ctx.options
+    budget = max(1.0, deadline - time.monotonic())
+    options = CheckOptions(
+        sample_s=min(o.sample_s, budget / 2),
+        budget_s=budget,
+        nvml_timeout_s=o.nvml_timeout_s,
+        expect_gpus=o.expect_gpus,
+        expect_imex=o.expect_imex,
+        thresholds=o.thresholds,
+        since_s=o.since_s,
+        kernel_log=o.kernel_log,
+    )
+    result = run_check(options)
+    ctx.check = result
+    if ctx.sample is None and result.sample is not None:
+        ctx.sample = result.sample
+    facts = {
+        "verdict": result.verdict,
+        "reason": result.reason,
+        "not_checked": [n.to_json() for n in result.not_checked],
+    }
+    if result.verdict == PROBLEMS:
+        return steps.from_findings("health", result.findings, result.reason, facts)
+    if result.verdict == HEALTHY:
+        return steps.StepResult("health", steps.PASSED, result.reason, result.findings, facts=facts)
+    return steps.not_checked("health", result.reason, facts)
+
+
+def _dcgm(ctx: _Run, deadline: float) -> StepResult:
+    return steps.not_checked("dcgm", "DCGM's diagnostics cannot be read by this build of gputopo")
+
+
+def _probe_inventory(ctx: _Run) -> Any:
+    """The GPUs the probe may run on: CUDA's (NVML numbering), or CPU stand-ins for the GPUs the
+    inventory listed (at most 8)."""
+    if ctx.probe_inventory is not None:
+        return ctx.probe_inventory
+    from gputopo.probe.plan.config import DeviceInventory
+    from gputopo.probe.pool.devices import detect_devices
+
+    o = ctx.options
+    if o.device == "cpu":
+        listed = [g.index for g in (ctx.sample.gpus if ctx.sample is not None else ()) if g.error is None]
+        if not listed:
+            listed = [0, 1]
+            ctx.warnings.append("no GPU was listed: two CPU stand-ins run the probes")
+        stand_ins = tuple(g for g in listed if g < MAX_STAND_INS)
+        if len(stand_ins) < len(listed):
+            ctx.warnings.append(
+                f"CPU stand-ins exist for GPU0-GPU{MAX_STAND_INS - 1} only; the rest are left out"
+            )
+        detect_devices("cpu")  # torch is there (UnavailableError otherwise)
+        ctx.probe_inventory = DeviceInventory("cpu", stand_ins, note="CPU ranks stand in for GPUs")
+    else:
+        ctx.probe_inventory = detect_devices(None, nvml_timeout_s=o.nvml_timeout_s)
+    ctx.device = ctx.probe_inventory.device
+    return ctx.probe_inventory
+
+
+def _probe(ctx: _Run, deadline: float, gpus: list[int], mode: Any, **kw: Any) -> dict[str, Any]:
+    """One probe run (``probe.pool.runner``) of ``mode`` on ``gpus``; its ``gputopo/probe/v1`` document."""
+    from gputopo.probe.plan.config import build_config
+    from gputopo.probe.pool.runner import run_probe
+    from gputopo.probe.report.document import to_document
+
+    inventory = _probe_inventory(ctx)
+    config = build_config(
+        inventory,
+        [",".join(map(str, gpus))],
+        mode=mode,
+        timeout_s=max(5.0, deadline - time.monotonic()),
+        report_dir=ctx.options.report_dir,
+        **kw,
+    )
+    doc = to_document(run_probe(config, on_warning=ctx.warnings.append))
+    return doc
+
+
+def _per_gpu(ctx: _Run, deadline: float) -> StepResult:
+    from gputopo.probe.plan.options import Mode
+
+    inventory = _probe_inventory(ctx)
+    gpus = list(inventory.gpus)
+    if not gpus:
+        return steps.not_checked("per_gpu", "no GPU here can be probed")
+    o = ctx.options
+    kw: dict[str, Any] = {}
+    if inventory.device == "cuda":
+        kw["precisions"] = ["bf16"]  # the floors' matmul figures are bf16 on tensor cores
+    if o.inject is not None:
+        kw.update(inject=o.inject, inject_gpus=o.inject_gpus)
+    doc = _probe(ctx, deadline, gpus, Mode.GPU, **kw)
+    return steps.judge_per_gpu(doc.get("per_gpu"), o.floors, inventory.device)
+
+
+def _wiring(ctx: _Run, deadline: float) -> StepResult:
+    from gputopo.health.judge import judge_one, p2p_drained
+    from gputopo.probe.plan.options import Mode
+
+    if ctx.check is not None:
+        drained = p2p_drained(ctx.check.findings)
+    elif ctx.sample is not None:
+        drained = p2p_drained(judge_one(ctx.sample).findings)
+    else:
+        drained = {}
+    names = {g.index: g.name for g in (ctx.sample.gpus if ctx.sample is not None else ())}
+    o = ctx.options
+    if drained:  # no P2P work on a GPU whose driver asks to keep it off: the step fails as it stands
+        return steps.judge_wiring(
+            drained=drained, p2p=None, allreduce=None, table=o.floors, device=ctx.device, names=names
+        )
+    inventory = _probe_inventory(ctx)
+    gpus = list(inventory.gpus)
+    names = {g: names.get(g) for g in gpus}
+    if len(gpus) < 2:
+        return steps.StepResult(
+            "wiring", steps.PASSED, f"{len(gpus)} GPU: no pair and no all-reduce to check"
+        )
+    p2p = None
+    if inventory.device == "cuda":
+        half = time.monotonic() + (deadline - time.monotonic()) / 2
+        p2p = _probe(ctx, half, gpus, Mode.P2P, each_pair=True)
+    allreduce = _probe(ctx, deadline, gpus, Mode.ALLREDUCE)
+    return steps.judge_wiring(
+        drained={}, p2p=p2p, allreduce=allreduce, table=o.floors, device=inventory.device, names=names
+    )
+
+
+_STEPS: dict[str, Callable[[_Run, float], StepResult]] = {
+    "inventory": _inventory,
+    "health": _health,
+    "dcgm": _dcgm,
+    "per_gpu": _per_gpu,
+    "wiring": _wiring,
+}
+
+
+# --- the verdict kept ---------------------------------------------------------------------------------
+
+
+def read_state_text(path: Path) -> str | None:
+    """The state file's text (``None``: none yet, or unreadable). The one read accept makes of it."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read(4 * 1024 * 1024)
+    except OSError:
+        return None
+
+
+def write_state_text(path: Path, text: str) -> None:
+    """The state file written atomically (the folder made when missing). The one write accept makes."""
+    from gputopo.report import atomic_write
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, text)
+
+
+def _save(path: Path, report: AcceptReport, hooks: Hooks) -> str:
+    """Keep the verdict under the state file's ``accept`` key; where it went, or why not."""
+    rec = record.make(
+        at=time.time(),
+        verdict=report.verdict,
+        reason=steps.reason(report.steps),
+        driver=report.driver,
+        gpus=report.gpus,
+    )
+    text = read_state_text(path)
+    if not text:  # a new file: a check state of this node (check reads it without a warning), and the record
+        from gputopo.health.state import CheckState, dumps
+
+        text = dumps(CheckState(report.node))
+    try:
+        write_state_text(path, record.with_record(text, rec))
+    except (OSError, GputopoError) as exc:
+        why = getattr(exc, "message", None) or getattr(exc, "strerror", None) or str(exc)
+        hooks.warn(f"--state {path}: the verdict was not kept ({why})")
+        return f"not kept: {why}"
+    return str(path)
+
+
+def stored_status(
+    path: Path | None, driver: str | None, gpus: list[dict[str, Any]] | None
+) -> dict[str, Any] | None:
+    """The stored verdict and whether it still holds for the node as read now (``record.status``)."""
+    if path is None:
+        return None
+    return record.status(record.from_state_text(read_state_text(path)), driver, gpus)
+
+
+# --- the Slurm gate ----------------------------------------------------------------------------------------
+
+
+class _Gate:
+    """``--gate``: drain this Slurm node with gputopo's own reason before the steps (unless someone else
+    drained it: then it runs, reports and never resumes it), resume it only when accepted, and leave a
+    rejected node drained with the reason. ``health.node_action``'s rules: never overrule a person."""
+
+    def __init__(self, options: Options, hooks: Hooks) -> None:
+        self.options = options
+        self.hooks = hooks
+        self.actions: list[dict[str, Any]] = []
+        self.note: str | None = None
+        self.ours = False  # the drain in place is gputopo's own (ours to lift)
+
+    def _act(self, done: Any) -> None:
+        self.actions.append(done.to_json())
+        if done.error:
+            self.hooks.warn(f"--gate: {done.error}")
+
+    def start(self, deadline: float) -> None:
+        from gputopo.check import read_node_view
+        from gputopo.system import slurm_node
+
+        view = read_node_view(deadline)
+        if view.node is None:
+            self.note = f"the node was not drained: its state could not be read ({view.error})"
+            self.hooks.warn(f"--gate: {self.note}")
+            return
+        node = view.node
+        if node.out_of_service and not node.ours:
+            self.note = (
+                f"{node.name} is already {node.state} by someone else (Reason={node.reason or 'none'}): "
+                "accept runs and reports, and never resumes it"
+            )
+            return
+        done = slurm_node.drain(view.name, GATE_REASON, self.options.dry_run, deadline - time.monotonic())
+        self._act(replace(done, node=node, reason=GATE_REASON))
+        self.ours = done.done or self.options.dry_run or node.drained_by_gputopo
+
+    def finish(self, report: AcceptReport, deadline: float) -> None:
+        from gputopo.check import read_node_view
+        from gputopo.health.node_action import slurm_reason
+        from gputopo.system import slurm_node
+
+        if not self.ours:
+            return
+        view = read_node_view(deadline)
+        node = view.node
+        if node is None:
+            self.note = f"nothing done after the run: the node's state could not be read ({view.error})"
+            return
+        if not (node.drained_by_gputopo or self.options.dry_run):
+            # A person took over while it ran (resumed it, or drained it with their own reason).
+            self.note = (
+                f"{node.name} is {node.state} (Reason={node.reason or 'none'}) since accept drained it: a "
+                "person took over, so it is left as it is"
+            )
+            return
+        verdict = report.verdict
+        if verdict == steps.ACCEPTED:
+            self._act(
+                replace(
+                    slurm_node.resume(view.name, self.options.dry_run, deadline - time.monotonic()), node=node
+                )
+            )
+            return
+        failed = [
+            f for s in report.steps if s.status == FAILED for f in s.findings if f.severity == "problem"
+        ]
+        if verdict == steps.REJECTED and failed:
+            why = slurm_reason(failed)[len("gputopo: ") :]
+            reason = f"gputopo: accept rejected: {why}"[:200]
+        else:
+            reason = f"gputopo: accept: {steps.reason(report.steps)}"[:200]
+        done = slurm_node.drain(view.name, reason, self.options.dry_run, deadline - time.monotonic())
+        self._act(replace(done, node=node, reason=reason))
+
+
+def read_kernel_log(spec: str) -> KernelLog:
+    """``--kernel-log FILE|-``: the saved kernel log check reads Xid lines from (exit 2 when unreadable)."""
+    from gputopo.system.kernel_log import read_log_file
+
+    return read_log_file(spec)
+
+
+def check_report_dir(path: Path) -> None:
+    """The report folder is refused before anything is read (exit 2)."""
+    from gputopo.report import ensure_report_dir
+
+    ensure_report_dir(path)
