@@ -360,3 +360,28 @@ def act_on_node(
     return slurm_node.SlurmAction(
         "none", command, False, None, held, view.node, decision.reason, dry_run, decision.withheld
     )
+
+
+def accept_status(path: Path | None, result: CheckResult) -> dict[str, Any] | None:
+    """``gputopo accept``'s verdict kept in the state file at ``path`` and whether it still holds for the
+    GPUs and driver this check read (``accept.record.status``); ``None`` without a state or a verdict."""
+    from gputopo.accept import record
+
+    if path is None:
+        return None
+    sample = result.sample
+    gpus = None
+    if sample is not None and sample.gpus:
+        gpus = [{"index": g.index, "uuid": g.uuid, "vbios": g.vbios_version} for g in sample.gpus]
+    return record.status(
+        record.from_state_text(state_text(path)), sample.driver_version if sample else None, gpus
+    )
+
+
+def state_text(path: Path) -> str | None:
+    """The state file's text, or ``None`` when there is none or it cannot be read."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read(4 * 1024 * 1024)
+    except OSError:
+        return None

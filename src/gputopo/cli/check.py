@@ -236,9 +236,11 @@ def check_command(
         )
     if state is not None and state_path is not None:
         _save_state(state_path, state, result, slurm, now, warnings)
+    from gputopo.check import accept_status
     from gputopo.ui.check_view import RenderContext, render, render_prometheus, slurm_lines
 
-    ctx = RenderContext(slurm=slurm, max_output_length=max_output_length, now=now)
+    accepted = accept_status(state_path, result)
+    ctx = RenderContext(slurm=slurm, max_output_length=max_output_length, now=now, accept=accepted)
     if textfile is not None:
         warnings += _write_textfile(textfile, render_prometheus(result, ctx).text)
     rendered = render(form, result, ctx)
@@ -305,8 +307,11 @@ def _save_state(
     # Written atomically (a temporary file and a rename; the folder made when missing): a check killed
     # mid-write leaves the old state, never half a file.
     try:
+        from gputopo.accept.record import carried
+        from gputopo.check import state_text
+
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, st.dumps(state))
+        atomic_write(path, carried(state_text(path), st.dumps(state)))  # accept's verdict is kept
     except (OSError, GputopoError) as exc:
         why = getattr(exc, "message", None) or getattr(exc, "strerror", None) or str(exc)
         warnings.append(f"--state {path}: not saved ({why})")

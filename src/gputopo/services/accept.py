@@ -440,11 +440,9 @@ _STEPS: dict[str, Callable[[_Run, float], StepResult]] = {
 
 def read_state_text(path: Path) -> str | None:
     """The state file's text (``None``: none yet, or unreadable). The one read accept makes of it."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read(4 * 1024 * 1024)
-    except OSError:
-        return None
+    from gputopo.check import state_text
+
+    return state_text(path)
 
 
 def write_state_text(path: Path, text: str) -> None:

@@ -60,6 +60,8 @@ class RenderContext:
     max_output_length: int = NPD_DEFAULT_MAX_OUTPUT
     now: float = 0.0
     state_age_s: float | None = None
+    # ``gputopo accept``'s stored verdict and whether it still holds (``accept.record.status``), or None.
+    accept: dict[str, Any] | None = None
 
 
 def first_line(result: CheckResult) -> str:
@@ -83,6 +85,7 @@ def render_json(result: CheckResult, ctx: RenderContext) -> Rendered:
     doc = result.to_json()
     if ctx.slurm is not None:
         doc["slurm"] = ctx.slurm.to_json()
+    doc["accept"] = ctx.accept
     return Rendered(json.dumps(doc, indent=2) + "\n", result.exit_code)
 
 

@@ -1,0 +1,284 @@
+"""``gputopo accept`` on the fake driver's boards (the real pynvml over tests/fakedriver), with CPU ranks
+standing in for the GPUs: a healthy board accepted (floors "not applicable"), and each kind of sick board
+rejected at the right step with the right action; the floors as data; the verdict's JSON shape and exit
+codes; the verdict kept in the check state and made stale by a driver or GPU change.
+
+No test here turns on a healthy stand-in's speed (a loaded machine may leave it "undecided", which passes);
+the slow drill plants a quarter of the speed, far above any noise (tests/test_probe_pergpu_run.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import fake_driver
+import own_procs
+from test_health_reads import healthy
+
+pytestmark = pytest.mark.skipif(
+    fake_driver.compiler() is None, reason="no C compiler to build the fake driver"
+)
+
+FAST = ("--sample-s", "0.2", "--kernel-log", "/dev/null", "--nvml-timeout", "2")
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return fake_driver.build(tmp_path_factory.mktemp("driver"))
+
+
+def board(
+    tmp_path: Path, n: int, *extra: str, driver_version: str = "570.86.15", name: str = "m.txt"
+) -> Path:
+    """``n`` sound H100 SXMs on NVSwitches (tests/test_health_reads.healthy) and ``extra`` lines."""
+    lines = [f"driver {driver_version}", "cuda 12080", *(ln for i in range(n) for ln in healthy(i)), *extra]
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def accept(
+    driver: Path, machine: Path, tmp_path: Path, *args: str, timeout: float = 300
+) -> tuple[int, dict, str]:
+    """``gputopo accept --json`` on ``machine``; (exit code, document, stderr). Nothing it started is left."""
+    marker = own_procs.new_marker()
+    done = fake_driver.run(
+        driver,
+        machine,
+        "accept",
+        "--json",
+        "--report-dir",
+        str(tmp_path / "reports"),
+        *FAST,
+        *args,
+        timeout=timeout,
+        extra_env={own_procs.MARKER_VAR: marker},
+    )
+    assert not own_procs.wait_for_none_left(marker), "accept left processes running"
+    assert done.stdout, done.stderr[-3000:]
+    return done.returncode, json.loads(done.stdout), done.stderr
+
+
+def steps_of(doc: dict) -> dict[str, dict]:
+    return {s["name"]: s for s in doc["steps"]}
+
+
+# --- rejected before any probe (no torch needed) ------------------------------------------------------
+
+
+def test_a_gpu_missing_against_expect_gpus_8_is_rejected_at_inventory(driver: Path, tmp_path: Path) -> None:
+    code, doc, _ = accept(driver, board(tmp_path, 7), tmp_path, "--expect-gpus", "8", "--device", "cpu")
+    assert code == 1 and doc["schema"] == "gputopo/accept/v1" and doc["verdict"] == "rejected"
+    steps = steps_of(doc)
+    assert list(steps) == ["inventory", "health", "per_gpu", "wiring"]  # no DCGM step unless asked
+    inv = steps["inventory"]
+    assert inv["status"] == "failed" and inv["summary"].startswith("7 GPUs present, 8 expected")
+    assert inv["action"] == "replace the GPU"
+    assert {steps[s]["status"] for s in ("health", "per_gpu", "wiring")} == {"not run"}
+    assert doc["reason"].startswith("rejected at inventory: 7 GPUs present, 8 expected")
+    assert doc["actions"] == [{"step": "inventory", "action": "replace the GPU", "why": inv["summary"]}]
+    # The report files doctor writes: JSON, Markdown, HTML, named in the document.
+    assert {k for k in doc["report"]} == {"json", "markdown", "html"}
+    assert json.loads(Path(doc["report"]["json"]).read_text())["verdict"] == "rejected"
+    assert "| inventory | failed |" in Path(doc["report"]["markdown"]).read_text()
+
+
+def test_a_row_remapping_failure_is_rejected_at_health_with_its_action(driver: Path, tmp_path: Path) -> None:
+    code, doc, _ = accept(driver, board(tmp_path, 2, "remap 1 0 2 0 1"), tmp_path, "--device", "cpu")
+    assert code == 1 and doc["verdict"] == "rejected"
+    steps = steps_of(doc)
+    assert steps["inventory"]["status"] == "passed"
+    health = steps["health"]
+    assert health["status"] == "failed" and "row remapping failed on GPU1" in health["summary"]
+    assert health["action"] in ("replace the GPU", "reset the GPU"), health["action"]
+    assert any(f["gpu"] == 1 and f["severity"] == "problem" for f in health["findings"])
+    assert steps["per_gpu"]["status"] == "not run" and steps["wiring"]["status"] == "not run"
+
+
+def test_two_vbios_versions_on_one_model_and_a_wrong_model_fail_the_inventory(
+    driver: Path, tmp_path: Path
+) -> None:
+    machine = board(tmp_path, 2, "vbios 1 96.00.99.00.02")
+    code, doc, _ = accept(driver, machine, tmp_path, "--expect-model", "B200", "--device", "cpu")
+    assert code == 1
+    words = [f["what"] for f in steps_of(doc)["inventory"]["findings"]]
+    assert any("2 VBIOS versions on one node" in w for w in words), words
+    assert any("not 'B200' (--expect-model)" in w for w in words), words
+
+
+def test_no_driver_is_not_checked_exit_3_naming_each_step(driver: Path, tmp_path: Path) -> None:
+    """No NVML (the fake driver without a machine file answers DriverNotLoaded), no CUDA: nothing could be
+    judged and nothing failed: "not checked", every step with its reason, exit 3."""
+    env = fake_driver.env_for(driver, tmp_path / "none.txt")
+    env.pop("FAKE_NVML_CONFIG")
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "gputopo", "accept", "--json", "--report-dir", str(tmp_path / "r"), *FAST],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 3, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["verdict"] == "not checked"
+    assert {s["status"] for s in doc["steps"]} == {"not checked"}
+    assert [n["step"] for n in doc["not_checked"]] == ["inventory", "health", "per_gpu", "wiring"]
+    assert all(n["why"] for n in doc["not_checked"])
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("--budget", "0"), "--budget 0: must be more than 0 seconds"),
+        (("--expect-gpus", "0"), "--expect-gpus 0: must be 1 or more"),
+        (("--dcgm-level", "5"), "--dcgm-level 5: DCGM's levels are 1 to 4"),
+        (("--dry-run",), "--dry-run: only with --gate"),
+        (("--inject", "sdc"), "--inject sdc needs --inject-gpus"),
+        (("--inject", "nan", "--inject-gpus", "1"), "accept plants only the per-GPU check's drills"),
+        (("--device", "tpu"), "--device tpu: not a device"),
+    ],
+)
+def test_bad_options_are_one_line_and_exit_2_before_anything_is_read(
+    driver: Path, tmp_path: Path, args: tuple[str, ...], words: str
+) -> None:
+    done = fake_driver.run(driver, board(tmp_path, 1), "accept", *args, "--report-dir", str(tmp_path / "r"))
+    assert done.returncode == 2, done.stderr
+    assert words in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
+
+
+def test_a_bad_floors_file_is_one_line_exit_2(driver: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "floors.json"
+    bad.write_text('{"schema": "gputopo/accept-floors/v1", "models": [{"model": "X", "pattern": "X", '
+                   '"memory_gbps": {"floor": -1, "source": "s"}}]}')  # fmt: skip
+    done = fake_driver.run(driver, board(tmp_path, 1), "accept", "--floors", str(bad))
+    assert done.returncode == 2
+    assert "models[0].memory_gbps.floor: a positive number is needed" in done.stderr
+    truncated = tmp_path / "cut.json"
+    truncated.write_text('{"schema": "gputopo/accept-floors/v1", "models": [')
+    done = fake_driver.run(driver, board(tmp_path, 1), "accept", "--floors", str(truncated))
+    assert done.returncode == 2 and "--floors" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_list_floors_json_is_the_shape_floors_reads_back(driver: Path, tmp_path: Path) -> None:
+    done = fake_driver.run(driver, board(tmp_path, 1), "accept", "--list-floors", "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    models = {m["model"]: m for m in doc["models"]}
+    assert {"H100 SXM", "H100 PCIe", "H200 SXM", "B200", "GB200", "GB300", "A100 SXM4 80GB", "L40S"} <= set(
+        models
+    )
+    h100 = models["H100 SXM"]
+    assert (
+        h100["matmul_tflops"]["bf16"]["basis"] == 798.0
+        and h100["matmul_tflops"]["bf16"]["derived"] == "measured"
+    )
+    assert h100["matmul_tflops"]["bf16"]["floor"] == pytest.approx(0.75 * 798.0)
+    assert "580.159" in h100["memory_gbps"]["source"]
+    saved = tmp_path / "mine.json"
+    saved.write_text(done.stdout)
+    again = fake_driver.run(
+        driver, board(tmp_path, 1), "accept", "--list-floors", "--json", "--floors", str(saved)
+    )
+    assert again.returncode == 0 and json.loads(again.stdout)["models"] == doc["models"]
+
+
+# --- the probes on CPU stand-ins ----------------------------------------------------------------------------
+
+torch_needed = pytest.mark.skipif(
+    __import__("importlib").util.find_spec("torch") is None, reason="the probes need torch"
+)
+
+
+@torch_needed
+@pytest.mark.slow
+def test_a_healthy_board_is_accepted_with_floors_not_applicable_and_kept_in_the_state(
+    driver: Path, tmp_path: Path
+) -> None:
+    state = tmp_path / "state.json"
+    machine = board(tmp_path, 2)
+    code, doc, _ = accept(driver, machine, tmp_path, "--device", "cpu", "--state", str(state))
+    assert code == 0, doc
+    assert doc["verdict"] == "accepted" and doc["reason"] == "accepted: 4 steps passed"
+    steps = steps_of(doc)
+    assert all(s["status"] == "passed" for s in steps.values()), steps
+    per_gpu = steps["per_gpu"]["facts"]
+    assert per_gpu["floors"] == "not applicable (CPU stand-ins)"
+    assert all(f["status"] == "not applicable" for g in per_gpu["gpus"] for f in g["figures"].values())
+    assert "floors not applicable" in steps["wiring"]["summary"]
+    assert steps["wiring"]["facts"]["allreduce"]["status"] == "not applicable"
+    assert doc["state"] == str(state)
+    kept = json.loads(state.read_text())
+    assert kept["accept"]["verdict"] == "accepted" and kept["accept"]["driver"] == "570.86.15"
+    assert [g["uuid"] for g in kept["accept"]["gpus"]] == [g["uuid"] for g in doc["gpus"]]
+    assert kept["schema"] == "gputopo/check-state/v1"  # check reads the file without a warning
+
+    # check --json carries the verdict while it holds, and says when it no longer does.
+    env = {"GPUTOPO_CHECK_STATE": str(state)}
+    fresh = fake_driver.run(driver, machine, "check", "--json", "--state", str(state), *FAST, extra_env=env)
+    held = json.loads(fresh.stdout)["accept"]
+    assert (
+        held["verdict"] == "accepted" and held["stale"] is False and held["words"].startswith("accepted at ")
+    )
+    assert json.loads(state.read_text())["accept"]["verdict"] == "accepted"  # check kept accept's record
+    upgraded = board(tmp_path, 2, driver_version="580.65.06", name="upgraded.txt")
+    later = fake_driver.run(driver, upgraded, "check", "--json", "--state", str(state), *FAST, extra_env=env)
+    stale = json.loads(later.stdout)["accept"]
+    assert stale["stale"] is True
+    assert stale["words"].startswith("not accepted since the driver changed (570.86.15 -> 580.65.06)")
+
+
+@torch_needed
+@pytest.mark.slow
+def test_a_drain_p2p_gpu_is_rejected_at_the_wiring_a_node_is_accepted_whole(
+    driver: Path, tmp_path: Path
+) -> None:
+    machine = board(tmp_path, 2, "field 1 230 3")  # NVML recovery action DRAIN_P2P on GPU1
+    code, doc, _ = accept(driver, machine, tmp_path, "--device", "cpu")
+    assert code == 1 and doc["verdict"] == "rejected"
+    steps = steps_of(doc)
+    assert steps["health"]["status"] == "passed"  # check only notes it: other jobs may run there
+    assert steps["per_gpu"]["status"] == "passed"
+    wiring = steps["wiring"]
+    assert wiring["status"] == "failed" and wiring["action"] == "reset the GPU"
+    assert wiring["summary"].startswith("GPU1: the driver asks to keep peer-to-peer work off it")
+    assert "a node is accepted whole" in wiring["summary"]
+    assert wiring["facts"]["drained"] == {"1": wiring["facts"]["drained"]["1"]}
+    assert doc["reason"].startswith("rejected at the wiring (P2P, all-reduce): GPU1")
+
+
+@torch_needed
+@pytest.mark.slow
+@pytest.mark.parametrize("fault, gpu, verdict", [("sdc", "2", "corrupt"), ("slow", "1", "slow")])
+def test_a_planted_corrupting_or_slow_stand_in_is_caught_by_the_per_gpu_step(
+    driver: Path, tmp_path: Path, fault: str, gpu: str, verdict: str
+) -> None:
+    machine = board(tmp_path, 4)
+    code, doc, _ = accept(
+        driver, machine, tmp_path, "--device", "cpu", "--inject", fault, "--inject-gpus", gpu
+    )
+    assert code == 1 and doc["verdict"] == "rejected"
+    step = steps_of(doc)["per_gpu"]
+    assert step["status"] == "failed"
+    assert step["summary"].startswith(f"GPU{gpu} {verdict}:"), step["summary"]
+    assert step["action"] == ("replace the GPU" if verdict == "corrupt" else "run the field diagnostic")
+    assert [f["gpu"] for f in step["findings"] if f["severity"] == "problem"] == [int(gpu)]
+    assert steps_of(doc)["wiring"]["status"] == "not run"
+
+
+@torch_needed
+@pytest.mark.slow
+def test_keep_going_runs_every_step_after_a_failure(driver: Path, tmp_path: Path) -> None:
+    code, doc, _ = accept(
+        driver, board(tmp_path, 2, "remap 1 0 2 0 1"), tmp_path, "--device", "cpu", "--keep-going"
+    )
+    assert code == 1
+    steps = steps_of(doc)
+    assert steps["health"]["status"] == "failed"
+    assert steps["per_gpu"]["status"] == "passed" and steps["wiring"]["status"] == "passed"
