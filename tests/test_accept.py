@@ -282,3 +282,83 @@ def test_keep_going_runs_every_step_after_a_failure(driver: Path, tmp_path: Path
     steps = steps_of(doc)
     assert steps["health"]["status"] == "failed"
     assert steps["per_gpu"]["status"] == "passed" and steps["wiring"]["status"] == "passed"
+
+
+# --- the verdict kept, and when it no longer holds ------------------------------------------------------
+
+
+def kept_state(tmp_path: Path, machine: Path, verdict: str = "accepted") -> Path:
+    """A state file holding accept's record for the GPUs of ``machine`` (as `gputopo accept` writes it)."""
+    from gputopo.accept import record
+
+    lines = machine.read_text().splitlines()
+    driver = next(ln.split()[1] for ln in lines if ln.startswith("driver "))
+    gpus = [
+        {"index": int(p[1]), "uuid": p[3], "name": " ".join(p[5:]), "vbios": None}
+        for p in (ln.split() for ln in lines if ln.startswith("gpu "))
+    ]
+    vbios = {int(p[1]): p[2] for p in (ln.split() for ln in lines if ln.startswith("vbios "))}
+    for g in gpus:
+        g["vbios"] = vbios.get(g["index"])
+    rec = record.make(
+        at=1_800_000_000.0, verdict=verdict, reason=f"{verdict}: test", driver=driver, gpus=gpus
+    )
+    path = tmp_path / "state.json"
+    path.write_text(record.with_record(None, rec))
+    return path
+
+
+def test_the_stored_verdict_goes_stale_when_a_gpu_is_swapped_in_topo_and_nodes(
+    driver: Path, tmp_path: Path
+) -> None:
+    machine = board(tmp_path, 2)
+    state = kept_state(tmp_path, machine)
+    env = {"GPUTOPO_CHECK_STATE": str(state)}
+    same = fake_driver.run(driver, machine, "topo", "--json", *FAST[-2:], extra_env=env)
+    assert same.returncode == 0, same.stderr
+    held = json.loads(same.stdout)["accept"]
+    assert held == {
+        **held,
+        "verdict": "accepted",
+        "stale": False,
+        "words": "accepted at 2027-01-15T08:00:00Z",
+    }
+    swapped_text = machine.read_text().replace("GPU-00000001-aaaa", "GPU-0000beef-aaaa")
+    swapped = tmp_path / "swapped.txt"
+    swapped.write_text(swapped_text)
+    later = fake_driver.run(driver, swapped, "topo", "--json", *FAST[-2:], extra_env=env)
+    facts = json.loads(later.stdout)
+    assert facts["accept"]["stale"] is True
+    assert facts["accept"]["words"].startswith(
+        "not accepted since a GPU was swapped, removed or added (GPU1)"
+    )
+    (tmp_path / "facts").mkdir()
+    (tmp_path / "facts" / "node.json").write_text(later.stdout)
+    nodes = fake_driver.run(driver, swapped, "nodes", str(tmp_path / "facts"), "--json")
+    assert nodes.returncode in (0, 1), nodes.stderr
+    assert json.loads(nodes.stdout)["accept"][facts["node"]]["stale"] is True
+
+
+def test_a_vbios_flash_makes_the_verdict_stale_in_check_and_a_check_keeps_the_record(
+    driver: Path, tmp_path: Path
+) -> None:
+    machine = board(tmp_path, 2)
+    state = kept_state(tmp_path, machine)
+    flashed = board(tmp_path, 2, "vbios 0 96.00.99.00.07", name="flashed.txt")
+    done = fake_driver.run(driver, flashed, "check", "--json", "--state", str(state), *FAST)
+    accept_obj = json.loads(done.stdout)["accept"]
+    assert accept_obj["stale"] is True and "the VBIOS changed on GPU0" in accept_obj["words"]
+    kept = json.loads(state.read_text())
+    assert kept["accept"]["verdict"] == "accepted" and kept["schema"] == "gputopo/check-state/v1"
+
+
+def test_record_status_words() -> None:
+    from gputopo.accept import record
+
+    rec = record.make(at=0.0, verdict="rejected", reason="r", driver="1", gpus=[{"index": 0, "uuid": "A"}])
+    assert record.status(rec, "1", [{"index": 0, "uuid": "A"}])["words"] == "rejected at 1970-01-01T00:00:00Z"
+    gone = record.status(rec, "1", [])
+    assert gone["stale"] is False  # nothing read now: not judged stale
+    moved = record.status(rec, "2", None)
+    assert moved["stale"] is True and moved["changes"] == ["the driver changed (1 -> 2)"]
+    assert record.status(None, "1", []) is None

@@ -143,7 +143,7 @@ def last_check_problems(live_uuids: Mapping[int, str | None]) -> list[Finding]:
     return last_check_findings(state, time.time(), live_uuids)[0]
 
 
-def node_facts() -> dict[str, Any]:
+def node_facts(topo: Topology | None = None) -> dict[str, Any]:
     """What ``gputopo topo --json`` adds on the live machine so it can stand for the node across machines
     (``gputopo nodes``): ``node``, Slurm's name for it (``SLURMD_NODENAME``) or the short host name, and
     ``check``, the last fresh ``gputopo check`` judgement (``health.state.fresh_judgement``) or ``None``."""
@@ -153,19 +153,47 @@ def node_facts() -> dict[str, Any]:
     from gputopo.system.slurm_node import node_name
 
     state = _check_state()
-    return {"node": node_name(), "check": fresh_judgement(state, time.time()) if state else None}
+    return {
+        "node": node_name(),
+        "check": fresh_judgement(state, time.time()) if state else None,
+        "accept": _accept_status(topo),
+    }
 
 
-def _check_state() -> CheckState | None:
-    """``gputopo check``'s state file for this node, or ``None`` when there is none or it cannot be read."""
+def _accept_status(topo: Topology | None) -> dict[str, Any] | None:
+    """``gputopo accept``'s verdict in the state file and whether it holds for ``topo``'s driver and GPUs."""
+    from gputopo.accept import record
+
+    path = _state_path()
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read(4 * 1024 * 1024)
+    except OSError:
+        return None
+    gpus = [{"index": g.index, "uuid": g.uuid} for g in topo.gpus] if topo is not None else None
+    return record.status(record.from_state_text(text), topo.driver_version if topo else None, gpus)
+
+
+def _state_path() -> str | None:
+    """The check state file this node's commands read: ``GPUTOPO_CHECK_STATE``, or root's default."""
     import os
 
-    from gputopo.health.state import DEFAULT_ROOT_PATH, STATE_ENV, loads
-    from gputopo.system.slurm_node import node_name
+    from gputopo.health.state import DEFAULT_ROOT_PATH, STATE_ENV
 
     path = os.environ.get(STATE_ENV)
     if path is None and os.geteuid() == 0:
         path = DEFAULT_ROOT_PATH
+    return path or None
+
+
+def _check_state() -> CheckState | None:
+    """``gputopo check``'s state file for this node, or ``None`` when there is none or it cannot be read."""
+    from gputopo.health.state import loads
+    from gputopo.system.slurm_node import node_name
+
+    path = _state_path()
     if not path:
         return None
     try:

@@ -303,6 +303,8 @@ class Topology:
     live: bool = False
     node: str | None = None
     check: dict[str, Any] | None = field(default=None, hash=False)
+    # ``gputopo accept``'s stored verdict and whether it still holds (``accept.record.status``), or None.
+    accept: dict[str, Any] | None = field(default=None, hash=False)
 
     def gpu(self, index: int) -> Gpu:
         """The GPU with nvidia-smi index ``index``; ``KeyError`` when absent."""

@@ -67,7 +67,7 @@ def topo_command(
 
             from gputopo.machine import node_facts
 
-            topo = replace(topo, **node_facts())
+            topo = replace(topo, **node_facts(topo))
         out.document(snapshot.to_dict(topo))
         return
     from gputopo.ui.topo_view import render_topology

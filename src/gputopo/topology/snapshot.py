@@ -57,6 +57,7 @@ def to_dict(topo: Topology) -> dict[str, Any]:
         "nvlink_domain": _domain_json(topo),
         "node": topo.node,
         "check": topo.check,
+        "accept": topo.accept,
     }
 
 
@@ -116,6 +117,7 @@ def from_dict(data: Any, source: str = "snapshot") -> Topology:
             live=bool(data.get("live", False)),
             node=_node_name(data.get("node")),
             check=_check_doc(data.get("check")),
+            accept=data.get("accept") if isinstance(data.get("accept"), dict) else None,
         )
     except InputError:
         raise
