@@ -362,3 +362,91 @@ def test_record_status_words() -> None:
     moved = record.status(rec, "2", None)
     assert moved["stale"] is True and moved["changes"] == ["the driver changed (1 -> 2)"]
     assert record.status(None, "1", []) is None
+
+
+# --- the gate in Slurm (a recording scontrol on PATH stands in for Slurm's) ---------------------------
+
+ACCEPTING = "gputopo: accepting"
+SICK_BOARD = ("remap 1 0 2 0 1",)
+
+
+def gated(driver: Path, machine: Path, tmp_path: Path, bin_dir: Path, *args: str) -> tuple[int, dict, str]:
+    env = {
+        "PATH": f"{bin_dir}{__import__('os').pathsep}{__import__('os').environ.get('PATH', '')}",
+        "SLURMD_NODENAME": "gpu07",
+        "GPUTOPO_CHECK_STATE": "",
+    }
+    done = fake_driver.run(
+        driver, machine, "accept", "--json", "--gate", "--device", "cpu", "--report-dir", str(tmp_path / "r"),
+        *FAST, *args, timeout=300, extra_env=env,
+    )  # fmt: skip
+    assert done.stdout, done.stderr[-3000:]
+    return done.returncode, json.loads(done.stdout), done.stderr
+
+
+def test_gate_on_a_sick_node_drains_first_and_leaves_it_drained_with_the_reason(
+    driver: Path, tmp_path: Path
+) -> None:
+    from test_check_slurm import calls, fake_scontrol, node
+
+    bin_dir, log = fake_scontrol(tmp_path, None)
+    code, doc, _ = gated(driver, board(tmp_path, 2, *SICK_BOARD), tmp_path, bin_dir)
+    assert code == 1 and doc["verdict"] == "rejected"
+    log_lines = calls(log)
+    assert log_lines[:2] == ["show node", f"update NodeName=gpu07 State=DRAIN Reason={ACCEPTING}"]
+    assert log_lines[2] == "show node" and log_lines[3].startswith(
+        "update NodeName=gpu07 State=DRAIN Reason=gputopo: accept rejected: a row remapping failed on GPU1"
+    )
+    assert len(log_lines) == 4  # never resumed
+    assert node(tmp_path)["state"] == "IDLE+DRAIN"
+    assert node(tmp_path)["reason"].startswith("gputopo: accept rejected: a row remapping failed on GPU1")
+    assert [a["action"] for a in doc["gate"]["actions"]] == ["drain", "drain"]
+
+    # check --resume-if-healthy never lifts accept's hold, even on a board it finds healthy.
+    from test_check_slurm import slurm_check
+
+    healed = slurm_check(driver, board(tmp_path, 2, name="healed.txt"), bin_dir, "--resume-if-healthy")
+    assert healed.returncode == 0
+    assert "not resumed: `gputopo accept --gate` holds gpu07" in healed.stderr
+    assert node(tmp_path)["state"] == "IDLE+DRAIN"
+
+
+def test_gate_never_touches_a_node_an_admin_drained(driver: Path, tmp_path: Path) -> None:
+    from test_check_slurm import calls, fake_scontrol, node
+
+    bin_dir, log = fake_scontrol(tmp_path, "bad fan, ticket 123")
+    code, doc, _ = gated(driver, board(tmp_path, 2, *SICK_BOARD), tmp_path, bin_dir)
+    assert code == 1
+    assert calls(log) == ["show node"]  # read, never updated
+    assert node(tmp_path) == {"state": "IDLE+DRAIN", "reason": "bad fan, ticket 123"}
+    assert "already IDLE+DRAIN by someone else (Reason=bad fan, ticket 123)" in doc["gate"]["note"]
+    assert "never resumes it" in doc["gate"]["note"]
+
+
+def test_gate_dry_run_prints_the_commands_and_changes_nothing(driver: Path, tmp_path: Path) -> None:
+    from test_check_slurm import calls, fake_scontrol, node
+
+    bin_dir, log = fake_scontrol(tmp_path, None)
+    code, doc, _ = gated(driver, board(tmp_path, 2, *SICK_BOARD), tmp_path, bin_dir, "--dry-run")
+    assert code == 1
+    assert calls(log) == ["show node", "show node"] and node(tmp_path)["state"] == "IDLE"
+    commands = [a["command"] for a in doc["gate"]["actions"]]
+    assert commands[0].endswith(f"scontrol update NodeName=gpu07 State=DRAIN 'Reason={ACCEPTING}'")
+    assert all(a["dry_run"] and not a["done"] for a in doc["gate"]["actions"])
+
+
+@torch_needed
+@pytest.mark.slow
+def test_gate_on_a_healthy_node_resumes_it_only_when_accepted(driver: Path, tmp_path: Path) -> None:
+    from test_check_slurm import calls, fake_scontrol, node
+
+    bin_dir, log = fake_scontrol(tmp_path, None)
+    code, doc, _ = gated(driver, board(tmp_path, 2), tmp_path, bin_dir)
+    assert code == 0 and doc["verdict"] == "accepted"
+    assert calls(log) == [
+        "show node",
+        f"update NodeName=gpu07 State=DRAIN Reason={ACCEPTING}",
+        "show node",
+        "update NodeName=gpu07 State=RESUME",
+    ]
+    assert node(tmp_path) == {"state": "IDLE", "reason": None}
