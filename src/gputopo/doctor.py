@@ -61,6 +61,8 @@ class DoctorOptions:
     on_row: Any = None  # prints the inter-node progress
     on_start: Any = None  # called with the ``Machine`` once it is read, before anything slow (a first line)
     nccl_log: Path | None = None  # a job's output whose ``NCCL DIAG`` lines join the findings (--nccl-log)
+    dcgm_diag: Path | None = None  # a saved ``dcgmi diag -j`` output whose results join the findings
+    health_validation: Path | None = None  # a saved NVIDIA Health Validation NodeVerdict, likewise
     full: bool = False  # a simulation runs the full probe, not the quick show
 
 
@@ -374,7 +376,9 @@ def run_doctor(options: DoctorOptions, probe_hook: ProbeHook | None = None) -> d
     step back.
     """
     check_options(options)
-    diag = nccl_log_findings(options.nccl_log)  # NCCL DIAG lines of a job's log, read before the slow part
+    diag = nccl_log_findings(options.nccl_log) + imported_findings(
+        options
+    )  # files, read before the slow part
     machine = read_machine(options)  # the topology: this machine, or a sample simulated on CPU
     if options.on_start is not None:
         options.on_start(machine)
@@ -455,6 +459,23 @@ def nccl_log_findings(path: Path | None) -> list[Finding]:
     return [finding_from_json(f) for f in found] + [
         Finding(str(path), note, remedy, severity=NOTE, category="config") for note in notes
     ]
+
+
+def imported_findings(options: DoctorOptions) -> list[Finding]:
+    """``--dcgm-diag FILE`` and ``--health-validation FILE``: each file's findings (DCGM's failures as
+    problems on the GPU it names, warnings and skipped tests as notes; Health Validation's CRITICAL and
+    UNKNOWN as problems), after a note that says what the file said as a whole. An unreadable file is an
+    ``InputError`` (exit 2) before anything else runs."""
+    from gputopo.health import dcgm_diag, health_validation
+
+    found: list[Finding] = []
+    if options.dcgm_diag is not None:
+        result = dcgm_diag.read_dcgm_diag(options.dcgm_diag)
+        found += [dcgm_diag.summary_finding(result), *result.findings]
+    if options.health_validation is not None:
+        verdict = health_validation.read_health_validation(options.health_validation)
+        found += [health_validation.summary_finding(verdict), *verdict.findings]
+    return found
 
 
 def read_machine(options: DoctorOptions) -> Machine:

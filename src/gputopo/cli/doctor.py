@@ -124,6 +124,20 @@ def doctor_command(
         help="A job's output with NCCL's `NCCL DIAG` lines (NCCL_RUN_DIAGNOSTICS=1, NCCL >= 2.31; "
         "`gputopo run --nccl-diagnostics` sets it): failed checks join the findings.",
     ),
+    dcgm_diag: Path | None = typer.Option(
+        None,
+        "--dcgm-diag",
+        metavar="FILE",
+        help="A saved `dcgmi diag -r LEVEL -j` output (DCGM 3.x or 4.x, --iterations too): its failures "
+        "join the findings as problems on the GPU DCGM names, its warnings and skipped tests as notes.",
+    ),
+    health_validation: Path | None = typer.Option(
+        None,
+        "--health-validation",
+        metavar="FILE",
+        help="A saved NVIDIA Health Validation verdict (its JSON NodeVerdict): CRITICAL and UNKNOWN join "
+        "the findings as problems, WARNING as notes.",
+    ),
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Check this machine end to end (health, topology, links, stale processes, probes), write a report.
@@ -164,6 +178,8 @@ def doctor_command(
         on_row=progress_printer(out, node, json_out) if node is not None else None,
         on_start=None if json_out else lambda machine: _say_start(out, machine, skip_probe),
         nccl_log=nccl_log,
+        dcgm_diag=dcgm_diag,
+        health_validation=health_validation,
         full=full,
     )
 
