@@ -10,6 +10,8 @@ the slow drill plants a quarter of the speed, far above any noise (tests/test_pr
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -115,7 +117,6 @@ def test_no_driver_is_not_checked_exit_3_naming_each_step(driver: Path, tmp_path
     env = fake_driver.env_for(driver, tmp_path / "none.txt")
     env.pop("FAKE_NVML_CONFIG")
     import subprocess
-    import sys
 
     done = subprocess.run(
         [sys.executable, "-m", "gputopo", "accept", "--json", "--report-dir", str(tmp_path / "r"), *FAST],
@@ -155,8 +156,10 @@ def test_bad_options_are_one_line_and_exit_2_before_anything_is_read(
 
 def test_a_bad_floors_file_is_one_line_exit_2(driver: Path, tmp_path: Path) -> None:
     bad = tmp_path / "floors.json"
-    bad.write_text('{"schema": "gputopo/accept-floors/v1", "models": [{"model": "X", "pattern": "X", '
-                   '"memory_gbps": {"floor": -1, "source": "s"}}]}')  # fmt: skip
+    bad.write_text(
+        '{"schema": "gputopo/accept-floors/v1", "models": [{"model": "X", "pattern": "X", '
+        '"memory_gbps": {"floor": -1, "source": "s"}}]}'
+    )
     done = fake_driver.run(driver, board(tmp_path, 1), "accept", "--floors", str(bad))
     assert done.returncode == 2
     assert "models[0].memory_gbps.floor: a positive number is needed" in done.stderr
@@ -372,14 +375,25 @@ SICK_BOARD = ("remap 1 0 2 0 1",)
 
 def gated(driver: Path, machine: Path, tmp_path: Path, bin_dir: Path, *args: str) -> tuple[int, dict, str]:
     env = {
-        "PATH": f"{bin_dir}{__import__('os').pathsep}{__import__('os').environ.get('PATH', '')}",
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
         "SLURMD_NODENAME": "gpu07",
         "GPUTOPO_CHECK_STATE": "",
     }
     done = fake_driver.run(
-        driver, machine, "accept", "--json", "--gate", "--device", "cpu", "--report-dir", str(tmp_path / "r"),
-        *FAST, *args, timeout=300, extra_env=env,
-    )  # fmt: skip
+        driver,
+        machine,
+        "accept",
+        "--json",
+        "--gate",
+        "--device",
+        "cpu",
+        "--report-dir",
+        str(tmp_path / "r"),
+        *FAST,
+        *args,
+        timeout=300,
+        extra_env=env,
+    )
     assert done.stdout, done.stderr[-3000:]
     return done.returncode, json.loads(done.stdout), done.stderr
 
@@ -450,3 +464,117 @@ def test_gate_on_a_healthy_node_resumes_it_only_when_accepted(driver: Path, tmp_
         "update NodeName=gpu07 State=RESUME",
     ]
     assert node(tmp_path) == {"state": "IDLE", "reason": None}
+
+
+# --- DCGM's diagnostics (a fake dcgmi on PATH answers with JSON of DCGM's real shapes: tests/fake_dcgmi) -
+
+
+def with_dcgmi(driver: Path, machine: Path, tmp_path: Path, kind: str, *args: str) -> tuple[int, dict, str]:
+    """accept with ``--dcgm-level 3`` and a fake ``dcgmi`` answering ``kind``. No ``--device cpu``: with no
+    CUDA here the probes' steps are "not checked" at once, so the DCGM step is what is judged."""
+    import fake_dcgmi
+
+    bin_dir = tmp_path / "dcgm-bin"
+    fake_dcgmi.fake_dcgmi(bin_dir, {"*": fake_dcgmi.answer(kind, 3, gpus=8)})
+    marker = own_procs.new_marker()
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", own_procs.MARKER_VAR: marker}
+    done = fake_driver.run(
+        driver,
+        machine,
+        "accept",
+        "--json",
+        "--report-dir",
+        str(tmp_path / "r"),
+        "--dcgm-level",
+        "3",
+        *FAST,
+        *args,
+        timeout=200,
+        extra_env=env,
+    )
+    assert not own_procs.wait_for_none_left(marker), "a dcgmi or its child was left running"
+    assert done.stdout, done.stderr[-3000:]
+    return done.returncode, json.loads(done.stdout), done.stderr
+
+
+def test_dcgm_fail_on_gpu3_rejects_at_the_dcgm_step_with_dcgms_code(driver: Path, tmp_path: Path) -> None:
+    code, doc, _ = with_dcgmi(driver, board(tmp_path, 8), tmp_path, "fail_gpu3")
+    assert code == 1 and doc["verdict"] == "rejected"
+    steps = steps_of(doc)
+    assert list(steps) == ["inventory", "health", "dcgm", "per_gpu", "wiring"]
+    dcgm = steps["dcgm"]
+    assert dcgm["status"] == "failed" and dcgm["facts"]["level"] == 3
+    problems = [f for f in dcgm["findings"] if f["severity"] == "problem"]
+    assert problems and problems[0]["gpu"] == 3
+    assert "DCGM_FR_FAULTY_MEMORY" in problems[0]["what"] + problems[0]["where"] + str(problems[0]["rule"])
+    assert dcgm["action"] in ("replace the GPU", "run the field diagnostic", "reset the GPU")
+    assert steps["per_gpu"]["status"] == "not run"
+    assert doc["reason"].startswith("rejected at DCGM diagnostics")
+
+
+@pytest.mark.parametrize(
+    "kind, status, words",
+    [
+        ("pass", "passed", "passed"),
+        ("warn", "passed", "passed"),
+        ("skips", "not checked", "skip"),
+        ("runtime_error", "not checked", "host engine"),
+    ],
+)
+def test_dcgm_pass_warn_skips_and_runtime_error(
+    driver: Path, tmp_path: Path, kind: str, status: str, words: str
+) -> None:
+    code, doc, _ = with_dcgmi(driver, board(tmp_path, 8), tmp_path, kind)
+    dcgm = steps_of(doc)["dcgm"]
+    assert dcgm["status"] == status, dcgm
+    assert words in dcgm["summary"].lower() or words in str(dcgm["why_not"]).lower(), dcgm
+    if kind == "warn":
+        assert any(f["severity"] == "note" for f in dcgm["findings"])
+    assert code == 3  # the probes' steps could not run here (no CUDA): not checked, never accepted
+
+
+def test_a_hung_dcgmi_is_not_checked_within_the_budget_and_left_running_nowhere(
+    driver: Path, tmp_path: Path
+) -> None:
+    code, doc, _ = with_dcgmi(driver, board(tmp_path, 2), tmp_path, "hang", "--budget", "15")
+    assert code == 3
+    dcgm = steps_of(doc)["dcgm"]
+    assert dcgm["status"] == "not checked" and dcgm["why_not"]
+    assert doc["elapsed_s"] < 15 + 30
+
+
+def test_no_dcgmi_installed_is_not_checked(driver: Path, tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    done = fake_driver.run(
+        driver,
+        board(tmp_path, 2),
+        "accept",
+        "--json",
+        "--report-dir",
+        str(tmp_path / "r"),
+        "--dcgm-level",
+        "1",
+        *FAST,
+        extra_env={"PATH": f"{empty}{os.pathsep}{Path(sys.executable).parent}"},
+    )
+    dcgm = steps_of(json.loads(done.stdout))["dcgm"]
+    assert dcgm["status"] == "not checked" and "dcgmi" in dcgm["why_not"]
+
+
+def test_a_saved_dcgm_result_is_read_with_dcgm_diag_and_a_bad_one_is_exit_2(
+    driver: Path, tmp_path: Path
+) -> None:
+    import fake_dcgmi
+
+    saved = tmp_path / "diag.json"
+    saved.write_text(fake_dcgmi.answer("fail_gpu3", 3, gpus=8)["stdout"])
+    code, doc, _ = accept(driver, board(tmp_path, 8), tmp_path, "--dcgm-diag", str(saved))
+    assert code == 1 and steps_of(doc)["dcgm"]["status"] == "failed"
+    assert steps_of(doc)["dcgm"]["facts"]["source"].endswith("diag.json")
+    cut = tmp_path / "cut.json"
+    cut.write_text(saved.read_text()[:200])
+    done = fake_driver.run(driver, board(tmp_path, 8), "accept", "--dcgm-diag", str(cut), *FAST)
+    assert (
+        done.returncode == 2 and "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) <= 2
+    )

@@ -115,6 +115,7 @@ def accept_command(
         floors=table,
         dcgm_level=dcgm_level,
         dcgm_diag=dcgm_diag,
+        dcgm_saved=accept.read_dcgm_file(dcgm_diag) if dcgm_diag is not None else None,
         thresholds=load_thresholds(thresholds) if thresholds is not None else DEFAULT_THRESHOLDS,
         sample_s=sample_s,
         since_s=parse_since(since),

@@ -28,6 +28,7 @@ from gputopo.accept.floors import FloorTable, packaged
 from gputopo.accept.steps import FAILED, SCHEMA, StepResult
 from gputopo.errors import EXIT_UNAVAILABLE, GputopoError, UsageError
 from gputopo.health.check import DEFAULT_NVML_TIMEOUT_S, DEFAULT_SAMPLE_S, DEFAULT_SINCE_S
+from gputopo.health.dcgm_diag import DcgmDiagResult
 from gputopo.health.rules import DEFAULT_THRESHOLDS, Thresholds
 from gputopo.probe.plan.options import PER_GPU_FAULTS, Fault
 from gputopo.system.kernel_log import KernelLog
@@ -71,6 +72,8 @@ class Options:
     floors: FloorTable = field(default_factory=packaged, compare=False)
     dcgm_level: int | None = None
     dcgm_diag: Path | None = None
+    # the saved result ``--dcgm-diag`` names, read before anything else (``read_dcgm_file``)
+    dcgm_saved: DcgmDiagResult | None = field(default=None, compare=False)
     thresholds: Thresholds = DEFAULT_THRESHOLDS
     sample_s: float = DEFAULT_SAMPLE_S
     since_s: float | None = DEFAULT_SINCE_S
@@ -219,7 +222,7 @@ def run(options: Options, hooks: Hooks | None = None) -> AcceptReport:
             continue
         hooks.progress(name, "started")
         t0 = time.monotonic()
-        step_deadline = t0 + min(left, STEP_BUDGET_S[name])
+        step_deadline = t0 + min(left, _step_budget(options, name))
         try:
             result = _STEPS[name](ctx, step_deadline)
         except GputopoError as exc:
@@ -227,7 +230,7 @@ def run(options: Options, hooks: Hooks | None = None) -> AcceptReport:
                 raise
             result = steps.not_checked(name, exc.message)
         elapsed = time.monotonic() - t0
-        if elapsed > STEP_BUDGET_S[name] + 5 and result.status == steps.PASSED:
+        if elapsed > _step_budget(options, name) + 5 and result.status == steps.PASSED:
             result = steps.not_checked(name, f"it ran {elapsed:.0f} s, past its budget")
         result = replace(result, elapsed_s=elapsed)
         hooks.progress(name, f"{result.status}: {result.summary}")
@@ -252,6 +255,15 @@ def run(options: Options, hooks: Hooks | None = None) -> AcceptReport:
     if options.state_path is not None:
         report = replace(report, saved=_save(options.state_path, report, hooks))
     return report
+
+
+def _step_budget(options: Options, name: str) -> float:
+    """A step's time at most: DCGM's by its level (``system.dcgmi.DEFAULT_BUDGET_S``), the rest fixed."""
+    if name == "dcgm" and options.dcgm_level is not None:
+        from gputopo.system.dcgmi import DEFAULT_BUDGET_S as DCGM_BUDGET_S
+
+        return DCGM_BUDGET_S[options.dcgm_level]
+    return STEP_BUDGET_S[name]
 
 
 def _node_name() -> str:
@@ -327,7 +339,34 @@ def _health(ctx: _Run, deadline: float) -> StepResult:
 
 
 def _dcgm(ctx: _Run, deadline: float) -> StepResult:
-    return steps.not_checked("dcgm", "DCGM's diagnostics cannot be read by this build of gputopo")
+    """DCGM's own diagnostic: ``dcgmi diag -r LEVEL -j`` run within the step's time (a missing or hung
+    ``dcgmi`` is "not checked", never a stall), or the saved result ``--dcgm-diag`` named."""
+    from gputopo.health.dcgm_diag import FAILED as DCGM_FAILED
+    from gputopo.health.dcgm_diag import PASSED as DCGM_PASSED
+    from gputopo.health.dcgm_diag import match_serials
+
+    o = ctx.options
+    if o.dcgm_saved is not None:
+        result = o.dcgm_saved
+    else:
+        from gputopo.system.dcgmi import run_dcgm_diag
+
+        assert o.dcgm_level is not None
+        result = run_dcgm_diag(o.dcgm_level, max(0.0, deadline - time.monotonic()))
+    # gputopo reads no board serials: DCGM's GPU ids are NVML's indices on a node without MIG.
+    result = match_serials(result, {})
+    facts = result.to_json()
+    facts.pop("findings", None)
+    if result.status == DCGM_FAILED:
+        return steps.from_findings(
+            "dcgm", result.findings, result.reason or "DCGM's diagnostic failed", facts
+        )
+    if result.status == DCGM_PASSED:
+        counts = ", ".join(f"{n} {k}" for k, n in sorted(result.counts.items()) if n)
+        ok = f"{result.source}: passed" + (f" ({counts})" if counts else "")
+        return steps.StepResult("dcgm", steps.PASSED, ok, result.findings, facts=facts)
+    return replace(steps.not_checked("dcgm", result.reason or "DCGM's diagnostic did not answer", facts),
+                   findings=result.findings)  # fmt: skip
 
 
 def _probe_inventory(ctx: _Run) -> Any:
@@ -562,6 +601,13 @@ class _Gate:
             reason = f"gputopo: accept: {steps.reason(report.steps)}"[:200]
         done = slurm_node.drain(view.name, reason, self.options.dry_run, deadline - time.monotonic())
         self._act(replace(done, node=node, reason=reason))
+
+
+def read_dcgm_file(path: Path) -> DcgmDiagResult:
+    """``--dcgm-diag FILE``: a saved ``dcgmi diag -j`` output, judged (exit 2, one line, when not one)."""
+    from gputopo.health.dcgm_diag import read_dcgm_diag
+
+    return read_dcgm_diag(path)
 
 
 def read_kernel_log(spec: str) -> KernelLog:
