@@ -578,3 +578,109 @@ def test_a_saved_dcgm_result_is_read_with_dcgm_diag_and_a_bad_one_is_exit_2(
     assert (
         done.returncode == 2 and "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) <= 2
     )
+
+
+@torch_needed
+@pytest.mark.slow
+def test_ctrl_c_during_the_per_gpu_step_leaves_nothing_running(driver: Path, tmp_path: Path) -> None:
+    import signal
+    import subprocess
+
+    from conftest import default_stop_signals
+    from test_signals import stop, wait_for
+
+    env = fake_driver.env_for(driver, board(tmp_path, 2))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gputopo",
+            "accept",
+            "--device",
+            "cpu",
+            "--report-dir",
+            str(tmp_path / "r"),
+            *FAST,
+        ],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=default_stop_signals,
+    )
+    ids = wait_for(proc, "gputopo.probe.ranks", 2, limit_s=180)
+    stop(proc, signal.SIGINT, ids)  # exit 130, one "stopped by SIGINT" line, every process of its tree gone
+
+
+# --- floors judged (pure) -------------------------------------------------------------------------------
+
+
+def gpu_row(gpu: int, name: str, matmul: float, memory: float) -> dict:
+    runs = {
+        "matmul_tflops": [matmul] * 4,
+        "memory_gbps": [memory] * 4,
+        "h2d_gbps": [50.0] * 4,
+        "d2h_gbps": [50.0] * 4,
+    }
+    return {"gpu": gpu, "name": name, "verdict": "pass", "runs": runs, **{k: v[0] for k, v in runs.items()}}
+
+
+def test_a_gpu_below_its_models_floor_fails_the_per_gpu_step_by_the_median_of_its_runs() -> None:
+    from gputopo.accept.floors import packaged
+    from gputopo.accept.steps import judge_per_gpu
+
+    rows = [
+        gpu_row(0, "NVIDIA H100 80GB HBM3", 790.0, 2990.0),
+        gpu_row(1, "NVIDIA H100 80GB HBM3", 790.0, 1900.0),
+    ]
+    rows[0]["runs"]["matmul_tflops"] = [100.0, 780.0, 790.0, 800.0]  # one bad run: the median holds
+    step = judge_per_gpu({"precision": "bf16", "gpus": rows}, packaged(), "cuda")
+    assert step.status == "failed" and step.action == "run the field diagnostic"
+    (problem,) = [f for f in step.findings if f.severity == "problem"]
+    assert problem.gpu == 1 and "memory_gbps 1900" in problem.what and "below the floor 2250" in problem.what
+    figures = {r["gpu"]: r["figures"] for r in step.facts["gpus"]}
+    assert figures[0]["matmul_tflops"]["status"] == "pass" and figures[0]["matmul_tflops"]["value"] == 785.0
+    assert figures[1]["memory_gbps"]["floor"]["derived"] == "measured"
+
+
+def test_a_model_with_no_row_is_judged_against_its_peers_only_and_says_so() -> None:
+    from gputopo.accept.floors import packaged
+    from gputopo.accept.steps import judge_per_gpu
+
+    rows = [gpu_row(g, "NVIDIA RTX PRO 6000", 100.0, 1000.0) for g in range(2)]
+    step = judge_per_gpu({"precision": "bf16", "gpus": rows}, packaged(), "cuda")
+    assert (
+        step.status == "passed"
+        and "no floors for NVIDIA RTX PRO 6000: judged against its peers only" in step.summary
+    )
+    assert step.facts["relative_only"] == ["NVIDIA RTX PRO 6000"]
+
+
+def test_floors_file_overrides_and_the_h200_row_is_not_gh200_or_h200_nvl(tmp_path: Path) -> None:
+    from gputopo.accept.floors import load, packaged
+    from gputopo.accept.steps import judge_per_gpu
+
+    table = packaged()
+    assert table.for_name("NVIDIA H200").model == "H200 SXM"
+    assert table.for_name("NVIDIA GH200 480GB") is None and table.for_name("NVIDIA H200 NVL") is None
+    assert table.for_name("NVIDIA H100 PCIe").model == "H100 PCIe"
+    mine = tmp_path / "floors.json"
+    mine.write_text(
+        json.dumps(
+            {
+                "schema": "gputopo/accept-floors/v1",
+                "models": [
+                    {
+                        "model": "RTX",
+                        "pattern": "RTX PRO",
+                        "memory_gbps": {"floor": 1500, "source": "our own run"},
+                    }
+                ],
+            }
+        )
+    )
+    rows = [gpu_row(g, "NVIDIA RTX PRO 6000", 100.0, 1000.0) for g in range(2)]
+    step = judge_per_gpu({"precision": "bf16", "gpus": rows}, load(mine), "cuda")
+    assert step.status == "failed" and "below the floor 1500 (our own run" in step.summary
