@@ -246,7 +246,8 @@ sys.exit(answer.get("rc", 0))
 
 def answer(kind: str, level: int = 3, gpus: int = 8) -> dict[str, Any]:
     """One ready answer of the fake ``dcgmi`` (for ``fake_dcgmi``'s ``answers``), by what it should say:
-    ``pass``, ``fail_gpu3`` (DCGM_FR_FAULTY_MEMORY on GPU 3, exit 226 as dcgmi exits on a failure),
+    ``pass``, ``fail_gpu3`` (DCGM_FR_FAULTY_MEMORY on GPU 3; exit 226, as dcgmi returns DCGM_ST_NVVS_ERROR,
+    -30 in dcgm_structs.h),
     ``warn`` (nvvs's WARN shape), ``skips`` (every test skipped), ``runtime_error`` (no host engine, exit
     255), ``text`` (no JSON at all), ``hang`` (sleeps, with a child, until stopped)."""
     if kind == "pass":

@@ -330,7 +330,7 @@ def test_run_every_level_through_dcgmi_on_path(dcgmi_bin) -> None:  # type: igno
     bin_dir = dcgmi_bin(
         {
             "1": {"stdout": fake.styled(fake.doc_4x(level=1)), "rc": 0},
-            "2": {"stdout": fake.styled(bad), "rc": 226},  # dcgmi exits non-zero on a failed test
+            "2": {"stdout": fake.styled(bad), "rc": 226},  # DCGM_ST_NVVS_ERROR (-30) as an exit code
             # A warning: no dcgmi writes "Warn" in its JSON (4.x writes "Fail", 3.x "Fail"); nvvs's JSON
             # writes "WARN", so the level-3 answer is that real shape.
             "3": {"stdout": fake.styled(fake.doc_nvvs()), "rc": 0},

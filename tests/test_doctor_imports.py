@@ -33,7 +33,7 @@ def test_a_dcgm_failure_on_gpu3_is_a_problem_in_doctors_json_and_reports(tmp_pat
     saved = _save(
         tmp_path, fake.doc_4x(level=3, outcome={("memory", 3): ("Fail", [fake.FAULTY_MEMORY_GPU3])}), "d.json"
     )
-    result = _doctor(tmp_path, "--dcgm-diag", str(saved))
+    result = _doctor(tmp_path, "--dcgm-diag", str(saved), "--html")
     assert result.exit_code == 1, result.output
     doc = json.loads(result.stdout)
     assert doc["verdict"] == "problems"
@@ -43,8 +43,8 @@ def test_a_dcgm_failure_on_gpu3_is_a_problem_in_doctors_json_and_reports(tmp_pat
     assert "DCGM_FR_FAULTY_MEMORY (52, category HARDWARE_MEMORY, severity ISOLATE)" in problem["what"]
     [summary] = [f for f in found if f["rule"] == "dcgm_diag"]
     assert summary["what"].startswith(f"dcgmi diag ({saved}): failed") and "DCGM 4.6.0" in summary["what"]
-    markdown = Path(doc["report"]["markdown"]).read_text()
-    assert "DCGM_FR_FAULTY_MEMORY" in markdown
+    for kind in ("markdown", "html"):  # the reports show it too
+        assert "DCGM_FR_FAULTY_MEMORY" in Path(doc["report"][kind]).read_text(), kind
     saved_json = json.loads(Path(doc["report"]["json"]).read_text())
     assert any(f["rule"] == "dcgm_diag_fail" for f in saved_json["findings"])
 

@@ -376,9 +376,8 @@ def run_doctor(options: DoctorOptions, probe_hook: ProbeHook | None = None) -> d
     step back.
     """
     check_options(options)
-    diag = nccl_log_findings(options.nccl_log) + imported_findings(
-        options
-    )  # files, read before the slow part
+    diag = nccl_log_findings(options.nccl_log)  # NCCL DIAG lines of a job's log, read before the slow part
+    diag += imported_findings(options)  # saved dcgmi diag / Health Validation results, likewise
     machine = read_machine(options)  # the topology: this machine, or a sample simulated on CPU
     if options.on_start is not None:
         options.on_start(machine)

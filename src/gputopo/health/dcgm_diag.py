@@ -354,11 +354,12 @@ def judge_runs(
             )
         )
     overall_fail = overall is not None and overall[0].lower() == "fail"
+    why = (overall[1] if overall else None) or "DCGM gave no reason"
     if overall_fail and not counts["fail"] and not runtime_error:
         findings.append(
             Finding(
                 "node",
-                f"{TOOL}: the --iterations run stopped on a failure ({overall[1] or 'DCGM gave no reason'})",  # type: ignore[index]
+                f"{TOOL}: the --iterations run stopped on a failure ({why})",
                 "run `dcgmi diag` once more without --iterations to see which test and GPU failed",
                 PROBLEM,
                 category="driver",
@@ -418,16 +419,18 @@ def _serials(run: Mapping[str, Any], body: Mapping[str, Any]) -> dict[int, str]:
         if not isinstance(group, dict) or str(group.get("entity_group", "")).upper() != "GPU":
             continue
         for entity in _list(group.get("entities")):
-            if isinstance(entity, dict) and _int(entity.get("entity_id")) is not None:
-                serial = _text(entity.get("serial_num"))
-                if serial:
-                    out[_int(entity["entity_id"])] = serial  # type: ignore[index]
+            if not isinstance(entity, dict):
+                continue
+            ident, serial = _int(entity.get("entity_id")), _text(entity.get("serial_num"))
+            if ident is not None and serial:
+                out[ident] = serial
     for where in (run, body):  # 3.x: "GPU Device Serials": {"0": serial}
         table = where.get("GPU Device Serials")
         if isinstance(table, dict):
-            for key, serial in table.items():
-                if _int(key) is not None and _text(serial):
-                    out[_int(key)] = str(serial).strip()  # type: ignore[index]
+            for key, value in table.items():
+                ident, serial = _int(key), _text(value)
+                if ident is not None and serial:
+                    out[ident] = serial
     return out
 
 
@@ -542,10 +545,10 @@ def _diag_finding(r: DiagResult, w: Mapping[str, Any], serials: Mapping[int, str
     sev_name, action, remedy = ERROR_SEVERITIES.get(
         severity_id, ERROR_SEVERITIES[2 if r.status == "fail" else 1]
     )
-    if code_name in _CODE_ACTIONS:
-        action, remedy = _CODE_ACTIONS[code_name]  # type: ignore[index]
-    if severity_id is None:
-        sev_name = ""
+    if code_name is not None and code_name in _CODE_ACTIONS:
+        action, remedy = _CODE_ACTIONS[code_name]
+    if severity_id not in ERROR_SEVERITIES:  # none given, or one this table does not know: shown as given
+        sev_name = "" if severity_id is None else str(severity_id)
     if r.status == "warn":
         action = "monitor" if action in ("drain", "replace") else action
     serial = serials.get(r.gpu) if r.gpu is not None else None
