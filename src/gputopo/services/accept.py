@@ -199,6 +199,12 @@ class _Run:
     device: str = "cuda"
     warnings: list[str] = field(default_factory=list)
 
+    def warn(self, line: str) -> None:
+        """A warning: said now (``hooks.warn``) and kept in the document."""
+        if line not in self.warnings:
+            self.warnings.append(line)
+            self.hooks.warn(line)
+
 
 def run(options: Options, hooks: Hooks | None = None) -> AcceptReport:
     """Run the steps asked for, in order; the report (the verdict kept in the state file when one is
@@ -382,12 +388,10 @@ def _probe_inventory(ctx: _Run) -> Any:
         listed = [g.index for g in (ctx.sample.gpus if ctx.sample is not None else ()) if g.error is None]
         if not listed:
             listed = [0, 1]
-            ctx.warnings.append("no GPU was listed: two CPU stand-ins run the probes")
+            ctx.warn("no GPU was listed: two CPU stand-ins run the probes")
         stand_ins = tuple(g for g in listed if g < MAX_STAND_INS)
         if len(stand_ins) < len(listed):
-            ctx.warnings.append(
-                f"CPU stand-ins exist for GPU0-GPU{MAX_STAND_INS - 1} only; the rest are left out"
-            )
+            ctx.warn(f"CPU stand-ins exist for GPU0-GPU{MAX_STAND_INS - 1} only; the rest are left out")
         detect_devices("cpu")  # torch is there (UnavailableError otherwise)
         ctx.probe_inventory = DeviceInventory("cpu", stand_ins, note="CPU ranks stand in for GPUs")
     else:
@@ -411,7 +415,7 @@ def _probe(ctx: _Run, deadline: float, gpus: list[int], mode: Any, **kw: Any) ->
         report_dir=ctx.options.report_dir,
         **kw,
     )
-    doc = to_document(run_probe(config, on_warning=ctx.warnings.append))
+    doc = to_document(run_probe(config, on_warning=ctx.warn))
     return doc
 
 
