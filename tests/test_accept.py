@@ -340,6 +340,8 @@ def test_the_stored_verdict_goes_stale_when_a_gpu_is_swapped_in_topo_and_nodes(
     nodes = fake_driver.run(driver, swapped, "nodes", str(tmp_path / "facts"), "--json")
     assert nodes.returncode in (0, 1), nodes.stderr
     assert json.loads(nodes.stdout)["accept"][facts["node"]]["stale"] is True
+    text = fake_driver.run(driver, swapped, "nodes", str(tmp_path / "facts"))
+    assert f"accept  {facts['node']}: not accepted since a GPU was swapped" in text.stdout
 
 
 def test_a_vbios_flash_makes_the_verdict_stale_in_check_and_a_check_keeps_the_record(

@@ -87,7 +87,9 @@ def accept_command(
     thresholds: Path | None = typer.Option(
         None, "--thresholds", metavar="FILE", help="check's rule overrides."
     ),
-    inject: Fault | None = typer.Option(None, "--inject", help="A drill: sdc or slow in the per-GPU step."),
+    inject: Fault | None = typer.Option(
+        None, "--inject", metavar="sdc|slow", help="A drill: plant it in the per-GPU step."
+    ),
     inject_gpus: str | None = typer.Option(None, "--inject-gpus", metavar="N", help="Where the drill goes."),
     nvml_timeout: float = NVML_TIMEOUT_OPTION,
     json_out: bool = JSON_OPTION,
