@@ -39,6 +39,8 @@ STEP_BUDGET_S = {"inventory": 60.0, "health": 60.0, "dcgm": 900.0, "per_gpu": 60
 # A step is not started with less time than this left in the budget: it is "not checked".
 MIN_STEP_S = 2.0
 DEFAULT_REPORT_DIR = "reports"
+# The shortest no-progress limit a probe step gets (``_probe_timeout``).
+PROBE_SILENCE_S = 60.0
 GATE_REASON = "gputopo: accepting"
 DCGM_LEVELS = (1, 2, 3, 4)
 # CPU stand-in ranks exist for indices 0-7 only (probe.plan.config.CPU_STAND_INS).
@@ -411,12 +413,22 @@ def _probe(ctx: _Run, deadline: float, gpus: list[int], mode: Any, **kw: Any) ->
         inventory,
         [",".join(map(str, gpus))],
         mode=mode,
-        timeout_s=max(5.0, deadline - time.monotonic()),
+        timeout_s=_probe_timeout(deadline - time.monotonic()),
         report_dir=ctx.options.report_dir,
         **kw,
     )
     doc = to_document(run_probe(config, on_warning=ctx.warn))
     return doc
+
+
+def _probe_timeout(left_s: float) -> float:
+    """The probe's no-progress limit for a step with ``left_s`` seconds: the pool stops a step that keeps
+    reporting progress at ``LOAD_CAP`` times it, so a tenth of the time left bounds the step by it; never
+    below a minute (a silent minute on a GPU is a hang; less would call a loaded machine hung), never
+    above what is left."""
+    from gputopo.probe.pool.pool import LOAD_CAP
+
+    return max(5.0, min(max(PROBE_SILENCE_S, left_s / LOAD_CAP), left_s))
 
 
 def _per_gpu(ctx: _Run, deadline: float) -> StepResult:
