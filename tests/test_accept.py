@@ -216,6 +216,9 @@ def test_a_healthy_board_is_accepted_with_floors_not_applicable_and_kept_in_the_
     assert all(f["status"] == "not applicable" for g in per_gpu["gpus"] for f in g["figures"].values())
     assert "floors not applicable" in steps["wiring"]["summary"]
     assert steps["wiring"]["facts"]["allreduce"]["status"] == "not applicable"
+    for name in ("per_gpu", "wiring"):  # the probe's own reports, every figure, beside accept's
+        (path,) = steps[name]["facts"]["probe_reports"]
+        assert json.loads(Path(path).read_text())["schema"] == "gputopo/probe/v1"
     assert doc["state"] == str(state)
     kept = json.loads(state.read_text())
     assert kept["accept"]["verdict"] == "accepted" and kept["accept"]["driver"] == "570.86.15"

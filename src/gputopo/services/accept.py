@@ -418,7 +418,18 @@ def _probe(ctx: _Run, deadline: float, gpus: list[int], mode: Any, **kw: Any) ->
         **kw,
     )
     doc = to_document(run_probe(config, on_warning=ctx.warn))
+    # The probe's own report beside accept's (JSON and Markdown: every figure, for whoever looks closer).
+    from gputopo.probe.report.document import to_markdown
+    from gputopo.report import write_report
+
+    doc["report"] = write_report("probe", doc, to_markdown(doc), ctx.options.report_dir)
     return doc
+
+
+def _with_reports(step: StepResult, *docs: dict[str, Any] | None) -> StepResult:
+    """``step`` with the probe reports its figures came from (``facts.probe_reports``)."""
+    paths = [d["report"]["json"] for d in docs if d and d.get("report")]
+    return replace(step, facts={**step.facts, "probe_reports": paths}) if paths else step
 
 
 def _probe_timeout(left_s: float) -> float:
@@ -445,7 +456,7 @@ def _per_gpu(ctx: _Run, deadline: float) -> StepResult:
     if o.inject is not None:
         kw.update(inject=o.inject, inject_gpus=o.inject_gpus)
     doc = _probe(ctx, deadline, gpus, Mode.GPU, **kw)
-    return steps.judge_per_gpu(doc.get("per_gpu"), o.floors, inventory.device)
+    return _with_reports(steps.judge_per_gpu(doc.get("per_gpu"), o.floors, inventory.device), doc)
 
 
 def _wiring(ctx: _Run, deadline: float) -> StepResult:
@@ -476,9 +487,10 @@ def _wiring(ctx: _Run, deadline: float) -> StepResult:
         half = time.monotonic() + (deadline - time.monotonic()) / 2
         p2p = _probe(ctx, half, gpus, Mode.P2P, each_pair=True)
     allreduce = _probe(ctx, deadline, gpus, Mode.ALLREDUCE)
-    return steps.judge_wiring(
+    judged = steps.judge_wiring(
         drained={}, p2p=p2p, allreduce=allreduce, table=o.floors, device=inventory.device, names=names
     )
+    return _with_reports(judged, p2p, allreduce)
 
 
 _STEPS: dict[str, Callable[[_Run, float], StepResult]] = {
