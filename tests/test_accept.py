@@ -111,6 +111,22 @@ def test_two_vbios_versions_on_one_model_and_a_wrong_model_fail_the_inventory(
     assert any("not 'B200' (--expect-model)" in w for w in words), words
 
 
+def test_on_a_rack_tray_a_gpu_not_registered_with_the_fabric_or_in_another_domain_fails_the_inventory(
+    driver: Path, tmp_path: Path
+) -> None:
+    # GPU1's fabric registration still in progress (state 2); GPU2 in another clique (8, not 7).
+    machine = board(tmp_path, 3, "fabric 1 2 0 7 aa", "fabric 2 3 0 8 aa")
+    code, doc, _ = accept(driver, machine, tmp_path, "--device", "cpu")
+    assert code == 1
+    inv = steps_of(doc)["inventory"]
+    words = [f["what"] for f in inv["findings"]]
+    assert inv["status"] == "failed" and inv["action"] == "contact support", inv  # the domain split is worst
+    assert any(
+        w.startswith("GPU1 is not registered with the NVLink fabric (registration in progress") for w in words
+    )
+    assert any("the tray's GPUs are in 2 NVLink domains" in w for w in words), words
+
+
 def test_no_driver_is_not_checked_exit_3_naming_each_step(driver: Path, tmp_path: Path) -> None:
     """No NVML (the fake driver without a machine file answers DriverNotLoaded), no CUDA: nothing could be
     judged and nothing failed: "not checked", every step with its reason, exit 3."""
