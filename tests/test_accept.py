@@ -159,6 +159,7 @@ def test_no_driver_is_not_checked_exit_3_naming_each_step(driver: Path, tmp_path
         (("--inject", "sdc"), "--inject sdc needs --inject-gpus"),
         (("--inject", "nan", "--inject-gpus", "1"), "accept plants only the per-GPU check's drills"),
         (("--device", "tpu"), "--device tpu: not a device"),
+        (("--inject", "sdc", "--inject-gpus", "x"), "--inject-gpus"),
     ],
 )
 def test_bad_options_are_one_line_and_exit_2_before_anything_is_read(

@@ -117,6 +117,10 @@ class Options:
             )
         if self.inject is not None and self.inject_gpus is None:
             raise UsageError(f"--inject {self.inject.value} needs --inject-gpus", "e.g. --inject-gpus 1")
+        if self.inject_gpus is not None:
+            from gputopo.gpulist import parse_gpu_list
+
+            parse_gpu_list(self.inject_gpus, "--inject-gpus")  # UsageError for text that is no GPU list
 
     @property
     def asked(self) -> tuple[str, ...]:
@@ -234,9 +238,10 @@ def run(options: Options, hooks: Hooks | None = None) -> AcceptReport:
         try:
             result = _STEPS[name](ctx, step_deadline)
         except GputopoError as exc:
-            if isinstance(exc, UsageError):
-                raise
-            result = steps.not_checked(name, exc.message)
+            # What only the machine could refuse (a GPU of --inject-gpus that is not here, no torch, no
+            # CUDA): this step could not run; the others, and the gate's ending, still do.
+            why = exc.message + (f" ({exc.hint})" if getattr(exc, "hint", None) else "")
+            result = steps.not_checked(name, why)
         elapsed = time.monotonic() - t0
         if elapsed > _step_budget(options, name) + 5 and result.status == steps.PASSED:
             result = steps.not_checked(name, f"it ran {elapsed:.0f} s, past its budget")
