@@ -321,8 +321,10 @@ def kept_state(tmp_path: Path, machine: Path, verdict: str = "accepted") -> Path
         for p in (ln.split() for ln in lines if ln.startswith("gpu "))
     ]
     vbios = {int(p[1]): p[2] for p in (ln.split() for ln in lines if ln.startswith("vbios "))}
+    serial = {int(p[1]): p[2] for p in (ln.split() for ln in lines if ln.startswith("serial "))}
     for g in gpus:
         g["vbios"] = vbios.get(g["index"])
+        g["serial"] = serial.get(g["index"])
     rec = record.make(
         at=1_800_000_000.0, verdict=verdict, reason=f"{verdict}: test", driver=driver, gpus=gpus
     )
@@ -706,3 +708,38 @@ def test_floors_file_overrides_and_the_h200_row_is_not_gh200_or_h200_nvl(tmp_pat
     rows = [gpu_row(g, "NVIDIA RTX PRO 6000", 100.0, 1000.0) for g in range(2)]
     step = judge_per_gpu({"precision": "bf16", "gpus": rows}, load(mine), "cuda")
     assert step.status == "failed" and "below the floor 1500 (our own run" in step.summary
+
+
+def serials(n: int, **changed: str) -> list[str]:
+    """``serial I TEXT`` lines: DCGM's fake serials (tests/fake_dcgmi.SERIALS), GPU ``gI=...`` changed."""
+    import fake_dcgmi
+
+    return [f"serial {i} {changed.get(f'g{i}', fake_dcgmi.SERIALS[i])}" for i in range(n)]
+
+
+def test_a_gpu_serial_change_makes_the_verdict_stale(driver: Path, tmp_path: Path) -> None:
+    machine = board(tmp_path, 2, *serials(2))
+    state = kept_state(tmp_path, machine)
+    assert json.loads(state.read_text())["accept"]["gpus"][1]["serial"] == "1650123450001"
+    same = fake_driver.run(driver, machine, "check", "--json", "--state", str(state), *FAST)
+    assert json.loads(same.stdout)["accept"]["stale"] is False
+    swapped = board(tmp_path, 2, *serials(2, g1="1650999999999"), name="swapped.txt")
+    later = fake_driver.run(driver, swapped, "check", "--json", "--state", str(state), *FAST)
+    acc = json.loads(later.stdout)["accept"]
+    assert acc["stale"] is True
+    assert "a GPU was swapped (GPU1 (serial 1650123450001 -> 1650999999999))" in acc["words"], acc
+
+
+def test_dcgm_result_held_against_the_gpus_serials(driver: Path, tmp_path: Path) -> None:
+    """A saved DCGM pass whose serials cover every GPU here passes; a GPU swapped in since (a serial DCGM
+    never diagnosed) leaves the step not checked, naming it."""
+    import fake_dcgmi
+
+    saved = tmp_path / "diag.json"
+    saved.write_text(fake_dcgmi.answer("pass", 3, gpus=8)["stdout"])
+    code, doc, _ = accept(driver, board(tmp_path, 8, *serials(8)), tmp_path, "--dcgm-diag", str(saved))
+    assert steps_of(doc)["dcgm"]["status"] == "passed", steps_of(doc)["dcgm"]
+    swapped = board(tmp_path, 8, *serials(8, g5="1650999999999"), name="swapped.txt")
+    code, doc, _ = accept(driver, swapped, tmp_path, "--dcgm-diag", str(saved))
+    dcgm = steps_of(doc)["dcgm"]
+    assert dcgm["status"] == "not checked" and "GPU5" in dcgm["why_not"], dcgm

@@ -372,7 +372,10 @@ def accept_status(path: Path | None, result: CheckResult) -> dict[str, Any] | No
     sample = result.sample
     gpus = None
     if sample is not None and sample.gpus:
-        gpus = [{"index": g.index, "uuid": g.uuid, "vbios": g.vbios_version} for g in sample.gpus]
+        gpus = [
+            {"index": g.index, "uuid": g.uuid, "serial": g.serial, "vbios": g.vbios_version}
+            for g in sample.gpus
+        ]
     return record.status(
         record.from_state_text(state_text(path)), sample.driver_version if sample else None, gpus
     )

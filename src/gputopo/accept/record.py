@@ -1,12 +1,13 @@
 """``gputopo accept``'s verdict as the check state file keeps it, and whether it still holds (pure).
 
 The verdict is kept under the state document's own top-level key ``accept`` (``check``'s keys are not
-touched), with what it was given for: the driver version and each GPU's UUID, VBIOS and model. A later
+touched), with what it was given for: the driver version and each GPU's UUID, board serial, VBIOS and
+model. A later
 GPU swap, a GPU gone or added, a VBIOS flash or a driver upgrade makes it stale: ``check --json``,
 ``topo --json`` (the node's facts) and ``nodes`` then say "not accepted since the driver changed".
 
-GPUs are told apart by their NVML UUID (unique per GPU, and what every other gputopo record keys on); the
-board serial number (``nvidia-smi -q``'s Serial Number) is not read by gputopo.
+GPUs are told apart by their NVML UUID (unique per GPU, and what every other gputopo record keys on) and
+their board serial (``nvidia-smi -q``'s Serial Number, where NVML answers it).
 """
 
 from __future__ import annotations
@@ -37,7 +38,13 @@ def make(
         "reason": reason,
         "driver": driver,
         "gpus": [
-            {"index": g.get("index"), "uuid": g.get("uuid"), "vbios": g.get("vbios"), "name": g.get("name")}
+            {
+                "index": g.get("index"),
+                "uuid": g.get("uuid"),
+                "serial": g.get("serial"),
+                "vbios": g.get("vbios"),
+                "name": g.get("name"),
+            }
             for g in gpus
         ],
     }
@@ -98,6 +105,13 @@ def changes(record: Mapping[str, Any], driver: str | None, gpus: Sequence[Mappin
         ]
         if flashed:
             out.append(f"the VBIOS changed on {', '.join(flashed)}")
+        reserialed = [
+            f"GPU{now[u].get('index')} (serial {then[u].get('serial')} -> {now[u].get('serial')})"
+            for u in sorted(set(then) & set(now))
+            if now[u].get("serial") is not None and then[u].get("serial") not in (None, now[u].get("serial"))
+        ]
+        if reserialed:
+            out.append(f"a GPU was swapped ({', '.join(reserialed)})")
     return out
 
 

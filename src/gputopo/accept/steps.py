@@ -238,6 +238,7 @@ def judge_inventory(
                 "name": g.name,
                 "uuid": g.uuid,
                 "pci_bus_id": g.pci_bus_id,
+                "serial": g.serial,
                 "vbios": g.vbios_version,
                 "error": g.error,
             }

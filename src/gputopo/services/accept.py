@@ -293,6 +293,7 @@ def _identity(ctx: _Run) -> tuple[str | None, list[dict[str, Any]]]:
         {
             "index": g.index,
             "uuid": g.uuid,
+            "serial": g.serial,
             "vbios": g.vbios_version,
             "name": g.name,
             "pci_bus_id": g.pci_bus_id,
@@ -366,8 +367,10 @@ def _dcgm(ctx: _Run, deadline: float) -> StepResult:
 
         assert o.dcgm_level is not None
         result = run_dcgm_diag(o.dcgm_level, max(0.0, deadline - time.monotonic()))
-    # gputopo reads no board serials: DCGM's GPU ids are NVML's indices on a node without MIG.
-    result = match_serials(result, {})
+    # DCGM names GPUs by its own ids and their serials: held against NVML's serials, a GPU DCGM did not
+    # diagnose (swapped in since a saved run, another node's file) leaves the step not checked.
+    serials = {g.index: g.serial for g in (ctx.sample.gpus if ctx.sample is not None else ()) if g.serial}
+    result = match_serials(result, serials)
     facts = result.to_json()
     facts.pop("findings", None)
     if result.status == DCGM_FAILED:
