@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
+from gputopo.accept import DEFAULT_BUDGET_S, DEFAULT_REPORT_DIR
 from gputopo.cli import app
 from gputopo.cli.common import JSON_OPTION, NVML_TIMEOUT_OPTION, examples, guarded
 from gputopo.health.check import DEFAULT_SAMPLE_S, DEFAULT_SINCE
 from gputopo.probe.plan.options import Fault
-from gputopo.services.accept import DEFAULT_BUDGET_S, DEFAULT_REPORT_DIR
 from gputopo.ui.output import Output
 
 if TYPE_CHECKING:
-    from gputopo.accept.floors import FloorTable
     from gputopo.services.accept import AcceptReport
 
 
@@ -96,17 +95,12 @@ def accept_command(
 ) -> None:
     """Decide whether this node may take jobs: inventory, health, DCGM's diagnostics (when asked), each
     GPU alone and the wiring, against floors per GPU model. Exit 0 accepted, 1 rejected, 3 not checked."""
-    from gputopo.accept import floors as floor_table
     from gputopo.services import accept
 
-    table = floor_table.load(floors) if floors is not None else floor_table.packaged()
+    table = accept.load_floors(floors)
     if list_floors:
-        _print_floors(table, json_out)
+        _print_floors(accept.floors_json(table), json_out)
         raise typer.Exit(0)
-    from gputopo.check import default_state_path
-    from gputopo.health.rules import DEFAULT_THRESHOLDS, load_thresholds
-    from gputopo.health.xid import parse_since
-
     options = accept.Options(
         expect_gpus=expect_gpus,
         expect_model=expect_model,
@@ -118,13 +112,13 @@ def accept_command(
         dcgm_level=dcgm_level,
         dcgm_diag=dcgm_diag,
         dcgm_saved=accept.read_dcgm_file(dcgm_diag) if dcgm_diag is not None else None,
-        thresholds=load_thresholds(thresholds) if thresholds is not None else DEFAULT_THRESHOLDS,
+        thresholds=accept.load_rules(thresholds),
         sample_s=sample_s,
-        since_s=parse_since(since),
+        since_s=accept.since_seconds(since),
         kernel_log=accept.read_kernel_log(kernel_log) if kernel_log is not None else None,
         nvml_timeout_s=nvml_timeout,
         report_dir=report_dir,
-        state_path=state_file or default_state_path(gate),
+        state_path=accept.state_file(state_file, gate),
         gate=gate,
         dry_run=dry_run,
         inject=inject,
@@ -158,12 +152,9 @@ def _finish(out: Output, report: AcceptReport, report_dir: Path, json_out: bool)
     raise typer.Exit(report.exit_code)
 
 
-def _print_floors(table: FloorTable, as_json: bool) -> None:
+def _print_floors(doc: dict[str, Any], as_json: bool) -> None:
     import json
 
-    from gputopo.accept.floors import table_json
-
-    doc = table_json(table)
     if as_json:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gputopo import __version__
-from gputopo.accept import record, steps
+from gputopo.accept import DEFAULT_BUDGET_S, DEFAULT_REPORT_DIR, record, steps
 from gputopo.accept.floors import FloorTable, packaged
 from gputopo.accept.steps import FAILED, SCHEMA, StepResult
 from gputopo.errors import EXIT_UNAVAILABLE, GputopoError, UsageError
@@ -33,12 +33,10 @@ from gputopo.health.rules import DEFAULT_THRESHOLDS, Thresholds
 from gputopo.probe.plan.options import PER_GPU_FAULTS, Fault
 from gputopo.system.kernel_log import KernelLog
 
-DEFAULT_BUDGET_S = 1800.0
 # Each step's share of the budget at most (what is left is the cap when less is left).
 STEP_BUDGET_S = {"inventory": 60.0, "health": 60.0, "dcgm": 900.0, "per_gpu": 600.0, "wiring": 600.0}
 # A step is not started with less time than this left in the budget: it is "not checked".
 MIN_STEP_S = 2.0
-DEFAULT_REPORT_DIR = "reports"
 # The shortest no-progress limit a probe step gets (``_probe_timeout``).
 PROBE_SILENCE_S = 60.0
 GATE_REASON = "gputopo: accepting"
@@ -637,6 +635,44 @@ class _Gate:
             reason = f"gputopo: accept: {steps.reason(report.steps)}"[:200]
         done = slurm_node.drain(view.name, reason, self.options.dry_run, deadline - time.monotonic())
         self._act(replace(done, node=node, reason=reason))
+
+
+# --- the inputs, read before anything else (each bad one: exit 2, one line) ---------------------------------
+
+
+def load_floors(path: Path | None) -> FloorTable:
+    """``--floors FILE``, or gputopo's own table."""
+    from gputopo.accept import floors
+
+    return floors.load(path) if path is not None else floors.packaged()
+
+
+def load_rules(path: Path | None) -> Thresholds:
+    """``--thresholds FILE`` (check's rule overrides), or the rules as shipped."""
+    from gputopo.health.rules import load_thresholds
+
+    return load_thresholds(path) if path is not None else DEFAULT_THRESHOLDS
+
+
+def since_seconds(text: str) -> float | None:
+    """``--since DURATION`` (check's Xid window) in seconds."""
+    from gputopo.health.xid import parse_since
+
+    return parse_since(text)
+
+
+def state_file(given: Path | None, gate: bool) -> Path | None:
+    """``--state FILE``, else check's default (``GPUTOPO_CHECK_STATE``; root's file with ``--gate``)."""
+    from gputopo.check import default_state_path
+
+    return given or default_state_path(gate)
+
+
+def floors_json(table: FloorTable) -> dict[str, Any]:
+    """The table as ``--list-floors --json`` prints it (the shape ``--floors`` reads)."""
+    from gputopo.accept.floors import table_json
+
+    return table_json(table)
 
 
 def read_dcgm_file(path: Path) -> DcgmDiagResult:
