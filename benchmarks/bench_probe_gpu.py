@@ -10,7 +10,10 @@ the machine's load before and after. The issue's target: under 30 s for 4 stand-
 On GPUs (``--device cuda``): ``probe --mode gpu --precision bf16`` on the first GPU and on all of them
 (how it scales with the number of GPUs; the target is under 60 s on 8), then in the same run a plain
 ``torch.matmul`` loop on each GPU at the probe's size, timed with CUDA events; the probe's matmul figure
-must reach at least 85% of it (the probe's own overhead).
+(its median repetition) must reach at least 85% of the loop's median (the probe's own overhead). Each GPU's
+two figures are paired by PCI bus id through nvidia-smi's list (the probe names GPUs by nvidia-smi's
+index, CUDA by its own order), as ``scripts/gpu_acceptance.py`` pairs them. Every command has a timeout
+(``--timeout``, default 600 s): a hung probe ends the benchmark with a message, never a stall.
 
     python benchmarks/bench_probe_gpu.py [--device cpu|cuda] [--stand-ins 4] [--runs 3]
 """
@@ -18,6 +21,7 @@ must reach at least 85% of it (the probe's own overhead).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -42,11 +46,24 @@ dist.destroy_process_group()
 # The probe's matmul without the probe: the same size, dtype and warm-up, CUDA events; one file shared with
 # scripts/gpu_acceptance.py.
 BARE_MATMUL = Path(__file__).resolve().parents[1] / "scripts" / "bare_matmul.py"
+ACCEPTANCE = Path(__file__).resolve().parents[1] / "scripts" / "gpu_acceptance.py"
+TIMEOUT_S = 600.0
 
 
-def _run(cmd: list[str], env: dict[str, str]) -> tuple[float, str]:
+def _acceptance():
+    """scripts/gpu_acceptance.py as a module (its pairing of probe and bare figures by PCI bus id)."""
+    spec = importlib.util.spec_from_file_location("gpu_acceptance", ACCEPTANCE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(cmd: list[str], env: dict[str, str], timeout: float = TIMEOUT_S) -> tuple[float, str]:
     started = time.perf_counter()
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    try:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        sys.exit(f"timed out after {timeout:g} s: {' '.join(cmd)}")
     elapsed = time.perf_counter() - started
     if done.returncode not in (0, 1):  # 1: the probe found a problem, which is still a timed verdict
         sys.exit(f"failed ({done.returncode}): {' '.join(cmd)}\n{done.stderr[-2000:]}")
@@ -76,15 +93,15 @@ def bench_cpu(args: argparse.Namespace, work: Path) -> None:
     bare = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
     bare += [str(args.stand_ins), str(script)]
     print(f"load before: {_load()}", flush=True)
-    _run(bare, env)  # warm the file cache: the first import of torch is slow
+    _run(bare, env, args.timeout)  # warm the file cache: the first import of torch is slow
     probe_s, bare_s, step_s, verdicts = [], [], [], []
     for i in range(args.runs):
-        elapsed, out = _run(probe, env)
+        elapsed, out = _run(probe, env, args.timeout)
         doc = json.loads(out)
         probe_s.append(elapsed)
         step_s.append(_step_s(doc) or 0.0)
         verdicts.append(doc["verdict"])
-        bare_s.append(_run(bare, env)[0])
+        bare_s.append(_run(bare, env, args.timeout)[0])
         print(
             f"run {i + 1}: probe {probe_s[-1]:.2f} s (per-GPU step {step_s[-1]:.2f} s, {verdicts[-1]}), "
             f"bare {args.stand_ins}-rank launch {bare_s[-1]:.2f} s",
@@ -104,24 +121,34 @@ def bench_cuda(args: argparse.Namespace, work: Path) -> None:
     env = dict(os.environ)
     probe = [sys.executable, "-m", "gputopo", "probe", "--mode", "gpu", "--precision", "bf16", "--json"]
     probe += ["--report-dir", str(work / "reports")]
-    one_s, one = _run([*probe, "--gpus", "0"], env)
-    all_s, out = _run(probe, env)
+    one_s, one = _run([*probe, "--gpus", "0"], env, args.timeout)
+    all_s, out = _run(probe, env, args.timeout)
     doc = json.loads(out)
     rows = doc["per_gpu"]["gpus"]
     n = len(rows)
+    ga = _acceptance()
+    smi_fields = ["nvidia-smi", f"--query-gpu={ga.SMI_FIELDS}", "--format=csv,noheader"]
+    smi = ga.parse_smi(_run(smi_fields, env, 30)[1])
     print(f"probe --mode gpu: 1 GPU {one_s:.1f} s, {n} GPUs {all_s:.1f} s (target under {GPU_TARGET_S:g} s)")
     step_one, step_all = _step_s(json.loads(one)) or 0.0, _step_s(doc) or 0.0
     print(f"per-GPU step: 1 GPU {step_one:.2f} s, {n} GPUs {step_all:.2f} s")
-    bare = json.loads(_run([sys.executable, str(BARE_MATMUL), "1"], env)[1])
-    plain = [g["median_tflops"] for g in bare["gpus"]]
+    bare = json.loads(_run([sys.executable, str(BARE_MATMUL), "1"], env, args.timeout)[1])
+    shares = {s["gpu"]: s for s in ga.matmul_shares(doc, bare, smi)}
     worst = 1.0
-    for r, alone in zip(rows, plain, strict=False):
-        ratio = r["matmul_tflops"] / alone
+    for r in rows:
+        share = shares.get(r["gpu"], {})
+        alone, ratio = share.get("bare_tflops"), share.get("share")
+        if ratio is None:
+            print(f"GPU{r['gpu']}: {share.get('why', 'not in nvidia-smi list')}")
+            worst = 0.0
+            continue
         worst = min(worst, ratio)
-        peak = (r.get("peak") or {}).get("matmul_tflops")
+        peak = r.get("peak") or {}
+        floor = ((peak.get("floor") or {}).get("matmul_tflops") or {}).get("value")
         print(
             f"GPU{r['gpu']} {r['name']}: probe {r['matmul_tflops']:.1f} TFLOP/s, "
-            f"torch.matmul alone {alone:.1f} ({ratio:.0%}), datasheet {peak or 'n/a'}; "
+            f"torch.matmul alone {alone:.1f} ({ratio:.0%}), datasheet {peak.get('matmul_tflops') or 'n/a'}, "
+            f"floor {f'{floor:.0f}' if floor else 'n/a'}; "
             f"memory {r['memory_gbps']:.0f} GB/s, "
             f"H2D {r['h2d_gbps']:.1f}, D2H {r['d2h_gbps']:.1f} GB/s; {r['verdict']}"
         )
@@ -135,6 +162,7 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None)
     parser.add_argument("--stand-ins", type=int, default=4)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds each command may take")
     args = parser.parse_args()
     device = args.device or ("cuda" if Path("/dev/nvidiactl").exists() else "cpu")
     work = Path(tempfile.mkdtemp(prefix="gputopo-bench-"))

@@ -1,6 +1,7 @@
 """The fake NVIDIA driver (tests/fakedriver/fake_nvml.c) under the real nvidia-ml-py: build and machines.
 
-``build(dir, old=...)`` compiles the C file with the system C compiler into ``dir/libnvidia-ml.so.1``
+``build(dir, old=...)`` puts the C file, compiled once per test run with the system C compiler, at
+``dir/libnvidia-ml.so.1``
 (``old``: a driver that lacks memory v2, MIG, the NUMA node id, the remote NVLink type, the v3 process
 lists, the clocks event reasons name, remapped rows and the fabric info). ``run(...)`` starts
 ``python -m gputopo ...`` with ``LD_LIBRARY_PATH`` pointing there and
@@ -10,10 +11,13 @@ driver's. The machine text format is described at the top of the C file.
 
 from __future__ import annotations
 
+import atexit
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -121,15 +125,34 @@ def compiler() -> str | None:
 
 
 def build(directory: Path, old: bool = False) -> Path:
-    """Compile the fake driver into ``directory/libnvidia-ml.so.1``; returns ``directory``."""
-    cc = compiler()
-    assert cc is not None
+    """Put the fake driver at ``directory/libnvidia-ml.so.1``; returns ``directory``.
+
+    The C file is compiled once per test run for each (source hash, ``old``) and copied from there: 17
+    fixtures ask for a driver, and each compile costs a second of the machine's two cores."""
     directory.mkdir(parents=True, exist_ok=True)
-    cmd = [cc, "-shared", "-fPIC", "-O1", "-o", str(directory / "libnvidia-ml.so.1"), str(SOURCE)]
-    if old:
-        cmd.insert(1, "-DOLD_DRIVER")
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    shutil.copy2(_compiled(old), directory / "libnvidia-ml.so.1")
     return directory
+
+
+_COMPILED: dict[tuple[str, bool], Path] = {}
+
+
+def _compiled(old: bool) -> Path:
+    """The library compiled from the C file as it is now (its hash is the key, so an edited source is
+    compiled again), in a folder of this run's own that is removed when the run ends."""
+    key = (hashlib.sha256(SOURCE.read_bytes()).hexdigest(), old)
+    if key not in _COMPILED:
+        cc = compiler()
+        assert cc is not None
+        folder = Path(tempfile.mkdtemp(prefix="gputopo-fake-driver-"))
+        atexit.register(shutil.rmtree, folder, True)
+        lib = folder / "libnvidia-ml.so.1"
+        cmd = [cc, "-shared", "-fPIC", "-O1", "-o", str(lib), str(SOURCE)]
+        if old:
+            cmd.insert(1, "-DOLD_DRIVER")
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+        _COMPILED[key] = lib
+    return _COMPILED[key]
 
 
 def run_python(

@@ -328,8 +328,11 @@ def kept_state(tmp_path: Path, machine: Path, verdict: str = "accepted") -> Path
     rec = record.make(
         at=1_800_000_000.0, verdict=verdict, reason=f"{verdict}: test", driver=driver, gpus=gpus
     )
+    from gputopo.system.slurm_node import node_name
+
     path = tmp_path / "state.json"
-    path.write_text(record.with_record(None, rec))
+    doc = {"schema": "gputopo/check-state/v1", "node": node_name(), record.KEY: rec}
+    path.write_text(json.dumps(doc))
     return path
 
 
@@ -488,6 +491,144 @@ def test_gate_on_a_healthy_node_resumes_it_only_when_accepted(driver: Path, tmp_
         "update NodeName=gpu07 State=RESUME",
     ]
     assert node(tmp_path) == {"state": "IDLE", "reason": None}
+
+
+# --- the verdict kept through the locked state (issue 44's system.state_file) --------------------------
+
+
+def test_the_verdict_is_one_section_of_the_locked_state_the_rest_kept_with_a_backup(
+    driver: Path, tmp_path: Path
+) -> None:
+    """accept changes only its ``accept`` section (update_section, under ``<state>.lock``): check's
+    sections and a key this gputopo does not know survive, and the file it replaced is kept as ``.old``."""
+    from gputopo.system.slurm_node import node_name
+
+    state = tmp_path / "state.json"
+    before = {
+        "schema": "gputopo/check-state/v1",
+        "node": node_name(),
+        "drain": {"at": 5.0, "reason": "gputopo: Xid 79 on GPU0", "events": ["k"]},
+        "from_the_future": {"kept": True},
+    }
+    state.write_text(json.dumps(before))
+    code, doc, _ = accept(driver, board(tmp_path, 2, *SICK_BOARD), tmp_path, "--state", str(state))
+    assert code == 1 and doc["verdict"] == "rejected" and doc["state"] == str(state)
+    kept = json.loads(state.read_text())
+    assert kept["accept"]["verdict"] == "rejected"
+    assert kept["from_the_future"] == {"kept": True} and kept["drain"] == before["drain"]
+    assert json.loads((tmp_path / "state.json.old").read_text()) == before
+
+
+def test_a_state_path_that_is_a_link_is_refused_before_anything_runs(driver: Path, tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere.json"
+    target.write_text("{}")
+    link = tmp_path / "state.json"
+    link.symlink_to(target)
+    done = fake_driver.run(driver, board(tmp_path, 2), "accept", "--state", str(link), *FAST)
+    assert done.returncode == 2 and "is a symbolic link" in done.stderr
+    assert "Traceback" not in done.stderr and target.read_text() == "{}"
+
+
+def test_gate_without_the_state_lock_changes_nothing_in_slurm_and_exits_3(
+    driver: Path, tmp_path: Path
+) -> None:
+    """Another gputopo holds ``<state>.lock`` for the whole run: the gate neither drains nor resumes (no
+    ``scontrol update``), the verdict is not kept (said), and the run exits 3 whatever the verdict."""
+    import fcntl
+
+    from test_check_slurm import calls, fake_scontrol, node
+
+    bin_dir, log = fake_scontrol(tmp_path, None)
+    state = tmp_path / "state.json"
+    with open(tmp_path / "state.json.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        code, doc, err = gated(
+            driver,
+            board(tmp_path, 2, *SICK_BOARD),
+            tmp_path,
+            bin_dir,
+            "--state",
+            str(state),
+            "--budget",
+            "20",
+        )
+    assert code == 3, err[-2000:]
+    assert doc["verdict"] == "rejected"  # the verdict as judged, but not kept and not acted on
+    assert not [c for c in calls(log) if c.startswith("update")] and node(tmp_path)["state"] == "IDLE"
+    assert "the node was not drained: the lock" in doc["gate"]["note"]
+    assert doc["state"].startswith("not kept: the lock") and not state.exists()
+    assert "the verdict was not kept" in err
+
+
+def _report(status: str = "passed") -> object:
+    from gputopo.accept import steps
+    from gputopo.services.accept import AcceptReport
+
+    done = tuple(steps.StepResult(n, status, "ok") for n in ("inventory", "health", "per_gpu", "wiring"))
+    return AcceptReport(
+        steps=done,
+        node="gpu07",
+        device="cpu",
+        driver="1",
+        gpus=(),
+        started_utc="x",
+        elapsed_s=1.0,
+        budget_s=9,
+    )
+
+
+def test_an_accepted_gate_lost_to_a_held_lock_leaves_the_node_drained_and_exits_3(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ending (resume) happens only under the lock: not got in time, Slurm is not touched."""
+    import fcntl
+
+    import gputopo.check
+    from gputopo.services import accept as service
+
+    def no_slurm(*_: object) -> None:
+        raise AssertionError("Slurm read or changed without the lock")
+
+    monkeypatch.setattr(gputopo.check, "read_node_view", no_slurm)
+    monkeypatch.setattr(service, "MIN_LOCK_WAIT_S", 0.2)
+    state = tmp_path / "state.json"
+    options = service.Options(gate=True, state_path=state, device="cpu")
+    gate = service._Gate(options, service.Hooks(), "gpu07")
+    gate.ours = True  # accept drained it at the start
+    with open(tmp_path / "state.json.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        report = service._keep(options, _report(), service.Hooks(), gate, 0.0)
+    assert report.verdict == "accepted" and report.exit_code == 3
+    assert report.saved.startswith("not kept: the lock") and "stays drained" in report.gate_note
+    assert not state.exists()
+
+
+def test_gate_never_resumes_a_node_a_check_drained_while_accept_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """accept drained the node; a check whose view predates that drain re-drained it with its own reason
+    (an Xid): accepted or not, accept leaves the check's drain for the check to lift."""
+    import gputopo.check
+    from gputopo.health.node_action import NodeInfo
+    from gputopo.services import accept as service
+    from gputopo.system import slurm_node
+
+    drained = NodeInfo("gpu07", "IDLE+DRAIN", "gputopo: Xid 79 on GPU0 (fell off the bus)")
+    monkeypatch.setattr(gputopo.check, "read_node_view", lambda _d: gputopo.check.NodeView("gpu07", drained))
+
+    def no_update(*_: object) -> None:
+        raise AssertionError("accept changed a check's drain")
+
+    monkeypatch.setattr(slurm_node, "resume", no_update)
+    monkeypatch.setattr(slurm_node, "drain", no_update)
+    state = tmp_path / "state.json"
+    options = service.Options(gate=True, state_path=state, device="cpu")
+    gate = service._Gate(options, service.Hooks(), "gpu07")
+    gate.ours = True
+    report = service._keep(options, _report(), service.Hooks(), gate, 0.0)
+    assert report.exit_code == 0 and report.saved == str(state)
+    assert "drained by a gputopo check while accept ran" in report.gate_note
+    assert json.loads(state.read_text())["accept"]["verdict"] == "accepted"
 
 
 # --- DCGM's diagnostics (a fake dcgmi on PATH answers with JSON of DCGM's real shapes: tests/fake_dcgmi) -

@@ -282,3 +282,16 @@ def test_all_refused_reads_unknown_for_a_user() -> None:
     assert result.reason == (
         "no GPU could be read: all 2 refused access (Insufficient Permissions); run the check as root"
     )
+
+
+def test_the_problems_summary_keeps_apostrophes_and_the_slurm_reason_drops_them() -> None:
+    # Issue 42: the one-line summary read "the fabrics health summary" for "the fabric's health summary".
+    from gputopo.findings import PROBLEM, Finding
+    from gputopo.health.check import summarize
+    from gputopo.health.node_action import slurm_reason
+
+    what = "GPU2: the fabric's health summary is UNHEALTHY though its health mask (0x1aa) names no fault"
+    f = Finding("GPU2", what, "check nvidia-fabricmanager", PROBLEM, gpu=2, category="nvlink", action="drain")
+    result = summarize(None, None, (f,), (), 0.1)
+    assert result.reason.startswith("GPU2: the fabric's health summary")
+    assert "fabrics health" in slurm_reason([f]) and "'" not in slurm_reason([f])

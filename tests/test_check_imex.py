@@ -447,3 +447,59 @@ def test_doctor_shows_the_imex_findings_like_any_other(driver: Path, tmp_path: P
     found = [f for f in doc["findings"] if f.get("rule") == "imex_member_down"]
     assert [f["where"] for f in found] == ["IMEX member 10.0.0.2"], out.stderr
     assert calls(tmp_path) == ["-q", "-N -j"]
+
+
+# --- this node once (issue 42) ---------------------------------------------------------------------------
+
+
+def test_a_daemon_waiting_for_peers_is_one_problem_not_also_a_member() -> None:
+    # This node is 10.0.0.1; its daemon answers WAITING_FOR_PEERS and -N lists it so, its peers' links to it
+    # not CONNECTED: the daemon's problem, not also "member 10.0.0.1 ... restart nvidia-imex on the member".
+    n = domain_json("DEGRADED", {"10.0.0.1": "WAITING_FOR_PEERS"}, {("10.0.0.2", "10.0.0.1"): "DISCONNECTED"})
+    r = reading("WAITING_FOR_PEERS\n", n, exit_code=0)
+    for own in (("10.0.0.1",), ()):  # by its address, or by the daemon's own answer
+        found, _ = judge_imex(ImexReading(r.nodes_config, True, None, r.daemon, r.domain, own), expect=False)
+        assert [f.rule for f in found] == ["imex_daemon_not_ready"], found
+    # Another member down as well: named, and only it.
+    n = domain_json("DEGRADED", {"10.0.0.1": "WAITING_FOR_PEERS", "10.0.0.3": "UNAVAILABLE"})
+    r = reading("WAITING_FOR_PEERS\n", n, exit_code=0)
+    found, _ = judge_imex(ImexReading(r.nodes_config, True, None, r.daemon, r.domain, ("10.0.0.1",)), False)
+    assert [(f.where, f.rule) for f in found] == [
+        ("IMEX", "imex_daemon_not_ready"),
+        ("IMEX member 10.0.0.3", "imex_member_down"),
+    ]
+    assert "1 of 2 other members" in found[1].what
+
+
+def test_a_ready_daemon_keeps_naming_members_even_its_own_address_listed() -> None:
+    n = domain_json("DEGRADED", {"10.0.0.3": "UNAVAILABLE"})
+    r = reading("READY\n", n, exit_code=0)
+    found, _ = judge_imex(ImexReading(r.nodes_config, True, None, r.daemon, r.domain, ("10.0.0.1",)), False)
+    assert [(f.where, f.rule) for f in found] == [("IMEX member 10.0.0.3", "imex_member_down")]
+
+
+def test_this_host_finds_itself_by_its_own_addresses() -> None:
+    hosts = system_imex.own_hosts()
+    assert "127.0.0.1" in hosts or "::1" in hosts
+
+
+def test_through_the_fake_ctl_this_host_is_found_by_its_own_address(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The member at 127.0.0.1 is this host (psutil lists the loopback address): its daemon WAITING_FOR_PEERS
+    # is reported once, as the daemon; 10.0.0.3 sees it DISCONNECTED and that is not a second problem.
+    doc = json.loads(domain_json("DEGRADED"))
+    doc["nodes"]["0"]["host"] = "127.0.0.1"
+    doc["nodes"]["0"]["status"] = "WAITING_FOR_PEERS"
+    doc["nodes"]["1"]["status"] = "WAITING_FOR_PEERS"  # two in the daemon's state: only the address tells
+    for node in doc["nodes"].values():
+        for c in node["connections"].values():
+            if c["host"] == "10.0.0.1":
+                c["host"], c["status"] = "127.0.0.1", "DISCONNECTED"
+    found, _ = read_through_fake(
+        tmp_path, monkeypatch, ready("WAITING_FOR_PEERS\n"), {"out": json.dumps(doc)}
+    )
+    assert [(f.where, f.rule) for f in found] == [
+        ("IMEX", "imex_daemon_not_ready"),
+        ("IMEX member 10.0.0.2", "imex_member_down"),
+    ], found

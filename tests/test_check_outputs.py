@@ -240,6 +240,8 @@ def test_recommend_run_and_doctor_use_the_last_checks_judgement_while_fresh(
     assert alone["excluded"] == []
     doc = json.loads(state.read_text())
     doc["last"]["at"] = time.time() - 3600
+    for judged in doc["results"].values():  # each rule set's judgement (here the default rules')
+        judged["at"] = time.time() - 3600
     state.write_text(json.dumps(doc))
     stale = json.loads(
         fake_driver.run(driver, path, "recommend", "--n", "1", "--json", timeout=60, extra_env=env).stdout
@@ -283,3 +285,32 @@ def test_unrepairable_memory_on_the_c_fake_driver(driver: Path, tmp_path: Path) 
     )
     assert result.returncode == 1
     assert result.stdout.splitlines()[0] == "problems: the driver flags the memory of GPU0 as unrepairable"
+
+
+def test_nvlink5_ecc_total_and_ber_levels_on_the_c_fake_driver(driver: Path, tmp_path: Path) -> None:
+    # Issue 42: DCGM 4.6 MonitorNVLink5Fields (DcgmHealthWatch.cpp lines 2807-2947 at 72fa3fe) fails a rise
+    # of the NVLink ECC data error total (NVML field 160) and an effective BER worse than 1e-12 (field 220,
+    # read with scopeId UINT_MAX), even while no per-link counter moves. 0x50b: mantissa 5, exponent 11.
+    nvl5 = ["lfield 0 2 208 5", "lfield 0 2 221 0"]
+    lines = [*healthy(0), *nvl5, "field 0 160 40 1", "field 0 220 1291", "field 0 222 0"]
+    result = check(driver, machine(tmp_path, lines), *FAST, "--json")
+    assert result.returncode == 1, result.stdout + result.stderr
+    doc = json.loads(result.stdout)
+    rules = sorted(f["rule"] for f in doc["findings"])
+    assert rules == ["nvlink_ecc_data_rise", "nvlink_effective_ber"], doc["findings"]
+    health = doc["gpus"][0]["health"]
+    assert (health["nvlink_effective_ber_raw"], health["nvlink_symbol_ber_raw"]) == (1291, 0)
+    # Healthy levels (1e-15 effective, a zero symbol BER) and a still total: healthy.
+    lines = [*healthy(0), *nvl5, "field 0 160 40", "field 0 220 271", "field 0 222 0"]
+    result = check(driver, machine(tmp_path, lines, "fine.txt"), *FAST, "--json")
+    assert result.returncode == 0, result.stdout
+    assert not [n for n in json.loads(result.stdout)["not_checked"] if "field 2" in n["why"] + n["what"]]
+    # A driver without those fields on an NVLink5 GPU: not checked, never a fault.
+    result = check(driver, machine(tmp_path, [*healthy(0), *nvl5], "old.txt"), *FAST, "--json")
+    assert result.returncode == 0, result.stdout
+    skipped = [n["what"] for n in json.loads(result.stdout)["not_checked"]]
+    for what in ("field 160", "field 220", "field 222"):
+        assert any(what in s for s in skipped), skipped
+    # Before NVLink5 (no per-link NVLink5 counters): a missing field is no gap.
+    result = check(driver, machine(tmp_path, healthy(0), "h100.txt"), *FAST, "--json")
+    assert not [n for n in json.loads(result.stdout)["not_checked"] if "NVML field" in n["what"]]

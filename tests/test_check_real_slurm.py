@@ -232,3 +232,79 @@ def test_max_drained_holds_a_drain_back_on_a_3_node_cluster(health_check: Health
         f"node1 resumed, node2 drained\n{hc.log('node1')}\n{hc.log('node2')}",
         WAIT_S,
     )
+
+
+# The real scontrol, with every call logged: how many `update ... State=DRAIN` the checks made.
+LOGGING_SCONTROL = """#!/bin/sh
+echo "$*" >> "{log}"
+exec /usr/bin/scontrol "$@"
+"""
+
+
+def test_twenty_drains_at_once_drain_a_real_node_once_and_a_resume_is_kept(
+    slurm_cluster: Any, tmp_path: Path
+) -> None:
+    """The drain race on the real Slurm: 20 `check --drain` at once on a sick node (one beside a plain
+    check) make one `scontrol update ... State=DRAIN`; after the administrator's resume, a plain and a
+    --drain check at once do not drain it again on the same old Xid."""
+    import os
+    import subprocess
+
+    cluster = slurm_cluster
+    if not Path("/usr/bin/scontrol").exists():
+        pytest.skip("no /usr/bin/scontrol to wrap")
+    lib = fake_driver.build(tmp_path / "driver")
+    machine = tmp_path / "machine.txt"
+    machine.write_text("\n".join(["driver 570.86.15", "cuda 12080", *healthy(0)]) + "\n")
+    kern = tmp_path / "kern.log"
+    kern.write_text(xid(79, time.time() - 60, "GPU has fallen off the bus."))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "scontrol.log"
+    (bin_dir / "scontrol").write_text(LOGGING_SCONTROL.format(log=log))
+    (bin_dir / "scontrol").chmod(0o755)
+    state = tmp_path / "state.json"
+    env = {
+        **fake_driver.env_for(lib, machine),
+        "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
+        "SLURM_CONF": str(cluster.conf),
+        "SLURMD_NODENAME": "node1",
+    }
+    env = {k: v for k, v in env.items() if not (k.startswith("SLURM_") and k not in ("SLURM_CONF",))}
+    env["SLURMD_NODENAME"] = "node1"
+    argv = [sys.executable, "-m", "gputopo", "check", "--sample-s", "0.2", "--kernel-log", str(kern)]
+    argv += ["--state", str(state), "--budget", "120", "--max-drained", "3"]
+
+    def at_once(*drain_flags: bool) -> list[subprocess.CompletedProcess[str]]:
+        procs = [
+            subprocess.Popen(
+                argv + (["--drain"] if d else []),
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for d in drain_flags
+        ]
+        return [subprocess.CompletedProcess(p.args, p.wait(300), *p.communicate()) for p in procs]
+
+    def drains() -> int:
+        return sum(1 for c in log.read_text().splitlines() if "State=DRAIN" in c) if log.exists() else 0
+
+    try:
+        results = at_once(*([True] * 20), False)
+        assert [r.returncode for r in results] == [1] * 21, [r.stderr for r in results if r.returncode != 1]
+        assert drains() == 1, log.read_text()
+        assert cluster.drain_reasons().get("node1", "").startswith("gputopo: Xid 79")
+        assert json.loads(state.read_text())["drain"] is not None
+        cluster.resume("node1")  # the administrator reseats the GPU and resumes the node
+        cluster.wait_for(lambda: "node1" not in cluster.drain_reasons(), "node1 resumed", 30)
+        results = at_once(False, True)
+        # The plain check reads no node: until a --drain check records the resume it still sees the Xid
+        # (exit 1); the --drain check sees the resume, acknowledges the line and is healthy.
+        assert results[1].returncode == 0, results[1].stdout + results[1].stderr
+        assert drains() == 1 and "node1" not in cluster.drain_reasons()
+        assert json.loads(state.read_text())["acknowledged"]["by"] == "a person's resume"
+    finally:
+        if "node1" in cluster.drain_reasons():
+            cluster.resume("node1")

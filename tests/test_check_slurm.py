@@ -51,7 +51,10 @@ elif sys.argv[1] == "update":
         n["state"], n["reason"] = "IDLE+DRAIN", kv["Reason"]
     elif kv["State"] == "RESUME":
         n["state"], n["reason"] = "IDLE", None
-    json.dump(nodes, open(path, "w"))
+    # written whole (a temporary file and a rename): a `show node` beside it never reads half a file
+    tmp = f"{{path}}.{{os.getpid()}}"
+    json.dump(nodes, open(tmp, "w"))
+    os.replace(tmp, path)
 """
 
 

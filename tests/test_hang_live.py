@@ -126,9 +126,11 @@ def test_live_names_rank_2_keeps_the_job_and_sigterm_leaves_the_evidence(tmp_pat
         pytest.skip("py-spy is not installed")
     run = tmp_path / "run"
     job_env = _env(HANG_JOB_DUMP_AFTER_S="never", HANG_JOB_TIMEOUT_S="300", HANG_JOB_STUCK_RANK="2")
+    # --no-control-plane: this test is about the stacks alone (a job that serves no Flight Recorder);
+    # with it, --live also reads the ranks' dumps and rank 2 is named as never having entered.
     proc = subprocess.Popen(
         [sys.executable, "-m", "gputopo", "run", "--n", "4", "--torchrun", "--input", "sample:seed-8gpu-nv4",
-         "--run-dir", str(run), "--", str(JOB)],
+         "--no-control-plane", "--run-dir", str(run), "--", str(JOB)],
         cwd=tmp_path, env=job_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, start_new_session=True,
     )  # fmt: skip

@@ -237,7 +237,7 @@ def test_fabric_registration_not_complete_is_a_problem() -> None:
     f = found(after={4: {"fabric_state": 2}})
     assert [(x.gpu, x.severity, x.rule) for x in f] == [(4, NOTE, "fabric_in_progress")]
     f = found(after={4: {"fabric_status": 999}})
-    assert "completed with NVML error 999" in f[0].what
+    assert "completed with NVML_ERROR_UNKNOWN (999)" in f[0].what  # the NVML error by name
     assert found(after={4: {"fabric_state": 0, "nvlinks": ()}}) == ()  # not an NVSwitch system
 
 
@@ -561,3 +561,80 @@ def test_a_tray_in_a_rack_without_a_domain_is_a_problem_but_a_board_is_not() -> 
     # A failed registration is judged alone, not also as a tray without a domain.
     failed = rack(g3={**zero, "fabric_status": 999}).findings
     assert [(x.gpu, x.rule) for x in failed] == [(3, "fabric_not_ready")]
+
+
+# --- The fabric mask in every registration state (issue 42) -----------------------------------------------
+# DCGM 4.6 MonitorFabricFields (NVIDIA/DCGM modules/health/DcgmHealthWatch.cpp at 72fa3fe, lines 3599-3729)
+# reads DCGM_FI_DEV_FABRIC_HEALTH_MASK first and fails a TRUE field or an incorrect configuration whatever
+# the registration's state; then it judges the state (in progress: warn; not started, failed: fail).
+
+
+def test_a_mask_fault_during_registration_in_progress_is_a_problem_naming_the_field() -> None:
+    # 0x4aa: every 2-bit field FALSE, INCORRECT_CONFIGURATION = 4 (NO_PARTITION); summary UNHEALTHY.
+    stuck = {"fabric_state": 2, "fabric_health_mask": 0x4AA, "fabric_health_summary": 2}
+    f = rack(g2=stuck).findings
+    assert [(x.gpu, x.rule, x.severity) for x in f] == [(2, "fabric_unhealthy", PROBLEM)]  # one, not two
+    assert "no partition" in f[0].what and "registration in progress" in f[0].what
+    # On every GPU (DCGM fails all four): one node finding that names all of them, a problem.
+    (node,) = rack(**{f"g{i}": stuck for i in range(4)}).findings
+    assert (node.where, node.severity, node.rule) == ("node", PROBLEM, "fabric_unhealthy")
+    assert "all 4 GPUs" in node.what and "no partition" in node.what
+    # Not started with a TRUE field: one problem, the mask's, naming the state.
+    f = rack(g1={"fabric_state": 1, "fabric_health_mask": 0x1A9}).findings
+    assert [(x.gpu, x.rule) for x in f] == [(1, "fabric_unhealthy")]
+    assert "bandwidth degraded" in f[0].what and "registration not started" in f[0].what
+
+
+def test_partition_assigned_is_read_with_its_own_polarity() -> None:
+    # PARTITION_ASSIGNED (bits 12-13): 1 (TRUE) is the good value, 2 (FALSE) no partition.
+    f = rack(g0={"fabric_health_mask": 0x21AA}).findings
+    assert [(x.gpu, x.rule, x.severity) for x in f] == [(0, "fabric_unhealthy", PROBLEM)]
+    assert "partition not assigned (PARTITION_ASSIGNED FALSE)" in f[0].what
+    for mask in (0x11AA, 0x01AA, 0xAA, 0x80):
+        assert rack(g0={"fabric_health_mask": mask}).findings == (), hex(mask)
+
+
+def test_a_registration_that_completed_with_an_error_names_the_nvml_error() -> None:
+    (f,) = rack(g3={"fabric_status": 23}).findings
+    assert f.rule == "fabric_not_ready" and "NVML_ERROR_INSUFFICIENT_RESOURCES (23)" in f.what
+
+
+# --- NVLink5 as DCGM judges it: the ECC data total, effective and symbol BER (issue 42) ---------------------
+# DCGM 4.6 MonitorNVLink5Fields (NVIDIA/DCGM modules/health/DcgmHealthWatch.cpp lines 2807-2947 at
+# 72fa3fe) fails a rise of DCGM_FI_DEV_NVLINK_ECC_ERROR_TOTAL (NVML field 160) and an effective or symbol
+# BER over its threshold (levels). NVML encodes a BER as mantissa (bits 8-11) * 10^-exponent (bits 0-7).
+
+
+def _ber(mantissa: int, exponent: int) -> int:
+    return mantissa << 8 | exponent
+
+
+def test_the_nvlink_ecc_data_total_rising_is_a_problem() -> None:
+    f = found(before={2: {"nvlink_ecc_data_errors": 40}}, after={2: {"nvlink_ecc_data_errors": 41}})
+    assert [(x.gpu, x.rule, x.severity, x.action) for x in f] == [
+        (2, "nvlink_ecc_data_rise", PROBLEM, "reset")
+    ]
+    assert "rose by 1" in f[0].what and "field 160" in f[0].what
+    assert found(before={2: {"nvlink_ecc_data_errors": 40}}, after={2: {"nvlink_ecc_data_errors": 40}}) == ()
+
+
+def test_an_effective_ber_worse_than_1e_12_is_a_problem_with_no_counter_moving() -> None:
+    # The same level in both samples: nothing rises, DCGM still fails it, so does gputopo.
+    bad = {"nvlink_effective_ber_raw": _ber(5, 11)}
+    f = found(before={1: bad}, after={1: bad})
+    assert [(x.gpu, x.rule, x.severity) for x in f] == [(1, "nvlink_effective_ber", PROBLEM)]
+    assert "5e-11 is worse than 1e-12" in f[0].what
+    # DCGM's boundaries (IsEffectiveBerThresholdExceeded): 1e-12 and 10e-13 pass, 2e-12 and 11e-13 fail,
+    # 15e-255 is a zero BER.
+    for (m, e), bad_ in {(1, 12): False, (2, 12): True, (10, 13): False, (11, 13): True, (9, 14): False,
+                         (15, 255): False, (1, 3): True}.items():  # fmt: skip
+        got = found(after={1: {"nvlink_effective_ber_raw": _ber(m, e)}})
+        assert bool(got) is bad_, (m, e, got)
+
+
+def test_a_symbol_ber_above_its_floor_is_a_problem() -> None:
+    # DCGM_SYMBOL_BER_FLOOR_EXP_AGGREGATED = 238 with a floor mantissa of 15; a zero mantissa is healthy.
+    f = found(after={5: {"nvlink_symbol_ber_raw": _ber(3, 9)}})
+    assert [(x.gpu, x.rule) for x in f] == [(5, "nvlink_symbol_ber")] and "3e-9" in f[0].what
+    for (m, e), bad in {(0, 9): False, (15, 238): False, (1, 239): False, (2, 237): True}.items():
+        assert bool(found(after={5: {"nvlink_symbol_ber_raw": _ber(m, e)}})) is bad, (m, e)

@@ -92,6 +92,14 @@ FAULTS = {
     "INSUFFICIENT_NVLINKS 0x5aa": ({"fabric": (3, 0, 32766, 0x5AA)}, "fabric_unhealthy", "problem"),
     "another cluster UUID": ({"fabric_uuid": m.cluster_uuid(9)}, "fabric_domain_split", "problem"),
     "in a rack, zero UUID": ({"fabric_uuid": m.ZERO_UUID}, "fabric_no_domain", "problem"),
+    # Issue 42: the mask is judged in every registration state, as DCGM 4.6 MonitorFabricFields reads it
+    # (DcgmHealthWatch.cpp lines 3612-3674 at 72fa3fe), and PARTITION_ASSIGNED FALSE (0x2000) is named.
+    "NO_PARTITION 0x4aa while in progress": (
+        {"fabric": (2, 0, 32766, 0x4AA), "fabric_summary": 2},
+        "fabric_unhealthy",
+        "problem",
+    ),
+    "PARTITION_ASSIGNED FALSE 0x21aa": ({"fabric": (3, 0, 32766, 0x21AA)}, "fabric_unhealthy", "problem"),
 }
 
 
@@ -222,3 +230,32 @@ def test_doctor_and_its_reports_show_the_domain_and_the_fabric_findings(tmp_path
     # The report's topology still reads back as `nvidia-smi topo -m` text.
     again = parse_smi.parse_topo_text(topology_text(doc["topology"]))
     assert again.matrix.labels[:4] == ("GPU0", "GPU1", "GPU2", "GPU3")
+
+
+@needs_cc
+@pytest.mark.skipif(
+    not fake_driver.bindings_read_fabric_health(), reason="no fabric v2/v3 call to read a mask"
+)
+def test_a_mask_fault_in_progress_is_a_problem_through_the_fake_driver(driver: Path, tmp_path: Path) -> None:
+    # Issue 42: GPU 1 stuck "in progress" with mask 0x4aa (NO_PARTITION) and summary UNHEALTHY: DCGM fails
+    # it; before, gputopo gave a note. GPU 2: 0x21aa, PARTITION_ASSIGNED FALSE.
+    lines = m.machine_lines("gb300", rack=1)
+    lines = [
+        "fabric 1 2 0 32766 4aa"
+        if ln.startswith("fabric 1 ")
+        else ln.replace(" 1aa", " 21aa")
+        if ln.startswith("fabric 2 ")
+        else "fabricv3 1 " + ln.split()[2] + " 2"
+        if ln.startswith("fabricv3 1 ")
+        else ln
+        for ln in lines
+    ]
+    path = tmp_path / "stuck.txt"
+    path.write_text("\n".join(lines) + "\n")
+    done = fake_driver.run(driver, path, "check", "--json", *FAST, timeout=60)
+    report = json.loads(done.stdout)
+    fabric = {f["gpu"]: f for f in report["findings"] if f["rule"].startswith("fabric_")}
+    assert sorted(fabric) == [1, 2] and done.returncode == 1, report["findings"]
+    assert fabric[1]["severity"] == "problem" and "no partition" in fabric[1]["what"]
+    assert "registration in progress" in fabric[1]["what"]
+    assert "PARTITION_ASSIGNED FALSE" in fabric[2]["what"]

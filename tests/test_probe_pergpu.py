@@ -185,14 +185,59 @@ def test_the_datasheet_floor_catches_a_machine_held_down_alike():
         peak is not None and peak.model == "H100 SXM" and peak.matmul_tflops["bf16"] == pytest.approx(989.4)
     )
     assert model_peak("NVIDIA H100 PCIe").model == "H100 PCIe" and model_peak("Tesla T4") is None
-    low = EXPECTED_FRACTION * peak.matmul_tflops["bf16"] * 0.9
-    cuda = {"name": name, "precision": "bf16", "timing": "CUDA events", "memory_gbps": 3000.0}
+    # TF32 has no measured figure: its floor is half the datasheet's, on the best run.
+    low = EXPECTED_FRACTION * peak.matmul_tflops["tf32"] * 0.9
+    cuda = {"name": name, "precision": "tf32", "timing": "CUDA events", "memory_gbps": 3000.0}
     rows = [row(g, low, **cuda) for g in range(4)]
     judged = judge_rows(rows, 0.10)
     assert {r["verdict"] for r in judged} == {"slow"}
     assert "datasheet" in judged[0]["why"] and judged[0]["peak"]["memory_gbps"] == 3350.0
-    healthy = [row(g, 700.0, **cuda) for g in range(4)]
+    assert judged[0]["peak"]["floor"]["matmul_tflops"]["from"] == "datasheet"
+    healthy = [row(g, 400.0, **cuda) for g in range(4)]
     assert {r["verdict"] for r in judge_rows(healthy, 0.10)} == {"pass"}
+
+
+def test_a_lone_gpu_is_held_to_three_quarters_of_a_measured_healthy_one():
+    """One GPU has no peers: its only speed verdict is the floor. Against a measured figure it is 0.75 of
+    it (as DCGM sets floors), which catches a GPU a third below healthy that half the datasheet passed."""
+    name = "NVIDIA H100 80GB HBM3"
+    peak = model_peak(name)
+    assert peak.measured_tflops["bf16"] == 798.0 and peak.measured_memory_gbps == 3000.0
+    cuda = {"name": name, "precision": "bf16", "timing": "CUDA events"}
+    third_below = 798.0 * 0.66  # 527: above half the datasheet (495), below 0.75 x 798 (598.5)
+    assert third_below > EXPECTED_FRACTION * peak.matmul_tflops["bf16"]
+    (judged,) = judge_rows([row(0, third_below, mem=2900.0, **cuda)], 0.10)
+    assert judged["verdict"] == "slow" and judged["peers"] == 0
+    assert "below its floor 598" in judged["why"] and "measured" in judged["why"]
+    assert judged["peak"]["floor"]["matmul_tflops"] == {
+        "value": pytest.approx(598.5),
+        "from": "measured",
+        "what": judged["peak"]["floor"]["matmul_tflops"]["what"],
+    }
+    # Its median counts, not its best run: a GPU whose best run reached the floor but whose median did
+    # not (it throttled) is slow.
+    runs = {"matmul_tflops": [620.0, 560.0, 550.0, 540.0], "memory_gbps": [2900.0] * 4}
+    (throttled,) = judge_rows([row(0, 550.0, mem=2900.0, runs=runs, **cuda)], 0.10)
+    assert throttled["verdict"] == "slow"
+    (memory,) = judge_rows([row(0, 780.0, mem=2000.0, **cuda)], 0.10)  # below 0.75 x 3000 GB/s
+    assert memory["verdict"] == "slow" and memory["why"].startswith("memory 2e+03 GB/s")
+    (healthy,) = judge_rows([row(0, 770.0, mem=2950.0, **cuda)], 0.10)
+    assert healthy["verdict"] == "pass"
+    from gputopo.probe.report.document import gpu_table
+
+    lone = [row(0, 770.0, mem=2950.0, **cuda)]
+    check = judge_gpus({"device": "cuda", "precision": "bf16", "rows": lone}, 0.1)
+    floor_line = next(line for line in gpu_table([0], check.to_dict()) if line.strip().startswith("floor"))
+    assert "598.5" in floor_line and "2250" in floor_line and "measured" in floor_line
+
+
+def test_the_h200_row_is_not_a_gh200_nor_an_h200_nvl():
+    assert model_peak("NVIDIA H200").model == "H200 SXM"
+    assert model_peak("NVIDIA H200 NVL").model == "H200 NVL"
+    assert model_peak("NVIDIA H200 NVL").memory_gbps == 4800.0
+    assert model_peak("NVIDIA H200 NVL").measured_tflops == {}  # the H200's measured figure is not its
+    assert model_peak("NVIDIA GH200 480GB") is None and model_peak("NVIDIA GH200 144G HBM3e") is None
+    assert model_peak("NVIDIA H100 NVL") is None
 
 
 def test_unfinished_rows_name_the_crashed_gpu():

@@ -537,3 +537,31 @@ def test_the_budget_default_is_written_once():
     from gputopo.cli.racks import DEFAULT_BUDGET_S
 
     assert DEFAULT_BUDGET_S == racks.DEFAULT_BUDGET_S
+
+
+def test_a_failed_nodes_n_prints_nothing_on_stdout_so_the_sbatch_line_fails_plainly(tmp_path):
+    # Issue 42, as a new user tried it: 3 unfit trays, `--segment 4 --nodes 32` (7 segments of 4 fit).
+    # docs/nodes.md's `sbatch $(gputopo nodes facts/ --nodes N --segment S) job.sh` must not hand the
+    # table to sbatch as its arguments: on failure stdout stays empty, the table and the reason on stderr.
+    folder = two_racks(tmp_path / "facts")
+    for node, rack, tray in (("rack1-10", 1, 9), ("rack1-13", 1, 12)):  # with rack1-07: 15 fit in rack 1
+        doc = facts_doc(
+            node, rack, tray, {"verdict": "problems", "at": time.time(), "problems": [FABRIC_PROBLEM]}
+        )
+        (folder / f"{node}.json").write_text(json.dumps(doc))
+    result = invoke("nodes", str(folder), "--nodes", "32", "--segment", "4")
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert "needs 8 segments of 4 fit nodes; the domains hold 7" in result.stderr
+    assert "rack1-07" in result.stderr  # the table, with the unfit trays and why, for the person
+    # Through a real shell, as the docs write it: the command substitution is empty and fails.
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    line = f'"{sys.executable}" -m gputopo nodes "{folder}" --nodes 32 --segment 4'
+    script = f'args=$({line}) || echo "failed:$args:"'
+    import subprocess
+
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert done.stdout == "failed::\n", done.stdout
+    # The JSON document still goes to stdout (a tool reads it), with what is missing.
+    code, doc = nodes_json(str(folder), "--nodes", "32", "--segment", "4")
+    assert code == 1 and doc["nodelist"] is None and "the domains hold 7" in doc["missing"]

@@ -258,33 +258,171 @@ def load_baseline(path: Path) -> dict[str, Any]:
 def default_state_path(node_actions: bool) -> Path | None:
     """``--state``'s default: ``GPUTOPO_CHECK_STATE`` when set (empty: none); for root acting on its Slurm
     node (``--drain``/``--resume-if-healthy``), ``/var/lib/gputopo/check-state.json``; else none."""
-    from gputopo.health.state import DEFAULT_ROOT_PATH, STATE_ENV
+    from gputopo.system.state_file import writer_path
 
-    if STATE_ENV in os.environ:
-        value = os.environ[STATE_ENV]
-        return Path(value) if value else None
-    if node_actions and os.geteuid() == 0:
-        return Path(DEFAULT_ROOT_PATH)
-    return None
+    return writer_path(node_actions)
 
 
-def load_state(path: Path, node: str) -> tuple[CheckState, str | None]:
-    """The state at ``path`` for ``node`` and a warning when it had to be replaced (never raises: a state
-    that cannot be read is a fresh one, named in the warning)."""
-    from gputopo.health.state import loads
+def read_state(path: Path, node: str) -> Any:
+    """The state at ``path`` for ``node`` as ``system.state_file.read_state`` reads it (never raises: a
+    state that cannot be used is a fresh one, named in its warnings; an untrusted path comes back
+    ``refused``)."""
+    from gputopo.system.state_file import read_state as read
 
+    return read(path, node)
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What keeping the state (and acting on Slurm under its lock) came to: the ``SlurmAction`` (or
+    ``None``), warnings to show, and ``blocked``: why the check could not keep its state or act as asked
+    (the lock not got in time, a newer schema under --drain): the run then exits 3."""
+
+    slurm: Any = None
+    warnings: tuple[str, ...] = ()
+    blocked: str | None = None
+
+
+def keep_state(
+    path: Path | None,
+    node: str,
+    before: CheckState,
+    judged: CheckState,
+    result: CheckResult,
+    view: NodeView | None,
+    *,
+    drain: bool,
+    resume: bool,
+    dry_run: bool,
+    max_drained: tuple[int | None, float | None],
+    deadline: float,
+    now: float,
+    shown: tuple[str, ...] = (),
+    rule_set: str = "default",
+) -> Kept:
+    """Act on Slurm (when ``view``: --drain/--resume-if-healthy) and save the state, both under the state's
+    lock (``system.state_file.locked``, waited for until ``deadline``, a ``time.monotonic()`` reading).
+    Under it the file is read again: another check's sections and everyone else's are kept; this check's
+    judgement replaces the last one. ``before`` is check's state as read when this check began and
+    ``judged`` what it judged with (a person's take-over applied): when another check changed the node
+    record (drain, acknowledgements) in between, this check's view of the node is stale and it does
+    nothing to Slurm (the next check decides), so 20 checks at once drain once. Without a state file
+    (``path`` ``None``) there is nothing to lock: it acts as asked. ``shown``: warnings already said;
+    ``rule_set`` names the rule set whose latest judgement this is (``--thresholds``' file, or
+    ``default``)."""
+    from gputopo.health import state as st
+    from gputopo.system import state_file
+
+    acting = view is not None
+    if path is None:
+        slurm = _act(result, view, drain, resume, dry_run, max_drained, deadline) if acting else None
+        return Kept(slurm)
+    warnings: list[str] = []
+    blocked = None
+    slurm = None
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(4 * 1024 * 1024 + 1)
-    except FileNotFoundError:
-        return loads(None, str(path), node)
-    except OSError as exc:
-        state, _ = loads(None, str(path), node)
-        return state, f"--state {path}: cannot read it ({exc.strerror or exc}); starting afresh"
-    if len(data) > 4 * 1024 * 1024:
-        state, _ = loads(None, str(path), node)
-        return state, f"--state {path}: too large to be a gputopo check state; it is replaced"
-    return loads(data.decode("utf-8", errors="replace"), str(path), node)
+        with state_file.locked(path, deadline - time.monotonic()):
+            fresh_read = state_file.read_state(path, node)
+            said = {_without_age(w) for w in shown}
+            warnings += [w for w in fresh_read.warnings if _without_age(w) not in said]
+            if fresh_read.refused is not None:
+                return Kept(
+                    _held(view, f"nothing done: {fresh_read.refused}"), tuple(warnings), fresh_read.refused
+                )
+            fresh = st.check_state(fresh_read.doc, node)
+            same_record = st.node_record(fresh) == st.node_record(before)
+            read_only = fresh_read.doc is not None and fresh_read.doc.newer
+            if acting and read_only:
+                blocked = f"{path} was written by a newer gputopo (schema v{fresh_read.doc.version})"
+                slurm = _held(view, f"nothing done: {blocked}")
+            elif (
+                acting
+                and not same_record
+                and not dry_run
+                and _would_act(result, view, drain, resume, max_drained)
+            ):
+                verb = (
+                    "not drained"
+                    if _would_act(result, view, drain, resume, max_drained) == "drain"
+                    else "not resumed"
+                )
+                slurm = _held(
+                    view,
+                    f"{verb}: another gputopo check changed this node's record in the state file during this "
+                    "one (drained, resumed or acknowledged); the next check decides",
+                )
+            elif acting:
+                slurm = _act(result, view, drain, resume, dry_run, max_drained, deadline)
+            mine = judged
+            if slurm is not None and slurm.done and slurm.action == "drain":
+                mine = st.drained(mine, slurm.reason or "", result.xid_keys, now)
+            elif slurm is not None and slurm.done and slurm.action == "resume":
+                mine = st.resumed(mine)
+            if result.verdict != "unknown":
+                mine = st.remember_judgement(
+                    mine, now, result.verdict, result.findings, result.sample, result.ports, rule_set
+                )
+            new = st.merged(fresh, mine, with_record=acting and same_record and not read_only)
+            if fresh_read.read_only is None:
+                failed = state_file.save(fresh_read, st.with_check_state(fresh_read.doc, new))
+                if failed is not None:
+                    warnings.append(f"--state {failed}")
+    except state_file.LockNotGot as exc:
+        if acting or exc.busy:
+            blocked = exc.message
+        if acting:
+            slurm = _held(view, f"nothing done: {exc.message}")
+        else:
+            warnings.append(f"--state {path}: not saved ({exc.message})")
+    return Kept(slurm, tuple(warnings), blocked)
+
+
+def _act(
+    result: CheckResult,
+    view: Any,
+    drain: bool,
+    resume: bool,
+    dry_run: bool,
+    max_drained: tuple[int | None, float | None],
+    deadline: float,
+) -> Any:
+    return act_on_node(
+        result, view, drain=drain, resume=resume, dry_run=dry_run, max_drained=max_drained, deadline=deadline
+    )
+
+
+def _without_age(warning: str) -> str:
+    """A warning without the backup's age in it (``(saved 5 s ago)``), which changes between two reads."""
+    import re
+
+    return re.sub(r" \(saved \d+ (?:min|s) ago\)", "", warning)
+
+
+def _would_act(
+    result: CheckResult, view: Any, drain: bool, resume: bool, max_drained: tuple[int | None, float | None]
+) -> str | None:
+    """drain or resume when ``health.node_action.decide`` calls for it on what ``view`` showed."""
+    from gputopo.health.node_action import decide, max_drained_nodes
+
+    limit = max_drained_nodes(*max_drained, view.cluster_nodes) if view.cluster_nodes else None
+    decision = decide(
+        result.verdict,
+        result.findings,
+        view.node,
+        drain=drain,
+        resume=resume,
+        drained_elsewhere=view.drained_elsewhere,
+        max_drained=limit,
+    )
+    return decision.action if decision.action in ("drain", "resume") else None
+
+
+def _held(view: Any, why: str) -> Any:
+    from gputopo.system import slurm_node
+
+    if view is None:
+        return None
+    return slurm_node.SlurmAction("none", None, False, None, why, view.node)
 
 
 @dataclass(frozen=True)
@@ -362,13 +500,17 @@ def act_on_node(
     )
 
 
-def accept_status(path: Path | None, result: CheckResult) -> dict[str, Any] | None:
-    """``gputopo accept``'s verdict kept in the state file at ``path`` and whether it still holds for the
-    GPUs and driver this check read (``accept.record.status``); ``None`` without a state or a verdict."""
+def accept_status(path: Path | None, node: str, result: CheckResult) -> dict[str, Any] | None:
+    """``gputopo accept``'s verdict kept in the state file at ``path`` (its ``accept`` section, read through
+    ``system.state_file.read_state`` like the rest of the state) and whether it still holds for the GPUs
+    and driver this check read (``accept.record.status``); ``None`` without a state or a verdict. A state
+    that cannot be used was already named in check's own warnings, so none is added here."""
     from gputopo.accept import record
+    from gputopo.system.state_file import read_state as read
 
     if path is None:
         return None
+    doc = read(path, node).doc
     sample = result.sample
     gpus = None
     if sample is not None and sample.gpus:
@@ -376,15 +518,4 @@ def accept_status(path: Path | None, result: CheckResult) -> dict[str, Any] | No
             {"index": g.index, "uuid": g.uuid, "serial": g.serial, "vbios": g.vbios_version}
             for g in sample.gpus
         ]
-    return record.status(
-        record.from_state_text(state_text(path)), sample.driver_version if sample else None, gpus
-    )
-
-
-def state_text(path: Path) -> str | None:
-    """The state file's text, or ``None`` when there is none or it cannot be read."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read(4 * 1024 * 1024)
-    except OSError:
-        return None
+    return record.status(record.from_doc(doc), sample.driver_version if sample else None, gpus)

@@ -549,11 +549,16 @@ def check_health(machine: Machine, options: DoctorOptions) -> HealthStep:
     )
     # The last `gputopo check` on this node, while fresh: its judgement over minutes (the state file) joins
     # doctor's own window, so both name the same sick GPUs.
-    from gputopo.machine import last_check_problems
+    from gputopo.health.state import LAST_CHECK_WHAT
+    from gputopo.machine import last_check
 
     sick = {f.gpu for f in kept if f.severity == PROBLEM and f.gpu is not None}
     uuids = {g.index: g.uuid for g in (result.sample.gpus if result.sample else ())}
-    kept += tuple(f for f in last_check_problems(uuids) if f.gpu not in sick)
+    last, state_warning = last_check(uuids)
+    kept += tuple(f for f in last if f.gpu not in sick)
+    not_checked = tuple(n.to_json() for n in result.not_checked)
+    if state_warning is not None:  # a state file that could not be used is said, never a silent nothing
+        not_checked += ({"what": LAST_CHECK_WHAT, "why": state_warning},)
     unhealthy: dict[int, str] = {}
     for f in kept:
         if f.severity == PROBLEM and f.gpu is not None:
@@ -567,7 +572,7 @@ def check_health(machine: Machine, options: DoctorOptions) -> HealthStep:
         result.verdict,
         f"health: {result.reason}",
         kept,
-        tuple(n.to_json() for n in result.not_checked),
+        not_checked,
         unhealthy,
         window,
         no_p2p,

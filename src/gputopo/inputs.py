@@ -71,6 +71,63 @@ def read_capped(path: Path, label: str, cap: int = MAX_INPUT_BYTES, hint: str | 
         os.close(fd)
 
 
+class NotRegular(InputError):
+    """A path that must hold a regular file holds a fifo, a device, a socket or a folder."""
+
+
+_NOT_REGULAR = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a fifo"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _kind(mode: int) -> str | None:
+    return next((what for test, what in _NOT_REGULAR if test(mode)), None)
+
+
+def read_regular_file(path: Path, label: str, cap: int = MAX_INPUT_BYTES) -> bytes | None:
+    """The bytes of the regular file at ``path``, or ``None`` when there is none: for files gputopo keeps
+    itself (the check state), where anything else at the path is a mistake or a trap. Never through a
+    symbolic link (``O_NOFOLLOW``), never opens a fifo, device or socket for reading (looked at first,
+    and again on the open descriptor), at most ``cap`` bytes. ``NotRegular`` for a fifo, device, socket
+    or folder; ``InputError`` for a link, a file over ``cap``, or one that cannot be read."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise InputError(f"{label}: cannot read ({exc.strerror or exc})", "check the path") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise InputError(f"{label}: is a symbolic link, not followed", "name the real file")
+    what = _kind(info.st_mode)
+    if what is not None:
+        raise NotRegular(f"{label}: is {what}, not a regular file", "remove it, or name a regular file")
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NOCTTY", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise InputError(
+            f"{label}: cannot read ({exc.strerror or exc})", "check the path and its permissions"
+        ) from None
+    try:
+        info = os.fstat(fd)
+        what = _kind(info.st_mode)
+        if what is not None:  # replaced between the look and the open
+            raise NotRegular(f"{label}: is {what}, not a regular file", "remove it, or name a regular file")
+        if info.st_size > cap:
+            raise _too_large(label, cap)
+        return _read_fd(fd, label, cap)
+    except OSError as exc:
+        raise InputError(f"{label}: cannot read ({exc.strerror or exc})", "check the path") from None
+    finally:
+        os.close(fd)
+
+
 def _read_fd(fd: int, label: str, cap: int) -> bytes:
     parts: list[bytes] = []
     total = 0

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
     from gputopo.findings import Finding
     from gputopo.health.judge import Judgement
-    from gputopo.health.state import CheckState
+    from gputopo.health.state import CheckState, StateDoc
 
 SAMPLE_PREFIX = "sample:"
 STDIN = "-"
@@ -118,88 +118,106 @@ def read_live_health(
 def with_last_check(judged: Judgement, live_uuids: Mapping[int, str | None]) -> Judgement:
     """``judged`` with the last ``gputopo check``'s problems added while it is fresh, so recommend, run,
     topo and probe leave out the GPUs check found sick (rates over minutes included); a GPU already judged
-    sick here keeps its own finding."""
-    from gputopo.health.judge import Judgement
+    sick here keeps its own finding. A state file that could not be used is one ``not_checked`` entry
+    saying why (never a silent nothing)."""
+    from gputopo.health.judge import Judgement, NotChecked
+    from gputopo.health.state import LAST_CHECK_WHAT
 
     sick = set(judged.unhealthy_gpus())
-    added = tuple(f for f in last_check_problems(live_uuids) if f.gpu not in sick)
+    problems, warning = last_check(live_uuids)
+    added = tuple(f for f in problems if f.gpu not in sick)
+    not_checked = judged.not_checked
+    if warning is not None:
+        not_checked = (*not_checked, NotChecked(LAST_CHECK_WHAT, warning))
     if not added:
-        return judged
+        return Judgement(judged.findings, not_checked) if warning is not None else judged
     findings = sorted((*judged.findings, *added), key=lambda f: f.severity != "problem")
-    return Judgement(tuple(findings), judged.not_checked)
+    return Judgement(tuple(findings), not_checked)
 
 
 def last_check_problems(live_uuids: Mapping[int, str | None]) -> list[Finding]:
     """The last ``gputopo check``'s problems on single GPUs while fresh (``health.state.FRESH_S``), each
     saying how old, from its state file: ``GPUTOPO_CHECK_STATE``, or root's
-    ``/var/lib/gputopo/check-state.json``. Empty when there is none, it is stale, or it cannot be read."""
+    ``/var/lib/gputopo/check-state.json`` (for every user: it is 0644). Empty when there is none, it is
+    stale, or it cannot be read (``last_check`` also says why)."""
+    return last_check(live_uuids)[0]
+
+
+def last_check(live_uuids: Mapping[int, str | None]) -> tuple[list[Finding], str | None]:
+    """``last_check_problems`` and the warning when the state file could not be used (``None``: it
+    could, or there is none)."""
     import time
 
     from gputopo.health.state import last_check_findings
 
-    state = _check_state()
+    state, warning = check_state_read()
     if state is None:
-        return []
-    return last_check_findings(state, time.time(), live_uuids)[0]
+        return [], warning
+    return last_check_findings(state, time.time(), live_uuids)[0], warning
 
 
-def node_facts(topo: Topology | None = None) -> dict[str, Any]:
+def node_facts(topo: Topology | None = None, warnings: Sequence[str] = ()) -> dict[str, Any]:
     """What ``gputopo topo --json`` adds on the live machine so it can stand for the node across machines
     (``gputopo nodes``): ``node``, Slurm's name for it (``SLURMD_NODENAME``) or the short host name, and
-    ``check``, the last fresh ``gputopo check`` judgement (``health.state.fresh_judgement``) or ``None``."""
+    ``check``, the last fresh ``gputopo check`` judgement (``health.state.fresh_judgement``) or ``None``;
+    and ``warnings`` (the snapshot's own, given, and why the state file could not be used, if so)."""
     import time
 
     from gputopo.health.state import fresh_judgement
     from gputopo.system.slurm_node import node_name
 
-    state = _check_state()
-    return {
+    doc, state, warning = _state_read()
+    facts: dict[str, Any] = {
         "node": node_name(),
         "check": fresh_judgement(state, time.time()) if state else None,
-        "accept": _accept_status(topo),
+        "accept": _accept_status(doc, topo),
     }
+    if warning is not None:
+        facts["warnings"] = (*warnings, warning)
+    return facts
 
 
-def _accept_status(topo: Topology | None) -> dict[str, Any] | None:
-    """``gputopo accept``'s verdict in the state file and whether it holds for ``topo``'s driver and GPUs."""
+def check_state_path() -> Path | None:
+    """The state file commands read the last check from (``system.state_file.reader_path``):
+    ``GPUTOPO_CHECK_STATE`` (empty: none), else root's ``/var/lib/gputopo/check-state.json``, for every
+    user (root saves it 0644 in a 0755 folder)."""
+    from gputopo.system.state_file import reader_path
+
+    return reader_path()
+
+
+def check_state_read() -> tuple[CheckState | None, str | None]:
+    """``gputopo check``'s state for this node, read through ``system.state_file`` (a regular file only,
+    no link, capped; as root only root's own), and one warning line when it could not be used: ``None``
+    and no warning when there is none."""
+    _, state, warning = _state_read()
+    return state, warning
+
+
+def _state_read() -> tuple[StateDoc | None, CheckState | None, str | None]:
+    """The state document (every section: check's, ``accept``'s), check's state in it, and the warning
+    (see ``check_state_read``); one read serves both."""
+    from gputopo.health.state import check_state
+    from gputopo.system.slurm_node import node_name
+    from gputopo.system.state_file import read_state
+
+    path = check_state_path()
+    if path is None:
+        return None, None, None
+    node = node_name()
+    read = read_state(path, node, label=f"the check state {path}", fresh="not used")
+    if read.refused is not None:
+        return None, None, f"{read.refused}; not used"
+    warning = "; ".join(read.warnings) or None
+    if read.doc is None:
+        return None, None, warning
+    return read.doc, check_state(read.doc, node), warning
+
+
+def _accept_status(doc: StateDoc | None, topo: Topology | None) -> dict[str, Any] | None:
+    """``gputopo accept``'s verdict in the state (its ``accept`` section) and whether it holds for
+    ``topo``'s driver and GPUs (``accept.record.status``)."""
     from gputopo.accept import record
 
-    path = _state_path()
-    if not path:
-        return None
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            text = fh.read(4 * 1024 * 1024)
-    except OSError:
-        return None
     gpus = [{"index": g.index, "uuid": g.uuid} for g in topo.gpus] if topo is not None else None
-    return record.status(record.from_state_text(text), topo.driver_version if topo else None, gpus)
-
-
-def _state_path() -> str | None:
-    """The check state file this node's commands read: ``GPUTOPO_CHECK_STATE``, or root's default."""
-    import os
-
-    from gputopo.health.state import DEFAULT_ROOT_PATH, STATE_ENV
-
-    path = os.environ.get(STATE_ENV)
-    if path is None and os.geteuid() == 0:
-        path = DEFAULT_ROOT_PATH
-    return path or None
-
-
-def _check_state() -> CheckState | None:
-    """``gputopo check``'s state file for this node, or ``None`` when there is none or it cannot be read."""
-    from gputopo.health.state import loads
-    from gputopo.system.slurm_node import node_name
-
-    path = _state_path()
-    if not path:
-        return None
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            text = fh.read(4 * 1024 * 1024)
-    except OSError:
-        return None
-    state, warning = loads(text, path, node_name())
-    return None if warning else state
+    return record.status(record.from_doc(doc), topo.driver_version if topo else None, gpus)

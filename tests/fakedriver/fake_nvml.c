@@ -33,8 +33,9 @@
  *   temp I C | power I MILLIWATTS LIMIT_MILLIWATTS | replay I N | persist I 0|1 | vbios I TEXT
  *   serial I TEXT                                   the board serial (nvmlDeviceGetSerial)
  *   nverr I L REPLAY RECOVERY CRC_FLIT CRC_DATA     NVLink error counters of link L
- *   field I ID VALUE | fielderr I ID CODE           nvmlDeviceGetFieldValues: per-field value or return code
- *                                                   (a field not set answers NotSupported in its own slot)
+ *   field I ID VALUE [STEP] | fielderr I ID CODE    nvmlDeviceGetFieldValues: per-field value (any scopeId;
+ *                                                   rising by STEP at each read) or return code (a field
+ *                                                   not set answers NotSupported in its own slot)
  *   unrepairable I 0|1                              nvmlDeviceGetUnrepairableMemoryFlag_v1 (newer drivers)
  *   lfield I L ID VALUE [STEP]                      a field scoped to NVLink L (scopeId L: the NVLink5 error
  *                                                   counters), rising by STEP at each read
@@ -213,10 +214,12 @@ static int parse_health(const char *key, const char *line) {
         g->has_nverr[x] = 1;
         g->nverr[x][0] = a, g->nverr[x][1] = b, g->nverr[x][2] = c, g->nverr[x][3] = d;
     } else if ((!strcmp(key, "field") || !strcmp(key, "fielderr")) &&
-               sscanf(line, "%*s %*d %d %lld", &x, (long long *)&a) == 2 && g->nfields < MAXFIELDS) {
+               (n = sscanf(line, "%*s %*d %d %lld %lld", &x, (long long *)&a, (long long *)&b)) >= 2 &&
+               g->nfields < MAXFIELDS) {
         g->field_id[g->nfields] = x;
         g->field_scope[g->nfields] = -1;
         g->field_val[g->nfields] = !strcmp(key, "field") ? (long long)a : 0;
+        g->field_step[g->nfields] = !strcmp(key, "field") && n == 3 ? (long long)b : 0;
         g->field_ret[g->nfields++] = !strcmp(key, "field") ? OK : (int)a;
     } else if (!strcmp(key, "lfield") && (n = sscanf(line, "%*s %*d %d %d %lld %lld", &x, &y, (long long *)&a,
                                                      (long long *)&b)) >= 3 && g->nfields < MAXFIELDS) {

@@ -1,10 +1,11 @@
 """``gputopo accept``'s verdict as the check state file keeps it, and whether it still holds (pure).
 
-The verdict is kept under the state document's own top-level key ``accept`` (``check``'s keys are not
-touched), with what it was given for: the driver version and each GPU's UUID, board serial, VBIOS and
-model. A later
-GPU swap, a GPU gone or added, a VBIOS flash or a driver upgrade makes it stale: ``check --json``,
-``topo --json`` (the node's facts) and ``nodes`` then say "not accepted since the driver changed".
+The verdict is kept under the state document's own top-level section ``accept`` (``health.state``'s
+document; ``system.state_file.update_section`` writes it under the state's lock, and every other writer
+carries it through untouched), with what it was given for: the driver version and each GPU's UUID, board
+serial, VBIOS and model. A later GPU swap, a GPU gone or added, a VBIOS flash or a driver upgrade makes it
+stale: ``check --json``, ``topo --json`` (the node's facts) and ``nodes`` then say "not accepted since
+the driver changed".
 
 GPUs are told apart by their NVML UUID (unique per GPU, and what every other gputopo record keys on) and
 their board serial (``nvidia-smi -q``'s Serial Number, where NVML answers it).
@@ -12,7 +13,6 @@ their board serial (``nvidia-smi -q``'s Serial Number, where NVML answers it).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -50,38 +50,18 @@ def make(
     }
 
 
-def from_state_text(text: str | None) -> dict[str, Any] | None:
-    """The ``accept`` record in a state file's text, or ``None`` (no file, not JSON, no record)."""
-    if not text:
+def from_section(value: Any) -> dict[str, Any] | None:
+    """The record in the state's ``accept`` section as stored (``None``: absent, or not a record this
+    gputopo knows: a newer or foreign shape is never judged)."""
+    return value if isinstance(value, dict) and value.get("schema") == SCHEMA else None
+
+
+def from_doc(doc: Any) -> dict[str, Any] | None:
+    """The record in a state document (``health.state.StateDoc``, read by ``system.state_file.read_state``;
+    ``None``: no document). A document written by a newer gputopo is not interpreted."""
+    if doc is None or getattr(doc, "newer", False):
         return None
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        return None
-    rec = doc.get(KEY) if isinstance(doc, dict) else None
-    return rec if isinstance(rec, dict) and rec.get("schema") == SCHEMA else None
-
-
-def with_record(text: str | None, record: Mapping[str, Any]) -> str:
-    """The state file's text with ``record`` under ``accept`` (the rest kept as it is; a file that is not
-    a JSON object becomes one holding the record alone)."""
-    doc: Any = None
-    if text:
-        try:
-            doc = json.loads(text)
-        except ValueError:
-            doc = None
-    if not isinstance(doc, dict):
-        doc = {}
-    doc[KEY] = dict(record)
-    return json.dumps(doc, indent=1, sort_keys=True) + "\n"
-
-
-def carried(old_text: str | None, new_text: str) -> str:
-    """``new_text`` (a state written by ``check``) with the ``accept`` record of ``old_text`` carried over,
-    so a check never drops accept's verdict."""
-    rec = from_state_text(old_text)
-    return new_text if rec is None else with_record(new_text, rec)
+    return from_section(doc.section(KEY))
 
 
 def changes(record: Mapping[str, Any], driver: str | None, gpus: Sequence[Mapping[str, Any]]) -> list[str]:

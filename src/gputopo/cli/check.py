@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -68,6 +69,12 @@ def check_command(
     thresholds: Path | None = typer.Option(
         None, "--thresholds", metavar="FILE", help="Override health rules (TOML/JSON; see --list-rules)."
     ),
+    xid_policy: Path | None = typer.Option(
+        None,
+        "--xid-policy",
+        metavar="FILE",
+        help="Which Xid codes are the application's (a note) and which the node's (a problem): TOML/JSON.",
+    ),
     kernel_log: str | None = typer.Option(
         None,
         "--kernel-log",
@@ -110,7 +117,7 @@ def check_command(
         "--state",
         metavar="FILE",
         help="Remember drains, acknowledgements and counters between runs (root's default with --drain: "
-        "/var/lib/gputopo/check-state.json).",
+        "/var/lib/gputopo/check-state.json; writers take FILE.lock, a .old backup is kept).",
     ),
     fmt: str = typer.Option("text", "--format", metavar=FORMAT_NAMES, help="Output format."),
     json_out: bool = JSON_OPTION,
@@ -139,10 +146,14 @@ def check_command(
     """Check this node's GPU health (ECC, row remaps, NVLink/PCIe errors, clocks, Xid, recovery action)."""
     started = time.monotonic()
     from gputopo.errors import GputopoError, UsageError
-    from gputopo.health.rules import DEFAULT_THRESHOLDS, load_thresholds
+    from gputopo.health.rules import DEFAULT_THRESHOLDS, load_thresholds, load_xid_policy
     from gputopo.health.xid import parse_since
 
     rules = load_thresholds(thresholds) if thresholds is not None else DEFAULT_THRESHOLDS
+    if xid_policy is not None:  # --xid-policy wins over an xid_policy table in the thresholds file
+        from dataclasses import replace
+
+        rules = replace(rules, xid_policy=load_xid_policy(xid_policy))
     if list_rules:
         _print_rules(rules, json_out or fmt == "json")
         raise typer.Exit(0)
@@ -192,7 +203,13 @@ def check_command(
     out = Output(json_mode=False)
     warnings: list[str] = []
     acting = drain or resume_if_healthy
-    state, state_path = _load_state(state_file, acting, warnings)
+    from gputopo.health.state import CheckState
+    from gputopo.system.slurm_node import node_name
+
+    node = node_name()
+    state_path = _state_path(state_file, acting)
+    before = _load_state(state_path, node, acting, warnings)
+    state = before
     deadline = started + budget
     view = None
     now = time.time()
@@ -221,25 +238,33 @@ def check_command(
         result = service.summarize(
             None, None, (), (), time.monotonic() - started, f"internal error: {type(exc).__name__}: {exc}"
         )
-    slurm = None
-    if view is not None:
-        from gputopo.check import act_on_node
+    from gputopo.check import keep_state
 
-        slurm = act_on_node(
-            result,
-            view,
-            drain=drain,
-            resume=resume_if_healthy,
-            dry_run=dry_run,
-            max_drained=limit,
-            deadline=deadline,
-        )
-    if state is not None and state_path is not None:
-        _save_state(state_path, state, result, slurm, now, warnings)
+    # Slurm is changed, and the state saved, only under the state's lock (system.state_file).
+    kept = keep_state(
+        state_path,
+        node,
+        before or CheckState(node),
+        state or CheckState(node),
+        result,
+        view,
+        drain=drain,
+        resume=resume_if_healthy,
+        dry_run=dry_run,
+        max_drained=limit,
+        deadline=deadline,
+        now=now,
+        shown=tuple(warnings),
+        rule_set=os.path.abspath(thresholds) if thresholds is not None else "default",
+    )
+    slurm = kept.slurm
+    warnings += kept.warnings
+    if kept.blocked is not None:
+        result = _blocked(result, kept.blocked)
     from gputopo.check import accept_status
     from gputopo.ui.check_view import RenderContext, render, render_prometheus, slurm_lines
 
-    accepted = accept_status(state_path, result)
+    accepted = accept_status(state_path, node, result)
     ctx = RenderContext(slurm=slurm, max_output_length=max_output_length, now=now, accept=accepted)
     if textfile is not None:
         warnings += _write_textfile(textfile, render_prometheus(result, ctx).text)
@@ -267,54 +292,49 @@ def _print_rules(rules: Any, as_json: bool) -> None:
     from gputopo.ui.check_view import rules_json, rules_text, xids_text
 
     table = list(rules.rules.values())
-    xids = xid_rows()
-    sys.stdout.write(rules_json(table, xids) if as_json else rules_text(table) + xids_text(xids))
+    xids = xid_rows(rules.xid_policy)
+    policy = rules.xid_policy
+    sys.stdout.write(
+        rules_json(table, xids, policy) if as_json else rules_text(table) + xids_text(xids, policy)
+    )
 
 
-def _load_state(
-    path: Path | None, acting: bool, warnings: list[str]
-) -> tuple[CheckState | None, Path | None]:
-    """The state file named by ``--state`` (or the default) and what it holds; a fresh state when it is
-    new, corrupt or another node's (named in a warning)."""
-    from gputopo.check import default_state_path, load_state
-    from gputopo.system.slurm_node import node_name
+def _state_path(path: Path | None, acting: bool) -> Path | None:
+    from gputopo.check import default_state_path
 
-    path = path or default_state_path(acting)
+    return path or default_state_path(acting)
+
+
+def _load_state(path: Path | None, node: str, acting: bool, warnings: list[str]) -> CheckState | None:
+    """check's sections of the state at ``path`` (``None``: no state); a fresh state when it is new or
+    cannot be used (named in a warning). A path not to be trusted (a symbolic link; as root, another
+    user's or a writable file or folder) stops the check before anything is read: exit 2, or 3 when
+    acting on Slurm (a health check that cannot run)."""
     if path is None:
-        return None, None
-    state, warning = load_state(path, node_name())
-    if warning:
-        warnings.append(warning)
-    return state, path
+        return None
+    from gputopo.check import read_state
+    from gputopo.errors import InputError, UnavailableError
+    from gputopo.health.state import check_state
+
+    read = read_state(path, node)
+    if read.refused is not None:
+        raise (UnavailableError if acting else InputError)(read.refused, read.hint)
+    warnings += read.warnings
+    return check_state(read.doc, node)
 
 
-def _save_state(
-    path: Path, state: CheckState, result: CheckResult, slurm: Any, now: float, warnings: list[str]
-) -> None:
-    from gputopo.health import state as st
+def _blocked(result: CheckResult, why: str) -> CheckResult:
+    """The result of a check that could not keep its state or act as asked: unknown (exit 3), saying why
+    and what the check found."""
+    from dataclasses import replace
 
-    if slurm is not None and slurm.done and slurm.action == "drain":
-        state = st.drained(state, slurm.reason or "", result.xid_keys, now)
-    elif slurm is not None and slurm.done and slurm.action == "resume":
-        state = st.resumed(state)
-    if result.verdict != "unknown":
-        state = st.remember_judgement(
-            state, now, result.verdict, result.findings, result.sample, result.ports
-        )
-    from gputopo.errors import GputopoError
-    from gputopo.report import atomic_write
+    from gputopo.health.check import UNKNOWN, one_line
 
-    # Written atomically (a temporary file and a rename; the folder made when missing): a check killed
-    # mid-write leaves the old state, never half a file.
-    try:
-        from gputopo.accept.record import carried
-        from gputopo.check import state_text
-
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, carried(state_text(path), st.dumps(state)))  # accept's verdict is kept
-    except (OSError, GputopoError) as exc:
-        why = getattr(exc, "message", None) or getattr(exc, "strerror", None) or str(exc)
-        warnings.append(f"--state {path}: not saved ({why})")
+    return replace(
+        result,
+        verdict=UNKNOWN,
+        reason=one_line(f"nothing done to Slurm, nothing saved: {why} (the check: {result.reason})"),
+    )
 
 
 def _write_textfile(folder: Path, text: str) -> list[str]:

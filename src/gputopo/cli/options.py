@@ -190,6 +190,12 @@ def with_health(
     from gputopo.machine import read_live_health
 
     judgement = read_live_health(nvml_timeout_s)
+    # A check state that could not be used (corrupt, a newer gputopo's, a link) is said, not only in the
+    # JSON's health.not_checked: the last check's verdict is missing from what is left out.
+    from gputopo.health.state import LAST_CHECK_WHAT
+    from gputopo.ui.output import Output
+
+    Output().warnings(n.why for n in judgement.not_checked if n.what == LAST_CHECK_WHAT)
     sick = judgement.unhealthy_gpus()
     section = health_doc(judgement, LIVE_HEALTH_SOURCE)
     section["allowed"] = constraints.allow_unhealthy

@@ -133,6 +133,13 @@ def nodes_command(
     problems = [f for f in findings if f.severity == "problem"]
     if json_out:
         out.document(doc)
+    elif missing is not None or problems:
+        # A failure prints nothing on stdout: `sbatch $(gputopo nodes ... --nodes N) job.sh` and
+        # `... --slurm-topology > topology.conf` must not take the table as their arguments or file. The
+        # table and the reason go to stderr, for the person reading.
+        from gputopo.ui.racks_view import render_nodes
+
+        out.err.print(*render_nodes(doc, size))
     else:
         from gputopo.ui.racks_view import render_nodes
 

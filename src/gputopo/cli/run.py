@@ -89,6 +89,13 @@ def run_command(
         help="The Inspector plugin to load (libnccl-profiler-inspector.so); implies --inspector. "
         "Default: found on LD_LIBRARY_PATH, the library folders or beside NCCL.",
     ),
+    control_plane: bool = typer.Option(
+        True,
+        "--control-plane/--no-control-plane",
+        help="Run a Python script inside torch's control plane (worker_main(), one socket per rank), "
+        "unchanged, so `gputopo slow --live` and `gputopo hang --live` read each rank's Flight Recorder "
+        "while the job runs.",
+    ),
     run_dir: Path | None = typer.Option(
         None,
         "--run-dir",
@@ -147,6 +154,12 @@ def run_command(
     from gputopo.launch.command import warn_nccl_env
 
     findings = warn_nccl_env(out.warn, [nic.name or nic.label for nic in topo.nics])
+    served = None
+    if control_plane and not dry_run:
+        from gputopo.launch.control_plane import wrap, wrapper_path
+
+        served = wrap(command, wrapper_path(), torchrun)
+        command = list(served.command)
     plan = build_launch(topo, rec.best.gpus, command, torchrun=torchrun, tools=tools, prefer_uuid=True)
     if dry_run:
         if json_out:
@@ -180,6 +193,16 @@ def run_command(
         _arm_inspector(out, armed, env, str(inspector_plugin) if inspector_plugin else None)
     env.update(armed.env)
     env["GPUTOPO_RUN_DIR"] = str(armed.folder.resolve())
+    if served is not None:
+        line = (
+            "torch's control plane armed (each rank serves its Flight Recorder for `gputopo slow --live` "
+            "and `gputopo hang --live`)"
+            if served.armed
+            else f"torch's control plane not armed ({served.why_not}): --live reads the ranks' stacks only; "
+            "run a Python script (python train.py, or train.py with --torchrun) or wrap main in "
+            "worker_main() (docs/hang.md)"
+        )
+        out.err.print(f"gputopo run: {line}", markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(run_supervised(plan.argv, env, on_ranks=armed.record_ranks, on_stop=armed.take_evidence))
 
 

@@ -60,5 +60,5 @@ def slow_command(
         path = take_live(out, [path] if path else [], "slow")
     if path is None:
         raise UsageError("nothing to read: give PATH", "e.g. gputopo slow reports/run-20260101T120000Z")
-    report = analyse(path, list(run_record or []))
+    report = analyse(path, list(run_record or []), live=live)
     finish(out, report, lambda page: render(report, SlowFormat.HTML if page else SlowFormat.TEXT), html)

@@ -67,7 +67,11 @@ def topo_command(
 
             from gputopo.machine import node_facts
 
-            topo = replace(topo, **node_facts(topo))
+            facts = node_facts(topo, topo.warnings)
+            out.warnings(
+                facts.get("warnings", ())[len(topo.warnings) :]
+            )  # a state file that could not be used
+            topo = replace(topo, **facts)
         out.document(snapshot.to_dict(topo))
         return
     from gputopo.ui.topo_view import render_topology

@@ -166,6 +166,8 @@ def _was_read(g: GpuHealth) -> bool:
 
 
 def one_line(text: str, limit: int = REASON_CHARS) -> str:
-    """Text safe for a scheduler's reason field: one line, no quotes, at most ``limit`` characters."""
-    flat = " ".join(text.replace('"', "").replace("'", "").replace("`", "").split())
+    """The summary on one line, at most ``limit`` characters, without double quotes or backticks; an
+    apostrophe stays ("the fabric's health summary"), as the finding says it. The scheduler's reason field
+    is made apart, without any quote (``node_action.slurm_reason``)."""
+    flat = " ".join(text.replace('"', "").replace("`", "").split())
     return flat if len(flat) <= limit else flat[: limit - 3].rstrip() + "..."

@@ -43,7 +43,9 @@ expects one is a problem that drains (DCGM fails the same); the domain DOWN or D
 READY and a link between members not CONNECTED are problems naming the member by host, which do not drain
 this node: every tray of the rack sees the same domain, and one bad tray must not drain the other 17.
 One fault is named once: a member that is down is one finding (its INVALID links are not named again),
-and the domain's state goes into those findings rather than beside them.
+and the domain's state goes into those findings rather than beside them. This node is reported once, as
+its daemon: where that is not READY, its own member (found by its address among the host's, or as the one
+member in the daemon's own state) is not named again, nor are the other members' links to it.
 """
 
 from __future__ import annotations
@@ -107,13 +109,14 @@ class ImexReading:
     """What this node shows of IMEX: the node configuration file looked at (``nodes_config``, the path as
     the machine names it), whether it lists any member (``configured``; ``config_why`` why not), and the
     two answers (``None``: not run, because no daemon is expected or the first answer made the second
-    pointless)."""
+    pointless), and ``own_hosts``: this host's addresses and names, to find itself among the members."""
 
     nodes_config: str
     configured: bool
     config_why: str | None = None
     daemon: CtlAnswer | None = None
     domain: CtlAnswer | None = None
+    own_hosts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -239,8 +242,23 @@ def judge_imex(
         said = _first_line(domain) or f"exit status {domain.exit_code}"
         skipped.append(NotChecked("IMEX domain", f"`{domain.command}` gave no domain status ({said})"))
         return found, skipped
-    found += _domain(parsed, domain.command, thresholds, skipped)
+    me = own_member(parsed, reading.own_hosts, state)
+    found += _domain(parsed, domain.command, thresholds, skipped, me if state != READY else None)
     return found, skipped
+
+
+def own_member(domain: Domain, own_hosts: tuple[str, ...], state: str) -> Member | None:
+    """The member that is this node: the one whose address (or name) is among this host's; where none is,
+    the one member whose status is the local daemon's own answer when that is not READY. ``None`` when
+    neither tells."""
+    own = {h.lower() for h in own_hosts if h}
+    for m in domain.members:
+        if m.host.lower() in own or (m.host_name and m.host_name.lower() in own):
+            return m
+    if state == READY:
+        return None
+    same = [m for m in domain.members if m.status == state]
+    return same[0] if len(same) == 1 else None
 
 
 def _first_line(answer: CtlAnswer) -> str:
@@ -287,25 +305,30 @@ def _daemon(what: str, rules: Thresholds) -> list[Finding]:
     ]
 
 
-def _domain(domain: Domain, command: str, rules: Thresholds, skipped: list[NotChecked]) -> list[Finding]:
+def _domain(
+    domain: Domain, command: str, rules: Thresholds, skipped: list[NotChecked], me: Member | None = None
+) -> list[Finding]:
     """The members not READY (one finding each), the links between READY members not CONNECTED (one per
-    pair), and the domain's own state where no member or link finding explains it."""
+    pair), and the domain's own state where no member or link finding explains it. ``me``: this node's
+    own member when its daemon is not READY, already reported as the daemon: it is not named again, nor
+    are the other members' links to it (a daemon that is not ready is DISCONNECTED from every peer)."""
     bad_domain = domain.status in DOMAIN_BAD
     if domain.status != DOMAIN_UP and not bad_domain:
         skipped.append(NotChecked("IMEX domain", f"`{command}` reports the domain {domain.status!r}"))
     context = f"; the IMEX domain is {domain.status}" if bad_domain else ""
-    down = [m for m in domain.members if m.status != READY]
+    others = [m for m in domain.members if me is None or m.index != me.index]
+    down = [m for m in others if m.status != READY]
     issues: list[tuple[str, str]] = [
         (
             f"IMEX member {m.label}",
             f"IMEX member {m.label} is {m.status or 'without a status'}, not READY "
-            f"({len(down)} of {len(domain.members)} members not ready{context})",
+            f"({len(down)} of {len(others)} {'other ' if me else ''}members not ready{context})",
         )
         for m in down
     ]
-    down_hosts = {m.host for m in down}
+    down_hosts = {m.host for m in down} | ({me.host} if me is not None else set())
     pairs: dict[tuple[str, str], list[str]] = {}
-    for m in domain.members:
+    for m in others:
         if m.status != READY:
             continue
         for peer, status in m.connections:
@@ -325,8 +348,8 @@ def _domain(domain: Domain, command: str, rules: Thresholds, skipped: list[NotCh
     member_rule, domain_rule = rules["imex_member_down"], rules["imex_domain_unhealthy"]
     if issues and member_rule.enabled:
         return [_finding(where, what, member_rule) for where, what in issues]
-    if not bad_domain or not domain_rule.enabled:
-        return []
+    if not bad_domain or not domain_rule.enabled or (me is not None and not issues):
+        return []  # a domain down only for want of this node's daemon: the daemon's finding says it
     named = "; ".join(where for where, _ in issues) or "every member READY and connected"
     return [_finding(WHAT, f"the IMEX domain is {domain.status} (`{command}`): {named}", domain_rule)]
 

@@ -31,6 +31,9 @@ from gputopo.health.readings import (
     GpuHealth,
     HealthSample,
     NvlinkHealth,
+    ber_parts,
+    ber_words,
+    nvml_return_words,
 )
 from gputopo.health.rules import DEFAULT_THRESHOLDS, Rule, Thresholds
 from gputopo.model import BUSY_UTILIZATION_PCT, GPU_NOT_ACCESSIBLE
@@ -375,7 +378,77 @@ def _nvlink(
                 remedy,
             )
         _nvlink_counters(j, g, g0, window_s, remedy)
+        _nvlink_totals(j, g, g0, window_s, remedy)
     _fabric(j, g)
+
+
+def effective_ber_exceeded(raw: int) -> bool:
+    """DCGM's effective BER threshold, 1e-12, on NVML's encoding as DCGM compares it (common/DcgmUtilities.cpp
+    IsEffectiveBerThresholdExceeded at 72fa3fe): 15e-255 is a zero BER; worse than the threshold is an
+    exponent below 12, 12 with a mantissa above 1, or 13 with a mantissa above 10."""
+    mantissa, exponent = ber_parts(raw)
+    if (mantissa, exponent) == (15, 255):
+        return False
+    return exponent < 12 or (exponent == 12 and mantissa > 1) or (exponent == 13 and mantissa > 10)
+
+
+# DCGM_SYMBOL_BER_FLOOR_EXP_AGGREGATED (common/DcgmGPUHardwareLimits.h at 72fa3fe): the floor exponent of
+# the aggregated symbol BER of a Blackwell (NVLink5) GPU, with a floor mantissa of 15.
+SYMBOL_BER_FLOOR_EXP = 238
+
+
+def symbol_ber_exceeded(raw: int) -> bool:
+    """DCGM's symbol BER test (modules/health/DcgmHealthWatch.cpp IsSymbolBerThresholdExceeded, lines
+    55-73 at 72fa3fe): a zero mantissa is healthy; otherwise worse than 15e-238 (the aggregated floor) is
+    exceeded. "Symbol means FEC didn't succeed to fix the error": DCGM expects none at all."""
+    mantissa, exponent = ber_parts(raw)
+    if mantissa == 0:
+        return False
+    if exponent == SYMBOL_BER_FLOOR_EXP:
+        return mantissa > 15
+    return exponent < SYMBOL_BER_FLOOR_EXP
+
+
+def _nvlink_totals(
+    j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | None, remedy: str
+) -> None:
+    """The GPU-wide NVLink signals DCGM 4.6 MonitorNVLink5Fields judges (DcgmHealthWatch.cpp lines
+    2807-2947 at 72fa3fe): a rise of the NVLink ECC data error total (field 160) by
+    DCGM_LIMIT_MAX_NVLINK_ERROR, and the effective and symbol BER, which are levels: read once, in the
+    second sample, a bad link is flagged even when no counter moves in the window."""
+    label, i = g.label, g.index
+    if g0 is not None:
+        rise = _rise(g0.nvlink_ecc_data_errors, g.nvlink_ecc_data_errors)
+        if rise and rise >= j.t.limit("nvlink_ecc_data_rise"):
+            w = _secs(window_s) if window_s else "the window"
+            j.add(
+                "nvlink_ecc_data_rise",
+                label,
+                i,
+                f"{label}: NVLink ECC data errors rose by {rise} in {w} (NVML field 160, every link; "
+                f"{g.nvlink_ecc_data_errors} in all)",
+                remedy,
+            )
+    raw = g.nvlink_effective_ber_raw
+    if raw is not None and effective_ber_exceeded(raw):
+        j.add(
+            "nvlink_effective_ber",
+            label,
+            i,
+            f"{label}: NVLink effective BER {ber_words(raw)} is worse than 1e-12 (NVML field 220, every "
+            "link; a level: the links are bad even while no error counter moves)",
+            remedy,
+        )
+    raw = g.nvlink_symbol_ber_raw
+    if raw is not None and symbol_ber_exceeded(raw):
+        j.add(
+            "nvlink_symbol_ber",
+            label,
+            i,
+            f"{label}: NVLink symbol BER {ber_words(raw)} is above its floor (15e-238; NVML field 222, every "
+            "link): errors FEC did not correct",
+            remedy,
+        )
 
 
 def _far_ends(links: Sequence[NvlinkHealth]) -> str:
@@ -498,22 +571,64 @@ _FABRIC_CONFIG = {
     7: "invalid location",
     8: "GPU state invalid",
 }
+# NVML_GPU_FABRIC_HEALTH_MASK_PARTITION_ASSIGNED_* (2 bits at shift 12; nvidia-ml-py 13.615's pynvml.py,
+# nvml.h r580): the one field whose 1 (TRUE) is the good value; 2 (FALSE) says the GPU is in no partition.
+# DCGM 4.6 MonitorFabricFields does not read it.
+_PARTITION_SHIFT, _PARTITION_FALSE = 12, 2
 _FABRIC_REMEDY = (
     "check that nvidia-fabricmanager (or the NVLink subnet manager on NVL systems) runs and its log "
     "(`systemctl status nvidia-fabricmanager`); then reset GPU {i} or reboot"
 )
 
 
+def fabric_mask_faults(mask: int) -> list[str]:
+    """The faults a fabric health mask names, as DCGM 4.6 MonitorFabricFields reads it
+    (modules/health/DcgmHealthWatch.cpp at 72fa3fe, lines 3612-3674: each 2-bit field TRUE, and an
+    incorrect configuration other than NOT_SUPPORTED or NONE, fail), and PARTITION_ASSIGNED FALSE, which
+    DCGM does not read, by its own polarity."""
+    bad = [words for shift, words in _FABRIC_HEALTH if (mask >> shift) & 0x3 == 1]
+    config = (mask >> 8) & 0xF
+    if config not in (0, 1):
+        bad.append(_FABRIC_CONFIG.get(config, f"incorrect configuration (code {config})"))
+    if (mask >> _PARTITION_SHIFT) & 0x3 == _PARTITION_FALSE:
+        bad.append("partition not assigned (PARTITION_ASSIGNED FALSE)")
+    return bad
+
+
 def _fabric(j: _Judge, g: GpuHealth) -> None:
-    """The fabric as DCGM 4.6 MonitorFabricFields judges it (any 2-bit field TRUE fails; an incorrect
-    configuration other than none fails; registration not started or failed fails, in progress warns), and
-    the summary and rack checks beside it. One fault is one finding per GPU: a registration that is not
-    complete is judged alone, and the mask's faults and an UNHEALTHY summary are one finding."""
+    """The fabric as DCGM 4.6 MonitorFabricFields judges it: the health mask first, whatever the
+    registration's state (any 2-bit field TRUE, an incorrect configuration other than none: fail), then
+    the registration (DCGM_FI_DEV_FABRIC_MANAGER_STATUS, lines 3676-3735: in progress warns; not started,
+    failed: fail), then the summary and rack checks beside it. One fault is one finding per GPU: a mask
+    fault names the registration's state in its words, not in a second finding."""
     label, i = g.label, g.index
-    if g.fabric_state is None or g.fabric_state == FABRIC_NOT_SUPPORTED:
+    if g.fabric_state is None:
         return
     remedy = _FABRIC_REMEDY.format(i=i)
     state = FABRIC_STATES.get(g.fabric_state, f"state {g.fabric_state}")
+    mask = g.fabric_health_mask or 0
+    summary = g.fabric_health_summary
+    bad = fabric_mask_faults(mask)
+    said = " (health summary UNHEALTHY)" if summary == FABRIC_SUMMARY_UNHEALTHY else ""
+    failed = g.fabric_state == FABRIC_COMPLETED and g.fabric_status not in (None, 0)
+    clique = f" (clique {g.fabric_clique_id})" if g.fabric_clique_id is not None else ""
+    if failed:
+        registration = f"registration completed with {nvml_return_words(g.fabric_status or 0)}{clique}"
+    else:
+        registration = f"registration {state}"
+    if bad:
+        settled = g.fabric_state == FABRIC_COMPLETED and not failed
+        during = "" if settled else f"; NVLink fabric {registration}"
+        j.add(
+            "fabric_unhealthy",
+            label,
+            i,
+            f"{label}: fabric health: {', '.join(bad)} (mask 0x{mask:x}){said}{during}",
+            remedy,
+        )
+        return
+    if g.fabric_state == FABRIC_NOT_SUPPORTED:
+        return
     if g.fabric_state == FABRIC_IN_PROGRESS:
         j.add(
             "fabric_in_progress",
@@ -529,37 +644,15 @@ def _fabric(j: _Judge, g: GpuHealth) -> None:
             "fabric_not_ready",
             label,
             i,
-            f"{label}: NVLink fabric registration {state}: CUDA cannot start on it (error 802, 'system not "
+            f"{label}: NVLink fabric {registration}: CUDA cannot start on it (error 802, 'system not "
             "yet initialized') even while its NVLinks read up",
             remedy,
         )
         return
-    if g.fabric_status not in (None, 0):
-        clique = f" (clique {g.fabric_clique_id})" if g.fabric_clique_id is not None else ""
-        j.add(
-            "fabric_not_ready",
-            label,
-            i,
-            f"{label}: NVLink fabric registration completed with NVML error {g.fabric_status}{clique}",
-            remedy,
-        )
+    if failed:
+        j.add("fabric_not_ready", label, i, f"{label}: NVLink fabric {registration}", remedy)
         return
-    mask = g.fabric_health_mask or 0
-    summary = g.fabric_health_summary
-    bad = [words for shift, words in _FABRIC_HEALTH if (mask >> shift) & 0x3 == 1]
-    config = (mask >> 8) & 0xF
-    if config not in (0, 1):
-        bad.append(_FABRIC_CONFIG.get(config, f"incorrect configuration (code {config})"))
-    said = " (health summary UNHEALTHY)" if summary == FABRIC_SUMMARY_UNHEALTHY else ""
-    if bad:
-        j.add(
-            "fabric_unhealthy",
-            label,
-            i,
-            f"{label}: fabric health: {', '.join(bad)} (mask 0x{mask:x}){said}",
-            remedy,
-        )
-    elif summary == FABRIC_SUMMARY_UNHEALTHY:
+    if summary == FABRIC_SUMMARY_UNHEALTHY:
         j.add(
             "fabric_summary_unhealthy",
             label,

@@ -64,6 +64,29 @@ NVLINK5_COUNTERS = {
     221: "symbol",
 }
 
+# The NVLink fields read for the whole GPU (nvml.h): NVML_FI_DEV_NVLINK_ECC_DATA_ERROR_COUNT_TOTAL (160,
+# "total for all links"; DCGM_FI_DEV_NVLINK_ECC_ERROR_TOTAL), NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER (220)
+# and NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER (222; DCGM_FI_DEV_NVLINK_EFFECTIVE_BER_RAW and _SYMBOL_BER_RAW).
+FIELD_NVLINK_ECC_DATA_TOTAL = 160
+FIELD_NVLINK_EFFECTIVE_BER = 220
+FIELD_NVLINK_SYMBOL_BER = 222
+# nvmlFieldValue_t.scopeId for the NVLink5 aggregate over every link (DCGM DcgmCacheManager.cpp,
+# "NVLink5+ requires scopeId = UINT_MAX for aggregate data"; NvmlFieldRequiresNvLinkAggregate).
+SCOPE_ALL_LINKS = 0xFFFFFFFF
+
+
+def ber_parts(raw: int) -> tuple[int, int]:
+    """NVML's encoded BER as (mantissa, exponent): the value is mantissa * 10^-exponent, mantissa in bits
+    8-11 and exponent in bits 0-7 (nvml.h NVML_NVLINK_BER_MANTISSA_* / _EXP_*; DCGM NvmlBerParser)."""
+    return (raw >> 8) & 0xF, raw & 0xFF
+
+
+def ber_words(raw: int) -> str:
+    """``0x50b`` -> ``5e-11``."""
+    mantissa, exponent = ber_parts(raw)
+    return f"{mantissa}e-{exponent}"
+
+
 # The NVLink counters the judge follows, by attribute name and the words a finding uses.
 NVLINK_COUNTERS = {
     "replay_errors": "replay",
@@ -128,6 +151,13 @@ class GpuHealth:
     platform_chassis_serial: str | None = None
     platform_tray_index: int | None = None
     nvlinks: tuple[NvlinkHealth, ...] | None = None
+    # The GPU's NVLink totals and levels DCGM 4.6 MonitorNVLink5Fields judges beside the per-link counters:
+    # the NVLink ECC data error total of every link (NVML field 160, a counter), and the effective and
+    # symbol BER of the links together (fields 220 and 222, read with scopeId UINT_MAX as DCGM reads them
+    # on NVLink5, levels in NVML's mantissa/exponent encoding). ``None``: the driver lacks it.
+    nvlink_ecc_data_errors: int | None = None
+    nvlink_effective_ber_raw: int | None = None
+    nvlink_symbol_ber_raw: int | None = None
     unknown: tuple[Unknown, ...] = ()
 
     @property
@@ -200,6 +230,26 @@ FABRIC_NOT_STARTED = 1
 FABRIC_IN_PROGRESS = 2
 FABRIC_COMPLETED = 3
 FABRIC_STATES = {0: "not supported", 1: "not started", 2: "in progress", 3: "completed"}
+# nvmlReturn_t (nvml.h), by name: what a fabric registration that completed with an error says.
+NVML_RETURN_NAMES = {
+    0: "SUCCESS", 1: "ERROR_UNINITIALIZED", 2: "ERROR_INVALID_ARGUMENT", 3: "ERROR_NOT_SUPPORTED",
+    4: "ERROR_NO_PERMISSION", 5: "ERROR_ALREADY_INITIALIZED", 6: "ERROR_NOT_FOUND",
+    7: "ERROR_INSUFFICIENT_SIZE", 8: "ERROR_INSUFFICIENT_POWER", 9: "ERROR_DRIVER_NOT_LOADED",
+    10: "ERROR_TIMEOUT", 11: "ERROR_IRQ_ISSUE", 12: "ERROR_LIBRARY_NOT_FOUND", 13: "ERROR_FUNCTION_NOT_FOUND",
+    14: "ERROR_CORRUPTED_INFOROM", 15: "ERROR_GPU_IS_LOST", 16: "ERROR_RESET_REQUIRED",
+    17: "ERROR_OPERATING_SYSTEM", 18: "ERROR_LIB_RM_VERSION_MISMATCH", 19: "ERROR_IN_USE", 20: "ERROR_MEMORY",
+    21: "ERROR_NO_DATA", 22: "ERROR_VGPU_ECC_NOT_SUPPORTED", 23: "ERROR_INSUFFICIENT_RESOURCES",
+    24: "ERROR_FREQ_NOT_SUPPORTED", 25: "ERROR_ARGUMENT_VERSION_MISMATCH", 26: "ERROR_DEPRECATED",
+    27: "ERROR_NOT_READY", 28: "ERROR_GPU_NOT_FOUND", 29: "ERROR_INVALID_STATE", 999: "ERROR_UNKNOWN",
+}  # fmt: skip
+
+
+def nvml_return_words(code: int) -> str:
+    """``23`` -> ``NVML_ERROR_INSUFFICIENT_RESOURCES (23)``; a code nvml.h does not name stays a number."""
+    name = NVML_RETURN_NAMES.get(code)
+    return f"NVML_{name} ({code})" if name else f"NVML error {code}"
+
+
 # NVML_GPU_FABRIC_HEALTH_SUMMARY_* (v3 struct).
 FABRIC_SUMMARY_UNHEALTHY = 2
 FABRIC_SUMMARY_LIMITED = 3

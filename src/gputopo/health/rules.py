@@ -198,10 +198,41 @@ _RULES = (
         "nvlink5_error_rise", "nvlink", PROBLEM, "reset", 1, "errors in the window, per counter (>=)",
         "an NVLink5 (Blackwell) error counter rising: malformed packets, buffer overruns, receive, remote, "
         "general, link integrity, link recovery (failed or not), effective or symbol errors (NVML fields "
-        "206-211, 214, 215, 219, 221; the raw BER fields are not judged)",
+        "206-211, 214, 215, 219, 221; the BER levels and the ECC data total are rules of their own)",
         f"{DCGM_LIMITS} DCGM_LIMIT_MAX_NVLINK_ERROR = 1; NVML field values scoped to each link",
         "reset the GPU; errors that return need service",
         DCGM_FAIL, f"{W} MonitorNVLink5Fields and MonitorNVLinkErrorFields (fail)",
+    ),
+    Rule(
+        "nvlink_ecc_data_rise", "nvlink", PROBLEM, "reset", 1, "errors in the window (>=)",
+        "the GPU's NVLink ECC data error total (every link) rising",
+        "NVML field 160 NVML_FI_DEV_NVLINK_ECC_DATA_ERROR_COUNT_TOTAL (DCGM_FI_DEV_NVLINK_ECC_ERROR_TOTAL); "
+        f"{DCGM_LIMITS} DCGM_LIMIT_MAX_NVLINK_ERROR = 1",
+        "reset the GPU; errors that return need service",
+        DCGM_FAIL, f"{W} MonitorNVLink5Fields, lines 2807-2947 at 72fa3fe (a rise of DCGM_FI_DEV_NVLINK_ECC_"
+        "ERROR_TOTAL: fail)",
+    ),
+    Rule(
+        "nvlink_effective_ber", "nvlink", PROBLEM, "reset", 1e-12, "effective BER, every link (>)",
+        "the NVLink effective BER of the GPU's links worse than 1e-12: a level, read once, so a bad link is "
+        "found even while no error counter moves",
+        "NVML field 220 NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER, scopeId UINT_MAX (mantissa bits 8-11, "
+        "exponent bits 0-7; 15e-255 is zero); DCGM common/DcgmUtilities.cpp IsEffectiveBerThresholdExceeded "
+        "(exponent < 12, 12 with mantissa > 1, 13 with mantissa > 10)",
+        "reset the GPU; a BER that stays high needs the link serviced (cable, cartridge, switch tray)",
+        DCGM_FAIL, f"{W} MonitorNVLink5Fields, lines 2888-2929 at 72fa3fe (DCGM_FI_DEV_NVLINK_EFFECTIVE_BER_"
+        "RAW: fail)",
+    ),
+    Rule(
+        "nvlink_symbol_ber", "nvlink", PROBLEM, "reset", None, "",
+        "the NVLink symbol BER of the GPU's links above its floor, 15e-238 on NVLink5: symbol errors are "
+        "errors FEC did not correct, and DCGM expects none",
+        "NVML field 222 NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER, scopeId UINT_MAX; DCGM "
+        "common/DcgmGPUHardwareLimits.h DCGM_SYMBOL_BER_FLOOR_EXP_AGGREGATED = 238 and DcgmHealthWatch.cpp "
+        "IsSymbolBerThresholdExceeded (lines 55-73)",
+        "reset the GPU; a symbol BER that stays needs the link serviced",
+        DCGM_FAIL,
+        f"{W} MonitorNVLink5Fields, lines 2888-2929 at 72fa3fe (DCGM_FI_DEV_NVLINK_SYMBOL_BER_RAW: fail)",
     ),
     Rule(
         "nvlink_errors_history", "nvlink", NOTE, "monitor", 0, "errors since the counters were reset (>)",
@@ -215,23 +246,25 @@ _RULES = (
         "start on it (error 802)",
         "NVML nvmlDeviceGetGpuFabricInfoV (state, status)",
         "check nvidia-fabricmanager; then reset the GPU or reboot",
-        DCGM_FAIL, f"{W} MonitorFabricFields (not started, failed: fail)",
+        DCGM_FAIL, f"{W} MonitorFabricFields, lines 3676-3735 at 72fa3fe (not started, failed: fail)",
     ),
     Rule(
         "fabric_in_progress", "nvlink", NOTE, "monitor", None, "",
         "the GPU's NVLink fabric registration is still in progress (CUDA waits for it)",
         "NVML nvmlDeviceGetGpuFabricInfoV (state NVML_GPU_FABRIC_STATE_IN_PROGRESS)",
         "wait; a registration that stays in progress: check nvidia-fabricmanager",
-        DCGM_WARN, f"{W} MonitorFabricFields (in progress: warn)",
+        DCGM_WARN, f"{W} MonitorFabricFields, lines 3676-3735 at 72fa3fe (in progress: warn)",
     ),
     Rule(
         "fabric_unhealthy", "nvlink", PROBLEM, "drain", None, "",
-        "the fabric's health mask names a fault: one of its 2-bit fields TRUE (bandwidth degraded, route "
-        "recovery, route unhealthy, access timeout recovery) or an incorrect configuration other than none "
-        "(0xaa, 0x1aa, 0x80 are healthy)",
-        f"{W} MonitorFabricFields (health mask: fail); nvml.h NVML_GPU_FABRIC_HEALTH_MASK_*",
+        "the fabric's health mask names a fault, in any registration state: one of its 2-bit fields TRUE "
+        "(bandwidth degraded, route recovery, route unhealthy, access timeout recovery), an incorrect "
+        "configuration other than none (no partition, insufficient NVLinks, ...), or PARTITION_ASSIGNED "
+        "FALSE, the one field whose TRUE is good (0xaa, 0x1aa, 0x11aa, 0x80 are healthy)",
+        f"{W} MonitorFabricFields (health mask read first, whatever the state: fail); nvml.h "
+        "NVML_GPU_FABRIC_HEALTH_MASK_*, PARTITION_ASSIGNED as nvidia-ml-py 13.615 declares it",
         "check nvidia-fabricmanager; reset or reboot",
-        DCGM_FAIL, f"{W} MonitorFabricFields",
+        DCGM_FAIL, f"{W} MonitorFabricFields, lines 3612-3674 at 72fa3fe (PARTITION_ASSIGNED is not read)",
     ),
     Rule(
         "fabric_summary_unhealthy", "nvlink", PROBLEM, "drain", None, "",
@@ -519,12 +552,112 @@ RULES: dict[str, Rule] = {r.name: r for r in _RULES}
 _OVERRIDABLE = ("limit", "severity", "action", "enabled")
 
 
+# The Xids DCGM fails on every GPU (BuildXidMappings' m_devastatingXids, DCGM_HEALTH_RESULT_FAIL;
+# modules/health/DcgmHealthWatch.cpp lines 3360-3373 at 72fa3fe): an Xid policy may call one of them the
+# application's only with ``allow_fatal = true``.
+DCGM_FATAL_XIDS = (48, 74, 79, 95, 119, 120, 140)
+# The non-fatal list of NVIDIA's k8s-device-plugin and DRA driver health checking (api/config/v1
+# GetIgnoredXIDs: "application errors"), one example of an ``application`` list.
+DEVICE_PLUGIN_APPLICATION_XIDS = (13, 31, 43, 45, 68, 109)
+XID_POLICY_HINT = (
+    "an Xid policy is a table with application = [codes] (a note, never a drain), node = [codes] (a "
+    "problem) and allow_fatal = true|false, e.g. application = [13, 31, 43, 45, 68, 109] (NVIDIA's device "
+    "plugin's list); in a thresholds file, under [xid_policy]"
+)
+
+
+@dataclass(frozen=True)
+class XidPolicy:
+    """What an admin says an Xid means here: codes that are the ``application``'s (a note, never a drain)
+    and codes that are the ``node``'s (a problem); ``source`` names the file it came from."""
+
+    application: frozenset[int] = frozenset()
+    node: frozenset[int] = frozenset()
+    allow_fatal: bool = False
+    source: str = ""
+
+    def says(self, xid: int) -> str | None:
+        """``application``, ``node`` or ``None`` (the table decides) for ``xid``."""
+        if xid in self.application:
+            return "application"
+        if xid in self.node:
+            return "node"
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "application": sorted(self.application),
+            "node": sorted(self.node),
+            "allow_fatal": self.allow_fatal,
+            "source": self.source,
+        }
+
+
+def parse_xid_policy(doc: Any, label: str, source: str) -> XidPolicy:
+    """An Xid policy from a parsed table; ``UsageError`` (exit 2, one line) for anything it cannot take: an
+    unknown key, a code that is not a whole number from 1 to 65535, a code in both lists, or a code DCGM
+    fails in ``application`` without ``allow_fatal = true``."""
+    if not isinstance(doc, dict):
+        raise UsageError(f"{label}: expected a table, got {type(doc).__name__}", XID_POLICY_HINT)
+    unknown = sorted(set(doc) - {"application", "node", "allow_fatal"})
+    if unknown:
+        raise UsageError(f"{label}: unknown key {unknown[0]!r}", XID_POLICY_HINT)
+    allow = doc.get("allow_fatal", False)
+    if not isinstance(allow, bool):
+        raise UsageError(f"{label}: allow_fatal must be true or false, not {allow!r}", XID_POLICY_HINT)
+    lists: dict[str, frozenset[int]] = {}
+    for key in ("application", "node"):
+        codes = doc.get(key, [])
+        if not isinstance(codes, list) or any(
+            isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= 65535 for c in codes
+        ):
+            raise UsageError(f"{label}: {key} must be a list of Xid codes (whole numbers)", XID_POLICY_HINT)
+        lists[key] = frozenset(codes)
+    both = sorted(lists["application"] & lists["node"])
+    if both:
+        raise UsageError(f"{label}: Xid {both[0]} is in both application and node", XID_POLICY_HINT)
+    fatal = sorted(lists["application"] & set(DCGM_FATAL_XIDS))
+    if fatal and not allow:
+        raise UsageError(
+            f"{label}: Xid {fatal[0]} is one DCGM fails ({', '.join(map(str, DCGM_FATAL_XIDS))}); calling "
+            "it the application's needs allow_fatal = true",
+            "add allow_fatal = true to the policy if you mean it, or take the code out of application",
+        )
+    return XidPolicy(lists["application"], lists["node"], allow, source)
+
+
+def load_xid_policy(path: Path) -> XidPolicy:
+    """``--xid-policy FILE``: JSON (``.json``, or text starting with ``{``) or TOML."""
+    from gputopo.inputs import read_capped
+
+    label = f"--xid-policy {path}"
+    try:
+        data = read_capped(path, label, cap=1_000_000, hint=XID_POLICY_HINT)
+    except InputError as exc:
+        raise UsageError(
+            f"{label}: cannot read it ({exc.message[len(label) + 2 :]})", XID_POLICY_HINT
+        ) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"{label}: not UTF-8 text", XID_POLICY_HINT) from None
+    fmt = "json" if path.suffix.lower() == ".json" or text.lstrip().startswith("{") else "toml"
+    try:
+        doc = loads_bounded(text, label) if fmt == "json" else _toml_loads(text)
+    except (ValueError, TypeError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UsageError(f"{label}: not valid {fmt.upper()}: {first}", XID_POLICY_HINT) from None
+    return parse_xid_policy(doc, label, str(path))
+
+
 @dataclass(frozen=True)
 class Thresholds:
-    """The rule table in force: the defaults with a user's overrides applied. ``source`` names the file."""
+    """The rule table in force: the defaults with a user's overrides applied. ``source`` names the file.
+    ``xid_policy``: the admin's Xid policy (``--xid-policy``, or ``xid_policy`` in the thresholds file)."""
 
     rules: Mapping[str, Rule]
     source: str | None = None
+    xid_policy: XidPolicy | None = None
 
     def __getitem__(self, name: str) -> Rule:
         return self.rules[name]
@@ -540,7 +673,7 @@ DEFAULT_THRESHOLDS = Thresholds(RULES)
 
 _HINT = (
     "a thresholds file maps rule names to a limit (nvlink_crc_per_s = 200) or a table with limit, severity "
-    "(problem|note), action and enabled; names: " + ", ".join(RULES)
+    "(problem|note), action and enabled, and [xid_policy] an Xid policy; names: " + ", ".join(RULES)
 )
 
 
@@ -556,11 +689,14 @@ def parse_thresholds(text: str, source: str, fmt: str | None = None) -> Threshol
     if not isinstance(doc, dict):
         raise UsageError(f"--thresholds {source}: expected a table of rules, got {type(doc).__name__}", _HINT)
     rules = dict(RULES)
+    policy = None
+    if "xid_policy" in doc:
+        policy = parse_xid_policy(doc.pop("xid_policy"), f"--thresholds {source}: xid_policy", source)
     for name, value in doc.items():
         if name not in RULES:
             raise UsageError(f"--thresholds {source}: unknown rule {name!r}", _HINT)
         rules[name] = _override(RULES[name], value, source)
-    return Thresholds(rules, source)
+    return Thresholds(rules, source, policy)
 
 
 def load_thresholds(path: Path) -> Thresholds:

@@ -22,7 +22,7 @@ from datetime import datetime, timedelta, timezone
 
 from gputopo.errors import InputError, UsageError
 from gputopo.findings import NOTE, PROBLEM, Finding
-from gputopo.health.rules import DEFAULT_THRESHOLDS, Thresholds
+from gputopo.health.rules import DEFAULT_THRESHOLDS, DRAIN_ACTIONS, Rule, Thresholds, XidPolicy
 from gputopo.health.xid_catalog import (
     NVLINK5_XIDS,
     CatalogEntry,
@@ -107,10 +107,17 @@ XID_TABLE: dict[int, XidClass] = {
     67: _warn("illegal access by driver (DCGM warns on it as NVLink)"),
     73: _warn("unused on Ampere and newer (DCGM warns on it as NVLink)"),
     78: _warn("vGPU start error (DCGM warns on it as power)"),
-    93: _warn("InfoROM wear limit reached (DCGM warns on it as InfoROM)"),
+    93: XidClass("hardware", "InfoROM wear limit reached", "monitor",
+                 "the catalogue asks for no action; if it repeats: contact support (`nvidia-smi -q -i {i}` "
+                 "shows the InfoROM)", NOTE, "warn",
+                 "DCGM warns on it (as a corrupt InfoROM) only on Volta: BuildXidMappings scopes it to "
+                 "DCGM_CHIP_ARCH_VOLTA and ignores it on every later GPU"),
     121: _warn("C2C link corrected error"),
     137: _warn("NVLink FLA privilege error"),
-    92: _warn("high single-bit ECC error rate"),
+    92: XidClass("hardware", "high single-bit ECC error rate", "monitor",
+                 "the catalogue asks for no action; if it repeats: contact support (`nvidia-smi -q -d ECC -i "
+                 "{i}` shows the counts)", NOTE, "none",
+                 "DCGM maps no Xid 92 (BuildXidMappings); its ECC watch reads the counters instead"),
     48: _hw("double-bit ECC error", dcgm="fail"),
     61: _warn("PMU breakpoint, unused on Ampere and newer (DCGM warns on it as thermal)"),
     62: _hw("internal micro-controller halt", dcgm="warn",
@@ -140,6 +147,11 @@ XID_TABLE: dict[int, XidClass] = {
         "GPU recovery action changed", "reset",
             "the driver asks for a recovery action; `nvidia-smi -q` shows it; follow it",
             why="judged by the action the line names: none and drain P2P are notes; reboot asks for one"),
+    167: _hw("PCIe fatal timeout", why="DCGM does not map it and the catalogue gives no bucket; a fatal PCIe "
+             "timeout cuts the GPU off its bus until a reset (gputopo's judgement)"),
+    169: _hw("internal micro-controller halt (SEC2)",
+             why="DCGM does not map it; the catalogue describes it as it describes 62 (internal "
+                 "micro-controller halt), whose resolution is a GPU reset"),
     155: _hw(_RESET_GROUP, why="DCGM does not map it; the catalogue's resolution is a GPU reset"),
     156: _hw(_RESET_GROUP, why="DCGM does not map it; the catalogue's resolution is a GPU reset"),
     158: _hw(_RESET_GROUP, why="DCGM does not map it; the catalogue's resolution is a GPU reset"),
@@ -197,13 +209,37 @@ XID_TABLE.update({code: _from_catalog(e) for code, e in catalog().items() if cod
 XID_TABLE = dict(sorted(XID_TABLE.items()))
 
 
-def xid_rows() -> list[dict[str, object]]:
+# Where DCGM maps each code: NVIDIA/DCGM modules/health/DcgmHealthWatch.cpp at 72fa3fe (DCGM 4.6),
+# BuildXidMappings, the line of the code's entry.
+DCGM_XID_LINES = {
+    48: 3361, 74: 3362, 79: 3363, 94: 3364, 95: 3366, 119: 3371, 120: 3372, 140: 3373, 31: 3380, 32: 3381,
+    43: 3382, 63: 3383, 64: 3388, 38: 3394, 39: 3395, 42: 3396, 60: 3401, 61: 3406, 62: 3408, 54: 3413,
+    56: 3414, 57: 3415, 58: 3420, 78: 3421, 67: 3426, 73: 3427, 121: 3428, 137: 3429, 93: 3434,
+}  # fmt: skip
+
+
+def dcgm_xid_source(code: int) -> str:
+    """Where DCGM maps ``code`` (its function and line), or that it does not."""
+    line = DCGM_XID_LINES.get(code)
+    if line is None:
+        return "DCGM 4.6 BuildXidMappings maps no such code"
+    return f"DCGM modules/health/DcgmHealthWatch.cpp BuildXidMappings, line {line} at 72fa3fe"
+
+
+def xid_rows(policy: XidPolicy | None = None) -> list[dict[str, object]]:
     """Every code of the table with the catalogue's facts, as ``check --list-rules`` lists them: the
-    mnemonic and description, NVIDIA's resolution buckets, and gputopo's kind, severity and action."""
+    mnemonic and description, NVIDIA's resolution buckets, and gputopo's kind, severity and action, as
+    the admin's Xid ``policy`` sets them (``policy``: application or node where it names the code)."""
     cat = catalog()
     rows: list[dict[str, object]] = []
     for code, c in XID_TABLE.items():
         e = cat.get(code)
+        said = policy.says(code) if policy is not None else None
+        if said == "application":
+            c = XidClass(c.kind, c.description, "none", c.remedy, NOTE, c.dcgm, c.why)
+        elif said == "node":
+            action = c.action if c.action in DRAIN_ACTIONS else "reset"
+            c = XidClass(c.kind, c.description, action, c.remedy, PROBLEM, c.dcgm, c.why)
         rows.append(
             {
                 "xid": code,
@@ -217,7 +253,10 @@ def xid_rows() -> list[dict[str, object]]:
                 "action": c.action,
                 "per_line": code in _NVL5_XIDS or code == 154,
                 "dcgm": c.dcgm,
+                "dcgm_source": dcgm_xid_source(code),
+                "why": c.why,
                 "remedy": c.remedy.replace("{i}", "N"),
+                "policy": said,
             }
         )
     return rows
@@ -515,62 +554,60 @@ def xid_findings(
         )
         what = f"Xid {xid}{desc} {on} {seen}{stamp}: {last.text}"
         i = gpu if gpu is not None else address
+        hw = hardware if gpu is not None else unlisted
         if cls is None:
-            if unknown.enabled:
-                out.append(
-                    Finding(
-                        where,
-                        what,
-                        "look the code up in NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors)",
-                        unknown.severity,
-                        gpu=gpu,
-                        category="xid",
-                        action="monitor",
-                        rule="xid_unknown",
-                    )
-                )
-            continue
-        if cls.kind == "application":
-            if application.enabled:
-                out.append(
-                    Finding(
-                        where,
-                        what,
-                        cls.remedy,
-                        application.severity,
-                        gpu=gpu,
-                        category="xid",
-                        action="none",
-                        rule="xid_application",
-                    )
-                )
-            continue
-        rule = hardware if gpu is not None else unlisted
-        if not rule.enabled:
-            continue
-        severity, action, remedy = (
-            (rule.severity if cls.severity == PROBLEM else NOTE),
-            cls.action,
-            cls.remedy.format(i=i),
-        )
-        if xid in _NVL5_XIDS:
-            dec = _worst_nvlink5(xid, events, driver)
-            what = f"Xid {xid}{desc} {on} {seen}{stamp}: {dec.words()}: {dec.raw}"
-            severity, action, remedy = _nvlink5_verdict(dec, rule.severity, remedy, i)
-        if xid == 154:
-            named = xid154_action(last.text)
-            if named is not None:
-                severity = rule.severity if named[0] == PROBLEM else NOTE
-                action = named[1]
-                remedy = f"the driver asks: {named[2]}; `nvidia-smi -q -i {i}` shows the recovery action"
-        if gpu is None:
-            remedy = (
-                f"{remedy}; compare `nvidia-smi -L` with `lspci -d 10de:` (the GPU at PCI {address} is gone "
-                "from NVML's list)"
+            verdict = _Verdict(
+                unknown.severity,
+                "monitor",
+                "look the code up in NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors)",
+                unknown,
             )
-        out.append(
-            Finding(where, what, remedy, severity, gpu=gpu, category="xid", action=action, rule=rule.name)
-        )
+        elif cls.kind == "application":
+            remedy = cls.remedy
+            if xid == 45:
+                remedy = _xid45_remedy(
+                    sorted(c for g, a, c in groups if (g, a) == (gpu, address) and c != 45)
+                )
+            verdict = _Verdict(application.severity, "none", remedy, application)
+        else:
+            severity, action, remedy = (
+                (hw.severity if cls.severity == PROBLEM else NOTE),
+                cls.action,
+                cls.remedy.format(i=i),
+            )
+            if xid in _NVL5_XIDS:
+                dec = _worst_nvlink5(xid, events, driver)
+                what = f"{dec.name}{desc} {on} {seen}{stamp}: {dec.words()}: {dec.raw}"
+                severity, action, remedy = _nvlink5_verdict(dec, hw.severity, remedy, i)
+            if xid == 154:
+                named = xid154_action(last.text)
+                if named is not None:
+                    severity = hw.severity if named[0] == PROBLEM else NOTE
+                    action = named[1]
+                    remedy = f"the driver asks: {named[2]}; `nvidia-smi -q -i {i}` shows the recovery action"
+            if gpu is None:
+                remedy = (
+                    f"{remedy}; compare `nvidia-smi -L` with `lspci -d 10de:` (the GPU at PCI {address} is "
+                    "gone from NVML's list)"
+                )
+            verdict = _Verdict(severity, action, remedy, hw)
+        policy = thresholds.xid_policy
+        said = policy.says(xid) if policy is not None else None
+        if policy is not None and said is not None:
+            verdict, what = _by_policy(verdict, what, said, policy.source, application, hw)
+        if verdict.rule.enabled:
+            out.append(
+                Finding(
+                    where,
+                    what,
+                    verdict.remedy,
+                    verdict.severity,
+                    gpu=gpu,
+                    category="xid",
+                    action=verdict.action,
+                    rule=verdict.rule.name,
+                )
+            )
     if acked:
         codes = sorted({e.xid for e in acked})
         until = acknowledged.until if acknowledged is not None else None
@@ -591,25 +628,78 @@ def xid_findings(
     return out
 
 
-# The decode sheet's immediate buckets, most urgent first, with a line it cannot decode after a reset: the
-# group of lines one finding stands for is judged by its most urgent line.
-_NVL5_ORDER = ("RESET_GPU", "", "XID_154_EVAL", "IGNORE")
+@dataclass(frozen=True)
+class _Verdict:
+    severity: str
+    action: str
+    remedy: str
+    rule: Rule
+
+
+def _by_policy(
+    v: _Verdict, what: str, said: str, source: str, application: Rule, hardware: Rule
+) -> tuple[_Verdict, str]:
+    """The verdict as the admin's Xid policy has it: ``application`` a note that never drains (rule
+    xid_application), ``node`` a problem (rule xid_hardware, or xid_unlisted_gpu; an action that would
+    not drain becomes a reset). Where the severity changes, the finding says so."""
+    if said == "application":
+        new = _Verdict(NOTE, "none", v.remedy, application)
+        words = "the application's: a note, never a drain"
+    else:
+        action = v.action if v.action in DRAIN_ACTIONS else "reset"
+        new = _Verdict(hardware.severity, action, v.remedy, hardware)
+        words = f"the node's: a {hardware.severity}"
+    if (new.severity, new.action) == (v.severity, v.action):
+        return new, what
+    return new, f"{what} (the Xid policy in {source} makes it {words})"
+
+
+def _xid45_remedy(others: Sequence[int]) -> str:
+    """Xid 45 by the catalogue's WORKFLOW_XID_45 ("Solo: RESTART_FM; Not Solo: IGNORE (follow other
+    Xid)"): alone on its GPU in the window, restart the fabric manager; with another Xid, that one
+    decides."""
+    if others:
+        codes = ", ".join(f"Xid {c}" for c in others)
+        return (
+            f"it follows {codes} on this GPU in the window: follow {'that' if len(others) == 1 else 'their'} "
+            "remedy; Xid 45 is the driver cleaning up the contexts it stopped (the catalogue's "
+            "WORKFLOW_XID_45, not solo)"
+        )
+    return (
+        "alone (no other Xid on this GPU in the window): restart the fabric manager "
+        "(`systemctl restart nvidia-fabricmanager`, on NVSwitch systems), as the catalogue's WORKFLOW_XID_45 "
+        "asks; a job that was killed also leaves one"
+    )
+
+
+# The decode sheet's immediate buckets, most urgent first: the group of lines one finding stands for is
+# judged by its most urgent line (a line the sheet cannot read, by the worst bucket its unit or code has).
+_NVL5_ORDER = ("RESET_GPU", "XID_154_EVAL", "IGNORE")
+
+
+def _bucket(d: Nvl5Decode) -> str:
+    return d.immediate if d.decoded else d.fallback
 
 
 def _worst_nvlink5(xid: int, events: Sequence[XidEvent], driver: str | None) -> Nvl5Decode:
     decoded = [decode_nvlink5(xid, e.text, driver) for e in events]
     rank = {b: n for n, b in enumerate(_NVL5_ORDER)}
-    return min(reversed(decoded), key=lambda d: rank.get(d.immediate if d.decoded else "", 1))
+    return min(reversed(decoded), key=lambda d: (rank.get(_bucket(d), 0), not d.decoded))
 
 
 def _nvlink5_verdict(dec: Nvl5Decode, problem: str, remedy: str, i: object) -> tuple[str, str, str]:
     """(severity, action, remedy) of an NVLink5 line by the sheet's buckets: RESET_GPU a problem; IGNORE
-    and XID_154_EVAL (the 154 line, judged on its own, names any action) notes; not decoded: a problem."""
+    and XID_154_EVAL (the 154 line, judged on its own, names any action) notes. A line the sheet cannot
+    read is judged by the most urgent bucket the sheet gives its unit (or its code): unknown is not
+    healthy where the sheet could ask for a reset, and no drain where every row says IGNORE."""
     if not dec.decoded:
+        sheet = "its registers match no row of the catalogue's 'XID 144-150 Decode' sheet"
+        if dec.fallback == "RESET_GPU":
+            return problem, "reset", f"{remedy}; {sheet}, and the sheet's rows for it ask for a reset"
         return (
-            problem,
-            "reset",
-            (f"{remedy}; its registers match no row of the catalogue's 'XID 144-150 Decode' sheet"),
+            NOTE,
+            "none",
+            f"{bucket_words(dec.fallback)}: {sheet}, and none of its rows asks for more ({dec.fallback})",
         )
     then = f"; if it repeats: {bucket_words(dec.investigatory)} ({dec.investigatory})"
     if dec.immediate == "RESET_GPU":

@@ -40,6 +40,10 @@ MIN_STEP_S = 2.0
 # The shortest no-progress limit a probe step gets (``_probe_timeout``).
 PROBE_SILENCE_S = 60.0
 GATE_REASON = "gputopo: accepting"
+# The verdict is kept, and the gate's last Slurm action taken, under the state's lock, waited for with
+# what is left of --budget but at least this long: a check holds the lock for a read, an scontrol call and
+# a save, and the verdict of a run that used its whole budget is still worth keeping.
+MIN_LOCK_WAIT_S = 5.0
 DCGM_LEVELS = (1, 2, 3, 4)
 # CPU stand-in ranks exist for indices 0-7 only (probe.plan.config.CPU_STAND_INS).
 MAX_STAND_INS = 8
@@ -145,6 +149,9 @@ class AcceptReport:
     saved: str | None = None  # where the verdict was kept, or why not
     warnings: tuple[str, ...] = ()
     report: dict[str, str] | None = None
+    # Why ``--gate`` could not do its part (the state's lock not got in time, a state it may not write):
+    # the run exits 3 whatever the verdict, and the node is as the gate's note says.
+    blocked: str | None = None
 
     @property
     def verdict(self) -> str:
@@ -152,6 +159,8 @@ class AcceptReport:
 
     @property
     def exit_code(self) -> int:
+        if self.blocked is not None:
+            return EXIT_UNAVAILABLE
         return steps.EXIT_CODES.get(self.verdict, EXIT_UNAVAILABLE)
 
     def with_files(self, paths: dict[str, str]) -> AcceptReport:
@@ -217,7 +226,7 @@ def run(options: Options, hooks: Hooks | None = None) -> AcceptReport:
     started = time.monotonic()
     started_utc = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     ctx = _Run(options, hooks, started + options.budget_s, device=options.device or "cuda")
-    gate = _Gate(options, hooks) if options.gate else None
+    gate = _Gate(options, hooks, _node_name()) if options.gate else None
     if gate is not None:
         gate.start(started + min(options.budget_s / 4, 30.0))
     done: list[StepResult] = []
@@ -260,12 +269,7 @@ def run(options: Options, hooks: Hooks | None = None) -> AcceptReport:
         budget_s=options.budget_s,
         warnings=tuple(ctx.warnings),
     )
-    if gate is not None:
-        gate.finish(report, time.monotonic() + 20.0)
-        report = replace(report, gate=tuple(gate.actions), gate_note=gate.note)
-    if options.state_path is not None:
-        report = replace(report, saved=_save(options.state_path, report, hooks))
-    return report
+    return _keep(options, report, hooks, gate, ctx.deadline)
 
 
 def _step_budget(options: Options, name: str) -> float:
@@ -511,23 +515,24 @@ _STEPS: dict[str, Callable[[_Run, float], StepResult]] = {
 # --- the verdict kept ---------------------------------------------------------------------------------
 
 
-def read_state_text(path: Path) -> str | None:
-    """The state file's text (``None``: none yet, or unreadable). The one read accept makes of it."""
-    from gputopo.check import state_text
+def _keep(
+    options: Options, report: AcceptReport, hooks: Hooks, gate: _Gate | None, deadline: float
+) -> AcceptReport:
+    """Keep the verdict in the state's ``accept`` section and end the gate (resume an accepted node,
+    leave a rejected one drained with the reason), both under the state's lock, as ``check`` changes
+    Slurm only under it (``check.keep_state``): ``system.state_file.update_section`` takes
+    ``<state>.lock``, re-reads the file, calls ``change`` (the gate's Slurm action and the new record)
+    and saves, every other section as it was. Without the lock in time, or over a state that may not be
+    written (a newer gputopo's, an unsafe path), nothing is done to Slurm, the verdict is not kept, and
+    with ``--gate`` the run exits 3. Without a state file there is nothing to lock: the gate acts."""
+    path = options.state_path
+    if path is None:
+        if gate is not None:
+            gate.finish(report, time.monotonic() + 20.0)
+            report = replace(report, gate=tuple(gate.actions), gate_note=gate.note, blocked=gate.blocked)
+        return report
+    from gputopo.system.state_file import update_section
 
-    return state_text(path)
-
-
-def write_state_text(path: Path, text: str) -> None:
-    """The state file written atomically (the folder made when missing). The one write accept makes."""
-    from gputopo.report import atomic_write
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, text)
-
-
-def _save(path: Path, report: AcceptReport, hooks: Hooks) -> str:
-    """Keep the verdict under the state file's ``accept`` key; where it went, or why not."""
     rec = record.make(
         at=time.time(),
         verdict=report.verdict,
@@ -535,27 +540,31 @@ def _save(path: Path, report: AcceptReport, hooks: Hooks) -> str:
         driver=report.driver,
         gpus=report.gpus,
     )
-    text = read_state_text(path)
-    if not text:  # a new file: a check state of this node (check reads it without a warning), and the record
-        from gputopo.health.state import CheckState, dumps
 
-        text = dumps(CheckState(report.node))
-    try:
-        write_state_text(path, record.with_record(text, rec))
-    except (OSError, GputopoError) as exc:
-        why = getattr(exc, "message", None) or getattr(exc, "strerror", None) or str(exc)
-        hooks.warn(f"--state {path}: the verdict was not kept ({why})")
-        return f"not kept: {why}"
-    return str(path)
+    def change(_old: Any) -> dict[str, Any]:
+        if gate is not None:  # Slurm changed under the lock, after the file was re-read under it
+            gate.finish(report, time.monotonic() + 20.0)
+        return rec
 
-
-def stored_status(
-    path: Path | None, driver: str | None, gpus: list[dict[str, Any]] | None
-) -> dict[str, Any] | None:
-    """The stored verdict and whether it still holds for the node as read now (``record.status``)."""
-    if path is None:
-        return None
-    return record.status(record.from_state_text(read_state_text(path)), driver, gpus)
+    wait_s = max(deadline - time.monotonic(), MIN_LOCK_WAIT_S)
+    kept = update_section(path, report.node, record.KEY, change, wait_s)
+    said = list(kept.warnings)
+    saved = str(path)
+    blocked = gate.blocked if gate is not None else None
+    if not kept.saved:
+        why = kept.why_not or "not saved"
+        said.append(f"--state {path}: the verdict was not kept ({why})")
+        saved = f"not kept: {why}"
+        if gate is not None and not gate.finished and gate.ours:
+            gate.note = f"nothing done after the run, so the node stays drained: {why}"
+            blocked = blocked or why
+    for line in said:
+        if line not in report.warnings:
+            hooks.warn(line)
+    if gate is not None:
+        report = replace(report, gate=tuple(gate.actions), gate_note=gate.note)
+    warnings = (*report.warnings, *(w for w in said if w not in report.warnings))
+    return replace(report, saved=saved, blocked=blocked, warnings=warnings)
 
 
 # --- the Slurm gate ----------------------------------------------------------------------------------------
@@ -564,14 +573,20 @@ def stored_status(
 class _Gate:
     """``--gate``: drain this Slurm node with gputopo's own reason before the steps (unless someone else
     drained it: then it runs, reports and never resumes it), resume it only when accepted, and leave a
-    rejected node drained with the reason. ``health.node_action``'s rules: never overrule a person."""
+    rejected node drained with the reason. ``health.node_action``'s rules: never overrule a person.
+    With a state file, each Slurm change is made under the state's lock, as ``check``'s are
+    (``check.keep_state``): the drain here, the ending in ``_keep``. ``blocked`` says why the gate could
+    not do its part (the run then exits 3)."""
 
-    def __init__(self, options: Options, hooks: Hooks) -> None:
+    def __init__(self, options: Options, hooks: Hooks, node: str) -> None:
         self.options = options
         self.hooks = hooks
+        self.node = node
         self.actions: list[dict[str, Any]] = []
         self.note: str | None = None
         self.ours = False  # the drain in place is gputopo's own (ours to lift)
+        self.finished = False  # the ending was decided (acted, or left to a person)
+        self.blocked: str | None = None
 
     def _act(self, done: Any) -> None:
         self.actions.append(done.to_json())
@@ -579,6 +594,21 @@ class _Gate:
             self.hooks.warn(f"--gate: {done.error}")
 
     def start(self, deadline: float) -> None:
+        path = self.options.state_path
+        if path is None:
+            self._start(deadline)
+            return
+        from gputopo.system import state_file
+
+        try:
+            with state_file.locked(path, deadline - time.monotonic()):
+                self._start(deadline)
+        except state_file.LockNotGot as exc:
+            self.note = f"the node was not drained: {exc.message}"
+            self.blocked = exc.message
+            self.hooks.warn(f"--gate: {self.note}")
+
+    def _start(self, deadline: float) -> None:
         from gputopo.check import read_node_view
         from gputopo.system import slurm_node
 
@@ -603,6 +633,7 @@ class _Gate:
         from gputopo.health.node_action import slurm_reason
         from gputopo.system import slurm_node
 
+        self.finished = True
         if not self.ours:
             return
         view = read_node_view(deadline)
@@ -610,7 +641,15 @@ class _Gate:
         if node is None:
             self.note = f"nothing done after the run: the node's state could not be read ({view.error})"
             return
-        if not (node.drained_by_gputopo or self.options.dry_run):
+        if not (node.held_by_accept or self.options.dry_run):
+            if node.drained_by_gputopo:
+                # A gputopo check drained it while accept ran (its view predates accept's drain): that
+                # drain is the check's to lift, and its record says so; accept never resumes over it.
+                self.note = (
+                    f"{node.name} was drained by a gputopo check while accept ran "
+                    f"(Reason={node.reason}): left as it is; the check lifts its own drain"
+                )
+                return
             # A person took over while it ran (resumed it, or drained it with their own reason).
             self.note = (
                 f"{node.name} is {node.state} (Reason={node.reason or 'none'}) since accept drained it: a "
@@ -662,10 +701,21 @@ def since_seconds(text: str) -> float | None:
 
 
 def state_file(given: Path | None, gate: bool) -> Path | None:
-    """``--state FILE``, else check's default (``GPUTOPO_CHECK_STATE``; root's file with ``--gate``)."""
+    """``--state FILE``, else check's default (``GPUTOPO_CHECK_STATE``; root's file with ``--gate``),
+    refused before anything runs when it is not to be trusted (``system.state_file.unsafe``: a symbolic
+    link; as root, another user's or a writable file or folder): exit 2, or 3 with ``--gate``, as
+    ``check`` refuses it (3 under ``--drain``)."""
     from gputopo.check import default_state_path
+    from gputopo.errors import InputError, UnavailableError
+    from gputopo.system.state_file import unsafe
 
-    return given or default_state_path(gate)
+    path = given or default_state_path(gate)
+    if path is None:
+        return None
+    refused = unsafe(path, f"--state {path}")
+    if refused is not None:
+        raise (UnavailableError if gate else InputError)(refused[0], refused[1])
+    return path
 
 
 def floors_json(table: FloorTable) -> dict[str, Any]:

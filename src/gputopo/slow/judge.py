@@ -1,29 +1,43 @@
-"""Which rank the others wait for (pure): operations in, stragglers out.
+"""Which rank the others wait for (pure): series of operations in, stragglers out.
 
 In a synchronous job every rank waits inside each collective for the last one to arrive, so the slow
-rank is the one that arrives late, and it is the waiting ranks that show long collective times. So a
-rank's *lateness* in one operation is how much later than the earliest rank it arrived: from NCCL
-Inspector, the longest execution time of the operation minus the rank's own (the last to arrive waits
-least); from the Flight Recorder, the rank's creation time minus the earliest rank's.
+rank is the one that arrives late, and it is the waiting ranks that show long collective times. A
+rank's *lateness* in one operation is measured from the operation's **typical member**, never from its
+earliest: from NCCL Inspector, the median member's execution time minus the rank's own (the late rank
+positive, the ranks that waited about zero, an eager rank negative); from the Flight Recorder, the
+rank's creation time minus the median member's on the same host. Measured from the earliest arrival,
+one eager rank would add its lead to every other member.
 
-A rank is slow when, in at least half of the windows of the run, its median lateness is an outlier
-among the ranks: above the ranks' median by more than ``k`` scaled MADs and by more than ``floor`` of
-the operation's time (a floor relative to the operation, since an absolute one would hide a rank 5% late
-on short operations). A window is a run of ``window`` consecutive operations of one communicator of
-three or more ranks, and of one message-size bucket, so one spike never makes a straggler: recurrence
-does.
+The floor's base is the operation's own time without the waiting: for Inspector the *shortest*
+execution (the last arrival's, about the transfer time; ByteDance's what-if analysis, OSDI '25, keeps
+only the time after the last rank arrives; AMD's TraceLens takes the minimum over ranks).
+
+A rank is slow when, in at least half of the windows it took part in, its median lateness is an
+outlier above the members' median: by more than ``k`` scaled MADs and by more than ``floor`` of the
+operation's time. The test is one-sided: an early rank is never an outlier. A window is a run of
+``window`` consecutive operations of one ``Series``: one communicator *instance* (its id, never its
+name: every tensor-parallel group may be called ``mesh_tp``), one function (AllGather and ReduceScatter
+of one size apart) and one message-size bucket, in sequence order. Recurrence, not one spike.
+
+Propagation: a tensor-parallel group that waited for its straggler reaches the next data-parallel
+collective late together, so the straggler's mates look late there too. They waited for it in their
+shared communicator, where they are not late and it is: a flagged rank that is not late in a
+communicator where another flagged rank is late waited for that rank. It goes in ``waited``, not in
+``stragglers``.
+
+Nothing here depends on a set's or a dict's hash order: series are judged in a sorted order, and every
+tie is broken by rank, so the verdict is the same under any ``PYTHONHASHSEED``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from statistics import median
 
 # 1.4826 x MAD estimates the standard deviation of normal noise; 5 of those is far outside it.
 K_MAD = 5.0
 MAD_SCALE = 1.4826
-# A rank must be at least this share of the operation's time later than the ranks' median.
+# A rank must be at least this share of the operation's time later than the members' median.
 FLOOR = 0.02
 WINDOW = 10
 MIN_RANKS = 3
@@ -33,20 +47,20 @@ MIN_WINDOWS = 2
 
 
 @dataclass(frozen=True)
-class Op:
-    """One operation as every rank saw it: ``lateness`` in ms of each of ``ranks`` (global ranks, in
-    the same order; operations of one communicator share one ``ranks`` tuple), ``duration_ms`` the
-    operation's time (the longest execution, or the time to the communicator's next operation),
-    ``busy_ms`` every rank's time in it, summed (the base of the waiting share)."""
+class Series:
+    """The operations of one communicator instance, one function and one size bucket, in sequence order:
+    ``rows[i][j]`` is rank ``ranks[j]``'s lateness (ms) in operation ``i`` (global ranks), ``optime_ms[i]``
+    the operation's own time (the floor's base), ``busy_ms[i]`` every member's time in it, summed (the
+    base of the waiting share). ``comm`` is the identity (the communicator id), ``label`` what is shown."""
 
     comm: str
+    label: str
     name: str
-    seq: int
-    size: int
+    bucket: int
     ranks: tuple[int, ...]
-    lateness: tuple[float, ...]
-    duration_ms: float
-    busy_ms: float
+    rows: Sequence[Sequence[float]]
+    optime_ms: Sequence[float]
+    busy_ms: Sequence[float]
 
 
 @dataclass(frozen=True)
@@ -62,14 +76,24 @@ class Straggler:
 
 
 @dataclass(frozen=True)
+class Waited:
+    """A rank that looked late only because it waited for a straggler upstream (its communicator mate)."""
+
+    rank: int
+    waited_for: tuple[int, ...]
+    communicators: tuple[str, ...]  # where it was not late and the straggler was
+
+
+@dataclass(frozen=True)
 class Judgement:
     stragglers: tuple[Straggler, ...]
-    ranks: dict[int, float]  # rank -> median lateness (ms) over all its operations
+    ranks: dict[int, float]  # rank -> median of its windows' median lateness (ms)
     windows: int
     operations: int
     spread_pct: float | None  # median over windows of (latest - earliest rank median) / op time
     undecided: str | None = None  # why nothing could be judged (too few operations or ranks)
     params: dict[str, float] = field(default_factory=dict)
+    waited: tuple[Waited, ...] = ()
 
 
 def size_bucket(size: int) -> int:
@@ -77,44 +101,84 @@ def size_bucket(size: int) -> int:
     return size.bit_length() if size > 0 else 0
 
 
+def mid(values: Sequence[float]) -> float:
+    """The median (the mean of the middle two for an even count), of a non-empty sequence."""
+    s = sorted(values)
+    n = len(s)
+    h = n // 2
+    return s[h] if n % 2 else (s[h - 1] + s[h]) / 2.0
+
+
+def _bounds(n: int, size: int) -> list[tuple[int, int]]:
+    """Consecutive runs of ``size`` operations; a short tail joins the window before it."""
+    cuts = [(i, min(i + size, n)) for i in range(0, n, size)]
+    if len(cuts) > 1 and cuts[-1][1] - cuts[-1][0] < size // 2:
+        last = cuts.pop()
+        cuts[-1] = (cuts[-1][0], last[1])
+    return cuts
+
+
 def judge(
-    ops: Iterable[Op],
+    series: Iterable[Series],
     k: float = K_MAD,
     floor: float = FLOOR,
     window: int = WINDOW,
 ) -> Judgement:
-    groups: dict[tuple[str, int], list[Op]] = {}
-    n_ops = 0
-    for op in ops:
-        n_ops += 1
-        if len(op.ranks) >= MIN_RANKS:
-            groups.setdefault((op.comm, size_bucket(op.size)), []).append(op)
-    flagged: dict[int, int] = {}
+    params = {"k": k, "floor": floor, "window": float(window), "recurrence": RECURRENCE}
+    every = list(series)
+    n_ops = sum(len(s.rows) for s in every)
+    order = sorted((s for s in every if s.rows), key=lambda s: (s.comm, s.name, s.bucket, s.ranks))
+    judged = [s for s in order if len(s.ranks) >= MIN_RANKS]
+    pairs = [s for s in order if len(s.ranks) == 2]
     seen: dict[int, int] = {}
-    flagged_in: dict[int, set[str]] = {}
+    # (rank, comm) -> [windows, flagged]: recurrence is judged per communicator instance.
+    per_comm: dict[tuple[int, str], list[int]] = {}
+    window_meds: dict[int, list[float]] = {}
     spreads: list[float] = []
     n_windows = 0
-    for (comm, _bucket), members in groups.items():
-        members.sort(key=lambda o: o.seq)
-        for chunk in _windows(members, window):
+    for s in judged:
+        for a, b in _bounds(len(s.rows), window):
             n_windows += 1
-            meds = _rank_medians(chunk)
-            optime = median([op.duration_ms for op in chunk])
-            values = list(meds.values())
-            m = median(values)
-            mad = median([abs(v - m) for v in values])
-            bar = max(k * MAD_SCALE * mad, floor * optime)
+            cols = list(zip(*s.rows[a:b], strict=True))
+            meds = [mid(col) for col in cols]
+            optime = mid(s.optime_ms[a:b])
+            m = mid(meds)
+            across = k * MAD_SCALE * mid([abs(v - m) for v in meds])
+            least = floor * optime
+            over_time: float | None = None
             if optime > 0:
-                spreads.append((max(values) - min(values)) / optime * 100.0)
-            for r, v in meds.items():
+                spreads.append((max(meds) - min(meds)) / optime * 100.0)
+            for r, v in zip(s.ranks, meds, strict=True):
                 seen[r] = seen.get(r, 0) + 1
-                if v - m > bar:
-                    flagged[r] = flagged.get(r, 0) + 1
-                    flagged_in.setdefault(r, set()).add(comm)
-    ranks = _rank_medians([op for members in groups.values() for op in members])
-    ranks = dict(sorted(ranks.items()))
-    params = {"k": k, "floor": floor, "window": float(window), "recurrence": RECURRENCE}
-    spread = median(spreads) if spreads else None
+                window_meds.setdefault(r, []).append(v)
+                tally = per_comm.setdefault((r, s.comm), [0, 0])
+                tally[0] += 1
+                over = v - m
+                if over <= least:
+                    continue
+                if over <= across:
+                    # In a small communicator one eager member inflates the MAD across members; the
+                    # noise of a member's median over the window's operations (the MAD of each member's
+                    # lateness around its own median, pooled) is not moved by a steady lead or lag.
+                    if over_time is None:
+                        over_time = k * MAD_SCALE * _noise_of_median(cols, meds)
+                    if over <= over_time:
+                        continue
+                tally[1] += 1
+    # Communicators of two members make no straggler (no typical member to measure from), but they say
+    # who waited for whom: the later of the two, by more than the floor, is late there.
+    big = {s.comm for s in judged}
+    for s in pairs:
+        for a, b in _bounds(len(s.rows), window):
+            meds = [mid(col) for col in zip(*s.rows[a:b], strict=True)]
+            least = floor * mid(s.optime_ms[a:b])
+            for i, r in enumerate(s.ranks):
+                tally = per_comm.setdefault((r, s.comm), [0, 0])
+                tally[0] += 1
+                if meds[i] - meds[1 - i] > least:
+                    tally[1] += 1
+    ranks = {r: mid(window_meds[r]) for r in sorted(window_meds)}
+    spread = mid(spreads) if spreads else None
     if n_windows == 0:
         why = (
             f"no communicator of {MIN_RANKS} or more ranks recorded an operation"
@@ -134,72 +198,91 @@ def judge(
             f"operations; {MIN_WINDOWS} needed)",
             params=params,
         )
-    slow = [r for r, n in flagged.items() if n >= RECURRENCE * seen[r] and seen[r] >= MIN_WINDOWS]
-    stragglers = tuple(
-        sorted(
-            (_describe(r, groups, flagged[r], seen[r], flagged_in[r], ranks[r]) for r in slow),
-            key=lambda s: -s.lateness_ms,
-        )
+    # Late in a communicator: an outlier in at least half of its windows there, and in two or more.
+    late_in = {key: t[1] >= MIN_WINDOWS and t[1] >= RECURRENCE * t[0] for key, t in per_comm.items()}
+    slow = sorted({r for (r, c), v in late_in.items() if v and c in big})
+    late_in = {key: v for key, v in late_in.items() if key[0] in slow}
+    waited = _waited(slow, late_in)
+    labels = {s.comm: s.label for s in order}
+    stragglers = []
+    for r in slow:
+        if r in waited:
+            continue
+        comms = [c for (q, c), v in late_in.items() if q == r and v and c in big]
+        n_flagged = sum(per_comm[(r, c)][1] for c in comms)
+        n_seen = sum(per_comm[(r, c)][0] for c in comms)
+        stragglers.append(_describe(r, judged, n_flagged, n_seen, comms, labels))
+    stragglers.sort(key=lambda s: (-s.lateness_ms, s.rank))
+    waited_out = tuple(
+        Waited(r, tuple(sorted({y for y, _c in pairs})), tuple(sorted({labels[c] for _y, c in pairs})))
+        for r, pairs in sorted(waited.items())
     )
-    return Judgement(stragglers, ranks, n_windows, n_ops, spread, params=params)
+    return Judgement(tuple(stragglers), ranks, n_windows, n_ops, spread, params=params, waited=waited_out)
 
 
-def _rank_medians(ops: list[Op]) -> dict[int, float]:
-    """Each rank's median lateness over ``ops``: column by column where the operations share one rank
-    tuple (the common case: one communicator), rank by rank where they do not."""
-    by_ranks: dict[tuple[int, ...], list[tuple[float, ...]]] = {}
-    for op in ops:
-        by_ranks.setdefault(op.ranks, []).append(op.lateness)
-    if len(by_ranks) == 1:
-        [(ranks, rows)] = by_ranks.items()
-        return {r: median(col) for r, col in zip(ranks, zip(*rows, strict=True), strict=True)}
-    per: dict[int, list[float]] = {}
-    for ranks, rows in by_ranks.items():
-        for r, col in zip(ranks, zip(*rows, strict=True), strict=True):
-            per.setdefault(r, []).extend(col)
-    return {r: median(vs) for r, vs in per.items()}
+def _noise_of_median(cols: list[tuple[float, ...]], meds: list[float]) -> float:
+    """The standard-error-like spread of one member's median over a window: the pooled MAD of each
+    member's lateness around its own median, x 1.2533 / sqrt(n) (the median's efficiency)."""
+    devs = [abs(x - md) for col, md in zip(cols, meds, strict=True) for x in col]
+    n = len(cols[0]) if cols else 1
+    return mid(devs) * 1.2533 / n**0.5 if devs else 0.0
 
 
-def _windows(members: list[Op], size: int) -> list[list[Op]]:
-    """Consecutive runs of ``size`` operations; a short tail joins the window before it."""
-    chunks = [members[i : i + size] for i in range(0, len(members), size)]
-    if len(chunks) > 1 and len(chunks[-1]) < size // 2:
-        chunks[-2].extend(chunks.pop())
-    return chunks
+def _waited(slow: list[int], late_in: dict[tuple[int, str], bool]) -> dict[int, list[tuple[int, str]]]:
+    """rank -> [(straggler, communicator)]: a flagged rank not late in a communicator where another
+    flagged rank is late waited for that rank there. Only a rank that waited for a straggler that itself
+    waited for no one is moved (two ranks that each look as if they waited for the other stay)."""
+    late_by_comm: dict[str, list[int]] = {}
+    for (r, c), v in sorted(late_in.items()):
+        if v:
+            late_by_comm.setdefault(c, []).append(r)
+    candidates: dict[int, list[tuple[int, str]]] = {}
+    for (r, c), v in sorted(late_in.items()):
+        if v:
+            continue
+        for y in late_by_comm.get(c, []):
+            if y != r:
+                candidates.setdefault(r, []).append((y, c))
+    roots = [r for r in slow if r not in candidates]
+    out = {}
+    for r, pairs in candidates.items():
+        kept = [(y, c) for y, c in pairs if y in roots]
+        if kept:
+            out[r] = kept
+    return out
 
 
 def _describe(
-    rank: int,
-    groups: dict[tuple[str, int], list[Op]],
-    n_flagged: int,
-    n_seen: int,
-    comms: set[str],
-    lateness: float,
+    rank: int, judged: list[Series], n_flagged: int, n_seen: int, comms: list[str], labels: dict[str, str]
 ) -> Straggler:
     waited = 0.0
     busy = 0.0
     last = 0
-    mine = 0
+    mine: list[float] = []
     names: set[str] = set()
-    for members in groups.values():
-        for op in members:
-            busy += op.busy_ms
-            if rank not in op.ranks:
-                continue
-            own = op.lateness[op.ranks.index(rank)]
-            mine += 1
-            if own >= max(op.lateness):
+    for s in judged:
+        busy += sum(s.busy_ms)
+        if rank not in s.ranks:
+            continue
+        j = s.ranks.index(rank)
+        n = len(s.ranks)
+        for row in s.rows:
+            own = row[j]
+            mine.append(own)
+            if own >= max(row):  # the last to arrive (the common case for a straggler): C-level sums
                 last += 1
-            waited += sum(own - v for v in op.lateness if v < own)
-            if op.comm in comms:
-                names.add(op.name)
+                waited += own * n - sum(row)
+            else:
+                waited += sum(own - v for v in row if v < own)
+        if s.comm in comms:
+            names.add(s.name)
     return Straggler(
         rank=rank,
-        lateness_ms=lateness,
+        lateness_ms=mid(mine) if mine else 0.0,
         waiting_share=min(1.0, waited / busy) if busy > 0 else 0.0,
-        late_share=last / mine if mine else 0.0,
+        late_share=last / len(mine) if mine else 0.0,
         windows_flagged=n_flagged,
         windows=n_seen,
-        communicators=tuple(sorted(comms)),
+        communicators=tuple(sorted({labels[c] for c in comms})),
         operations=tuple(sorted(names)),
     )

@@ -93,6 +93,16 @@ class SlowReport:
                 }
                 for s in j.stragglers
             ],
+            "waited": [
+                {
+                    "rank": w.rank,
+                    "host": self.place(w.rank).host,
+                    "gpu": self.place(w.rank).gpu,
+                    "waited_for": list(w.waited_for),
+                    "communicators": list(w.communicators),
+                }
+                for w in j.waited
+            ],
             "ranks": [
                 {
                     "rank": r,
@@ -113,7 +123,13 @@ class SlowReport:
         }
 
 
-def analyse(path: Path, run_records: list[Path] | None = None) -> SlowReport:
+LIVE_HINT = (
+    "start the job with `gputopo run` on a Python script (it runs it inside torch's control plane), or "
+    "wrap its main in torch.distributed.elastic.control_plane.worker_main() (docs/hang.md)"
+)
+
+
+def analyse(path: Path, run_records: list[Path] | None = None, live: bool = False) -> SlowReport:
     if not path.exists():
         raise InputError(f"{path}: no such file or folder", _HINT)
     if path.is_file():
@@ -127,6 +143,12 @@ def analyse(path: Path, run_records: list[Path] | None = None) -> SlowReport:
     dumps = _dump_specs(path)
     if dumps:
         return _flight_recorder(dumps, path, records)
+    if live:
+        raise InputError(
+            f"--live {path}: the ranks' stacks were taken but no rank served its Flight Recorder (their main "
+            "does not run inside torch's control plane)",
+            LIVE_HINT,
+        )
     raise InputError(f"{path}: no NCCL Inspector logs, Flight Recorder dumps or nccl-tests file in it", _HINT)
 
 
@@ -168,23 +190,29 @@ def _inspector(files: list[Path], path: Path, records: list[rec.RunRecord]) -> S
         if p.host and p.pid is not None:
             rank_of[(p.host, p.pid)] = p.rank
             rank_of[(_short(p.host), p.pid)] = p.rank
-    notes = [f"{len(read.files)} Inspector log(s), format {', '.join(sorted(read.versions))}"]
-    procs = {(f.host, f.pid) for f in read.files}
-    fixed = {}
-    for host, pid in procs:
-        r = rank_of.get((host, pid), rank_of.get((_short(host), pid)))
+    notes = [f"{len(read.files)} Inspector log(s), format {', '.join(read.versions)}"]
+    fixed: dict[tuple[str, int], int] = {}
+    unmapped = []
+    for f in read.files:
+        key = (f.host, f.pid)
+        r = rank_of.get(key, rank_of.get((_short(f.host), f.pid)))
         if r is not None:
-            fixed[(host, pid)] = r
-    unmapped = procs - set(fixed)
+            fixed[key] = r
+        else:
+            unmapped.append(key)
     if unmapped:
-        world = R.inspector_world_ranks(read)
+        world, whole = R.inspector_world_ranks(read)
         for key in unmapped:
             if key in world and world[key] not in places:
                 fixed[key] = world[key]
                 places[world[key]] = RankPlace(world[key], key[0], None, key[1])
+        how = (
+            "their rank in the communicator of every process"
+            if whole
+            else "their place in (host, PID) order: no communicator holds every process, give --run-record"
+        )
         notes.append(
-            "ranks named by their rank in the largest communicator (no run record places "
-            f"{len(unmapped)} of the processes by host and PID)"
+            f"ranks named by {how} (no run record places {len(unmapped)} of the processes by host and PID)"
         )
     if read.truncated:
         notes.append(f"{read.truncated} truncated last line(s) skipped (a job killed while writing)")
@@ -192,9 +220,20 @@ def _inspector(files: list[Path], path: Path, records: list[rec.RunRecord]) -> S
         notes.append(f"{read.bad} line(s) that are not Inspector collective records skipped")
     if read.p2p:
         notes.append(f"{read.p2p} point-to-point record(s) not judged")
-    ops = R.inspector_ops(read, fixed)
-    j = J.judge(ops)
-    return _report("inspector", path, j, places, "kernel execution times (no clock is compared)", notes)
+    joined = R.inspector_series(read, fixed)
+    if joined.incomplete:
+        notes.append(
+            f"{joined.incomplete} operation(s) not recorded by every member of their communicator not judged"
+        )
+    j = J.judge(joined.series)
+    return _report(
+        "inspector",
+        path,
+        j,
+        places,
+        f"kernel execution times, {joined.communicators} communicator(s) joined by id (no clock is compared)",
+        notes,
+    )
 
 
 def _flight_recorder(specs: list[Path], path: Path, records: list[rec.RunRecord]) -> SlowReport:
@@ -206,8 +245,8 @@ def _flight_recorder(specs: list[Path], path: Path, records: list[rec.RunRecord]
         raise InputError(f"{path}: no Flight Recorder dump could be read", _HINT)
     places = _places(records)
     host_of = {d.rank: (places[d.rank].host if d.rank in places else d.host) for d in loaded.dumps}
-    hosts = {h for h in host_of.values()}
-    ops = R.fr_ops({d.rank: d.entries for d in loaded.dumps}, host_of)
+    hosts = sorted({h or "?" for h in host_of.values()})
+    series = R.fr_series({d.rank: d.entries for d in loaded.dumps}, host_of)
     if len(hosts) > 1:
         clock = (
             f"creation times compared within each host ({len(hosts)} hosts): hosts' clocks are not "
@@ -218,7 +257,7 @@ def _flight_recorder(specs: list[Path], path: Path, records: list[rec.RunRecord]
     notes = list(loaded.notes) + [f"{len(loaded.dumps)} Flight Recorder dump(s)"]
     for s in loaded.skipped:
         notes.append(f"{s.path}: {s.why}")
-    j = J.judge(ops)
+    j = J.judge(series)
     return _report("flight-recorder", path, j, places, clock, notes)
 
 
@@ -229,32 +268,30 @@ def _nccl_tests(path: Path) -> SlowReport:
             f"{path}: no per-process times in it (run nccl-tests with -J FILE and more than one process)",
             _HINT,
         )
-    ops = []
+    series = []
     places: dict[int, RankPlace] = {}
     for s in sizes:
-        fastest = min(p.avg_us for p in s.processes)
-        mid = sorted(p.avg_us for p in s.processes)[len(s.processes) // 2]
         for p in s.processes:
             places.setdefault(p.index, RankPlace(p.index, p.host, p.device, p.pid))
-        ops.append(
-            J.Op(
+        series.append(
+            J.Series(
                 comm="world",
+                label="world",
                 name=f"size {s.size}",
-                seq=s.size,
-                size=s.size,
+                bucket=J.size_bucket(s.size),
                 ranks=tuple(p.index for p in s.processes),
-                lateness=tuple((p.avg_us - fastest) / 1000.0 for p in s.processes),
-                duration_ms=mid / 1000.0,
-                busy_ms=sum(p.avg_us for p in s.processes) / 1000.0,
+                rows=[[p.lateness_us / 1000.0 for p in s.processes]],
+                optime_ms=[s.median_us / 1000.0],
+                busy_ms=[sum(p.avg_us for p in s.processes) / 1000.0],
             )
         )
-    j = J.judge(ops, window=1)
+    j = J.judge(series, window=1)
     return _report(
         "nccl-tests",
         path,
         j,
         places,
-        "per-process times as nccl-tests measured them (tools/analyze_perf_json.py's reading)",
+        "per-process times as nccl-tests measured them: each process's row minus the iteration's median",
         [f"{len(sizes)} message size(s) with per-process times"],
         unit="process",
     )

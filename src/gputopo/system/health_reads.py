@@ -29,8 +29,12 @@ from typing import Any
 from gputopo.health.readings import (
     BUDGET_SPENT,
     FIELD_GPU_RECOVERY_ACTION,
+    FIELD_NVLINK_ECC_DATA_TOTAL,
+    FIELD_NVLINK_EFFECTIVE_BER,
+    FIELD_NVLINK_SYMBOL_BER,
     NOT_READ,
     NVLINK5_COUNTERS,
+    SCOPE_ALL_LINKS,
     GpuHealth,
     HealthSample,
     NvlinkHealth,
@@ -92,6 +96,7 @@ def _read(dev: nvml.Device) -> GpuHealth:
     values["recovery_action"] = r.get("driver recovery action", dev.field_value(FIELD_GPU_RECOVERY_ACTION))
     ends = dev.nvlink_ends()
     values["nvlinks"] = _with_nvlink5(dev, tuple(_nvlink(r, end) for end in ends))
+    values.update(_nvlink_totals(r, values["nvlinks"]))
     # Fabric registration matters on NVSwitch systems: links to a switch, or links whose far end an older
     # driver cannot name (it may be one).
     values.update(_fabric(r, any(end.up and end.remote_kind in ("switch", None) for end in ends)))
@@ -180,6 +185,36 @@ def _with_nvlink5(dev: nvml.Device, links: tuple[NvlinkHealth, ...]) -> tuple[Nv
         pairs = tuple((f, found[(n.link, f)]) for f in NVLINK5_COUNTERS if (n.link, f) in found)
         out.append(replace(n, nvl5=pairs or None))
     return tuple(out)
+
+
+def _nvlink_totals(r: _Reader, links: tuple[NvlinkHealth, ...]) -> dict[str, Any]:
+    """The GPU's NVLink ECC data error total (field 160) and, on NVLink5, the effective and symbol BER of
+    its links together (fields 220 and 222 with scopeId UINT_MAX, as DCGM 4.6's cache manager reads them
+    for MonitorNVLink5Fields). A GPU without NVLinks reads none. On an NVLink5 GPU a field the driver
+    lacks is listed as not checked; before NVLink5 a missing one is no gap."""
+    if not links:
+        return {}
+    nvl5 = any(n.nvl5 for n in links)
+    out: dict[str, Any] = {}
+    ecc = r.dev.field_value(FIELD_NVLINK_ECC_DATA_TOTAL)
+    if ecc.ok:
+        out["nvlink_ecc_data_errors"] = ecc.value
+    elif nvl5:
+        r.note("NVLink ECC data error total (NVML field 160)", ecc.why or "Not Supported")
+    if not nvl5:
+        return out
+    ids = (FIELD_NVLINK_EFFECTIVE_BER, FIELD_NVLINK_SYMBOL_BER)
+    answer = r.dev.link_field_values([SCOPE_ALL_LINKS], list(ids))
+    found = answer.value if answer.ok and answer.value else {}
+    for field_id, key, what in (
+        (FIELD_NVLINK_EFFECTIVE_BER, "nvlink_effective_ber_raw", "NVLink effective BER (NVML field 220)"),
+        (FIELD_NVLINK_SYMBOL_BER, "nvlink_symbol_ber_raw", "NVLink symbol BER (NVML field 222)"),
+    ):
+        if (SCOPE_ALL_LINKS, field_id) in found:
+            out[key] = found[(SCOPE_ALL_LINKS, field_id)]
+        else:
+            r.note(what, answer.why or "Not Supported")
+    return out
 
 
 def _fabric(r: _Reader, on_switch: bool) -> dict[str, Any]:

@@ -96,7 +96,28 @@ def read_imex(expect: bool, deadline: float, fs: FsView | None = None) -> ImexRe
     daemon = run_ctl(exe, ["-q"], deadline)
     if daemon.stdout is None or not_configured(daemon) or daemon_state(daemon.stdout) is None:
         return ImexReading(name, configured, why, daemon)  # -N -j would say no more
-    return ImexReading(name, configured, why, daemon, run_ctl(exe, ["-N", "-j"], deadline))
+    domain = run_ctl(exe, ["-N", "-j"], deadline)
+    return ImexReading(name, configured, why, daemon, domain, own_hosts())
+
+
+def own_hosts() -> tuple[str, ...]:
+    """This host's addresses (every interface's IPv4 and IPv6, psutil) and names (``gethostname`` and its
+    short form): how it finds itself among the IMEX domain's members, which the node configuration names
+    by address (or name)."""
+    import socket
+
+    import psutil
+
+    found: list[str] = []
+    with contextlib.suppress(OSError):
+        for addrs in psutil.net_if_addrs().values():
+            found += [
+                a.address.split("%", 1)[0] for a in addrs if a.family in (socket.AF_INET, socket.AF_INET6)
+            ]
+    with contextlib.suppress(OSError):
+        name = socket.gethostname()
+        found += [name, name.split(".", 1)[0]]
+    return tuple(dict.fromkeys(h for h in found if h))
 
 
 def run_ctl(exe: str, args: list[str], deadline: float) -> CtlAnswer:

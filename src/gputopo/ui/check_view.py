@@ -230,26 +230,42 @@ def rules_text(rules: Iterable[Rule]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def xids_text(xids: Iterable[dict[str, Any]]) -> str:
-    """The Xid catalogue under ``check --list-rules``: one line per code, NVIDIA's buckets and ours."""
+def xids_text(xids: Iterable[dict[str, Any]], policy: Any = None) -> str:
+    """The Xid catalogue under ``check --list-rules``: one line per code, NVIDIA's buckets and ours, after
+    the admin's Xid policy in force (``rules.XidPolicy``) where there is one."""
     lines = [
         "",
         "Xid catalogue (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html): code, NVIDIA's "
         "immediate/investigatory buckets -> ours (rules xid_hardware, xid_application)",
     ]
+    if policy is not None:
+        lines.append(
+            f"Xid policy in force ({policy.source}): application (a note) {_codes(policy.application)}; "
+            f"node (a problem) {_codes(policy.node)}; allow_fatal {str(policy.allow_fatal).lower()}"
+        )
     for x in xids:
         nvidia = f"{x['immediate'] or '-'}/{x['investigatory'] or '-'}"
         ours = f"{x['severity']}/{x['action']}" + (", decided per line" if x["per_line"] else "")
+        if x.get("policy"):
+            ours += f" (Xid policy: {x['policy']})"
         name = x["mnemonic"] or "-"
         lines.append(f"  Xid {x['xid']:>3} {name}: {x['description']}; NVIDIA {nvidia} -> {ours}")
+        if x.get("dcgm") != "none" or x.get("why"):
+            why = f"; ours differs: {x['why']}" if x.get("why") else ""
+            lines.append(f"          DCGM {x['dcgm']} ({x['dcgm_source']}){why}")
         if x["catalogue_note"]:
             lines.append(f"          {x['catalogue_note']}")
     return "\n".join(lines) + "\n"
 
 
-def rules_json(rules: Iterable[Rule], xids: Iterable[dict[str, Any]] = ()) -> str:
+def _codes(codes: Iterable[int]) -> str:
+    return ", ".join(map(str, sorted(codes))) or "none"
+
+
+def rules_json(rules: Iterable[Rule], xids: Iterable[dict[str, Any]] = (), policy: Any = None) -> str:
     doc: dict[str, Any] = {"schema": "gputopo/rules/v1", "rules": [r.to_json() for r in rules]}
     doc["xids"] = list(xids)
+    doc["xid_policy"] = policy.to_json() if policy is not None else None
     return json.dumps(doc, indent=2) + "\n"
 
 
@@ -272,12 +288,18 @@ def rules_markdown(rules: Iterable[Rule], xids: Iterable[tuple[int, Any]] = ()) 
         )
     xid_rows = list(xids)
     if xid_rows:
+        from gputopo.health.xid import DCGM_XID_LINES
         from gputopo.health.xid_catalog import catalog
 
         cat = catalog()
         lines += ["", "| Xid | what | NVIDIA | ours | DCGM |", "|-----|------|--------|------|------|"]
         for code, c in xid_rows:
-            dcgm = c.dcgm + (f": {c.why}" if c.why else "")
+            line = DCGM_XID_LINES.get(code)
+            dcgm = (
+                c.dcgm
+                + (f" (BuildXidMappings line {line})" if line else "")
+                + (f": {c.why}" if c.why else "")
+            )
             e = cat.get(code)
             nvidia = f"{e.immediate or '-'} / {e.investigatory or '-'}" if e else "not in the catalogue"
             ours = f"{c.severity}, {c.action}"

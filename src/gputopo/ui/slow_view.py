@@ -41,7 +41,12 @@ def render_text(report: SlowReport) -> str:
             f"  {report.unit} {s['rank']}: outlier in {s['windows_flagged']} of {s['windows']} windows; "
             f"communicators {', '.join(s['communicators'])}; operations {', '.join(s['operations']) or '?'}"
         )
-    ranks = sorted(doc["ranks"], key=lambda r: -r["median_lateness_ms"])
+    for w in doc["waited"]:
+        lines.append(
+            f"  {report.unit} {w['rank']} waited for {', '.join(str(r) for r in w['waited_for'])} in "
+            f"{', '.join(w['communicators'])}: late downstream only, not a straggler"
+        )
+    ranks = sorted(doc["ranks"], key=lambda r: (-r["median_lateness_ms"], r["rank"]))
     if ranks:
         lines.append(f"median lateness per {report.unit} (ms), latest first:")
         for r in ranks[:MAX_TEXT_RANKS]:

@@ -11,9 +11,11 @@ and host copies both ways, and hash the same seeded product twice. Here each GPU
   ``gflops_tolerance_pcnt`` against the mean) below the median of the other GPUs of its model, and the
   difference outlasts this machine's noise (``speed_evidence``): the gap is at least ``NOISE_MARGIN``
   times the noise measured in the same run, and every one of its runs lies below every one of its peers'
-  runs, which chance alone would do with odds of at most ``MAX_CHANCE``. Or its best matmul or memory
-  run is below ``EXPECTED_FRACTION`` of the datasheet peak of its model where ``PEAKS`` knows it (which
-  catches every GPU of a machine held down alike, where peers agree).
+  runs, which chance alone would do with odds of at most ``MAX_CHANCE``. Or its matmul or memory figure
+  is below its model's floor (which catches every GPU of a machine held down alike, where peers agree,
+  and is the only speed verdict a lone GPU gets): ``MEASURED_FRACTION`` of a figure measured on a
+  healthy GPU of the model where ``PEAKS`` has one (as DCGM sets its floors), else its best run below
+  ``EXPECTED_FRACTION`` of the datasheet peak.
 - ``undecided`` about its speed: more than ``--tolerance`` below its peers, but the noise on this
   machine, the overlap of its runs with theirs or too few runs leave it open. Not a failure: the check
   passes and says so (run it again on a quieter machine).
@@ -31,7 +33,7 @@ import re
 import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gputopo.probe.judge.verdict import PASS, CheckResult, fail
@@ -60,11 +62,17 @@ GPU_PASS, GPU_SLOW, GPU_CORRUPT, GPU_UNDECIDED = "pass", "slow", "corrupt", "und
 # GPU whose rank crashed in the check (``recommend.evidence`` mirrors it: recommend reads only reports).
 LEAVE_OUT = frozenset({GPU_SLOW, GPU_CORRUPT, "crashed"})
 
-# Below this fraction of the datasheet peak a GPU is slow whatever its peers measure. Dense GEMMs in
-# cuBLAS reach well above it on healthy H100s and A100s, and a device copy most of the HBM peak; half
-# leaves room for the probe's sizes and a warm machine. Not measured here (no GPU was lent): a first
-# H100 run should set it from measured figures (docs/probe.md).
+# Below this fraction of the datasheet peak a GPU is slow whatever its peers measure, where no measured
+# figure exists for its model and precision. Dense GEMMs in cuBLAS reach well above it on healthy H100s
+# and A100s, and a device copy most of the HBM peak; half leaves room for the probe's sizes and a warm
+# machine. It is weak (a GPU 35-40% below a healthy one passes it): a measured figure replaces it.
 EXPECTED_FRACTION = 0.5
+# Below this fraction of a figure measured on a healthy GPU of the same model (same size, dtype and
+# method as the probe's) a GPU is slow. DCGM sets its per-SKU floors the same way, at 0.75 of what a
+# healthy part measured (a review of its diagnostic plugins, e.g. the memory bandwidth plugin's per-SKU
+# ``minimum_bandwidth``); it leaves a quarter for a warm card, another host and the probe's own
+# overhead, and catches a GPU a third below its healthy speed, which the datasheet half lets through.
+MEASURED_FRACTION = 0.75
 
 
 @dataclass(frozen=True)
@@ -76,32 +84,74 @@ class Peak:
     matmul_tflops: Mapping[str, float]
     memory_gbps: float
     source: str
+    # Figures measured on a healthy GPU of the model, the probe's way (8192-square matmuls per precision,
+    # a device copy counting bytes read and written), and where they come from; empty/None where none.
+    measured_tflops: Mapping[str, float] = field(default_factory=dict)
+    measured_memory_gbps: float | None = None
+    measured_source: str | None = None
+
+    def floor(self, metric: str, precision: str) -> tuple[float, str, bool] | None:
+        """(floor, what it is, whether measured) for ``matmul_tflops`` or ``memory_gbps``: the measured
+        figure times ``MEASURED_FRACTION`` where there is one, else the datasheet's times
+        ``EXPECTED_FRACTION``; None where neither is known."""
+        if metric == "matmul_tflops":
+            measured, sheet = self.measured_tflops.get(precision), self.matmul_tflops.get(precision)
+        else:
+            measured, sheet = self.measured_memory_gbps, self.memory_gbps
+        if measured:
+            what = f"{MEASURED_FRACTION:.0%} of the {measured:g} measured on a healthy {self.model}"
+            return MEASURED_FRACTION * measured, f"{what} ({self.measured_source})", True
+        if sheet:
+            what = f"{EXPECTED_FRACTION:.0%} of the {self.model} datasheet's {sheet:g}"
+            return EXPECTED_FRACTION * sheet, f"{what} ({self.source})", False
+        return None
 
 
 _H100_SHEET = "NVIDIA H100 Tensor Core GPU datasheet (sparsity figures halved: dense)"
 _A100_SHEET = "NVIDIA A100 Tensor Core GPU datasheet (dense figures)"
+# Measured on this project's lent machines (device notes, KINDS.md), torch 2.11, driver 580.159: an
+# 8192-square bf16 torch.matmul on random data, and a device-to-device copy counting bytes read and
+# written. The H200's matmul ranged 769-798 over runs: the lower end is the reference. To be replaced by
+# the figures of a run of scripts/gpu-acceptance (docs/development.md).
+_H100_MEASURED = "H100 80GB HBM3, driver 580.159.04, torch 2.11, 2026-11-13 (a lent machine; not yet ours)"
+_H200_MEASURED = "H200, driver 580.159.04, torch 2.11, 2026-11-04 (a lent machine; not yet ours)"
 # fp32 is plain FP32 (CUDA cores; the probe pins TF32 off), tf32/fp16/bf16 the dense tensor-core figures.
+# Patterns are whole words: "H200" is not GH200 (a Grace Hopper superchip) nor H200 NVL (a PCIe card
+# with its own, lower figures).
 PEAKS = (
     Peak(
-        r"H100.*(HBM3|SXM)",
+        r"\bH100\b.*(HBM3|SXM)",
         "H100 SXM",
         {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},
         3350.0,
         _H100_SHEET,
+        {"bf16": 798.0},
+        3000.0,
+        _H100_MEASURED,
     ),
     Peak(
-        r"H100.*PCIe",
+        r"\bH100\b.*PCIe",
         "H100 PCIe",
         {"fp32": 51.0, "tf32": 378.0, "fp16": 756.0, "bf16": 756.0},
         2000.0,
         _H100_SHEET,
     ),
     Peak(
-        r"H200",
+        r"\bH200\b.*\bNVL\b",
+        "H200 NVL",
+        {"fp32": 60.0, "tf32": 417.5, "fp16": 835.5, "bf16": 835.5},
+        4800.0,
+        "NVIDIA H200 Tensor Core GPU datasheet, H200 NVL column (sparsity figures halved: dense)",
+    ),
+    Peak(
+        r"\bH200\b(?!.*\bNVL\b)",
         "H200 SXM",
         {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},
         4800.0,
         "NVIDIA H200 Tensor Core GPU datasheet (sparsity figures halved: dense)",
+        {"bf16": 769.0},
+        4300.0,
+        _H200_MEASURED,
     ),
     Peak(
         r"A100.*SXM4.*80GB",
@@ -287,23 +337,26 @@ def speed_evidence(
     return evidence
 
 
-def _sheet_words(row: Mapping[str, Any], peak: Peak | None) -> list[str]:
-    """The matmul or memory figure whose best run is below ``EXPECTED_FRACTION`` of the datasheet."""
+def _floor_words(row: Mapping[str, Any], peak: Peak | None) -> list[str]:
+    """The matmul or memory figure below its model's floor (``Peak.floor``): against a measured figure
+    the GPU's own figure (its median repetition) counts, as DCGM compares its measured value; against
+    the datasheet, its best run (the looser test the weaker floor has always had)."""
     if peak is None:
         return []
     words = []
-    expected = {
-        "matmul_tflops": peak.matmul_tflops.get(str(row.get("precision") or "fp32")),
-        "memory_gbps": peak.memory_gbps,
-    }
-    for m, sheet in expected.items():
-        best = max(runs_of(row, m), default=None)
+    precision = str(row.get("precision") or "fp32")
+    for m in ("matmul_tflops", "memory_gbps"):
+        floor = peak.floor(m, precision)
+        figure = row.get(m)
+        if floor is None or not isinstance(figure, (int, float)):
+            continue
+        limit, what_floor, measured = floor
+        best = max(runs_of(row, m), default=float(figure))
+        judged = float(figure) if measured else best
         what, unit = METRIC_WORDS[m]
-        if sheet and best is not None and best < EXPECTED_FRACTION * sheet:
-            words.append(
-                f"{what} {row[m]:.3g} {unit} (best run {best:.3g}), below {EXPECTED_FRACTION:.0%} of the "
-                f"{peak.model} datasheet's {sheet:g} ({peak.source})"
-            )
+        if judged < limit:
+            said = f"{what} {figure:.3g} {unit}" + ("" if measured else f" (best run {best:.3g})")
+            words.append(f"{said}, below its floor {limit:.3g}: {what_floor}")
     return words
 
 
@@ -327,7 +380,7 @@ def judge_rows(rows: Sequence[dict[str, Any]], tolerance: float) -> list[dict[st
         verdict, why = hashes[r["gpu"]]
         about = "bits" if verdict == GPU_UNDECIDED else None
         found = [e for m in METRICS if (e := speed_evidence(r, group, m, medians[m], tolerance))]
-        slow = [e.words() for e in found if e.verdict == GPU_SLOW] + _sheet_words(r, peak)
+        slow = [e.words() for e in found if e.verdict == GPU_SLOW] + _floor_words(r, peak)
         open_ = [e.words() for e in found if e.verdict == GPU_UNDECIDED]
         speed = GPU_SLOW if slow else GPU_UNDECIDED if open_ else GPU_PASS
         if verdict == GPU_PASS and slow:
@@ -346,17 +399,30 @@ def judge_rows(rows: Sequence[dict[str, Any]], tolerance: float) -> list[dict[st
                 "noise": {m: noise(group, m) for m in METRICS},
                 "peers": len(peers),
                 "peers_median": medians,
-                "peak": None
-                if peak is None
-                else {
-                    "model": peak.model,
-                    "matmul_tflops": peak.matmul_tflops.get(str(r.get("precision") or "fp32")),
-                    "memory_gbps": peak.memory_gbps,
-                    "source": peak.source,
-                },
+                "peak": None if peak is None else _peak_section(peak, str(r.get("precision") or "fp32")),
             }
         )
     return out
+
+
+def _peak_section(peak: Peak, precision: str) -> dict[str, Any]:
+    """A row's ``peak``: the datasheet figures, the measured ones and the floor each number is held to."""
+    floors = {m: peak.floor(m, precision) for m in ("matmul_tflops", "memory_gbps")}
+    return {
+        "model": peak.model,
+        "matmul_tflops": peak.matmul_tflops.get(precision),
+        "memory_gbps": peak.memory_gbps,
+        "source": peak.source,
+        "measured_matmul_tflops": peak.measured_tflops.get(precision),
+        "measured_memory_gbps": peak.measured_memory_gbps,
+        "measured_source": peak.measured_source,
+        "floor": {
+            m: None
+            if f is None
+            else {"value": f[0], "from": "measured" if f[2] else "datasheet", "what": f[1]}
+            for m, f in floors.items()
+        },
+    }
 
 
 def judge_gpus(metrics: dict[str, Any], tolerance: float) -> CheckResult:
@@ -367,6 +433,7 @@ def judge_gpus(metrics: dict[str, Any], tolerance: float) -> CheckResult:
         "rows": rows,
         "tolerance": tolerance,
         "expected_fraction": EXPECTED_FRACTION,
+        "measured_fraction": MEASURED_FRACTION,
         "noise_margin": NOISE_MARGIN,
         "max_chance": MAX_CHANCE,
     }

@@ -218,13 +218,36 @@ def matmul_numerics(precision: str, device: torch.device) -> Any:
         apply_numerics(pinned)
 
 
-def _matmul_seconds(
-    timer: Timer, sizes: Sizes, dtype: torch.dtype, seed: int, times: int
-) -> tuple[float, list[float]]:
+@dataclass(frozen=True)
+class Operands:
+    """The timed work's inputs on the device: the matmul's operands and output, the copy's buffers."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    c: torch.Tensor
+    src: torch.Tensor
+    dst: torch.Tensor
+
+
+def operands(device: torch.device, sizes: Sizes, dtype: torch.dtype, seed: int) -> Operands:
+    """Build the timed work's inputs (seeded on the CPU, then moved): before the ranks' barrier on GPUs,
+    so that the CPU's part, which takes a GPU's rank a second or more, is not inside the time measured
+    with every GPU together."""
+    n = sizes.matmul_n
+    a, b = seeded(n, seed, 1).to(device, dtype), seeded(n, seed, 2).to(device, dtype)
+    elements = sizes.copy_bytes // 4
+    return Operands(
+        a,
+        b,
+        torch.empty(n, n, device=device, dtype=dtype),
+        torch.ones(elements, device=device),
+        torch.empty(elements, device=device),
+    )
+
+
+def _matmul_seconds(timer: Timer, sizes: Sizes, ops: Operands, times: int) -> tuple[float, list[float]]:
     """(figure, runs) in seconds of one repetition's matmuls (``times`` over for the slow drill)."""
-    n, dev = sizes.matmul_n, timer.device
-    a, b = seeded(n, seed, 1).to(dev, dtype), seeded(n, seed, 2).to(dev, dtype)
-    c = torch.empty(n, n, device=dev, dtype=dtype)
+    a, b, c = ops.a, ops.b, ops.c
 
     def matmuls() -> None:
         for _ in range(sizes.matmuls_per_rep * times):
@@ -242,11 +265,9 @@ def _result_hashes(device: torch.device, n: int, dtype: torch.dtype, seed: int, 
     return [result_hash(first), result_hash(torch.matmul(x, y))]
 
 
-def _copy_seconds(timer: Timer, sizes: Sizes, times: int) -> tuple[float, list[float]]:
+def _copy_seconds(timer: Timer, sizes: Sizes, ops: Operands, times: int) -> tuple[float, list[float]]:
     """(figure, runs) in seconds of one repetition's device-to-device copies."""
-    elements = sizes.copy_bytes // 4
-    src = torch.ones(elements, device=timer.device)
-    dst = torch.empty(elements, device=timer.device)
+    src, dst = ops.src, ops.dst
 
     def copies() -> None:
         for _ in range(sizes.copies_per_rep * times):
@@ -256,15 +277,23 @@ def _copy_seconds(timer: Timer, sizes: Sizes, times: int) -> tuple[float, list[f
 
 
 def measure_device(
-    ctx: RankContext, sizes: Sizes, precision: str, dtype: torch.dtype, slowed: bool, sdc: bool
+    ctx: RankContext,
+    sizes: Sizes,
+    precision: str,
+    dtype: torch.dtype,
+    slowed: bool,
+    sdc: bool,
+    ops: Operands | None = None,
 ) -> dict[str, Any]:
-    """Matmul throughput, device memory bandwidth and the bit-exact result of this rank's GPU."""
+    """Matmul throughput, device memory bandwidth and the bit-exact result of this rank's GPU (on
+    ``ops``, built here when not given)."""
     timer, times, seed = Timer(ctx.device), SLOW_FACTOR if slowed else 1, int(ctx.spec["seed"])
+    ops = ops if ops is not None else operands(ctx.device, sizes, dtype, seed)
     with matmul_numerics(precision, ctx.device):
-        matmul_s = _matmul_seconds(timer, sizes, dtype, seed, times)
+        matmul_s = _matmul_seconds(timer, sizes, ops, times)
         ctx.progress("gpu", "matmul", 1, 4)
         hashes = _result_hashes(ctx.device, sizes.hash_n, dtype, seed, sdc)
-    copy_s = _copy_seconds(timer, sizes, times)
+    copy_s = _copy_seconds(timer, sizes, ops, times)
     ctx.progress("gpu", "memory", 2, 4)
     n = sizes.matmul_n
     flops = 2 * n**3 * sizes.matmuls_per_rep / 1e12
@@ -372,8 +401,11 @@ def gpu_check(ctx: RankContext, group: Any = None) -> dict[str, Any]:
         "precision": precision,
     }
     if ctx.is_cuda:
-        wait_for_others(ctx, group)  # every GPU starts together
-        row.update(measure_device(ctx, sizes, precision, dtype, slowed, sdc))
+        ops = operands(ctx.device, sizes, dtype, int(ctx.spec["seed"]))  # the CPU's part, untimed
+        torch.cuda.synchronize(ctx.device)
+        wait_for_others(ctx, group)  # every GPU starts together, its inputs in place
+        row.update(measure_device(ctx, sizes, precision, dtype, slowed, sdc, ops))
+        del ops
         torch.cuda.synchronize(ctx.device)
 
         def host() -> None:

@@ -270,6 +270,7 @@ def gpu_table(gpus: list[int], check: dict[str, Any]) -> list[str]:
         f"{z.get('timed_reps')} timed reps, {'fastest' if stand_in else 'median'}; {m.get('concurrent')}",
         f"# slow: more than {tolerance:.0%} below the median of its peers of the same model, by a gap "
         f"at least {m.get('noise_margin') or 2:g} times this machine's noise, every run below every peer's"
+        + ("" if stand_in else "; or below its model's floor (the floor row, where the model is known)")
         if isinstance(tolerance, (int, float))
         else "# slow: below the median of its peers",
         f"# {'gpu':>5} {'matmul':>10} {'memory':>10} {'h2d':>9} {'d2h':>9}  {'result hash':<17} verdict",
@@ -300,6 +301,14 @@ def gpu_table(gpus: list[int], check: dict[str, Any]) -> list[str]:
                 f"  {'peak':>5} {cells([peak.get('matmul_tflops'), peak.get('memory_gbps'), None, None])}  "
                 f"({peak.get('model')} datasheet: {peak.get('source')})"
             )
+            floors = peak.get("floor") or {}
+            values = [(floors.get(k) or {}).get("value") for k in ("matmul_tflops", "memory_gbps")]
+            if any(v is not None for v in values):
+                bases = sorted({str((floors.get(k) or {}).get("from")) for k in floors if floors.get(k)})
+                lines.append(
+                    f"  {'floor':>5} {cells([*values, None, None])}  "
+                    f"(below it a GPU is slow; from the {' and '.join(bases)} figure(s))"
+                )
     noise = next((r.get("noise") for r in rows if isinstance(r.get("noise"), dict)), None)
     if noise:
         spreads = ", ".join(f"{k.split('_')[0]} {v:.0%}" for k, v in noise.items() if isinstance(v, float))
