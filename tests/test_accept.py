@@ -560,6 +560,32 @@ def test_gate_without_the_state_lock_changes_nothing_in_slurm_and_exits_3(
     assert "the verdict was not kept" in err
 
 
+def test_gate_and_eight_concurrent_drain_checks_keep_both_records_and_never_resume(
+    driver: Path, tmp_path: Path
+) -> None:
+    """Real processes on one state file: ``accept --gate`` on a sick board while 8 ``check --drain`` run
+    at once. Every writer re-reads under the lock, so accept's verdict and check's judgement are both in
+    the file at the end, and the sick node is never resumed, whoever's drain it carries."""
+    from test_check_slurm import calls, fake_scontrol, node
+    from test_check_state import finish, start
+
+    bin_dir, log = fake_scontrol(tmp_path, None)
+    state = tmp_path / "state.json"
+    sick = board(tmp_path, 2, *SICK_BOARD)
+    checks = [
+        start(driver, sick, bin_dir, "--drain", "--state", str(state), *FAST[:2], "--budget", "120")
+        for _ in range(8)
+    ]
+    code, doc, err = gated(driver, sick, tmp_path, bin_dir, "--state", str(state))
+    done = finish(checks)
+    assert code == 1 and doc["verdict"] == "rejected" and doc["state"] == str(state), err[-2000:]
+    assert all(rc == 1 for rc, _, _ in done), [e[-500:] for _, _, e in done]
+    kept = json.loads(state.read_text())
+    assert kept["accept"]["verdict"] == "rejected" and kept["results"], sorted(kept)
+    assert "DRAIN" in node(tmp_path)["state"]
+    assert not [c for c in calls(log) if "State=RESUME" in c]
+
+
 def _report(status: str = "passed") -> object:
     from gputopo.accept import steps
     from gputopo.services.accept import AcceptReport
