@@ -11,14 +11,20 @@ doctor's cost from the machine's load, and the load average before and after.
 Part 1: ``gputopo doctor --input sample:seed-8gpu-nv4 --steps 3 --model tiny`` (8 CPU ranks stand in
 for the seed's 8 GPUs: every pair and the recommended larger sets, every check) against a bare
 ``torch.distributed.run --nproc-per-node 8`` gloo script that initialises, all-reduces 4 MiB once and
-exits: the least any 8-rank launch costs here. Target: at most 5x (median wall time, runs alternating
-so drift on a busy machine hits both alike). Also printed: the doctor's launches (pools) and CPU time.
+exits: the least any 8-rank launch costs here. Target: at most 5x, on the median wall time and on the
+median CPU time (runs alternating so drift on a busy machine hits both alike). Printed with it, so a
+number says what it measured on any machine: the CPU model and the load average before and after, per
+run the load, both commands' CPU (and how much of it was system time), the doctor's launches (pools),
+verdict, sets and the checks each ran (skipped ones named), and where the doctor's CPU went: by phase,
+from the CPU time each pool rank stamps as it starts, joins, enters each step and ends (the launch
+record), with a doctor rank's start-up beside the bare launch's CPU per rank (the machine's speed at
+starting torch). ``--profile`` adds one doctor run with every pool rank under cProfile (CPU time).
 
 Part 2: ``gputopo doctor --skip-probe`` against ``gputopo topo`` on the same input. Target: at most 3x
 (median CPU time of the child, which on a shared machine swings far less than wall time).
 
     python benchmarks/bench_doctor.py [--runs 3] [--startup-runs 7] [--first-runs 3] [--skip-full]
-                                      [--only-first-run] [--only-full]
+                                      [--only-first-run] [--only-full] [--profile]
 """
 
 from __future__ import annotations
@@ -33,7 +39,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 TARGET_FULL = 5.0
 TARGET_STARTUP = 3.0
@@ -55,8 +63,16 @@ dist.destroy_process_group()
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
+# System time of the last ``timed`` command and its descendants (the rest of its CPU is user time).
+LAST_SYS_S = [0.0]
+
+
 def timed(cmd: list[str], env: dict[str, str], ok: tuple[int, ...] = (0,)) -> tuple[float, float, str]:
-    """(wall s, CPU s of the child and its descendants, stdout) of one run of ``cmd``."""
+    """(wall s, CPU s of the child and its descendants, stdout) of one run of ``cmd``.
+
+    The CPU time is what the kernel charged to every process the command started and waited for (user
+    and system time, ``RUSAGE_CHILDREN``), so it holds whatever other work shares the machine.
+    """
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -64,12 +80,76 @@ def timed(cmd: list[str], env: dict[str, str], ok: tuple[int, ...] = (0,)) -> tu
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode not in ok:
         sys.exit(f"failed ({done.returncode}): {' '.join(cmd)}\n{done.stderr[-2000:]}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    LAST_SYS_S[0] = after.ru_stime - before.ru_stime
+    cpu = (after.ru_utime - before.ru_utime) + LAST_SYS_S[0]
     return wall, cpu, done.stdout
 
 
-def full(work: Path, runs: int) -> bool:
-    """Part 1; True when the ratio holds."""
+def loads() -> str:
+    """The 1-, 5- and 15-minute load averages, as uptime prints them."""
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux), for reading CPU seconds measured on another machine."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def phase(job: dict[str, Any]) -> str:
+    """Which phase of the doctor a job of the launch record is."""
+    checks, n = job["checks"], len(job["gpus"])
+    if checks == ["gpu"]:
+        return "per-GPU step"
+    if checks == ["allreduce"]:
+        return "all-reduce sweeps"
+    if checks == ["p2p"]:
+        return "P2P copy checks"
+    if checks == ["speed"]:
+        return "speed table"
+    return "pair dp/ddp" if n == 2 else f"{n}-GPU set dp/ddp"
+
+
+START_UP = "rank start-up (interpreter, imports)"
+
+
+def ranks_cpu(probe: dict[str, Any]) -> dict[str, float]:
+    """The pool ranks' CPU seconds by phase, from the launch records (each rank stamps its own CPU time
+    as it joins, becomes ready, enters each step and ends; ``pool.Pool.step_cpu_s``)."""
+    out: Counter[str] = Counter()
+    for launch in probe["launches"]:
+        cpu = launch.get("rank_cpu_s") or {}
+        out[START_UP] += sum(x or 0.0 for x in cpu.get("start", []))
+        out["joining the pool"] += sum(x or 0.0 for x in cpu.get("join", []))
+        for step in launch["steps"]:
+            for job in step:
+                out[phase(job)] += job.get("cpu_s") or 0.0
+        out["waiting in others' steps"] += sum(cpu.get("idle", []))
+        out["ranks in all"] += sum(x or 0.0 for x in cpu.get("total", []))
+    return dict(out)
+
+
+def counted(probe: dict[str, Any]) -> str:
+    """Pairs, sets and the checks each ran (skipped ones named apart), so a run that checked less shows."""
+    sizes = Counter(len(s["gpus"]) for s in probe["sets"])
+    ran: Counter[str] = Counter()
+    skipped: Counter[str] = Counter()
+    for s in probe["sets"]:
+        for c in s["checks"]:
+            (skipped if c["verdict"] == "skipped" else ran)[c["name"]] += 1
+    words = ", ".join(f"{n} x {k}-GPU" for k, n in sorted(sizes.items()))
+    done = ", ".join(f"{name} {n}" for name, n in ran.items())
+    left = ", ".join(f"{name} {n}" for name, n in skipped.items()) or "none"
+    return f"{len(probe['sets'])} sets ({words}); checks run: {done}; skipped: {left}"
+
+
+def full(work: Path, runs: int, profile: bool = False) -> bool:
+    """Part 1; True when both ratios hold."""
     script = work / "bare.py"
     script.write_text(BASELINE)
     env = dict(ENV, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
@@ -77,30 +157,72 @@ def full(work: Path, runs: int) -> bool:
     bare += [str(script)]
     doctor = [sys.executable, "-m", "gputopo", "doctor", "--input", SAMPLE, "--steps", "3", "--model", "tiny"]
     doctor += ["--json", "--report-dir", str(work / "reports")]
+    print(f"# {os.cpu_count()} CPUs ({cpu_model()}); load average {loads()} before", flush=True)
     timed(bare, env)  # warm the page cache: the first import of torch is slow
     d_wall, d_cpu, b_wall, b_cpu = [], [], [], []
+    phases: list[dict[str, float]] = []
     for i in range(runs):
+        load = os.getloadavg()[0]
         wall, cpu, out = timed(doctor, env, ok=(0, 1))
         d_wall.append(wall)
         d_cpu.append(cpu)
-        probe = json.loads(out)["probe"]
-        launches = probe["launches"]
+        d_sys = LAST_SYS_S[0]
+        doc = json.loads(out)
+        probe = doc["probe"]
+        phases.append(ranks_cpu(probe))
         wall, cpu, _ = timed(bare, env)
         b_wall.append(wall)
         b_cpu.append(cpu)
         print(
-            f"run {i + 1}: doctor {d_wall[-1]:.1f} s ({d_cpu[-1]:.1f} s CPU, {len(probe['sets'])} sets, "
-            f"{len(launches)} launch(es)), bare 8-rank torchrun {b_wall[-1]:.1f} s ({b_cpu[-1]:.1f} s CPU)",
+            f"run {i + 1} (load {load:.1f} before): doctor {d_wall[-1]:.1f} s ({d_cpu[-1]:.1f} s CPU, "
+            f"{d_sys:.1f} s of it system; {len(probe['launches'])} launch(es), verdict {doc['verdict']}), "
+            f"bare 8-rank torchrun {b_wall[-1]:.1f} s ({b_cpu[-1]:.1f} s CPU, {LAST_SYS_S[0]:.1f} s system)",
             flush=True,
         )
+        print(f"  {counted(probe)}", flush=True)
     d, b = statistics.median(d_wall), statistics.median(b_wall)
     ratio = d / b
     cpu_ratio = statistics.median(d_cpu) / statistics.median(b_cpu)
     print(f"# doctor {SAMPLE} --steps 3 --model tiny vs bare 8-rank gloo torchrun, {runs} runs each")
-    print(f"median doctor {d:.1f} s, median bare {b:.1f} s, ratio {ratio:.2f} (target <= {TARGET_FULL})")
-    print(f"load average {os.getloadavg()[0]:.1f} at the end")
-    print(f"CPU-time ratio {cpu_ratio:.2f}")
-    return ratio <= TARGET_FULL
+    ranks = statistics.median(p["ranks in all"] for p in phases)
+    if ranks > 0:
+        print("where the doctor's CPU went (median s over the runs; the ranks stamp their own CPU time):")
+        for name in phases[0]:
+            print(f"  {name:40s} {statistics.median(p.get(name, 0.0) for p in phases):6.1f}")
+        print(f"  {'parent, launcher and agent (the rest)':40s} {statistics.median(d_cpu) - ranks:6.1f}")
+        start = statistics.median(p[START_UP] for p in phases) / 8
+        print(
+            f"  a doctor rank's start-up {start:.2f} s CPU against {statistics.median(b_cpu) / 8:.2f} s per "
+            "rank for the whole bare launch: the machine's speed at starting torch, in both"
+        )
+    else:
+        print("(this gputopo's launch record has no per-rank CPU: no split by phase)")
+    print(f"median doctor {d:.1f} s, median bare {b:.1f} s, wall ratio {ratio:.2f} (target <= {TARGET_FULL})")
+    d_c, b_c = statistics.median(d_cpu), statistics.median(b_cpu)
+    print(
+        f"median doctor {d_c:.1f} s CPU, median bare {b_c:.1f} s CPU, "
+        f"CPU-time ratio {cpu_ratio:.2f} (target <= {TARGET_FULL})"
+    )
+    print(f"load average {loads()} at the end")
+    if profile:
+        profiled(work, doctor, env)
+    return ratio <= TARGET_FULL and cpu_ratio <= TARGET_FULL
+
+
+def profiled(work: Path, doctor: list[str], env: dict[str, str]) -> None:
+    """One more doctor run with every pool rank under cProfile (CPU time); the functions that cost most,
+    summed over the ranks. Profiling slows the ranks: read the shares, not the seconds."""
+    import pstats
+
+    folder = work / "profile"
+    folder.mkdir()
+    timed(doctor, dict(env, GPUTOPO_RANK_PROFILE_DIR=str(folder)), ok=(0, 1))
+    files = sorted(str(f) for f in folder.glob("rank*.prof"))
+    stats = pstats.Stats(*files, stream=sys.stdout)
+    print(f"# cProfile of the {len(files)} pool ranks (CPU time, summed), by own time:")
+    stats.sort_stats("tottime").print_stats(15)
+    print("# ... and by cumulative time, the probe's own functions:")
+    stats.sort_stats("cumulative").print_stats("gputopo", 15)
 
 
 def first_run(work: Path, runs: int) -> bool:
@@ -192,11 +314,14 @@ def main() -> int:
     parser.add_argument("--skip-full", action="store_true", help="leave out part 1 (the 8-GPU drill)")
     parser.add_argument("--only-first-run", action="store_true", help="only part 0")
     parser.add_argument("--only-full", action="store_true", help="only part 1 (the 8-GPU drill)")
+    parser.add_argument(
+        "--profile", action="store_true", help="after part 1, one more doctor with cProfile in every rank"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gputopo-bench-"))
     try:
         if args.only_full:
-            ok = full(work, args.runs)
+            ok = full(work, args.runs, args.profile)
             print("PASS" if ok else "FAIL")
             return 0 if ok else 1
         ok = first_run(work, args.first_runs)
@@ -205,7 +330,7 @@ def main() -> int:
             return 0 if ok else 1
         ok = startup(work, args.startup_runs) and ok
         if not args.skip_full:
-            ok = full(work, args.runs) and ok
+            ok = full(work, args.runs, args.profile) and ok
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print("PASS" if ok else "FAIL")

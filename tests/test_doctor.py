@@ -379,6 +379,13 @@ def test_seed_drill_corrupt_path_between_5_and_6_in_one_launch(tmp_path):
     broken = {c["name"]: c for c in sets[(5, 6)]["checks"]}
     assert sets[(5, 6)]["verdict"] == "fail" and broken["dp"]["kind"] == "corrupt"
     assert broken["allreduce"]["kind"] == "corrupt"
+    for s in sets.values():  # every set ran dp, ddp and the all-reduce, the exact check at every size
+        ran = {c["name"]: c for c in s["checks"] if c["verdict"] != "skipped"}
+        assert {"dp", "ddp", "allreduce"} <= set(ran), s
+        sweep = ran["allreduce"]["metrics"]
+        assert len(sweep["rows"]) == 4 and all("wrong" in row for row in sweep["rows"])
+        # CPU stand-ins' all-reduce times are never judged: one warm-up and one timed run per size.
+        assert (sweep["warmup_iters"], sweep["timed_iters"]) == (1, 1)
     for pair in ((6, 7), (4, 5)):
         assert sets[pair]["verdict"] == "pass", sets[pair]
     healthy = [s for gpus, s in sets.items() if not {5, 6} <= set(gpus)]

@@ -45,6 +45,26 @@ def test_a_pool_rank_runs_each_reference_once_per_set_size(tmp_path):
     assert bigger is not first
 
 
+def test_a_pool_rank_builds_each_model_once_and_hands_out_untrained_copies(tmp_path, monkeypatch):
+    """Every reference, dp and ddp run of every set starts from the seeded weights, built once per rank."""
+    built = []
+    monkeypatch.setattr(context, "_PRISTINE", {})
+    monkeypatch.setattr(context, "build_model", lambda name: built.append(name) or build_model(name))
+    ctx = make_ctx(tmp_path)
+    first = context.fresh_model(ctx, ctx.device)
+    with torch.no_grad():
+        for p in first.parameters():
+            p.add_(1.0)  # a check trains its copy
+    second = context.fresh_model(ctx, ctx.device)
+    torch.manual_seed(0)
+    as_built = build_model("tiny")
+    assert second is not first and built == ["tiny"]
+    for a, b in zip(second.state_dict().values(), as_built.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    context.fresh_model(make_ctx(tmp_path, seed=1), ctx.device)
+    assert built == ["tiny", "tiny"]  # another seed is another model
+
+
 def test_checksum_sees_one_flipped_bit_and_nothing_else():
     torch.manual_seed(0)
     params = [torch.randn(1000), torch.randn(3, 4)]

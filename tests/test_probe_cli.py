@@ -207,6 +207,15 @@ def test_each_pair_is_one_launch_with_disjoint_pairs_together(tmp_path):
         assert len(step) == 2
         a, b = (set(j["gpus"]) for j in step)
         assert not a & b
+    # Where the ranks' CPU went: each job's ranks in its step, and each rank's start, join and total.
+    assert all(j["cpu_s"] > 0 for step in launch["steps"] for j in step)
+    cpu = launch["rank_cpu_s"]
+    assert all(len(cpu[k]) == 4 for k in ("start", "join", "idle", "total"))
+    assert all(0 < start < total for start, total in zip(cpu["start"], cpu["total"], strict=True))
+    jobs = sum(j["cpu_s"] for step in launch["steps"] for j in step)
+    assert jobs + sum(cpu["start"]) + sum(cpu["join"]) + sum(cpu["idle"]) == pytest.approx(
+        sum(cpu["total"]), abs=0.5
+    )
 
 
 @pytest.mark.slow

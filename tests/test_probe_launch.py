@@ -73,6 +73,17 @@ def test_cpu_ranks_get_one_thread_and_no_gpu():
     assert env[plan_spec.MARKER_ENV] == "m1"
 
 
+def test_cpu_ranks_keep_freed_memory_for_the_next_step_unless_the_user_set_it(monkeypatch):
+    """glibc would unmap every freed batch and fault it in again, zeroed, at the next step."""
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "4096")
+    env = plan_spec.rank_environment(build_config(CPU, ["0,1"]), Job((0, 1), ("ddp",)), "m1")
+    assert env["MALLOC_MMAP_THRESHOLD_"] == str(32 << 20)  # glibc's largest on 64-bit
+    assert env["MALLOC_TRIM_THRESHOLD_"] == "4096"  # the user's own
+    gpu = plan_spec.rank_environment(build_config(GPU_BOX, ["5,6"]), Job((5, 6), ("ddp",)), "m2")
+    assert "MALLOC_MMAP_THRESHOLD_" not in gpu
+
+
 def test_gpu_ranks_see_their_set_in_nvidia_smi_order(monkeypatch):
     monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
     config = build_config(GPU_BOX, ["5,6"])
@@ -93,6 +104,28 @@ def test_every_pool_rank_sees_every_gpu_of_the_pool():
         assert env["CUDA_VISIBLE_DEVICES"] == "2,5,6"
         spec = pool.spec()
         assert [[j["ranks"] for j in step] for step in spec["schedule"]] == [[[1, 2]], [[0, 2]]]
+    finally:
+        pool.cleanup()
+
+
+def test_the_launch_record_splits_each_ranks_cpu_by_step_from_the_stamps_it_wrote():
+    """Ranks stamp their CPU time as they join, are ready, enter each step and end; a pool stopped
+    mid-step has no end stamp, and that step is left out rather than counted negative."""
+    config = build_config(CPU, ["0,1,2"])
+    steps = [((Job((0, 1), ("ddp",)), ("ddp",)),), ((Job((1, 2), ("ddp",)), ("ddp",)),)]
+    pool = rank_pool.Pool(config, steps)
+    try:
+        marks = {("join", 0): 2.0, ("ready", 0): 2.5, ("step", 0): 2.6, ("step", 1): 4.6, ("end", 2): 5.0}
+        pool.cpu_marks = {0: dict(marks), 1: {**marks, ("step", 1): 4.0, ("end", 2): 6.5}, 2: dict(marks)}
+        assert pool.step_cpu_s(0, (0, 1)) == pytest.approx(2.0 + 1.4)
+        assert pool.step_cpu_s(1, (1, 2)) == pytest.approx(2.5 + 0.4)
+        cpu = pool.rank_cpu_s()
+        assert cpu["start"] == [2.0, 2.0, 2.0] and cpu["join"] == [0.5, 0.5, 0.5]
+        assert cpu["idle"] == [0.4, 0.0, 2.0]  # rank 0 waits out step 1, rank 2 step 0
+        assert cpu["total"] == [5.0, 6.5, 5.0]
+        del pool.cpu_marks[2][("end", 2)]  # stopped in step 1
+        assert pool.step_cpu_s(1, (1, 2)) is None
+        assert pool.rank_cpu_s()["idle"][2] == 2.0 and pool.rank_cpu_s()["total"][2] is None
     finally:
         pool.cleanup()
 

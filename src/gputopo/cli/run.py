@@ -156,9 +156,9 @@ def run_command(
     findings = warn_nccl_env(out.warn, [nic.name or nic.label for nic in topo.nics])
     served = None
     if control_plane and not dry_run:
-        from gputopo.launch.control_plane import wrap, wrapper_path
+        from gputopo.launch.command import served_command
 
-        served = wrap(command, wrapper_path(), torchrun)
+        served = served_command(command, torchrun)
         command = list(served.command)
     plan = build_launch(topo, rec.best.gpus, command, torchrun=torchrun, tools=tools, prefer_uuid=True)
     if dry_run:

@@ -1,6 +1,7 @@
 """What ``gputopo run`` (and ``recommend --launch``) add to a launch line: the user's command checked and
 split, this environment's NCCL settings turned into findings (said through ``warn``), the launcher's
-tools found, and the line built (``line.build_launch``)."""
+tools found, the line built (``line.build_launch``), and a Python script wrapped to serve torch's
+control plane (``control_plane``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 from gputopo.errors import UsageError
 from gputopo.findings import Finding
+from gputopo.launch.control_plane import Wrapped, wrap, wrapper_path
 from gputopo.launch.line import LaunchPlan, LaunchTools
 from gputopo.model import Topology
 
@@ -81,3 +83,9 @@ def warn_nccl_env(warn: Warn, nic_names: list[str] | None = None) -> list[Findin
     for f in findings:
         warn(f"{f.what}; {f.remedy}")
     return findings
+
+
+def served_command(command: Sequence[str], torchrun: bool) -> Wrapped:
+    """The user's command with ``launch/worker_main.py`` put where Python takes the script, so each rank
+    serves torch's control plane (``launch.control_plane.wrap``: what is wrapped, or why not)."""
+    return wrap(command, wrapper_path(), torchrun)

@@ -100,6 +100,9 @@ class Pool(Launch):
         self.step_seen: dict[int, int] = {}  # pool rank -> the step it last entered
         self.step_clock: dict[int, float] = {}
         self.pool_rows: dict[int, dict[str, Any]] = {}
+        # Each rank's own CPU seconds as it joined, was ready and entered each step (``pool_row``'s
+        # ``cpu_s``): the launch record splits them by step, so a profile needs no profiler.
+        self.cpu_marks: dict[int, dict[tuple[str, int], float]] = {}
 
     def spec(self) -> dict[str, Any]:
         """What every rank reads: the shared options, the pool's GPUs and the schedule of job specs."""
@@ -187,6 +190,8 @@ class Pool(Launch):
             job = self._by_id.get(row.get("task") or "")
             if job is None:
                 self.pool_rows[pool_rank] = row
+                if "cpu_s" in row:
+                    self.cpu_marks.setdefault(pool_rank, {})[(row["stage"], int(row["done"]))] = row["cpu_s"]
                 if row["stage"] == "ready":
                     self.joined.add(pool_rank)
                 elif row["stage"] == "step":
@@ -297,6 +302,7 @@ class Pool(Launch):
                         "gpus": list(j.job.gpus),
                         "checks": list(j.checks),
                         "wall_s": round(judged[j.id].wall_s, 3) if j.id in judged else None,
+                        "cpu_s": self.step_cpu_s(k, j.ranks),
                     }
                     for j in self.jobs
                     if j.step == k
@@ -308,9 +314,51 @@ class Pool(Launch):
             "judged": len(judged),
             "ended_by": ended_by,
             "leftovers_stopped": self.leftovers_killed,
+            "rank_cpu_s": self.rank_cpu_s(),
         }
         outcomes = tuple(judged[j.id] for j in self.jobs if j.id in judged)
         return PoolOutcome(outcomes, _read_json(self.dir / "env.json"), record)
+
+    def _mark(self, rank: int, stage: str, step: int = 0) -> float | None:
+        return self.cpu_marks.get(rank, {}).get((stage, step))
+
+    def _step_end(self, rank: int, k: int) -> float | None:
+        after = self._mark(rank, "step", k + 1)
+        return after if after is not None else self._mark(rank, "end", len(self.steps))
+
+    def step_cpu_s(self, k: int, ranks: Sequence[int]) -> float | None:
+        """The CPU seconds ``ranks`` spent in step ``k``, summed (``None``: a rank's marks are missing)."""
+        total = 0.0
+        for rank in ranks:
+            begin, end = self._mark(rank, "step", k), self._step_end(rank, k)
+            if begin is None or end is None:
+                return None
+            total += end - begin
+        return round(total, 2)
+
+    def rank_cpu_s(self) -> dict[str, Any]:
+        """Per pool rank, its CPU seconds: before joining (the interpreter, torch's import), joining the
+        world group, in steps where it ran no job of its own (waiting at barriers), and in all."""
+        ranks = range(len(self.gpus))
+        busy = {(j.step, r) for j in self.jobs for r in j.ranks}
+        idle = []
+        for rank in ranks:
+            # Steps it entered and left (a pool stopped mid-step leaves that step out).
+            spans = [(self._mark(rank, "step", k), self._step_end(rank, k)) for k in range(len(self.steps))]
+            spent = [
+                end - begin
+                for k, (begin, end) in enumerate(spans)
+                if (k, rank) not in busy and begin is not None and end is not None
+            ]
+            idle.append(round(sum(spent), 2))
+        join, ready = ([self._mark(r, stage) for r in ranks] for stage in ("join", "ready"))
+        pairs = zip(join, ready, strict=True)
+        return {
+            "start": join,
+            "join": [None if a is None or b is None else round(b - a, 2) for a, b in pairs],
+            "idle": idle,
+            "total": [self._mark(r, "end", len(self.steps)) for r in ranks],
+        }
 
 
 def set_nccl_warnings(folder: Path, pool_ranks: Sequence[int]) -> tuple[str, ...]:

@@ -5,6 +5,7 @@ Runs inside the ranks only (it imports torch at the top)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sys
@@ -131,9 +132,22 @@ def optimizer(params: Any, lr: float) -> torch.optim.Optimizer:
 
 
 def fresh_model(ctx: RankContext, device: torch.device) -> nn.Module:
-    # Same seed, same initial weights in every rank, replica and reference run.
-    torch.manual_seed(int(ctx.spec["seed"]))
-    return build_model(ctx.spec["model"]).to(device)
+    """The model at its seeded initial weights: the same in every rank, replica and reference run.
+
+    A pool rank takes part in many sets, each wanting a fresh model several times (reference, dp, ddp):
+    it builds (draws the initial weights of) each model once, on the CPU, and hands out copies, which is
+    a memory copy instead of a random initialisation. The global RNG is seeded as it always was.
+    """
+    seed = int(ctx.spec["seed"])
+    torch.manual_seed(seed)
+    key = (ctx.spec["model"], seed)
+    if key not in _PRISTINE:
+        _PRISTINE[key] = build_model(ctx.spec["model"])
+    return copy.deepcopy(_PRISTINE[key]).to(device)
+
+
+# Per rank process: each model as built, before any training (``fresh_model``).
+_PRISTINE: dict[tuple[str, int], nn.Module] = {}
 
 
 def chunks(ctx: RankContext, step: int) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:

@@ -31,6 +31,9 @@ from typing import Any
 from gputopo.probe.ranks.compat import new_group_in_order
 from gputopo.probe.shared import COLLECTIVE_TIMEOUT_GRACE_S
 
+# Where each rank writes its cProfile statistics (CPU time), for the benchmark's profile; unset: none.
+PROFILE_ENV = "GPUTOPO_RANK_PROFILE_DIR"
+
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Write ``data`` so a reader never sees half a file: a temporary name, then a rename."""
@@ -205,7 +208,8 @@ def run(spec_path: str) -> None:
 def pool_row(log: Any, rank: int, stage: str, step: int = 0) -> None:
     """A progress row about the pool rather than a job: joined, ready, entering a step."""
     row = {"t": time.time(), "pool_rank": rank, "rank": rank, "task": None, "check": "pool", "stage": stage}
-    row.update({"done": step, "total": 0})
+    # The rank's own CPU seconds so far: the launch record splits them by step (where the CPU goes).
+    row.update({"done": step, "total": 0, "cpu_s": round(time.process_time(), 3)})
     log.write(json.dumps(row) + "\n")
     log.flush()
 
@@ -294,6 +298,7 @@ def run_schedule(spec: dict[str, Any], rank: int, device: Any, log: Any) -> None
         for key in [key for key in groups if last[key] == k]:
             for group in dict.fromkeys(groups.pop(key)):
                 dist.destroy_process_group(group)
+    pool_row(log, rank, "end", len(spec["schedule"]))
 
 
 def run_checks(ctx: Any, group: Any = None, devices: list[int] | None = None) -> None:
@@ -342,7 +347,19 @@ def main() -> None:
     """Entry point; torch's ``record`` puts an uncaught exception's traceback where the agent reads it."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    record(run)(sys.argv[1])
+    profile_dir = os.environ.get(PROFILE_ENV)
+    if profile_dir:  # benchmarks/bench_doctor.py --profile: one cProfile file per pool rank
+        import cProfile
+
+        prof = cProfile.Profile(time.process_time)  # CPU time: a rank waiting at a barrier costs nothing
+        prof.enable()
+        try:
+            record(run)(sys.argv[1])
+        finally:
+            prof.disable()
+            prof.dump_stats(Path(profile_dir) / f"rank{os.environ.get('RANK', 0)}.prof")
+    else:
+        record(run)(sys.argv[1])
     # Everything is written and flushed: skip the interpreter's slow torch teardown, which the verdict
     # would otherwise wait for.
     sys.stdout.flush()

@@ -69,8 +69,7 @@ def to_document(run: ProbeRun, report: dict[str, str] | None = None) -> dict[str
     """The gputopo/probe/v1 document (``report`` holds the written files' paths, when there are any).
 
     ``caveats`` name what the ranks' environment took out of the test (``P2P path not tested:
-    NCCL_P2P_DISABLE=1``); they belong to the verdict and are shown beside it everywhere.
-    """
+    NCCL_P2P_DISABLE=1``); they belong to the verdict and are shown beside it everywhere."""
     return {
         "schema": SCHEMA,
         "gputopo_version": __version__,
