@@ -15,6 +15,8 @@ from typing import Any
 # pair; --nvml-timeout) and the health window between two samples (check's and doctor's --sample-s).
 DEFAULT_NVML_TIMEOUT_S = 5.0
 DEFAULT_HEALTH_WINDOW_S = 2.0
+# `gputopo accept --budget`'s default (gputopo.accept re-exports it; here so the CLI reads it lightly).
+DEFAULT_ACCEPT_BUDGET_S = 1800.0
 
 
 class LinkKind(Enum):

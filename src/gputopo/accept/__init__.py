@@ -4,6 +4,9 @@ and the one verdict (``steps``), and the verdict as the check state keeps it (``
 The service that runs the steps on the machine is ``gputopo.services.accept``.
 """
 
-# accept's defaults, written once (light: the CLI declares its options with them without loading the rest).
-DEFAULT_BUDGET_S = 1800.0
-DEFAULT_REPORT_DIR = "reports"
+# accept's defaults (the budget's lives in gputopo.model, which the CLI may import: --help stays light).
+from gputopo.model import DEFAULT_ACCEPT_BUDGET_S as DEFAULT_BUDGET_S
+
+DEFAULT_REPORT_DIR = "reports"  # as probe's and doctor's (probe.plan.options.DEFAULT_REPORT_DIR)
+
+__all__ = ["DEFAULT_BUDGET_S", "DEFAULT_REPORT_DIR"]

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from gputopo.accept import DEFAULT_BUDGET_S, DEFAULT_REPORT_DIR
 from gputopo.cli import app
 from gputopo.cli.common import JSON_OPTION, NVML_TIMEOUT_OPTION, examples, guarded
 from gputopo.health.check import DEFAULT_SAMPLE_S, DEFAULT_SINCE
-from gputopo.probe.plan.options import Fault
+from gputopo.model import DEFAULT_ACCEPT_BUDGET_S
+from gputopo.probe.plan.options import DEFAULT_REPORT_DIR, Fault
 from gputopo.ui.output import Output
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def accept_command(
         False, "--expect-imex", help="An IMEX daemon must run here (as check's)."
     ),
     budget: float = typer.Option(
-        DEFAULT_BUDGET_S,
+        DEFAULT_ACCEPT_BUDGET_S,
         "--budget",
         metavar="SECONDS",
         help="End within this time; what did not run is 'not checked'.",
@@ -98,9 +98,7 @@ def accept_command(
     from gputopo.services import accept
 
     table = accept.load_floors(floors)
-    if list_floors:
-        _print_floors(accept.floors_json(table), json_out)
-        raise typer.Exit(0)
+    _list_floors(accept.floors_json(table) if list_floors else None, json_out)
     options = accept.Options(
         expect_gpus=expect_gpus,
         expect_model=expect_model,
@@ -124,6 +122,19 @@ def accept_command(
         inject=inject,
         inject_gpus=inject_gpus,
     )
+    _run(options, report_dir, json_out)
+
+
+def _list_floors(doc: dict[str, Any] | None, json_out: bool) -> None:
+    """``--list-floors``: print the table and exit 0 (``doc`` ``None``: not asked)."""
+    if doc is not None:
+        _print_floors(doc, json_out)
+        raise typer.Exit(0)
+
+
+def _run(options: Any, report_dir: Path, json_out: bool) -> None:
+    from gputopo.services import accept
+
     accept.check_report_dir(report_dir)
     out = Output(json_mode=json_out)
     report = accept.run(options, accept.Hooks(warn=out.warn, progress=_progress))
