@@ -91,6 +91,7 @@ class FakeHealth:
     pcie_replays: int = 0
     persistence: bool = True
     vbios: str = "96.00.99.00.01"
+    serial: str | None = None  # the board serial; None: NOT_SUPPORTED
     fields: dict[Any, int] = field(
         default_factory=lambda: {230: 0}
     )  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: none
@@ -583,6 +584,12 @@ class FakeNvml:
 
     def nvmlDeviceGetVbiosVersion(self, handle: FakeHandle) -> str:
         return self._health(handle, "nvmlDeviceGetVbiosVersion").vbios
+
+    def nvmlDeviceGetSerial(self, handle: FakeHandle) -> str:
+        serial = self._health(handle, "nvmlDeviceGetSerial").serial
+        if serial is None:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return serial
 
     def nvmlDeviceGetEccMode(self, handle: FakeHandle) -> list[int]:
         return list(self._health(handle, "nvmlDeviceGetEccMode").ecc_mode)

@@ -566,7 +566,8 @@ CLI_IMPORTS_OUTSIDE_TODAY = 49  # target 0: cli/ imports only services/, ui/ and
 CLI_IMPORTS_SYSTEM_TODAY = 7  # target 0: the machine is reached through a service, never from cli/
 CLI_JSON_KEYS_TODAY = 22  # target 0: each command's document is built in its Report.document()
 OPTIONS_ANY_FIELDS_TODAY = 5  # target 0: hooks are typed callbacks, inputs typed values
-DRAIN_RULE_FILES_TODAY = 4  # target 2: its home (health/judge.py) and the one shared machine step
+DRAIN_RULE_FILES_TODAY = 5  # target 2: its home (health/judge.py) and the one shared machine step (accept's
+# wiring step calls health.judge.p2p_drained, the rule's one function, like probe and doctor: the fifth)
 CLI_CHECK_STATE_CALLS_TODAY = 7  # target 0: the check state's life cycle lives in services/check.py
 
 

@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 PAGES = [README, ROOT / "ARCHITECTURE.md", *sorted((ROOT / "docs").glob("*.md"))]
-COMMANDS = ("topo", "recommend", "run", "probe", "kill-stale", "check", "hang", "slow", "doctor")
+COMMANDS = ("topo", "recommend", "run", "probe", "kill-stale", "check", "accept", "hang", "slow", "doctor")
 MAX_README_LINES = 400
 
 _LINK = re.compile(r"(?<!!)\[(?:[^\]]*)\]\(([^)\s]+)\)")
@@ -83,7 +83,7 @@ def test_every_command_has_its_page_and_a_row():
     text = README.read_text(encoding="utf-8")
     for c in COMMANDS:
         assert re.search(rf"^\| `gputopo {re.escape(c)}\b", text, re.M), f"no row for {c} in README's table"
-    for c in ("doctor", "topo", "recommend", "run", "probe", "hang", "slow", "check", "kill-stale"):
+    for c in ("doctor", "topo", "recommend", "run", "probe", "hang", "slow", "check", "accept", "kill-stale"):
         assert (ROOT / "docs" / f"{c}.md").is_file()
 
 

@@ -555,3 +555,24 @@ def act_on_node(
     return slurm_node.SlurmAction(
         "none", command, False, None, held, view.node, decision.reason, dry_run, decision.withheld
     )
+
+
+def accept_status(path: Path | None, node: str, result: CheckResult) -> dict[str, Any] | None:
+    """``gputopo accept``'s verdict kept in the state file at ``path`` (its ``accept`` section, read through
+    ``system.state_file.read_state`` like the rest of the state) and whether it still holds for the GPUs
+    and driver this check read (``accept.record.status``); ``None`` without a state or a verdict. A state
+    that cannot be used was already named in check's own warnings, so none is added here."""
+    from gputopo.accept import record
+    from gputopo.system.state_file import read_state as read
+
+    if path is None:
+        return None
+    doc = read(path, node).doc
+    sample = result.sample
+    gpus = None
+    if sample is not None and sample.gpus:
+        gpus = [
+            {"index": g.index, "uuid": g.uuid, "serial": g.serial, "vbios": g.vbios_version}
+            for g in sample.gpus
+        ]
+    return record.status(record.from_doc(doc), sample.driver_version if sample else None, gpus)

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
     from gputopo.findings import Finding
     from gputopo.health.judge import Judgement
-    from gputopo.health.state import CheckState
+    from gputopo.health.state import CheckState, StateDoc
 
 SAMPLE_PREFIX = "sample:"
 STDIN = "-"
@@ -156,7 +156,7 @@ def last_check(live_uuids: Mapping[int, str | None]) -> tuple[list[Finding], str
     return last_check_findings(state, time.time(), live_uuids)[0], warning
 
 
-def node_facts(warnings: Sequence[str] = ()) -> dict[str, Any]:
+def node_facts(topo: Topology | None = None, warnings: Sequence[str] = ()) -> dict[str, Any]:
     """What ``gputopo topo --json`` adds on the live machine so it can stand for the node across machines
     (``gputopo nodes``): ``node``, Slurm's name for it (``SLURMD_NODENAME``) or the short host name, and
     ``check``, the last fresh ``gputopo check`` judgement (``health.state.fresh_judgement``) or ``None``;
@@ -166,10 +166,11 @@ def node_facts(warnings: Sequence[str] = ()) -> dict[str, Any]:
     from gputopo.health.state import fresh_judgement
     from gputopo.system.slurm_node import node_name
 
-    state, warning = check_state_read()
+    doc, state, warning = _state_read()
     facts: dict[str, Any] = {
         "node": node_name(),
         "check": fresh_judgement(state, time.time()) if state else None,
+        "accept": _accept_status(doc, topo),
     }
     if warning is not None:
         facts["warnings"] = (*warnings, warning)
@@ -189,18 +190,34 @@ def check_state_read() -> tuple[CheckState | None, str | None]:
     """``gputopo check``'s state for this node, read through ``system.state_file`` (a regular file only,
     no link, capped; as root only root's own), and one warning line when it could not be used: ``None``
     and no warning when there is none."""
+    _, state, warning = _state_read()
+    return state, warning
+
+
+def _state_read() -> tuple[StateDoc | None, CheckState | None, str | None]:
+    """The state document (every section: check's, ``accept``'s), check's state in it, and the warning
+    (see ``check_state_read``); one read serves both."""
     from gputopo.health.state import check_state
     from gputopo.system.slurm_node import node_name
     from gputopo.system.state_file import read_state
 
     path = check_state_path()
     if path is None:
-        return None, None
+        return None, None, None
     node = node_name()
     read = read_state(path, node, label=f"the check state {path}", fresh="not used")
     if read.refused is not None:
-        return None, f"{read.refused}; not used"
+        return None, None, f"{read.refused}; not used"
     warning = "; ".join(read.warnings) or None
     if read.doc is None:
-        return None, warning
-    return check_state(read.doc, node), warning
+        return None, None, warning
+    return read.doc, check_state(read.doc, node), warning
+
+
+def _accept_status(doc: StateDoc | None, topo: Topology | None) -> dict[str, Any] | None:
+    """``gputopo accept``'s verdict in the state (its ``accept`` section) and whether it holds for
+    ``topo``'s driver and GPUs (``accept.record.status``)."""
+    from gputopo.accept import record
+
+    gpus = [{"index": g.index, "uuid": g.uuid} for g in topo.gpus] if topo is not None else None
+    return record.status(record.from_doc(doc), topo.driver_version if topo else None, gpus)

@@ -15,6 +15,8 @@ from typing import Any
 # pair; --nvml-timeout) and the health window between two samples (check's and doctor's --sample-s).
 DEFAULT_NVML_TIMEOUT_S = 5.0
 DEFAULT_HEALTH_WINDOW_S = 2.0
+# `gputopo accept --budget`'s default (gputopo.accept re-exports it; here so the CLI reads it lightly).
+DEFAULT_ACCEPT_BUDGET_S = 1800.0
 
 
 class LinkKind(Enum):
@@ -303,6 +305,8 @@ class Topology:
     live: bool = False
     node: str | None = None
     check: dict[str, Any] | None = field(default=None, hash=False)
+    # ``gputopo accept``'s stored verdict and whether it still holds (``accept.record.status``), or None.
+    accept: dict[str, Any] | None = field(default=None, hash=False)
 
     def gpu(self, index: int) -> Gpu:
         """The GPU with nvidia-smi index ``index``; ``KeyError`` when absent."""

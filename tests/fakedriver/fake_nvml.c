@@ -31,6 +31,7 @@
  *   remap I CORR UNC PENDING FAILURE                nvmlDeviceGetRemappedRows (Ampere+)
  *   clocks I HEXMASK                                clocks event reasons (0x8 HW slowdown, ...)
  *   temp I C | power I MILLIWATTS LIMIT_MILLIWATTS | replay I N | persist I 0|1 | vbios I TEXT
+ *   serial I TEXT                                   the board serial (nvmlDeviceGetSerial)
  *   nverr I L REPLAY RECOVERY CRC_FLIT CRC_DATA     NVLink error counters of link L
  *   field I ID VALUE [STEP] | fielderr I ID CODE    nvmlDeviceGetFieldValues: per-field value (any scopeId;
  *                                                   rising by STEP at each read) or return code (a field
@@ -108,6 +109,7 @@ typedef struct {
     unsigned char fabric_uuid[16], platform_serial[16], platform_byte[5];
     unsigned clique_type[64], clique_id[64];
     char vbios[64];
+    char serial[64];
     int has_nverr[MAXL];
     unsigned long long nverr[MAXL][4];
     long long rise[NCOUNTERS];
@@ -205,6 +207,8 @@ static int parse_health(const char *key, const char *line) {
         g->has_persist = 1, g->persist = x;
     } else if (!strcmp(key, "vbios") && sscanf(line, "%*s %*d %63s", name) == 1) {
         snprintf(g->vbios, sizeof g->vbios, "%s", name);
+    } else if (!strcmp(key, "serial") && sscanf(line, "%*s %*d %63s", name) == 1) {
+        snprintf(g->serial, sizeof g->serial, "%s", name);
     } else if (!strcmp(key, "nverr") &&
                sscanf(line, "%*s %*d %d %llu %llu %llu %llu", &x, &a, &b, &c, &d) == 5 && x >= 0 && x < MAXL) {
         g->has_nverr[x] = 1;
@@ -645,6 +649,12 @@ nvmlReturn_t nvmlDeviceGetVbiosVersion(void *h, char *out, unsigned len) {
     GPU_OF(h);
     if (!g->vbios[0]) return E_NOT_SUPPORTED;
     snprintf(out, len, "%s", g->vbios);
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetSerial(void *h, char *out, unsigned len) {
+    GPU_OF(h);
+    if (!g->serial[0]) return E_NOT_SUPPORTED;
+    snprintf(out, len, "%s", g->serial);
     return OK;
 }
 nvmlReturn_t nvmlDeviceGetEccMode(void *h, int *cur, int *pending) {

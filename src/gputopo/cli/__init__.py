@@ -46,6 +46,7 @@ def _root(
 # program with a command named on its command line, only that command's module is loaded. Imported any
 # other way (tests, `import gputopo.cli`), every command is there.
 COMMAND_MODULES = {
+    "accept": "accept",
     "check": "check",
     "doctor": "doctor",
     "hang": "hang",

@@ -278,12 +278,14 @@ def check_command(
     warnings += kept.warnings
     if kept.blocked is not None:
         result = _blocked(result, kept.blocked)
+    from gputopo.check import accept_status
     from gputopo.ui.check_view import RenderContext, render, render_prometheus, slurm_lines
 
     ctx = RenderContext(
         slurm=slurm,
         max_output_length=max_output_length,
         now=now,
+        accept=accept_status(state_path, node, result),
         acceptance=kept.acceptance,
         xid_counts=kept.xid_counts,
     )

@@ -99,6 +99,8 @@ def nodes_command(
         "schema": SCHEMA,
         **dom.to_json(plan, size),
         "unanswered": [{"node": n, "why": w} for n, w in unanswered.items()],
+        # each node's stored `gputopo accept` verdict, and whether it still holds (null: none kept)
+        "accept": {f.node: f.accept for f in read},
     }
     picked = None
     missing = None

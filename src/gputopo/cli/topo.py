@@ -67,7 +67,7 @@ def topo_command(
 
             from gputopo.machine import node_facts
 
-            facts = node_facts(topo.warnings)
+            facts = node_facts(topo, topo.warnings)
             out.warnings(
                 facts.get("warnings", ())[len(topo.warnings) :]
             )  # a state file that could not be used

@@ -26,6 +26,9 @@ from gputopo.findings import PROBLEM, Finding
 from gputopo.health.rules import DRAIN_ACTIONS
 
 PREFIX = "gputopo:"
+# ``gputopo accept --gate``'s own drains ("gputopo: accepting", "gputopo: accept rejected: ..."): only
+# accept lifts them (when the node is accepted); check neither resumes nor rewrites them.
+ACCEPT_PREFIX = "gputopo: accept"
 # Slurm stores a node's reason as free text; `sinfo -R` shows it in a column and slurmctld's log in one
 # line. gputopo keeps its reasons to this many characters, the count of further problems kept at the end.
 REASON_CHARS = 200
@@ -59,6 +62,11 @@ class NodeInfo:
     @property
     def drained_by_gputopo(self) -> bool:
         return self.out_of_service and self.ours
+
+    @property
+    def held_by_accept(self) -> bool:
+        """Drained by ``gputopo accept --gate`` (its reason starts ``gputopo: accept``)."""
+        return self.out_of_service and str(self.reason or "").startswith(ACCEPT_PREFIX)
 
     def to_json(self) -> dict[str, object]:
         return {"name": self.name, "state": self.state, "reason": self.reason}
@@ -174,6 +182,8 @@ def decide(
                 f"(Reason={node.reason or 'none'}); their reason is kept",
                 "drain",
             )
+        if node.held_by_accept:  # accept's gate holds it already; its reason stays
+            return Decision("none", reason, None)
         if node.drained_by_gputopo:
             if node.reason == reason:
                 return Decision("none", reason, None)
@@ -192,6 +202,13 @@ def decide(
         if node is None:
             return Decision(
                 "none", held_back="not resumed: the node's state could not be read", withheld="resume"
+            )
+        if node.held_by_accept:
+            return Decision(
+                "none",
+                held_back=f"not resumed: `gputopo accept --gate` holds {node.name} (Reason={node.reason}); "
+                "it resumes the node when the node is accepted",
+                withheld="resume",
             )
         if node.drained_by_gputopo:
             return Decision("resume")

@@ -114,6 +114,7 @@ class GpuHealth:
     error: str | None = None
     state: str | None = None
     vbios_version: str | None = None
+    serial: str | None = None  # the board serial (nvmlDeviceGetSerial), or None where not read
     ecc_enabled: bool | None = None
     ecc_pending_enabled: bool | None = None
     ecc_volatile_corrected: int | None = None

@@ -83,6 +83,7 @@ def _read(dev: nvml.Device) -> GpuHealth:
         "uuid": dev.uuid(),
         "pci_bus_id": dev.pci_bus_id(),
         "vbios_version": dev.vbios().value,  # for baselines; not a health check
+        "serial": dev.serial().value,  # what accept's verdict is kept for, and DCGM names GPUs by
     }
     values.update(_memory(r))
     values.update(_clocks_power(r))

@@ -39,6 +39,7 @@ class NodeFacts:
     gpus: int = 0
     check: Mapping[str, Any] | None = None
     source: str = ""
+    accept: Mapping[str, Any] | None = None  # ``gputopo accept``'s stored verdict (accept.record.status)
 
     @property
     def unchecked(self) -> bool:
@@ -130,7 +131,9 @@ def facts_from_doc(doc: Any, source: str) -> NodeFacts:
         raise InputError(f"{source}: 'check' is not {{verdict, at, problems}} or null", FACTS_HINT)
     dom = doc.get("nvlink_domain")
     if dom is None:
-        return NodeFacts(node=node.strip(), domain=None, gpus=len(gpus), check=check, source=source)
+        return NodeFacts(
+            node=node.strip(), domain=None, gpus=len(gpus), check=check, source=source, accept=_accept(doc)
+        )
     if not isinstance(dom, dict) or not isinstance(dom.get("id"), str) or not dom["id"]:
         raise InputError(f"{source}: 'nvlink_domain' has no id (<clusterUuid>.<cliqueId>)", FACTS_HINT)
     return NodeFacts(
@@ -142,7 +145,13 @@ def facts_from_doc(doc: Any, source: str) -> NodeFacts:
         gpus=len(gpus),
         check=check,
         source=source,
+        accept=_accept(doc),
     )
+
+
+def _accept(doc: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    v = doc.get("accept")
+    return v if isinstance(v, dict) else None
 
 
 def _text(v: Any) -> str | None:

@@ -60,6 +60,7 @@ def to_dict(topo: Topology) -> dict[str, Any]:
         "gpu_clique": nvlink_domain.fabric_clique_label([g.fabric for g in topo.gpus]),
         "node": topo.node,
         "check": topo.check,
+        "accept": topo.accept,
     }
 
 
@@ -119,6 +120,7 @@ def from_dict(data: Any, source: str = "snapshot") -> Topology:
             live=bool(data.get("live", False)),
             node=_node_name(data.get("node")),
             check=_check_doc(data.get("check")),
+            accept=data.get("accept") if isinstance(data.get("accept"), dict) else None,
         )
     except InputError:
         raise

@@ -76,6 +76,8 @@ class RenderContext:
     # (None: no state, so no counter is reported).
     acceptance: AcceptStatus | None = None
     xid_counts: tuple[XidCount, ...] | None = None
+    # ``gputopo accept``'s stored verdict and whether it still holds (``accept.record.status``), or None.
+    accept: dict[str, Any] | None = None
 
 
 def first_line(result: CheckResult) -> str:
@@ -99,6 +101,7 @@ def render_json(result: CheckResult, ctx: RenderContext) -> Rendered:
     doc = result.to_json()
     if ctx.slurm is not None:
         doc["slurm"] = ctx.slurm.to_json()
+    doc["accept"] = ctx.accept
     return Rendered(json.dumps(doc, indent=2) + "\n", result.exit_code)
 
 

@@ -46,6 +46,10 @@ def render_nodes(doc: dict[str, Any], segment: int | None) -> list[RenderableTyp
         lines.append(f"NVLink domain unknown (never mixed into a domain's segments): {unknown}")
         lines.extend(f"unfit  {u['node']}: {u['why']}" for u in doc.get("unknown_domain_unfit") or ())
     lines.extend(f"did not answer  {u['node']}: {u['why']}" for u in doc.get("unanswered") or ())
+    # gputopo accept's kept verdict, where it is not a standing acceptance (rejected, not checked, stale).
+    for node, acc in sorted((doc.get("accept") or {}).items()):
+        if acc and (acc.get("stale") or acc.get("verdict") != "accepted"):
+            lines.append(f"accept  {node}: {acc.get('words')}")
     # A --nodes that cannot be met is the command's error line (stderr), not repeated here.
     if doc.get("nodelist"):
         lines.append(doc["nodelist"])

@@ -21,6 +21,10 @@ class HealthReads(DeviceReads):
         """The VBIOS version (``96.00.99.00.01``)."""
         return self._a("nvmlDeviceGetVbiosVersion").then(_text)
 
+    def serial(self) -> Answer:
+        """The board serial number (``nvidia-smi -q``'s Serial Number; DCGM names GPUs by it)."""
+        return self._a("nvmlDeviceGetSerial").then(_text)
+
     def ecc_mode(self) -> Answer:
         """``(enabled now, enabled after the next reset)``."""
         on = int(self.session._errors.NVML_FEATURE_ENABLED)
