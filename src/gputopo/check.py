@@ -426,9 +426,12 @@ def _with_subsystems(doc: Any, result: CheckResult, now: float) -> tuple[Any, An
     record node-problem-detector's one-subsystem rules answer from and the running Xid counters
     (``health.subsystems.sections_after``: counted from the sections as they are under the lock, so two
     checks never count a line twice); also the acceptance and the Xid counts, for the metrics."""
+    from gputopo.accept import record
     from gputopo.health.subsystems import sections_after
 
-    new, acceptance, xid_counts = sections_after(doc.sections, result, now)
+    # accept's section through accept's own reader: only a record in the shape it writes is judged.
+    sections = {**doc.sections, record.KEY: record.from_section(doc.section(record.KEY))}
+    new, acceptance, xid_counts = sections_after(sections, result, now)
     for name, value in new.items():
         doc = doc.with_section(name, value)
     return doc, acceptance, xid_counts
