@@ -533,6 +533,10 @@ _RULES: list[tuple[re.Pattern[str], str]] = [
 def normalise(text: str, corpus: Path) -> str:
     """``text`` with what differs between runs replaced by placeholders."""
     text = text.replace(str(corpus), "<CORPUS>")
+    # An installed package's frame (torch), wherever the environment is: CI's .venv is inside the clone.
+    text = re.sub(
+        r"\(/[^()\s]*/(?:site|dist)-packages/(?:[^()\s]*/)?([\w.-]+\.py):\d+\)", r"(<LIB>/\1:<LINE>)", text
+    )
     text = text.replace(str(REPO), "<REPO>")
     # A stack frame outside the repository (torch, the standard library): its file's folder and line
     # change with the installed versions.
@@ -648,12 +652,14 @@ def test_normalise_replaces_what_changes_between_runs(tmp_path: Path) -> None:
         '"at": 1796536071.5, "duration_s": 12.5, "sample_s": 0.2\n'
         f"gputopo {_version()} took 3.2 s; checked 12s ago\n"
         f"at f ({REPO}/tests/x.py:12) g (/usr/lib/python3.11/site-packages/torch/a.py:3781)\n"
+        f"h ({REPO}/.venv/lib/python3.11/site-packages/torch/distributed/b.py:83)\n"
     )
     assert normalise(text, tmp_path) == (
         "report: <CORPUS>/doctor-<TIME>.json at <TIME>\n"
         '"at": <TIME>, "duration_s": <DUR>, "sample_s": 0.2\n'
         "gputopo <VERSION> <DUR>; checked <AGE> ago\n"
         "at f (<REPO>/tests/x.py:12) g (<LIB>/a.py:<LINE>)\n"
+        "h (<LIB>/b.py:<LINE>)\n"
     )
 
 

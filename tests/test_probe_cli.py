@@ -355,7 +355,7 @@ def test_nccl_tests_options_and_summary_lines_environment_and_numerics_on_record
     assert done.returncode == 0, done.stderr
     data = [line.split() for line in done.stdout.splitlines() if line.startswith("  ") and "float" in line]
     assert [int(row[0]) for row in data] == [8, 32, 128, 512]
-    assert "2 warm-up + 3 timed iterations" in done.stdout
+    assert "1 warm-up + 3 timed iterations" in done.stdout  # CPU stand-ins: one warm-up (never judged)
     assert "# Out of bounds values : 0 OK" in done.stdout
     avg = next(line for line in done.stdout.splitlines() if line.startswith("# Avg bus bandwidth    : "))
     float(avg.split(":")[1])  # a number, as nccl-tests prints it
