@@ -109,9 +109,11 @@ def test_twenty_drains_at_once_drain_once(driver: Path, tmp_path: Path) -> None:
     assert len(updates(log)) == 1, updates(log)
     assert node(tmp_path)["state"] == "IDLE+DRAIN"
     assert saved(state)["drain"]["reason"] == node(tmp_path)["reason"]
-    held = [r[2] for r in results if "another gputopo check changed this node's record" in r[2]]
-    already = [r[2] for r in results if "already" in r[2]]
-    assert len(held) + len(already) == 19
+    # One run says it drained; the other 19 say they held back, or that the node is drained already, or
+    # (a run that read the state after the drain was saved: its own drain, nothing to do) nothing at all:
+    # which of these each says depends on when it started, so only the one drain is counted.
+    assert sum("scontrol update" in r[2] for r in results) == 1, [r[2] for r in results]
+    assert not any("could not" in r[2] for r in results), [r[2] for r in results]
 
 
 def test_a_lock_held_past_the_budget_is_exit_3_and_no_scontrol_update(driver: Path, tmp_path: Path) -> None:
