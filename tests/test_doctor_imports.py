@@ -30,6 +30,7 @@ def _dcgm(doc: dict) -> list[dict]:
 
 
 def test_a_dcgm_failure_on_gpu3_is_a_problem_in_doctors_json_and_reports(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="the HTML report draws its pictures with matplotlib")
     saved = _save(
         tmp_path, fake.doc_4x(level=3, outcome={("memory", 3): ("Fail", [fake.FAULTY_MEMORY_GPU3])}), "d.json"
     )
