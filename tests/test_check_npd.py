@@ -27,7 +27,17 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "deploy" / "node-problem-detector" / "gputopo-check.json"
 STATE = "/var/lib/gputopo/check-state.json"
 METRICS = "/var/lib/gputopo/metrics"
-XID79 = "[  100.0] NVRM: Xid (PCI:0000:18:00): 79, pid=123, GPU has fallen off the bus.\n"
+
+
+def xid79(ago_s: float = 60.0) -> str:
+    """A dmesg Xid 79 line stamped ``ago_s`` before now in seconds since boot, inside check's 2 h window
+    whatever the machine's uptime (a fixed stamp of 100 s fell out of it once the machine was up 2 h)."""
+    up = float(Path("/proc/uptime").read_text().split()[0])
+    stamp = f"[{max(up - ago_s, 0.0):12.6f}]"
+    return f"{stamp} NVRM: Xid (PCI:0000:18:00): 79, pid=123, GPU has fallen off the bus.\n"
+
+
+XID79 = xid79()
 MESSAGE = re.compile(r"\[[a-z0-9_]+\] .+ - RecommendedAction: [A-Z_]+")
 
 
@@ -217,8 +227,6 @@ def test_a_stale_or_missing_record_is_unknown(driver: Path, tmp_path: Path) -> N
     assert no_state.returncode == 2 and "needs the check state" in no_state.stderr
 
 
-# Like the boards test above: on the oldest bindings no Xid is counted (they skip together).
-@fake_driver.NEEDS_FABRIC_BINDINGS
 def test_answering_rules_take_no_lock_and_the_record_is_written_only_under_it(
     driver: Path, tmp_path: Path
 ) -> None:
@@ -242,7 +250,7 @@ def test_answering_rules_take_no_lock_and_the_record_is_written_only_under_it(
         done = fake_driver.run(driver, machine, *npd.args(npd.config["rules"][3]), timeout=60)
         assert done.returncode == 1 and done.stdout.startswith("[xid_hardware]"), done.stdout
         assert time.monotonic() - started < 20  # it never waited on the lock (held until the end)
-        npd.kernel_log.write_text(XID79 + XID79.replace("100.0", "200.0"))
+        npd.kernel_log.write_text(XID79 + xid79(ago_s=30.0))
         check = fake_driver.run(driver, machine, *npd.args(npd.config["rules"][0]), "--budget", "3")
         assert check.returncode == 3 and "held by another gputopo" in check.stderr + check.stdout
         assert json.loads(npd.state.read_text()) == saved  # nothing written without the lock
