@@ -25,8 +25,17 @@ parser = pytest.importorskip("prometheus_client.parser")
 UUID0 = "GPU-00000000-aaaa-bbbb-cccc-000000000000"
 UUID1 = "GPU-00000001-aaaa-bbbb-cccc-000000000001"
 CLUSTER = "7b968a6d-c8aa-45e1-9e07-e1e51be99c31"
-XID79 = "[  100.0] NVRM: Xid (PCI:0000:18:00): 79, pid=123, GPU has fallen off the bus.\n"
-XID48 = "[  200.0] NVRM: Xid (PCI:0000:28:00): 48, pid=7, DBE (double bit error) ECC error.\n"
+
+
+def since_boot(ago_s: float) -> str:
+    """A dmesg stamp ``ago_s`` before now, in seconds since boot: inside check's 2 h window whatever the
+    machine's uptime (fixed stamps of 100-200 s fell out of it once the machine was up 2 h)."""
+    up = float(Path("/proc/uptime").read_text().split()[0])
+    return f"[{max(up - ago_s, 0.0):12.6f}]"
+
+
+XID79 = f"{since_boot(90)} NVRM: Xid (PCI:0000:18:00): 79, pid=123, GPU has fallen off the bus.\n"
+XID48 = f"{since_boot(80)} NVRM: Xid (PCI:0000:28:00): 48, pid=7, DBE (double bit error) ECC error.\n"
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +141,7 @@ def test_the_xid_counter_never_falls_when_a_line_leaves_the_window(driver: Path,
     assert count("") == {(UUID0, "79"): 1}  # it left the window: the count stays
     assert count(XID79 + XID48) == {(UUID0, "79"): 1, (UUID1, "48"): 1}
     # Another Xid 79 line (a later stamp) on the same GPU adds one.
-    again = XID79.replace("100.0", "150.0")
+    again = f"{since_boot(30)} NVRM: Xid (PCI:0000:18:00): 79, pid=123, GPU has fallen off the bus.\n"
     assert count(again) == {(UUID0, "79"): 2, (UUID1, "48"): 1}
     doc = json.loads(state.read_text())
     assert len(doc["xid_counter"]["counted"]) == 3 and doc["schema"] == "gputopo/check-state/v1"
