@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import typer
 
 from gputopo.cli import app
 from gputopo.cli.common import JSON_OPTION, NVML_TIMEOUT_OPTION, examples, guarded
+from gputopo.cli.finish import Views, finish
 from gputopo.health.check import DEFAULT_SAMPLE_S, DEFAULT_SINCE
 from gputopo.model import DEFAULT_ACCEPT_BUDGET_S
 from gputopo.probe.plan.options import DEFAULT_REPORT_DIR, Fault
 from gputopo.ui.output import Output
-
-if TYPE_CHECKING:
-    from gputopo.services.accept import AcceptReport
 
 
 @app.command(
@@ -134,33 +132,19 @@ def _list_floors(doc: dict[str, Any] | None, json_out: bool) -> None:
 
 def _run(options: Any, report_dir: Path, json_out: bool) -> None:
     from gputopo.services import accept
+    from gputopo.ui.accept_view import render_html, render_markdown, render_text
 
     accept.check_report_dir(report_dir)
     out = Output(json_mode=json_out)
     report = accept.run(options, accept.Hooks(warn=out.warn, progress=_progress))
-    _finish(out, report, report_dir, json_out)
+    views = Views(text=render_text, markdown=render_markdown, html=render_html)
+    finish(out, report, views, kind="accept", json_out=json_out, report_dir=report_dir)
 
 
 def _progress(step: str, words: str) -> None:
     if sys.stderr.isatty():
         sys.stderr.write(f"accept: {step}: {words}\n")
         sys.stderr.flush()
-
-
-def _finish(out: Output, report: AcceptReport, report_dir: Path, json_out: bool) -> None:
-    """The report files (JSON, Markdown, HTML), then the document or the text; the verdict's exit code."""
-    from gputopo.report import write_report
-    from gputopo.ui.accept_view import render_html, render_markdown, render_text
-
-    doc = report.document()
-    paths = write_report("accept", doc, render_markdown(doc), report_dir, html=render_html(doc))
-    doc = report.with_files(paths).document()
-    if json_out:
-        out.document(doc)
-    else:
-        sys.stdout.write(render_text(doc))
-        sys.stdout.flush()
-    raise typer.Exit(report.exit_code)
 
 
 def _print_floors(doc: dict[str, Any], as_json: bool) -> None:
