@@ -1,4 +1,4 @@
-"""The one tail every command shares (issue 41): the report files, written once, then the document or
+"""The one tail every command shares: the report files, written once, then the document or
 the text, then the command's exit code.
 
 A service hands back a ``Report``: ``document()`` is the command's whole JSON (built there, nowhere
