@@ -3,6 +3,7 @@ function, and the report's document built in one place (no torch, no machine: CP
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -134,3 +135,49 @@ def test_a_node_report_names_its_files_and_fails_with_the_run():
     assert report.exit_code == 1 and report.document()["report"] is None
     assert report.with_files({"json": "n.json"}).document()["report"] == {"json": "n.json"}
     assert probe.PlanReport({"schema": "gputopo/probe-plan/v1"}).exit_code == 0
+
+
+def _invoke(monkeypatch: pytest.MonkeyPatch, report: probe.Report, *args: str) -> Any:
+    """``gputopo probe ARGS`` in this process, its service's run replaced by ``report``."""
+    from typer.testing import CliRunner
+
+    from gputopo.cli import app
+
+    monkeypatch.setattr(probe, "run", lambda options, hooks: report)
+    return CliRunner().invoke(app, ["probe", "--device", "cpu", "--gpus", "0,1", *args])
+
+
+def test_the_cli_writes_the_report_once_through_finish_with_one_warning_without_matplotlib(
+    tmp_path, monkeypatch
+):
+    def no_matplotlib(doc: dict[str, Any]) -> str:
+        raise ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")
+
+    monkeypatch.setattr("gputopo.ui.html_report.render_probe_html", no_matplotlib)
+    reports = tmp_path / "reports"
+    report = probe.ProbeReport(_run(tmp_path), reports, ("5,6: behind an ACS bridge",))
+    result = _invoke(monkeypatch, report, "--json", "--report-dir", str(reports))
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["path_causes"] == ["5,6: behind an ACS bridge"]
+    assert sorted(doc["report"]) == ["json", "markdown"]  # no HTML without matplotlib
+    assert sorted(p.suffix for p in reports.iterdir()) == [".json", ".md"]  # each file written once
+    assert json.loads(Path(doc["report"]["json"]).read_text()) == doc  # the file is the document shown
+    assert result.stderr.count("matplotlib is not installed") == 1
+
+
+def test_the_cli_exits_2_naming_the_report_when_nothing_was_tested(tmp_path, monkeypatch):
+    reports = tmp_path / "reports"
+    result = _invoke(monkeypatch, probe.ProbeReport(_run(tmp_path), reports, None, "no check ran"), "--json")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "nothing was tested: no check ran" in result.stderr
+    (written,) = reports.glob("*.json")
+    assert str(written) in result.stderr.replace("\n", "")
+    assert json.loads(written.read_text())["verdict"] == "skipped"
+
+
+def test_the_cli_shows_the_dry_run_plan_and_writes_nothing(tmp_path, monkeypatch):
+    plan = probe.PlanReport({"schema": "gputopo/probe-plan/v1", "device": "cpu", "launches": []})
+    result = _invoke(monkeypatch, plan, "--json", "--report-dir", str(tmp_path / "reports"))
+    assert result.exit_code == 0 and json.loads(result.stdout)["launches"] == []
+    assert not (tmp_path / "reports").exists()
