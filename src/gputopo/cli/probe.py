@@ -151,7 +151,8 @@ def probe_command(
 ) -> None:
     """Check GPU sets for real: each GPU on its own, P2P copies, DataParallel and DDP against one GPU,
     all-reduce bandwidth."""
-    options = probe.Options(
+    options = probe.Options(  # the node's options first: their errors come first, as they always did
+        node=node_options(nnodes, node_rank, rdzv_endpoint, rdzv_id, rdzv_timeout, inject, inject_node),
         gpus=probe.gpu_sets(gpus),
         each_pair=each_pair,
         mode=mode,
@@ -174,7 +175,6 @@ def probe_command(
         step_factor=step_factor,
         iters=iters,
         dry_run=dry_run,
-        node=node_options(nnodes, node_rank, rdzv_endpoint, rdzv_id, rdzv_timeout, inject, inject_node),
         nvml_timeout_s=nvml_timeout,
     )
     _run(options, json_out)

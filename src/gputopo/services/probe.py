@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from gputopo.errors import EXIT_PROBLEM, Interrupted, UsageError
 from gputopo.probe.plan import options as plan
-from gputopo.probe.plan.options import Fault, Mode, Precision  # noqa: F401 - the CLI's choices, re-exported
+from gputopo.probe.plan.options import Fault, Mode, Precision  # the CLI imports its choices from here
 
 if TYPE_CHECKING:
     from gputopo.health.judge import Judgement
