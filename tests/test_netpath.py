@@ -593,7 +593,7 @@ def test_every_rule_a_network_or_path_finding_names_is_in_the_table() -> None:
 
 
 def test_probe_says_the_bridge_is_the_likely_cause_of_corrupt_p2p() -> None:
-    from gputopo.cli.probe import path_causes, wrong_data
+    from gputopo.services.probe import path_causes, wrong_data
 
     doc = {
         "sets": [

@@ -1,12 +1,12 @@
 """CLI: ``gputopo probe``: data-checked DP/DDP training, P2P copies and an all-reduce sweep on GPU sets.
 
-torch is imported only by the probe's service, inside the command, so ``gputopo --help`` stays fast.
+typer only: the options -> ``services.probe.Options`` -> ``services.probe.run`` -> the report files
+(``cli.finish``) -> the document or ``ui.probe_view``'s text. torch is imported only by the ranks, inside
+the run, so ``gputopo --help`` stays fast.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,6 +14,7 @@ import typer
 
 from gputopo.cli import app
 from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, NVML_TIMEOUT_OPTION, examples, guarded
+from gputopo.cli.finish import Views, attach_files
 from gputopo.cli.nodes import (
     INJECT_NODE_OPTION,
     NNODES_OPTION,
@@ -26,43 +27,9 @@ from gputopo.cli.nodes import (
     progress_printer,
     warn_internode,
 )
-from gputopo.errors import EXIT_PROBLEM, Interrupted, UsageError
-from gputopo.probe.plan.options import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_LR,
-    DEFAULT_MODEL,
-    DEFAULT_REPORT_DIR,
-    DEFAULT_SEED,
-    DEFAULT_STEP_FACTOR,
-    DEFAULT_STEPS,
-    DEFAULT_TIMEOUT_S,
-    Fault,
-    Mode,
-    Precision,
-)
+from gputopo.services import probe
+from gputopo.services.probe import Device, Fault, Mode, ModelName, Precision
 from gputopo.ui.output import Output
-
-NODES_PANEL = "Across nodes (torchrun's rendezvous; defaults from Slurm under srun)"
-
-
-class Device(str, Enum):
-    """Where the ranks run."""
-
-    CUDA = "cuda"
-    CPU = "cpu"
-
-
-class ModelName(str, Enum):
-    """torchvision ResNets; ``tiny`` is the smallest, for CPU runs; ``micro`` a small residual CNN in torch
-    alone (no torchvision), the quick simulated doctor's."""
-
-    RESNET18 = "resnet18"
-    RESNET50 = "resnet50"
-    TINY = "tiny"
-    MICRO = "micro"
-
-
-DEFAULT_MODEL_NAME = ModelName(DEFAULT_MODEL)
 
 
 @app.command(
@@ -94,14 +61,18 @@ def probe_command(
         Device | None,
         typer.Option(help="cuda (default when torch sees a GPU) or cpu (CPU ranks stand in for GPUs, gloo)."),
     ] = None,
-    model: Annotated[ModelName, typer.Option(help="The ResNet to train.")] = DEFAULT_MODEL_NAME,
-    batch_size: Annotated[int, typer.Option(help="Images per GPU per step.")] = DEFAULT_BATCH_SIZE,
-    steps: Annotated[int, typer.Option(help="Training steps of the dp and ddp checks.")] = DEFAULT_STEPS,
-    lr: Annotated[float, typer.Option(help="SGD learning rate (momentum 0.9).")] = DEFAULT_LR,
-    seed: Annotated[int, typer.Option(help="Seed of the weights and the synthetic data.")] = DEFAULT_SEED,
+    model: Annotated[ModelName, typer.Option(help="The ResNet to train.")] = probe.DEFAULTS.model,
+    batch_size: Annotated[int, typer.Option(help="Images per GPU per step.")] = probe.DEFAULTS.batch_size,
+    steps: Annotated[
+        int, typer.Option(help="Training steps of the dp and ddp checks.")
+    ] = probe.DEFAULTS.steps,
+    lr: Annotated[float, typer.Option(help="SGD learning rate (momentum 0.9).")] = probe.DEFAULTS.lr,
+    seed: Annotated[
+        int, typer.Option(help="Seed of the weights and the synthetic data.")
+    ] = probe.DEFAULTS.seed,
     timeout: Annotated[
         float, typer.Option(help="Seconds a set may go without progress before it is hung.")
-    ] = DEFAULT_TIMEOUT_S,
+    ] = probe.DEFAULTS.timeout_s,
     precision: Annotated[
         list[Precision] | None,
         typer.Option(
@@ -137,7 +108,7 @@ def probe_command(
     ] = None,
     report_dir: Annotated[
         Path, typer.Option(metavar="PATH", help="Where the JSON, Markdown and HTML reports go.")
-    ] = Path(DEFAULT_REPORT_DIR),
+    ] = probe.DEFAULTS.report_dir,
     input: Annotated[
         str | None,
         typer.Option(
@@ -155,7 +126,7 @@ def probe_command(
     step_factor: Annotated[
         int,
         typer.Option("--step-factor", "-f", help="Multiply the size by this between steps (nccl-tests' -f)."),
-    ] = DEFAULT_STEP_FACTOR,
+    ] = probe.DEFAULTS.step_factor,
     iters: Annotated[
         int | None,
         typer.Option(
@@ -180,219 +151,71 @@ def probe_command(
 ) -> None:
     """Check GPU sets for real: each GPU on its own, P2P copies, DataParallel and DDP against one GPU,
     all-reduce bandwidth."""
-    node = node_options(nnodes, node_rank, rdzv_endpoint, rdzv_id, rdzv_timeout, inject, inject_node)
-    if node is not None:
-        if each_pair or len(gpus or ()) > 1:
-            raise UsageError(
-                "across nodes each node probes one set of its GPUs",
-                "give one --gpus list (the same on every node), or none for all; drop --each-pair",
-            )
-        if dry_run:
-            raise UsageError(
-                "--dry-run shows one machine's plan", "drop --nnodes to see this node's own plan"
-            )
-        if inject_gpus is not None or inject_rank is not None:
-            raise UsageError(
-                "across nodes --inject goes into every rank of --inject-node",
-                "drop --inject-gpus and --inject-rank, and name the node with --inject-node",
-            )
-    from gputopo.probe.judge.verdict import nothing_tested
-    from gputopo.probe.plan.config import build_config, check_sets_in_topology, parse_size
-    from gputopo.probe.plan.schedule import make_plan
-    from gputopo.probe.pool.devices import detect_devices, require_torch
-    from gputopo.probe.pool.runner import run_probe
-    from gputopo.probe.report.document import to_document, to_markdown
-    from gputopo.report import ensure_report_dir, write_report
-
-    out = Output(json_mode=json_out)
-    from gputopo.launch.command import warn_nccl_env
-
-    warn_nccl_env(out.warn)  # the ranks inherit these settings, and so do the measurements
-    low = parse_size("--min-bytes", min_bytes) if min_bytes is not None else None
-    high = parse_size("--max-bytes", max_bytes) if max_bytes is not None else None
-    if not dry_run:
-        require_torch()
-    # --dry-run reads the GPUs from NVML only: torch and CUDA are never started.
-    inventory = detect_devices(
-        device.value if device else None, need_cuda=not dry_run, nvml_timeout_s=nvml_timeout
-    )
-    if inventory.device == "cuda" and input is None:
-        gpus, inventory = keep_p2p_off_drained(inventory, gpus, nvml_timeout, out.warn)
-    config = build_config(
-        inventory,
-        gpus,
+    options = probe.Options(  # the node's options first: their errors come first, as they always did
+        node=node_options(nnodes, node_rank, rdzv_endpoint, rdzv_id, rdzv_timeout, inject, inject_node),
+        gpus=probe.gpu_sets(gpus),
         each_pair=each_pair,
         mode=mode,
-        model=model.value,
+        device=device,
+        model=model,
         batch_size=batch_size,
         steps=steps,
         lr=lr,
         seed=seed,
         timeout_s=timeout,
+        precisions=tuple(precision or ()),
+        tolerance_pct=tolerance,
         inject=inject,
         inject_rank=inject_rank,
+        inject_gpus=inject_gpus,
         report_dir=report_dir,
         topology_input=input,
-        min_bytes=low,
-        max_bytes=high,
+        min_bytes=probe.byte_size("--min-bytes", min_bytes),
+        max_bytes=probe.byte_size("--max-bytes", max_bytes),
         step_factor=step_factor,
         iters=iters,
-        inject_gpus=inject_gpus,
-        precisions=[p.value for p in precision or ()],
-        tolerance=None if tolerance is None else tolerance / 100,
-        across_nodes=node is not None,
+        dry_run=dry_run,
+        nvml_timeout_s=nvml_timeout,
     )
-    if input is not None:
-        from gputopo.machine import load_topology
-
-        topo = load_topology(input)
-        check_sets_in_topology(config.sets, topo.gpu_indices, topo.source)
-    if dry_run:
-        from gputopo.probe.plan.dryrun import plan_document, plan_text
-
-        doc = plan_document(config, make_plan(config))
-        if json_out:
-            out.document(doc)
-        else:
-            out.show(plan_text(doc))
-        return
-    ensure_report_dir(config.report_dir)
-    if node is not None:
-        run_across_nodes(config, node, out, json_out)
-        return
-    plan = make_plan(config)
-    try:
-        if json_out:
-            run = run_probe(config, plan=plan, on_warning=out.warn)
-        else:
-            from gputopo.ui.probe_view import ProbeProgress
-
-            with ProbeProgress(out.err, plan) as bars:
-                run = run_probe(config, bars.update, plan=plan, on_warning=out.warn)
-    except Interrupted as exc:
-        if exc.partial is not None:  # what was judged before the signal, marked interrupted
-            doc = {**to_document(exc.partial), "verdict": "interrupted", "interrupted": exc.name}
-            paths = write_report("probe", doc, to_markdown(doc), config.report_dir)
-            exc.note = f"the checks done so far are in {paths['json']}"
-        raise
-    out.warnings(run.warnings)
-    doc = to_document(run)
-    if doc.get("device") == "cuda" and wrong_data(doc):  # name an ACS-redirecting bridge on the pair's path
-        doc["path_causes"] = path_causes(doc, live_redirected())
-        for line in doc["path_causes"]:
-            out.warn(line)
-    why = nothing_tested(run.sets)
-    if why is not None:
-        doc["verdict"] = "skipped"
-    paths = write_report("probe", doc, to_markdown(doc), config.report_dir, html=probe_html(doc, out))
-    doc["report"] = paths
-    if why is not None:
-        # A run that tested nothing must not read as a PASS, to a person or to `gputopo probe && ...`.
-        raise UsageError(
-            f"nothing was tested: {why}",
-            "choose checks that run here (e.g. --mode ddp on CPU stand-ins), or GPUs with a peer-to-peer "
-            f"path; what was measured is in {paths['json']}",
-        )
-    if json_out:
-        out.document(doc)
-    else:
-        from gputopo.ui.probe_view import render_probe
-
-        out.show(render_probe(doc))
-    if run.verdict == "fail":
-        raise typer.Exit(EXIT_PROBLEM)
+    _run(options, json_out)
 
 
-def keep_p2p_off_drained(
-    inventory: Any, gpus: list[str] | None, nvml_timeout_s: float | None, warn: Callable[[str], None]
-) -> tuple[list[str] | None, Any]:
-    """The GPUs whose driver asks to drain P2P (NVML recovery action DRAIN_P2P, one health sample) are left
-    out of the set the probe picks itself when it holds two or more GPUs, each said with the reason (and
-    in the dry run's ``left_out``); a set the user names (``--gpus``) is kept, with a warning."""
-    from dataclasses import replace
-
-    from gputopo.machine import read_live_health
-    from gputopo.probe.plan.config import parse_gpu_list
-
-    drained = read_live_health(nvml_timeout_s, gpus=list(inventory.gpus)).p2p_drained_gpus()
-    rest = [g for g in inventory.gpus if g not in drained]
-    if gpus is not None or not rest:  # the user's sets (or nothing else to probe): kept, warned about
-        sets = [parse_gpu_list(text) for text in gpus] if gpus is not None else [inventory.gpus]
-        named = {g for s in sets if len(s) > 1 for g in s}
-        for g in sorted(set(drained) & named):
-            warn(f"GPU{g}: the driver asks to keep P2P work off it ({drained[g]}); probed in a set as asked")
-        return gpus, inventory
-    if len(inventory.gpus) < 2 or not drained:
-        return gpus, inventory
-    why = {g: f"the driver asks to keep P2P work off it, so no multi-GPU set: {drained[g]}" for g in drained}
-    for g in sorted(why):
-        warn(f"GPU{g} left out: {why[g]}")
-    return [",".join(map(str, rest))], replace(inventory, why_not={**inventory.why_not, **why})
-
-
-def run_across_nodes(config: Any, node: Any, out: Output, json_out: bool) -> None:
-    """This node's part of a multi-node probe; node rank 0 writes the report; every node exits with the
-    run's verdict."""
-    from gputopo.probe.pool.multinode import run_nodes
-    from gputopo.probe.report.document import to_markdown
-    from gputopo.probe.report.nodes import nodes_markdown
-    from gputopo.report import write_report
-
-    check_rendezvous(node)
-    on_row = progress_printer(out, node, json_out)
-    doc = run_nodes(config, node, on_row=on_row)
-    if node.node_rank == 0:
-        markdown = to_markdown(doc).rstrip("\n") + "\n" + "\n".join(nodes_markdown(doc)) + "\n"
-        doc["report"] = write_report("probe", doc, markdown, config.report_dir, html=probe_html(doc, out))
-    warn_internode(out, doc)
-    if json_out:
-        out.document(doc)
-    else:
-        from gputopo.ui.probe_view import render_nodes
-
-        out.show(render_nodes(doc))
-    if doc["verdict"] == "fail":
-        raise typer.Exit(EXIT_PROBLEM)
-
-
-def probe_html(doc: dict[str, Any], out: Output) -> str | None:
-    """The HTML report, or ``None`` with a warning when matplotlib is missing (the rest is still written)."""
+def _run(options: probe.Options, json_out: bool) -> None:
+    """Run the probe; write its report files (through ``finish``), show it, exit with its code."""
     from gputopo.ui.html_report import render_probe_html
+    from gputopo.ui.probe_view import render_markdown
 
-    try:
-        return render_probe_html(doc)
-    except ModuleNotFoundError as exc:
-        if exc.name != "matplotlib":
-            raise
-        out.warn("no HTML report: matplotlib is not installed (pip install 'gputopo[probe]')")
-        return None
+    out = Output(json_mode=json_out)
+    report = probe.run(options, _hooks(out, options.node, json_out))
+    views = Views(markdown=render_markdown, html=render_probe_html)
+    report = attach_files(out, "probe", report, views, report.report_dir)
+    probe.refuse_untested(report)
+    doc = report.document()
+    warn_internode(out, doc)
+    _show(out, doc, json_out)
+    raise typer.Exit(report.exit_code)
 
 
-_WRONG_DATA = ("corrupt", "nan", "diverged")
+def _hooks(out: Output, node: Any, json_out: bool) -> probe.Hooks:
+    """The service's callbacks: warnings on stderr; progress bars (not with ``--json``); across nodes a
+    line per rendezvous and inter-node test, and the rendezvous host refused when it does not resolve."""
+    from functools import partial
 
+    from gputopo.ui.probe_view import ProbeProgress
 
-def wrong_data(doc: dict[str, Any]) -> bool:
-    """Whether a check of the probe found wrong data (corrupt, NaN, diverged) on a set."""
-    return any(
-        c.get("verdict") == "fail" and c.get("kind") in _WRONG_DATA
-        for s in doc.get("sets") or []
-        for c in s.get("checks") or []
+    return probe.Hooks(
+        warn=out.warn,
+        progress=None if json_out else partial(ProbeProgress, out.err),
+        before_nodes=check_rendezvous,
+        on_row=progress_printer(out, node, json_out) if node is not None else None,
     )
 
 
-def live_redirected() -> tuple[tuple[int, int, tuple[str, ...]], ...]:
-    """This machine's GPU pairs behind an ACS-redirecting bridge (sysfs; docs/topo.md)."""
-    from gputopo.doctor import redirected_pairs
-    from gputopo.machine import load_topology
+def _show(out: Output, doc: dict[str, Any], json_out: bool) -> None:
+    """The document (``--json``) or its rich text on stdout."""
+    if json_out:
+        out.document(doc)
+        return
+    from gputopo.ui.probe_view import render_text
 
-    return redirected_pairs(load_topology(None))
-
-
-def path_causes(doc: dict[str, Any], redirected: tuple[tuple[int, int, tuple[str, ...]], ...]) -> list[str]:
-    """One line per failed wrong-data check on a set with a pair behind an ACS-redirecting bridge: the
-    bridge is the likely cause."""
-    from gputopo.doctor import probe_findings
-
-    return [
-        f"{f.where}: {f.what}" for f in probe_findings(doc, redirected) if "the likely cause: ACS" in f.what
-    ]
+    out.show(render_text(doc))

@@ -223,3 +223,25 @@ def render_nodes(doc: dict[str, Any]) -> RenderableType:
     body.append_text(verdict_text(str(doc.get("verdict", ""))))
     parts.append(body)
     return Group(*parts)
+
+
+def render_text(doc: dict[str, Any]) -> RenderableType:
+    """Whatever ``gputopo probe`` made, for the terminal: the plan (``--dry-run``), a run across nodes,
+    or a run on this machine."""
+    from gputopo.probe.plan.dryrun import SCHEMA as PLAN_SCHEMA
+    from gputopo.probe.plan.dryrun import plan_text
+
+    if doc.get("schema") == PLAN_SCHEMA:
+        return plan_text(doc)
+    return render_nodes(doc) if "nodes" in doc else render_probe(doc)
+
+
+def render_markdown(doc: dict[str, Any]) -> str:
+    """The Markdown report: the run's sets, then (across nodes) the nodes and the tests between them."""
+    from gputopo.probe.report.document import to_markdown
+    from gputopo.probe.report.nodes import nodes_markdown
+
+    text = to_markdown(doc)
+    if "nodes" not in doc:
+        return text
+    return text.rstrip("\n") + "\n" + "\n".join(nodes_markdown(doc)) + "\n"

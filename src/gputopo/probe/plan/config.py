@@ -8,6 +8,7 @@ that asks the machine and torch what exists.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -215,7 +216,7 @@ def describe_indices(gpus: tuple[int, ...]) -> str:
 
 def build_config(
     inventory: DeviceInventory,
-    gpus: list[str] | None = None,
+    gpus: Sequence[tuple[int, ...] | str] | None = None,
     *,
     each_pair: bool = False,
     mode: Mode = Mode.ALL,
@@ -240,12 +241,13 @@ def build_config(
 ) -> ProbeConfig:
     """Check the options against what exists and freeze them.
 
-    Without ``--gpus`` the set is every GPU (CUDA) or must be given (CPU stand-ins). With ``each_pair``
-    the listed GPUs (or all) are split into every pair by ``plan``. ``across_nodes``: the run is one
-    node's part of a multi-node probe, where ``--inject slow`` delays the node named by ``--inject-node``
-    in the inter-node tests, not a GPU in the per-GPU check.
+    ``gpus``: the sets asked for, each parsed once already (``(5, 6)``) or as ``--gpus`` text (``"5,6"``,
+    parsed here). Without ``--gpus`` the set is every GPU (CUDA) or must be given (CPU stand-ins). With
+    ``each_pair`` the listed GPUs (or all) are split into every pair by ``plan``. ``across_nodes``: the
+    run is one node's part of a multi-node probe, where ``--inject slow`` delays the node named by
+    ``--inject-node`` in the inter-node tests, not a GPU in the per-GPU check.
     """
-    sets = tuple(parse_gpu_list(text) for text in gpus or ())
+    sets = tuple(s if isinstance(s, tuple) else parse_gpu_list(s) for s in gpus or ())
     if not sets:
         if inventory.device == "cpu":
             raise UsageError("--device cpu needs --gpus: which stand-in ranks to run", "e.g. --gpus 0,1")

@@ -1,14 +1,15 @@
 """The probe's choices as the command line names them: which checks, which faults.
 
-Kept apart from ``config`` so the CLI can declare its options without loading the probe's machinery.
+Kept apart from ``config`` so the CLI (through ``services.probe``) can declare its options without loading
+the probe's machinery.
 """
 
 from __future__ import annotations
 
 from enum import Enum
 
-# The probe's defaults, written once: the CLI declares its options with them, and ``config.build_config``
-# and ``config.ProbeConfig`` fall back on them.
+# The probe's defaults, written once: ``services.probe.Options`` takes them (the CLI declares its options
+# with ``services.probe.DEFAULTS``), and ``config.build_config`` and ``config.ProbeConfig`` fall back on them.
 DEFAULT_MODEL = "resnet18"
 DEFAULT_BATCH_SIZE = 16  # images per GPU per step
 DEFAULT_STEPS = 20
