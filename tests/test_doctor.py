@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from conftest import invoke, plain_env
-from gputopo.doctor import DoctorOptions, pair_rows, probe_findings, recommendations, run_doctor
+from gputopo.doctor import DoctorOptions, pair_rows, recommendations, run_doctor
+from gputopo.probe.judge.findings import probe_findings
 from gputopo.topology import samples
 from gputopo.ui.doctor_markdown import to_markdown
 from gputopo.ui.html_report import render_html

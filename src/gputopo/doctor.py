@@ -26,6 +26,9 @@ from gputopo.errors import GputopoError, Interrupted, UnavailableError, UsageErr
 from gputopo.findings import NOTE, PROBLEM, Finding, link_findings, nccl_env_findings
 from gputopo.health.check import DEFAULT_NVML_TIMEOUT_S, DEFAULT_SAMPLE_S
 from gputopo.model import Topology
+from gputopo.probe.judge.findings import probe_findings
+
+# cli/probe.py imports probe_findings and redirected_pairs from here (until it imports them from their homes).
 
 SCHEMA = "gputopo/doctor/v1"
 DEFAULT_SAMPLE = "quad-nv4-pairs-2socket"
@@ -306,34 +309,6 @@ def _code(topo: Topology, a: int, b: int) -> str | None:
     return link.code if link else None
 
 
-def probe_findings(
-    probe: dict[str, Any] | None, redirected: tuple[tuple[int, int, tuple[str, ...]], ...] = ()
-) -> list[Finding]:
-    """A problem for every failed check, with the probe's remedy. Wrong data on a set with a pair whose
-    PCIe path crosses an ACS-redirecting bridge (``redirected``) names that bridge as the likely cause."""
-    out = []
-    behind = {frozenset((a, b)): bridges for a, b, bridges in redirected}
-    for s in (probe or {}).get("sets", []):
-        where = "GPUs " + ",".join(str(g) for g in s["gpus"])
-        pairs = [
-            (a, b) for i, a in enumerate(s["gpus"]) for b in s["gpus"][i + 1 :] if frozenset((a, b)) in behind
-        ]
-        for c in s["checks"]:
-            if c["name"] == "gpu" and c.get("kind") not in ("hung", "crashed"):
-                out += per_gpu_findings(c)  # one per GPU found slow, corrupt or undecided (pass or fail)
-            elif c["verdict"] == "fail":
-                what = f"{c['name']} check failed ({c.get('kind')}): {c.get('detail')}"
-                if pairs and c.get("kind") in ("corrupt", "nan", "diverged"):
-                    bridges = sorted({br for a, b in pairs for br in behind[frozenset((a, b))]})
-                    what += (
-                        f"; the likely cause: ACS redirects P2P between "
-                        f"{', '.join(f'GPU{a}-GPU{b}' for a, b in pairs)} at bridge {', '.join(bridges)} "
-                        "(see that bridge's finding)"
-                    )
-                out.append(Finding(where, what, c.get("remedy") or "see the probe report"))
-    return out
-
-
 def redirected_pairs(topo: Topology) -> tuple[tuple[int, int, tuple[str, ...]], ...]:
     """This machine's GPU pairs behind an ACS-redirecting bridge (``fabric``); none for a simulated one."""
     if not topo.live:
@@ -341,32 +316,6 @@ def redirected_pairs(topo: Topology) -> tuple[tuple[int, int, tuple[str, ...]], 
     from gputopo import fabric
 
     return fabric.redirected(fabric.gpu_bus_ids([(g.index, g.pci_bus_id) for g in topo.gpus]))
-
-
-_UNDECIDED_SPEED_REMEDY = (
-    "Nothing to do for it now: run `gputopo probe --mode gpu` again when the machine is quieter to decide."
-)
-
-
-def per_gpu_findings(check: dict[str, Any]) -> list[Finding]:
-    """The per-GPU check's slow or corrupt GPUs, one finding each (``drain`` for a corrupt GPU); a GPU
-    whose speed is undecided (a difference this machine's noise swallows) is a note, not a problem."""
-    out = []
-    for row in (check.get("metrics") or {}).get("rows") or []:
-        verdict = row.get("verdict")
-        if verdict in ("slow", "corrupt", "undecided"):
-            action = "drain" if verdict == "corrupt" else "monitor"
-            what = f"per-GPU check: {verdict}: {row.get('why')}"
-            remedy = check.get("remedy") or "see the probe report"
-            if row.get("undecided_about") == "speed":
-                what, remedy = f"per-GPU check: {row.get('why')}", _UNDECIDED_SPEED_REMEDY
-            severity = NOTE if row.get("undecided_about") == "speed" else PROBLEM
-            out.append(
-                Finding(
-                    f"GPU{row['gpu']}", what, remedy, severity, row["gpu"], category="compute", action=action
-                )
-            )
-    return out
 
 
 def run_doctor(options: DoctorOptions, probe_hook: ProbeHook | None = None) -> dict[str, Any]:
@@ -444,7 +393,7 @@ def nccl_log_findings(path: Path | None) -> list[Finding]:
     ``InputError`` (exit 2) before anything else runs."""
     if path is None:
         return []
-    from gputopo.findings import NOTE, finding_from_json
+    from gputopo.findings import finding_from_json
     from gputopo.hang.nccl_diag import diag_findings, read_diag
 
     lines = read_diag(path)
