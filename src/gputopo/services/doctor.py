@@ -52,8 +52,8 @@ MAX_SIMULATED_GPUS = 8
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_REPORT_DIR = Path("reports")
 MAX_SAMPLE_S = 60.0
-# The typer defaults the CLI shows, written once (here and in ``health.check``).
-__all__ = ["DEFAULT_SAMPLE_S", "Fault"]
+# The CLI's typer defaults come from here: the constants above, ``DEFAULT_SAMPLE_S`` (``health.check``'s)
+# and the drill's ``Fault``, so cli/ imports nothing below the service.
 
 
 @dataclass(frozen=True, kw_only=True)
