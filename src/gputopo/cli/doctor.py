@@ -40,10 +40,6 @@ from gputopo.ui.output import Output
 if TYPE_CHECKING:
     from gputopo.ui.probe_view import ProbeProgress
 
-REPORT_HINT = "give a reports/doctor-*.json or probe-*.json file that gputopo wrote"
-# Every report gputopo writes, by its schema, and the command that wrote it.
-REPORT_SCHEMAS = {"gputopo/doctor/v1": "doctor", "gputopo/probe/v1": "probe"}
-
 
 @app.command(
     "doctor",
@@ -329,23 +325,5 @@ def _show_saved(out: Output, doc: dict, kind: str, json_out: bool) -> None:
 
 
 def read_report(path: Path) -> tuple[dict, str]:
-    """The report at ``path`` (any schema in ``REPORT_SCHEMAS``) and the command that wrote it;
-    ``InputError`` in plain words otherwise."""
-    doc = read_json_file(path, str(path), REPORT_HINT)
-    schema = doc.get("schema") if isinstance(doc, dict) else None
-    if schema not in REPORT_SCHEMAS:
-        found = f"its schema is {schema!r}" if schema else "it has no schema field"
-        raise InputError(f"{path}: not a gputopo doctor or probe report ({found})", REPORT_HINT)
-    kind = REPORT_SCHEMAS[schema]
-    probe = doc if kind == "probe" else doc.get("probe")
-    for entry in (probe.get("sets") if isinstance(probe, dict) else None) or ():
-        gpus = entry.get("gpus") if isinstance(entry, dict) else None
-        if not isinstance(gpus, list) or not all(_is_index(g) for g in gpus):
-            shown = gpus if isinstance(gpus, list) else entry
-            raise InputError(f"{path}: a probed set's GPUs are not GPU indices: {shown!r:.60}", REPORT_HINT)
-    return doc, kind
-
-
-def _is_index(value: object) -> bool:
-    """A GPU index as NVML numbers them: a whole number from 0 (JSON's true/false are not)."""
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1024
+    """The report at ``path`` and the command that wrote it (``services.doctor.saved_report``)."""
+    return doctor.saved_report(read_json_file(path, str(path), doctor.REPORT_HINT), str(path))

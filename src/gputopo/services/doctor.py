@@ -29,6 +29,7 @@ from gputopo.errors import (
     EXIT_PROBLEM,
     EXIT_UNAVAILABLE,
     GputopoError,
+    InputError,
     Interrupted,
     UnavailableError,
     UsageError,
@@ -964,3 +965,30 @@ def headline(
             f"their remedies are under {' and '.join(repr(t) for t in _remedy_titles(problems, from_health))}"
         )
     return f"{prefix}healthy: {len(usable)} of {len(topo.gpus)} GPUs usable, no problems found ({checked})"
+
+
+REPORT_HINT = "give a reports/doctor-*.json or probe-*.json file that gputopo wrote"
+# Every report ``gputopo report`` shows, by its schema, and the command that wrote it.
+REPORT_SCHEMAS = {SCHEMA: "doctor", "gputopo/probe/v1": "probe"}
+
+
+def saved_report(doc: object, label: str) -> tuple[dict[str, Any], str]:
+    """A saved report's document (read from the file ``label`` names) and the command that wrote it
+    (any schema in ``REPORT_SCHEMAS``); ``InputError`` in plain words otherwise."""
+    schema = doc.get("schema") if isinstance(doc, dict) else None
+    if not isinstance(doc, dict) or schema not in REPORT_SCHEMAS:
+        found = f"its schema is {schema!r}" if schema else "it has no schema field"
+        raise InputError(f"{label}: not a gputopo doctor or probe report ({found})", REPORT_HINT)
+    kind = REPORT_SCHEMAS[schema]
+    probe = doc if kind == "probe" else doc.get("probe")
+    for entry in (probe.get("sets") if isinstance(probe, dict) else None) or ():
+        gpus = entry.get("gpus") if isinstance(entry, dict) else None
+        if not isinstance(gpus, list) or not all(_is_index(g) for g in gpus):
+            shown = gpus if isinstance(gpus, list) else entry
+            raise InputError(f"{label}: a probed set's GPUs are not GPU indices: {shown!r:.60}", REPORT_HINT)
+    return doc, kind
+
+
+def _is_index(value: object) -> bool:
+    """A GPU index as NVML numbers them: a whole number from 0 (JSON's true/false are not)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1024
