@@ -109,3 +109,22 @@ def test_a_run_stopped_during_the_probes_hands_up_the_report_so_far(tmp_path, co
     assert doc["headline"].startswith("interrupted by SIGTERM; ") and doc["topology"]["gpus"]
     assert "report" not in doc  # written as it stops: it names no files
     assert report.exit_code == 1
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"model": "bogus"}, "--model bogus: unknown model"),
+        ({"health_sample_s": 61.0}, "--sample-s 61: must be 0 to 60 seconds"),
+        ({"steps": 0}, "--steps 0: must be at least 1"),
+        ({"timeout_s": 0.0}, "--timeout 0: must be positive"),
+        ({"inject_gpus": "0,1"}, "--inject and --inject-gpus go together"),
+    ],
+)
+def test_options_are_validated_once_when_built(options, words):
+    """Every cross-option rule of doctor sits in ``Options.__post_init__``: bad input is refused before
+    anything is read (exit 2), whoever builds the options."""
+    from gputopo.errors import UsageError
+
+    with pytest.raises(UsageError, match=words):
+        doctor.Options(**options)
