@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from conftest import invoke, plain_env
-from gputopo.doctor import DoctorOptions, pair_rows, probe_findings, recommendations, run_doctor
+from gputopo.probe.judge.findings import probe_findings
+from gputopo.services.doctor import DoctorOptions, pair_rows, recommendations, run_doctor
 from gputopo.topology import samples
 from gputopo.ui.doctor_markdown import to_markdown
 from gputopo.ui.html_report import render_html
@@ -287,8 +288,8 @@ def test_doctor_without_matplotlib_still_writes_json_and_markdown(tmp_path, monk
 
 
 def test_only_the_default_simulation_is_the_quick_show():
-    from gputopo.doctor import Machine, quick_show, quick_words
     from gputopo.probe.plan.options import Fault
+    from gputopo.services.doctor import Machine, quick_show, quick_words
 
     topo = samples.load("quad-nv4-pairs-2socket")
     simulated, live = Machine(topo, True, "no driver"), Machine(topo, False, None)
@@ -434,11 +435,11 @@ def test_a_gpu_whose_driver_asks_to_drain_p2p_is_in_no_probed_pair_but_still_pro
     ``probe_section`` puts GPU3 back into pairs 0-3, 1-3 and 2-3, and this fails."""
     from datetime import datetime, timezone
 
-    from gputopo import doctor
     from gputopo.probe import shared
     from gputopo.probe.plan import config as probe_config
     from gputopo.probe.plan.schedule import PER_GPU
     from gputopo.probe.pool import devices, runner
+    from gputopo.services import doctor
 
     pytest.importorskip("torch")
     plans = []
@@ -455,7 +456,7 @@ def test_a_gpu_whose_driver_asks_to_drain_p2p_is_in_no_probed_pair_but_still_pro
     sets = doctor.choose_sets(machine.topology, {}, drained)
     best = [r["best"]["gpus"] for r in sets.first if r["best"]]
     assert all(3 not in b for b in best)
-    doctor.probe_section(machine, sets.usable, best, DoctorOptions(steps=2), None, {}, drained)
+    doctor.probe_section(machine, sets.usable, best, DoctorOptions(steps=2), inventory, None, {}, drained)
     (plan,) = plans
     multi = [job for job in plan.jobs if len(job.gpus) > 1 and job.checks != (PER_GPU,)]
     assert multi and all(3 not in job.gpus for job in multi)

@@ -10,7 +10,8 @@ from dataclasses import asdict
 import pytest
 from rich.console import Console
 
-from gputopo.doctor import REMEDIES_TITLE, DoctorOptions, headline, probe_findings, run_doctor
+from gputopo.probe.judge.findings import probe_findings
+from gputopo.services.doctor import REMEDIES_TITLE, DoctorOptions, headline, run_doctor
 from gputopo.topology import samples
 from gputopo.ui.doctor_markdown import to_markdown
 from gputopo.ui.doctor_view import render_doctor

@@ -112,7 +112,7 @@ def test_every_view_shows_the_same_columns_of_a_finding() -> None:
 
 
 def test_a_report_without_a_health_section_still_renders() -> None:
-    from gputopo.doctor import DoctorOptions, run_doctor
+    from gputopo.services.doctor import DoctorOptions, run_doctor
     from gputopo.ui.doctor_view import render_doctor
     from gputopo.ui.html_report import render_html
 
@@ -296,7 +296,7 @@ def test_a_busy_link_below_max_is_named_once_by_health_when_health_ran(driver: P
 
 
 def test_without_health_the_topology_keeps_its_busy_link_finding() -> None:
-    from gputopo.doctor import HealthStep, machine_findings
+    from gputopo.services.doctor import HealthStep, machine_findings
 
     busy = Gpu(
         index=0,

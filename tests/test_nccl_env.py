@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from conftest import invoke
-from gputopo.doctor import DoctorOptions, run_doctor
 from gputopo.findings import NCCL_DEBUG_ONLY, NOTE, PROBLEM, nccl_env_findings
+from gputopo.services.doctor import DoctorOptions, run_doctor
 from gputopo.ui.doctor_markdown import to_markdown
 from gputopo.ui.html_report import render_html
 

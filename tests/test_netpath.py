@@ -395,7 +395,7 @@ def test_topo_shows_the_ports_and_each_pairs_acs(driver: Path, tmp_path: Path) -
 
 
 def test_a_probe_finding_wrong_data_on_a_redirected_pair_names_the_bridge() -> None:
-    from gputopo.doctor import probe_findings
+    from gputopo.probe.judge.findings import probe_findings
 
     probe = {
         "sets": [

@@ -210,7 +210,7 @@ def test_a_split_tray_is_one_problem_through_the_fake_driver(driver: Path, tmp_p
 
 def test_doctor_and_its_reports_show_the_domain_and_the_fabric_findings(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")  # the HTML report's pictures (the probe extra)
-    from gputopo.doctor import DoctorOptions, run_doctor
+    from gputopo.services.doctor import DoctorOptions, run_doctor
     from gputopo.topology import parse_smi
     from gputopo.ui.doctor_markdown import to_markdown, topology_text
     from gputopo.ui.html_report import render_html

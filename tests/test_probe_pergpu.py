@@ -126,7 +126,7 @@ def test_chance_below_is_one_over_the_ways_to_place_the_runs():
 
 
 def test_doctor_says_an_undecided_speed_as_a_note_not_a_problem():
-    from gputopo.doctor import probe_findings
+    from gputopo.probe.judge.findings import probe_findings
 
     rows = [noisy(0, 100, (100, 60, 95, 97)), noisy(1, 70, (70, 66, 69, 68)), row(2), row(3)]
     (found,) = probe_findings(_probe_doc(rows, tolerance=0.25))
@@ -333,7 +333,7 @@ def _probe_doc(rows, tolerance=0.1):
 
 
 def test_doctor_names_each_slow_or_corrupt_gpu_in_the_one_finding_shape():
-    from gputopo.doctor import probe_findings
+    from gputopo.probe.judge.findings import probe_findings
 
     doc = _probe_doc([row(0), row(1, 40), row(2, result_hash=BAD), row(3)])
     found = {f.where: f for f in probe_findings(doc)}

@@ -110,7 +110,7 @@ def test_speed_mode_on_cpu_ranks_gives_the_four_rows_with_speedups(tmp_path):
 def test_doctor_report_shows_the_speed_table_and_draws_the_bars():
     import re
 
-    from gputopo.doctor import DoctorOptions, run_doctor
+    from gputopo.services.doctor import DoctorOptions, run_doctor
     from gputopo.ui.doctor_markdown import to_markdown
     from gputopo.ui.html_report import render_html
 
@@ -138,10 +138,10 @@ def test_doctor_report_shows_the_speed_table_and_draws_the_bars():
 def test_doctor_times_the_recommended_sets_unless_skip_speed(monkeypatch, skip_speed, device, timed):
     from datetime import datetime, timezone
 
-    from gputopo import doctor
     from gputopo.probe import shared
     from gputopo.probe.plan import config as probe_config
     from gputopo.probe.pool import devices, runner
+    from gputopo.services import doctor
 
     plans = []
 
@@ -156,7 +156,7 @@ def test_doctor_times_the_recommended_sets_unless_skip_speed(monkeypatch, skip_s
     monkeypatch.setattr(devices, "detect_devices", lambda requested, **_options: inventory)
     machine = doctor.choose_machine("sample:quad-nv4-pairs-2socket")
     options = doctor.DoctorOptions(steps=2, skip_speed=skip_speed)
-    doctor.probe_section(machine, [0, 1, 2, 3], [[0, 1], [0, 1, 2, 3]], options, None)
+    doctor.probe_section(machine, [0, 1, 2, 3], [[0, 1], [0, 1, 2, 3]], options, inventory)
     (plan,) = plans  # one run, one pool: the speed steps come after the checks
     speed = [job.gpus for job in plan.jobs if job.checks == ("speed",)]
     assert speed == list(timed or ())

@@ -169,7 +169,7 @@ def test_doctor_without_a_driver_shows_the_simulation_but_exits_3(monkeypatch, t
 
 def test_doctor_simulate_on_a_machine_with_gpus_uses_the_sample(tmp_path):
     from fake_nvml import FakeNvml
-    from gputopo.doctor import DoctorOptions, run_doctor
+    from gputopo.services.doctor import DoctorOptions, run_doctor
 
     with FakeNvml.pcie_box().installed():
         doc = run_doctor(DoctorOptions(skip_probe=True, report_dir=tmp_path, simulate=True))
@@ -198,7 +198,7 @@ def test_recommend_json_carries_the_topology_warnings():
 
 
 def test_doctor_carries_the_warnings_into_every_report(tmp_path):
-    from gputopo.doctor import DoctorOptions, run_doctor
+    from gputopo.services.doctor import DoctorOptions, run_doctor
     from gputopo.ui.doctor_markdown import to_markdown
     from gputopo.ui.doctor_view import render_doctor
     from gputopo.ui.html_report import render_html
@@ -228,7 +228,7 @@ def test_doctor_carries_the_warnings_into_every_report(tmp_path):
 
 
 def test_reports_carry_the_link_matrix_gpu_table_and_nic_legend(tmp_path):
-    from gputopo.doctor import DoctorOptions, run_doctor
+    from gputopo.services.doctor import DoctorOptions, run_doctor
     from gputopo.ui.doctor_markdown import to_markdown
     from gputopo.ui.doctor_view import render_doctor
     from gputopo.ui.html_report import render_html

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
@@ -17,6 +18,7 @@ from gputopo.cli.common import (
     guarded,
     read_json_file,
 )
+from gputopo.cli.finish import Views, attach_files, write_files
 from gputopo.cli.nodes import (
     INJECT_NODE_OPTION,
     NNODES_OPTION,
@@ -24,16 +26,19 @@ from gputopo.cli.nodes import (
     RDZV_ENDPOINT_OPTION,
     RDZV_ID_OPTION,
     RDZV_TIMEOUT_OPTION,
+    check_rendezvous,
+    node_options,
+    progress_printer,
     warn_internode,
 )
-from gputopo.errors import EXIT_PROBLEM, InputError, Interrupted, UnavailableError, UsageError
-from gputopo.health.check import DEFAULT_SAMPLE_S
-from gputopo.probe.plan.options import Fault
+from gputopo.errors import InputError, Interrupted, UnavailableError
+from gputopo.report import ensure_report_dir
+from gputopo.services import doctor
+from gputopo.services.doctor import DEFAULT_REPORT_DIR, DEFAULT_SAMPLE_S, DEFAULT_TIMEOUT_S, Fault
 from gputopo.ui.output import Output
 
-REPORT_HINT = "give a reports/doctor-*.json or probe-*.json file that gputopo wrote"
-# Every report gputopo writes, by its schema, and the command that wrote it.
-REPORT_SCHEMAS = {"gputopo/doctor/v1": "doctor", "gputopo/probe/v1": "probe"}
+if TYPE_CHECKING:
+    from gputopo.ui.probe_view import ProbeProgress
 
 
 @app.command(
@@ -73,7 +78,7 @@ def doctor_command(
         "instead of the quick show (a micro CNN, 2 steps).",
     ),
     timeout: float = typer.Option(
-        120.0, help="Seconds a probed set may go without progress before it counts as hung."
+        DEFAULT_TIMEOUT_S, help="Seconds a probed set may go without progress before it counts as hung."
     ),
     skip_probe: bool = typer.Option(
         False,
@@ -89,7 +94,7 @@ def doctor_command(
         "ranks, micro in the quick simulation.",
     ),
     report_dir: Path = typer.Option(
-        Path("reports"), metavar="PATH", help="Where the JSON, Markdown and HTML reports go."
+        DEFAULT_REPORT_DIR, metavar="PATH", help="Where the JSON, Markdown and HTML reports go."
     ),
     html_out: bool | None = typer.Option(
         None,
@@ -146,22 +151,8 @@ def doctor_command(
     tests together; node rank 0 writes the one report and every node exits with the run's verdict.
     """
     out = Output(json_mode=json_out)
-    from gputopo.cli.nodes import check_rendezvous, node_options, progress_printer
-    from gputopo.doctor import DoctorOptions, run_doctor
-    from gputopo.probe.plan.config import MODELS
-    from gputopo.report import ensure_report_dir, write_report
-    from gputopo.ui.doctor_markdown import to_markdown
-
     node = node_options(nnodes, node_rank, rdzv_endpoint, rdzv_id, rdzv_timeout, inject, inject_node)
-
-    if model is not None and model not in MODELS:
-        raise UsageError(f"--model {model}: unknown model", f"choose one of {', '.join(MODELS)}")
-    if not 0 <= sample_s <= 60:
-        raise UsageError(
-            f"--sample-s {sample_s:g}: must be 0 to 60 seconds", "e.g. --sample-s 2 (the default)"
-        )
-    ensure_report_dir(report_dir)
-    options = DoctorOptions(
+    options = doctor.Options(
         input=input,
         steps=steps,
         timeout_s=timeout,
@@ -175,74 +166,84 @@ def doctor_command(
         health_sample_s=sample_s,
         skip_speed=skip_speed,
         node=node,
-        on_row=progress_printer(out, node, json_out) if node is not None else None,
-        on_start=None if json_out else lambda machine: _say_start(out, machine, skip_probe),
         nccl_log=nccl_log,
         dcgm_diag=dcgm_diag,
         health_validation=health_validation,
         full=full,
     )
-
-    def progress(plan):
-        from gputopo.ui.probe_view import ProbeProgress
-
-        sets, ranks = len(plan.sets), len(plan.gpus)
-        out.err.print(
-            f"gputopo doctor: probing {sets} GPU set(s) with one pool of {ranks} ranks "
-            "(each imports torch first)",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
-        )
-        return ProbeProgress(out.err, plan)
-
+    ensure_report_dir(report_dir)
     if node is not None:
         check_rendezvous(node)
+    _finish(out, _run(out, options, json_out), options, html_out, json_out)
+
+
+def _writes(options: doctor.Options) -> bool:
+    """Whether this node writes the report files: across nodes, node rank 0 writes the one report."""
+    return options.node is None or options.node.node_rank == 0
+
+
+def _run(out: Output, options: doctor.Options, json_out: bool) -> doctor.DoctorReport:
+    """Run the doctor with its progress on stderr; a run a signal stopped writes the report so far."""
+    from gputopo.ui.doctor_markdown import to_markdown
+
+    hooks = doctor.Hooks(
+        on_start=None if json_out else partial(_say_start, out, options.skip_probe),
+        probe_bars=None if json_out else partial(_probe_bars, out),
+        on_row=progress_printer(out, options.node, json_out) if options.node is not None else None,
+    )
     try:
-        doc = run_doctor(options, probe_hook=None if json_out else progress)
+        return doctor.run(options, hooks)
     except Interrupted as exc:
-        if isinstance(exc.partial, dict) and (node is None or node.node_rank == 0):
-            paths = write_report("doctor", exc.partial, to_markdown(exc.partial), report_dir)
+        if isinstance(exc.partial, doctor.DoctorReport) and _writes(options):
+            views = Views(markdown=to_markdown)
+            paths = write_files(out, "doctor", exc.partial.document(), views, options.report_dir)
             exc.note = f"the report so far, marked interrupted, is {paths['json']}"
         raise
+
+
+def _finish(
+    out: Output, report: doctor.DoctorReport, options: doctor.Options, html_out: bool | None, json_out: bool
+) -> NoReturn:
+    """The warnings, the report files (node rank 0), the document or the view, and the exit code."""
+    from gputopo.ui.doctor_markdown import to_markdown
+    from gputopo.ui.doctor_view import render_doctor
+    from gputopo.ui.html_report import render_html
+
+    doc = report.document()
     out.warnings(doc.get("warnings") or ())
     if doc["why_simulated"] and json_out:  # the human view prints it at the top itself
         out.warn(doc["why_simulated"])
-    html = None
     # Importing matplotlib costs seconds, most of a --skip-probe run; the quick look skips the pictures.
-    writes = node is None or node.node_rank == 0  # across nodes, node rank 0 writes the one report
-    if writes and (html_out if html_out is not None else not skip_probe or node is not None):
-        from gputopo.ui.html_report import render_html
-
-        try:
-            html = render_html(doc)
-        except ModuleNotFoundError as exc:
-            if exc.name != "matplotlib":
-                raise
-            out.warn("no HTML report: matplotlib is not installed (pip install 'gputopo[probe]')")
-    doc["report"] = None
-    if writes:
-        doc["report"] = write_report("doctor", doc, to_markdown(doc), report_dir, html=html)
+    pictures = html_out if html_out is not None else not options.skip_probe or options.node is not None
+    views = Views(markdown=to_markdown, html=render_html if pictures else None)
+    report = attach_files(out, "doctor", report, views, options.report_dir if _writes(options) else None)
     warn_internode(out, doc)
     if json_out:
-        out.document(doc)
+        out.document(report.document())
     else:
-        from gputopo.ui.doctor_view import render_doctor
-
-        out.show(render_doctor(doc))
-    if doc["simulated"] and input is None and not simulate:
-        # No driver: the simulation above is the best first look, but this machine's GPUs were not checked,
-        # and `gputopo doctor || alert` must not read that as healthy.
-        raise UnavailableError(
-            f"{doc['why_simulated'].split(';')[0]}: this machine's GPUs were not checked "
-            "(the run above is a simulation)",
-            "load the NVIDIA driver (see `nvidia-smi`), or pass --simulate to ask for the simulation",
-        )
-    if doc["verdict"] != "healthy":
-        raise typer.Exit(EXIT_PROBLEM)
+        out.show(render_doctor(report.document()))
+    unavailable = report.unavailable()
+    if unavailable is not None:
+        raise unavailable
+    raise typer.Exit(report.exit_code)
 
 
-def _say_start(out: Output, machine: Any, skip_probe: bool) -> None:
+def _probe_bars(out: Output, plan: doctor.Plan) -> ProbeProgress:
+    """The probes' progress bars on stderr, after a line saying what is probed."""
+    from gputopo.ui.probe_view import ProbeProgress
+
+    sets, ranks = len(plan.sets), len(plan.gpus)
+    out.err.print(
+        f"gputopo doctor: probing {sets} GPU set(s) with one pool of {ranks} ranks "
+        "(each imports torch first)",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    return ProbeProgress(out.err, plan)
+
+
+def _say_start(out: Output, skip_probe: bool, machine: doctor.Machine) -> None:
     """The first line, said once the machine is read and before the slow part (health reads, the ranks'
     torch start-up), so a first run is not silent on a terminal or a pipe (rich flushes each print)."""
     topo = machine.topology
@@ -272,73 +273,57 @@ def report_command(
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Show a saved doctor or probe report in the terminal (and re-render its HTML)."""
-    from gputopo.outputs import write_output
+    from gputopo.outputs import check_output, write_output
 
     out = Output(json_mode=json_out)
     doc, kind = read_report(path)
-    if html is not None:
-        _check_html_target(html)
+    if html is not None:  # a path that can't be written is refused before any work
+        check_output(html, "--html", "report.html")
     try:
         if kind == "probe" and not isinstance(doc.get("sets"), list):
             raise KeyError("sets")
-        if html is not None:
-            from gputopo.ui.html_report import render_html, render_probe_html
-
-            try:
-                rendered = render_probe_html(doc) if kind == "probe" else render_html(doc)
-            except ModuleNotFoundError as exc:
-                if exc.name != "matplotlib":
-                    raise
-                raise UnavailableError(
-                    "--html needs matplotlib to draw the pictures, and it is not installed",
-                    "pip install 'gputopo[probe]' (or leave out --html for the terminal view)",
-                ) from None
+        rendered = _saved_html(doc, kind) if html is not None else None
         out.warnings(doc.get("warnings") or ())
-        if json_out:
-            out.document(doc)
-        elif kind == "probe":
-            from gputopo.ui.probe_view import render_nodes, render_probe
-
-            out.show(render_nodes(doc) if doc.get("nodes") else render_probe(doc))
-        else:
-            from gputopo.ui.doctor_view import render_doctor
-
-            out.show(render_doctor(doc))
+        _show_saved(out, doc, kind, json_out)
     except (KeyError, TypeError, AttributeError, ValueError, IndexError):
         raise InputError(
             f"{path}: an incomplete or damaged {kind} report (a section is missing or malformed)",
             f"was it edited by hand? rerun gputopo {kind}",
         ) from None
-    if html is not None:
+    if html is not None and rendered is not None:
         write_output(html, rendered, "--html")
         out.err.print(f"wrote {html}")
 
 
+def _saved_html(doc: dict, kind: str) -> str:
+    """The saved report's HTML page; matplotlib missing is said in one line (exit 3)."""
+    from gputopo.ui.html_report import render_html, render_probe_html
+
+    try:
+        return render_probe_html(doc) if kind == "probe" else render_html(doc)
+    except ModuleNotFoundError as exc:
+        if exc.name != "matplotlib":
+            raise
+        raise UnavailableError(
+            "--html needs matplotlib to draw the pictures, and it is not installed",
+            "pip install 'gputopo[probe]' (or leave out --html for the terminal view)",
+        ) from None
+
+
+def _show_saved(out: Output, doc: dict, kind: str, json_out: bool) -> None:
+    """The saved report as it was written (``--json``), or its terminal view."""
+    if json_out:
+        out.document(doc)
+    elif kind == "probe":
+        from gputopo.ui.probe_view import render_nodes, render_probe
+
+        out.show(render_nodes(doc) if doc.get("nodes") else render_probe(doc))
+    else:
+        from gputopo.ui.doctor_view import render_doctor
+
+        out.show(render_doctor(doc))
+
+
 def read_report(path: Path) -> tuple[dict, str]:
-    """The report at ``path`` (any schema in ``REPORT_SCHEMAS``) and the command that wrote it;
-    ``InputError`` in plain words otherwise."""
-    doc = read_json_file(path, str(path), REPORT_HINT)
-    schema = doc.get("schema") if isinstance(doc, dict) else None
-    if schema not in REPORT_SCHEMAS:
-        found = f"its schema is {schema!r}" if schema else "it has no schema field"
-        raise InputError(f"{path}: not a gputopo doctor or probe report ({found})", REPORT_HINT)
-    kind = REPORT_SCHEMAS[schema]
-    probe = doc if kind == "probe" else doc.get("probe")
-    for entry in (probe.get("sets") if isinstance(probe, dict) else None) or ():
-        gpus = entry.get("gpus") if isinstance(entry, dict) else None
-        if not isinstance(gpus, list) or not all(_is_index(g) for g in gpus):
-            shown = gpus if isinstance(gpus, list) else entry
-            raise InputError(f"{path}: a probed set's GPUs are not GPU indices: {shown!r:.60}", REPORT_HINT)
-    return doc, kind
-
-
-def _is_index(value: object) -> bool:
-    """A GPU index as NVML numbers them: a whole number from 0 (JSON's true/false are not)."""
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1024
-
-
-def _check_html_target(html: Path) -> None:
-    """Refuse an ``--html`` path that can't be written before any work (``outputs.check_output``)."""
-    from gputopo.outputs import check_output
-
-    check_output(html, "--html", "report.html")
+    """The report at ``path`` and the command that wrote it (``services.doctor.saved_report``)."""
+    return doctor.saved_report(read_json_file(path, str(path), doctor.REPORT_HINT), str(path))

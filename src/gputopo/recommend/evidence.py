@@ -12,7 +12,7 @@ from typing import Any
 from gputopo.errors import InputError
 
 PROBE_SCHEMA = "gputopo/probe/v1"
-DOCTOR_SCHEMA = "gputopo/doctor/v1"  # mirrors gputopo.doctor.SCHEMA (doctor sits floors above)
+DOCTOR_SCHEMA = "gputopo/doctor/v1"  # mirrors gputopo.services.doctor.SCHEMA (floors above)
 
 
 # A probe finding of "slow" is about bandwidth, which the measured figure already carries; every other

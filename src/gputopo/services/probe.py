@@ -428,16 +428,16 @@ def wrong_data(doc: Document) -> bool:
 
 def live_redirected() -> tuple[RedirectedPair, ...]:
     """This machine's GPU pairs behind an ACS-redirecting bridge (sysfs; docs/topo.md)."""
-    from gputopo.doctor import redirected_pairs
+    from gputopo.fabric import redirected_for
     from gputopo.machine import load_topology
 
-    return redirected_pairs(load_topology(None))
+    return redirected_for(load_topology(None))
 
 
 def path_causes(doc: Document, redirected: tuple[RedirectedPair, ...]) -> list[str]:
     """One line per failed wrong-data check on a set with a pair behind an ACS-redirecting bridge: the
     bridge is the likely cause."""
-    from gputopo.doctor import probe_findings
+    from gputopo.probe.judge.findings import probe_findings
 
     return [
         f"{f.where}: {f.what}" for f in probe_findings(doc, redirected) if "the likely cause: ACS" in f.what

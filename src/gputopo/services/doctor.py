@@ -1,4 +1,4 @@
-"""``gputopo doctor``: the whole check of one machine, as one report document.
+"""``gputopo doctor``'s service: the whole check of one machine, as one report.
 
 It reads the topology, judges the links and the environment's NCCL settings (``findings``), lists stale
 GPU holders (dry run), probes every pair shortly and the recommended sets for the common sizes,
@@ -6,9 +6,12 @@ recommends sets again in the light of what the probes found, and sums it all up.
 NVIDIA GPU it runs the same steps on a sample machine with CPU ranks standing in for the GPUs, and says
 "simulated" everywhere.
 
-The result is a plain ``gputopo/doctor/v1`` dict, so the report can be saved, re-rendered and turned
-into HTML anywhere (``gputopo report``; its Markdown is ``ui.doctor_markdown``). This module only
-orchestrates: ``run_doctor`` is the pipeline, one step a line, and each step is a function below it.
+The CLI builds ``Options`` (validated once, here), calls ``run`` with ``Hooks`` (typed callbacks: no
+console or typer object comes down) and renders the ``DoctorReport``, whose ``document()`` is the whole
+``gputopo/doctor/v1`` JSON, so the report can be saved, re-rendered and turned into HTML anywhere
+(``gputopo report``; its Markdown is ``ui.doctor_markdown``). ``run`` is the pipeline, one step a line,
+and each step is a function below it. What a step reads is read once and handed down: the topology, the
+health window, the PCIe path table (``fabric.redirected_for``) and the device inventory (``read_inventory``).
 """
 
 from __future__ import annotations
@@ -19,51 +22,120 @@ from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from gputopo import __version__
-from gputopo.errors import GputopoError, Interrupted, UnavailableError, UsageError
+from gputopo import __version__, fabric
+from gputopo.errors import (
+    EXIT_PROBLEM,
+    EXIT_UNAVAILABLE,
+    GputopoError,
+    InputError,
+    Interrupted,
+    UnavailableError,
+    UsageError,
+)
 from gputopo.findings import NOTE, PROBLEM, Finding, link_findings, nccl_env_findings
 from gputopo.health.check import DEFAULT_NVML_TIMEOUT_S, DEFAULT_SAMPLE_S
 from gputopo.model import Topology
+from gputopo.probe.judge.findings import probe_findings
+from gputopo.probe.plan.options import Fault
+
+if TYPE_CHECKING:
+    from gputopo.probe.plan.config import DeviceInventory
+    from gputopo.probe.plan.nodes import NodeOptions
+    from gputopo.probe.plan.schedule import Job, Plan
 
 SCHEMA = "gputopo/doctor/v1"
 DEFAULT_SAMPLE = "quad-nv4-pairs-2socket"
 COMMON_SIZES = (2, 4)
 # CPU stand-in ranks exist for indices 0-7 only (gputopo.probe.plan.config.CPU_STAND_INS).
 MAX_SIMULATED_GPUS = 8
+DEFAULT_TIMEOUT_S = 120.0
+DEFAULT_REPORT_DIR = Path("reports")
+MAX_SAMPLE_S = 60.0
+# The CLI's typer defaults come from here: the constants above, ``DEFAULT_SAMPLE_S`` (``health.check``'s)
+# and the drill's ``Fault``, so cli/ imports nothing below the service.
 
 
 @dataclass(frozen=True, kw_only=True)
-class DoctorOptions:
-    """What the user chose, by keyword, built and validated once per command (``check_options``); each
-    default is written here once. ``None`` means the default for the device (tiny ResNet on CPU, the
-    quick show's micro CNN in a simulation)."""
+class Options:
+    """What the user chose, by keyword, built and validated once per command (``UsageError``, exit 2,
+    before anything is read); each default is written here once. ``None`` means the default for the
+    device (tiny ResNet on CPU, the quick show's micro CNN in a simulation)."""
 
     input: str | None = None
     steps: int | None = None  # None: DEFAULT_STEPS, or the quick show's QUICK_STEPS
-    timeout_s: float = 120.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
     skip_probe: bool = False
     model: str | None = None
-    report_dir: Path = Path("reports")
+    report_dir: Path = DEFAULT_REPORT_DIR
     env: Mapping[str, str] | None = None  # the environment whose NCCL settings are checked (os.environ)
     simulate: bool = False  # asked for: run on the sample machine even where there are GPUs
-    inject: Any = None  # a ``probe.plan.options.Fault`` for a drill, planted where ``inject_gpus`` says
+    inject: Fault | None = None  # a drill's fault, planted where ``inject_gpus`` says
     inject_gpus: str | None = None
     nvml_timeout_s: float | None = None  # per live NVML read; None: the default
     health_sample_s: float = (
         DEFAULT_SAMPLE_S  # the health check's window between its two samples (check's --sample-s)
     )
     skip_speed: bool = False
-    # Across nodes (``gputopo.probe.plan.nodes.NodeOptions``): after this machine's checks, the inter-node
-    # tests; ``inject`` then goes into them (on ``node.inject_node``), not into this machine's probes.
-    node: Any = None
-    on_row: Any = None  # prints the inter-node progress
-    on_start: Any = None  # called with the ``Machine`` once it is read, before anything slow (a first line)
+    # Across nodes: after this machine's checks, the inter-node tests; ``inject`` then goes into them (on
+    # ``node.inject_node``), not into this machine's probes.
+    node: NodeOptions | None = None
     nccl_log: Path | None = None  # a job's output whose ``NCCL DIAG`` lines join the findings (--nccl-log)
     dcgm_diag: Path | None = None  # a saved ``dcgmi diag -j`` output whose results join the findings
     health_validation: Path | None = None  # a saved NVIDIA Health Validation NodeVerdict, likewise
     full: bool = False  # a simulation runs the full probe, not the quick show
+
+    def __post_init__(self) -> None:
+        from gputopo.probe.plan.config import MODELS
+
+        if self.model is not None and self.model not in MODELS:
+            raise UsageError(f"--model {self.model}: unknown model", f"choose one of {', '.join(MODELS)}")
+        if not 0 <= self.health_sample_s <= MAX_SAMPLE_S:
+            raise UsageError(
+                f"--sample-s {self.health_sample_s:g}: must be 0 to 60 seconds",
+                "e.g. --sample-s 2 (the default)",
+            )
+        if self.steps is not None and self.steps < 1:
+            raise UsageError(f"--steps {self.steps}: must be at least 1", "e.g. --steps 5")
+        if not self.timeout_s > 0:
+            raise UsageError(f"--timeout {self.timeout_s:g}: must be positive", "e.g. --timeout 120")
+        across = self.node is not None and self.inject is not None
+        if across and self.inject_gpus is not None:
+            raise UsageError(
+                "across nodes --inject goes into the inter-node tests of --inject-node", "drop --inject-gpus"
+            )
+        if not across and (self.inject is None) != (self.inject_gpus is None):
+            raise UsageError(
+                "--inject and --inject-gpus go together in doctor", "e.g. --inject corrupt --inject-gpus 5,6"
+            )
+        if self.inject is not None and self.skip_probe and self.node is None:
+            raise UsageError("--inject plants a fault in the probes, and --skip-probe skips them", "drop one")
+
+    @property
+    def no_driver_is_unavailable(self) -> bool:
+        """Whether a machine without a driver, shown simulated, exits 3: nobody asked for a simulation."""
+        return self.input is None and not self.simulate
+
+
+DoctorOptions = Options  # the name scripts and tests have used
+
+
+class ProbeBars(Protocol):
+    """What shows the probes' progress: told of every row a job of the plan reports."""
+
+    def update(self, job: Job, row: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """What the service tells its caller while it runs: ``on_start`` the ``Machine`` once it is read,
+    before anything slow (a first line); ``probe_bars`` given the probe plan, a context manager whose
+    value shows the progress of its jobs; ``on_row`` every progress row of the inter-node tests."""
+
+    on_start: Callable[[Machine], None] | None = None
+    probe_bars: Callable[[Plan], AbstractContextManager[ProbeBars]] | None = None
+    on_row: Callable[[dict[str, Any]], None] | None = None
 
 
 # The first look a newcomer gets without a GPU (``doctor`` or ``doctor --simulate`` on the default sample)
@@ -74,7 +146,7 @@ QUICK_STEPS = 2
 QUICK_MODEL = "micro"
 
 
-def quick_show(machine: Machine, options: DoctorOptions) -> bool:
+def quick_show(machine: Machine, options: Options) -> bool:
     """Whether this run is the quick simulated show: the default sample simulated on CPU ranks, no drill,
     no nodes, not ``--full``. A machine given with ``--input`` gets the full probe."""
     return (
@@ -87,7 +159,7 @@ def quick_show(machine: Machine, options: DoctorOptions) -> bool:
     )
 
 
-def quick_words(options: DoctorOptions) -> str:
+def quick_words(options: Options) -> str:
     """How the quick show differs from the full probe, for its label."""
     model = options.model or QUICK_MODEL
     steps = options.steps or QUICK_STEPS
@@ -102,10 +174,6 @@ class Machine:
     simulated: bool
     why_simulated: str | None
     quick: bool = False  # the quick simulated show (``quick_show``), labelled in ``why_simulated``
-
-
-# Given a probe plan, a context manager whose value has ``update(job, row)`` (progress bars).
-ProbeHook = Callable[[Any], AbstractContextManager[Any]]
 
 
 def choose_machine(spec: str | None, simulate: bool = False, nvml_timeout_s: float | None = None) -> Machine:
@@ -150,16 +218,17 @@ def recommendations(
     evidence_doc: dict[str, Any] | None,
     unhealthy: Mapping[int, str] | None = None,
     no_p2p: Mapping[int, str] | None = None,
+    redirected: Redirected = (),
 ) -> list[dict[str, Any]]:
     """The best set for each size (GPUs with a health problem left out, and those whose driver asks to
     drain P2P, ``no_p2p``, left out of every set of two or more), with its export line; a size that can't
-    be met says why."""
+    be met says why. A pair behind an ACS-redirecting bridge (``redirected``, read once by ``run``) ranks
+    after clean ones."""
     from gputopo.recommend import Constraints, candidate_dict, evidence_from_report, recommend
 
     evidence = evidence_from_report(evidence_doc, "doctor probes") if evidence_doc else None
     sick = tuple(sorted((unhealthy or {}).items()))
     drained = tuple(sorted((no_p2p or {}).items()))
-    redirected = redirected_pairs(topo)  # pairs behind an ACS-redirecting bridge rank after clean ones
     out = []
     for k in sizes:
         try:
@@ -197,33 +266,58 @@ def stale_section() -> dict[str, Any]:
     return doc
 
 
+def read_inventory(machine: Machine, options: Options) -> DeviceInventory | UnavailableError | None:
+    """What the probes can drive (torch, and CUDA on a live machine), read once and handed to both the
+    probes and the inter-node tests; ``None`` where neither runs. A machine that cannot probe (no torch,
+    no CUDA) hands down the ``UnavailableError``: the probes turn it into a note, across nodes it ends the
+    run. On a live machine the topology doctor read is handed down, so NVML is not read again."""
+    if options.skip_probe and options.node is None:
+        return None
+    from gputopo.probe.pool.devices import detect_devices, require_torch
+
+    try:
+        require_torch()
+        live_topology = None if machine.simulated else machine.topology
+        return detect_devices(
+            "cpu" if machine.simulated else None,
+            nvml_timeout_s=options.nvml_timeout_s,
+            topology=live_topology,
+        )
+    except UnavailableError as exc:
+        return exc
+
+
+def _inventory(found: DeviceInventory | UnavailableError | None) -> DeviceInventory:
+    """The inventory ``read_inventory`` handed down, or its error raised where it is needed."""
+    if isinstance(found, UnavailableError):
+        raise found
+    if found is None:  # read_inventory reads it wherever a probe or an inter-node test runs
+        raise ValueError("no device inventory was read for this step")
+    return found
+
+
 def probe_section(
     machine: Machine,
     usable: list[int],
     sizes_sets: list[list[int]],
-    options: DoctorOptions,
-    hook: ProbeHook | None,
+    options: Options,
+    inventory: DeviceInventory,
+    bars: Callable[[Plan], AbstractContextManager[ProbeBars]] | None = None,
     sick: Mapping[int, str] | None = None,
     no_p2p: Mapping[int, str] | None = None,
 ) -> dict[str, Any] | None:
     """Every pair (short) and the recommended larger sets in one probe run (one pool of ranks, a fresh
     one only after a hang or crash); its ``gputopo/probe/v1`` document. What doctor already read is
-    handed down: the machine's topology (for the GPU list and the bandwidth model) and, on a live
-    machine, the health its window found (``sick``), so the probe reads neither again. A GPU whose
-    driver asks to drain P2P (``no_p2p``) is in no pair: it gets the one-GPU checks alone."""
+    handed down: the device inventory, the machine's topology (for the GPU list and the bandwidth model)
+    and, on a live machine, the health its window found (``sick``), so the probe reads none of them again.
+    A GPU whose driver asks to drain P2P (``no_p2p``) is in no pair: it gets the one-GPU checks alone."""
     from gputopo.probe.plan.config import build_config
     from gputopo.probe.plan.options import Mode
     from gputopo.probe.plan.schedule import Job, make_plan
-    from gputopo.probe.pool.devices import detect_devices, require_torch
     from gputopo.probe.pool.runner import run_probe
     from gputopo.probe.report.document import to_document
     from gputopo.probe.shared import TopologyView
 
-    require_torch()
-    live_topology = None if machine.simulated else machine.topology
-    inventory = detect_devices(
-        "cpu" if machine.simulated else None, nvml_timeout_s=options.nvml_timeout_s, topology=live_topology
-    )
     if inventory.device == "cuda":
         # A preset CUDA_VISIBLE_DEVICES (a Slurm job) limits the GPUs this process may probe.
         allowed = set(inventory.gpus)
@@ -265,11 +359,11 @@ def probe_section(
     # probe's --input would load again).
     view = TopologyView(machine.topology) if inventory.device == "cuda" or topology_input else None
     handed = {"plan": plan, "view": view, "sick": None if machine.simulated else dict(sick or {})}
-    if hook is None:
+    if bars is None:
         run = run_probe(config, **handed)
     else:
-        with hook(plan) as bars:
-            run = run_probe(config, bars.update, **handed)
+        with bars(plan) as shown:
+            run = run_probe(config, shown.update, **handed)
     return to_document(run)
 
 
@@ -306,136 +400,67 @@ def _code(topo: Topology, a: int, b: int) -> str | None:
     return link.code if link else None
 
 
-def probe_findings(
-    probe: dict[str, Any] | None, redirected: tuple[tuple[int, int, tuple[str, ...]], ...] = ()
-) -> list[Finding]:
-    """A problem for every failed check, with the probe's remedy. Wrong data on a set with a pair whose
-    PCIe path crosses an ACS-redirecting bridge (``redirected``) names that bridge as the likely cause."""
-    out = []
-    behind = {frozenset((a, b)): bridges for a, b, bridges in redirected}
-    for s in (probe or {}).get("sets", []):
-        where = "GPUs " + ",".join(str(g) for g in s["gpus"])
-        pairs = [
-            (a, b) for i, a in enumerate(s["gpus"]) for b in s["gpus"][i + 1 :] if frozenset((a, b)) in behind
-        ]
-        for c in s["checks"]:
-            if c["name"] == "gpu" and c.get("kind") not in ("hung", "crashed"):
-                out += per_gpu_findings(c)  # one per GPU found slow, corrupt or undecided (pass or fail)
-            elif c["verdict"] == "fail":
-                what = f"{c['name']} check failed ({c.get('kind')}): {c.get('detail')}"
-                if pairs and c.get("kind") in ("corrupt", "nan", "diverged"):
-                    bridges = sorted({br for a, b in pairs for br in behind[frozenset((a, b))]})
-                    what += (
-                        f"; the likely cause: ACS redirects P2P between "
-                        f"{', '.join(f'GPU{a}-GPU{b}' for a, b in pairs)} at bridge {', '.join(bridges)} "
-                        "(see that bridge's finding)"
-                    )
-                out.append(Finding(where, what, c.get("remedy") or "see the probe report"))
-    return out
+# A GPU pair behind an ACS-redirecting bridge: (GPU, GPU, the bridges that redirect P2P between them).
+Redirected = tuple[tuple[int, int, tuple[str, ...]], ...]
 
 
-def redirected_pairs(topo: Topology) -> tuple[tuple[int, int, tuple[str, ...]], ...]:
-    """This machine's GPU pairs behind an ACS-redirecting bridge (``fabric``); none for a simulated one."""
-    if not topo.live:
-        return ()
-    from gputopo import fabric
-
-    return fabric.redirected(fabric.gpu_bus_ids([(g.index, g.pci_bus_id) for g in topo.gpus]))
-
-
-_UNDECIDED_SPEED_REMEDY = (
-    "Nothing to do for it now: run `gputopo probe --mode gpu` again when the machine is quieter to decide."
-)
-
-
-def per_gpu_findings(check: dict[str, Any]) -> list[Finding]:
-    """The per-GPU check's slow or corrupt GPUs, one finding each (``drain`` for a corrupt GPU); a GPU
-    whose speed is undecided (a difference this machine's noise swallows) is a note, not a problem."""
-    out = []
-    for row in (check.get("metrics") or {}).get("rows") or []:
-        verdict = row.get("verdict")
-        if verdict in ("slow", "corrupt", "undecided"):
-            action = "drain" if verdict == "corrupt" else "monitor"
-            what = f"per-GPU check: {verdict}: {row.get('why')}"
-            remedy = check.get("remedy") or "see the probe report"
-            if row.get("undecided_about") == "speed":
-                what, remedy = f"per-GPU check: {row.get('why')}", _UNDECIDED_SPEED_REMEDY
-            severity = NOTE if row.get("undecided_about") == "speed" else PROBLEM
-            out.append(
-                Finding(
-                    f"GPU{row['gpu']}", what, remedy, severity, row["gpu"], category="compute", action=action
-                )
-            )
-    return out
-
-
-def run_doctor(options: DoctorOptions, probe_hook: ProbeHook | None = None) -> dict[str, Any]:
-    """Check the machine end to end and return the ``gputopo/doctor/v1`` document (not yet written).
+def run(options: Options, hooks: Hooks | None = None) -> DoctorReport:
+    """Check the machine end to end: the report (its files not yet written).
 
     A pipeline, read top to bottom: each step takes what the one before it handed over and calls no
-    step back.
+    step back. A stop signal during the probes raises ``Interrupted`` whose ``partial`` is the report so
+    far, marked interrupted.
     """
-    check_options(options)
+    hooks = hooks or Hooks()
     diag = nccl_log_findings(options.nccl_log)  # NCCL DIAG lines of a job's log, read before the slow part
     diag += imported_findings(options)  # saved dcgmi diag / Health Validation results, likewise
     machine = read_machine(options)  # the topology: this machine, or a sample simulated on CPU
-    if options.on_start is not None:
-        options.on_start(machine)
+    if hooks.on_start is not None:
+        hooks.on_start(machine)
     health = check_health(machine, options)  # node health first: its sick GPUs are left out below
+    redirected = fabric.redirected_for(machine.topology)  # the PCIe path table, read once for the steps below
     findings = machine_findings(machine.topology, options.env, health) + diag  # links, NCCL settings
-    sets = choose_sets(machine.topology, health.unhealthy, health.no_p2p)  # usable GPUs, sizes, best sets
+    topo = machine.topology
+    sets = choose_sets(topo, health.unhealthy, health.no_p2p, redirected)  # usable GPUs, sizes, best sets
+    inventory = read_inventory(machine, options)  # what can be probed: once, for the probes and the nodes
     try:
-        probe = run_probes(machine, sets, options, probe_hook)  # probe plan -> one probe run
+        probe = run_probes(machine, sets, options, inventory, hooks.probe_bars)  # probe plan -> one run
     except Interrupted as exc:  # a stop signal: what was complete goes up with it, marked interrupted
-        exc.partial = interrupted_document(machine, sets, findings, exc, health)
+        exc.partial = interrupted_report(machine, sets, findings, exc, health, redirected, options)
         raise
-    judged = judge(machine.topology, sets, findings, probe)  # probe findings; sets chosen again
-    doc = to_document(machine, sets, judged, probe, health)  # the report document
-    if options.node is not None:
-        doc = across_nodes(doc, machine, sets.usable, options)  # this node's part of the run across nodes
-    return doc
+    judged = judge(topo, sets, findings, probe, redirected)  # probe findings; sets chosen again
+    report = make_report(machine, sets, judged, probe, health, options)  # the stale holders read here
+    if options.node is not None:  # this node's part of the run across nodes
+        report = across_nodes(report, _inventory(inventory), options, hooks.on_row)
+    return report
 
 
-def interrupted_document(
-    machine: Machine, sets: Sets, findings: list[Finding], exc: Interrupted, health: HealthStep
-) -> dict[str, Any]:
-    """The document of a doctor run a signal stopped during the probes: topology, findings and sets as
+def run_doctor(options: Options, hooks: Hooks | None = None) -> dict[str, Any]:
+    """``run``'s document alone (scripts and tests that want the ``gputopo/doctor/v1`` dict)."""
+    return run(options, hooks).document()
+
+
+def interrupted_report(
+    machine: Machine,
+    sets: Sets,
+    findings: list[Finding],
+    exc: Interrupted,
+    health: HealthStep,
+    redirected: Redirected,
+    options: Options,
+) -> DoctorReport:
+    """The report of a doctor run a signal stopped during the probes: topology, findings and sets as
     judged before it, the probe checks done so far (the rest say "not reached"), marked ``interrupted``."""
     from gputopo.probe.report.document import to_document as probe_document
 
     note = f"interrupted by {exc.name}"
     probe = ProbeStep(probe_document(exc.partial) if exc.partial is not None else None, note)
     try:
-        judged = judge(machine.topology, sets, findings, probe)
+        judged = judge(machine.topology, sets, findings, probe, redirected)
     except Exception:  # a partial probe must never cost the rest of the report
         probe = ProbeStep(None, note)
-        judged = judge(machine.topology, sets, findings, probe)
-    doc = to_document(machine, sets, judged, probe, health)
-    return {
-        **doc,
-        "verdict": "interrupted",
-        "interrupted": exc.name,
-        "headline": f"{note}; {doc['headline']}",
-    }
-
-
-def check_options(options: DoctorOptions) -> None:
-    """Usage errors in the options, before anything is read (exit 2)."""
-    if options.steps is not None and options.steps < 1:
-        raise UsageError(f"--steps {options.steps}: must be at least 1", "e.g. --steps 5")
-    if not options.timeout_s > 0:
-        raise UsageError(f"--timeout {options.timeout_s:g}: must be positive", "e.g. --timeout 120")
-    across = options.node is not None and options.inject is not None
-    if across and options.inject_gpus is not None:
-        raise UsageError(
-            "across nodes --inject goes into the inter-node tests of --inject-node", "drop --inject-gpus"
-        )
-    if not across and (options.inject is None) != (options.inject_gpus is None):
-        raise UsageError(
-            "--inject and --inject-gpus go together in doctor", "e.g. --inject corrupt --inject-gpus 5,6"
-        )
-    if options.inject is not None and options.skip_probe and options.node is None:
-        raise UsageError("--inject plants a fault in the probes, and --skip-probe skips them", "drop one")
+        judged = judge(machine.topology, sets, findings, probe, redirected)
+    return replace(make_report(machine, sets, judged, probe, health, options), interrupted=exc.name)
 
 
 def nccl_log_findings(path: Path | None) -> list[Finding]:
@@ -444,7 +469,7 @@ def nccl_log_findings(path: Path | None) -> list[Finding]:
     ``InputError`` (exit 2) before anything else runs."""
     if path is None:
         return []
-    from gputopo.findings import NOTE, finding_from_json
+    from gputopo.findings import finding_from_json
     from gputopo.hang.nccl_diag import diag_findings, read_diag
 
     lines = read_diag(path)
@@ -460,7 +485,7 @@ def nccl_log_findings(path: Path | None) -> list[Finding]:
     ]
 
 
-def imported_findings(options: DoctorOptions) -> list[Finding]:
+def imported_findings(options: Options) -> list[Finding]:
     """``--dcgm-diag FILE`` and ``--health-validation FILE``: each file's findings (DCGM's failures as
     problems on the GPU it names, warnings and skipped tests as notes; Health Validation's CRITICAL and
     UNKNOWN as problems), after a note that says what the file said as a whole. An unreadable file is an
@@ -477,7 +502,7 @@ def imported_findings(options: DoctorOptions) -> list[Finding]:
     return found
 
 
-def read_machine(options: DoctorOptions) -> Machine:
+def read_machine(options: Options) -> Machine:
     """The machine to check (``choose_machine``), refused when CPU ranks cannot stand in for its GPUs."""
     machine = choose_machine(options.input, options.simulate, options.nvml_timeout_s)
     topo = machine.topology
@@ -522,7 +547,7 @@ class HealthStep:
         }
 
 
-def check_health(machine: Machine, options: DoctorOptions) -> HealthStep:
+def check_health(machine: Machine, options: Options) -> HealthStep:
     """Run the node health check (two NVML samples ``health_sample_s`` apart, the kernel log's Xid lines)
     on the live machine; a simulated machine has no health to read, and says so."""
     if machine.simulated:
@@ -564,9 +589,6 @@ def check_health(machine: Machine, options: DoctorOptions) -> HealthStep:
         if f.severity == PROBLEM and f.gpu is not None:
             unhealthy.setdefault(f.gpu, f.what)
     window = sample_s if result.sample is not None and sample_s > 0 else None
-    from gputopo.health.judge import p2p_drained
-
-    no_p2p = {g: what for g, what in p2p_drained(kept).items() if g not in unhealthy}
     return HealthStep(
         result.sample is not None,
         result.verdict,
@@ -575,8 +597,17 @@ def check_health(machine: Machine, options: DoctorOptions) -> HealthStep:
         not_checked,
         unhealthy,
         window,
-        no_p2p,
+        drained_p2p(kept, unhealthy),
     )
+
+
+def drained_p2p(findings: tuple[Finding, ...], unhealthy: Mapping[int, str]) -> dict[int, str]:
+    """The drain rule, applied in this one place: the GPUs whose driver asks to drain P2P (index -> why),
+    kept out of every multi-GPU set and probed alone; a GPU already left out as unhealthy is not named
+    again. (The shared machine step, ``services/machine.py``, is to take this over.)"""
+    from gputopo.health.judge import p2p_drained
+
+    return {g: what for g, what in p2p_drained(findings).items() if g not in unhealthy}
 
 
 def machine_findings(
@@ -607,11 +638,14 @@ class Sets:
 
 
 def choose_sets(
-    topo: Topology, unhealthy: Mapping[int, str] | None = None, no_p2p: Mapping[int, str] | None = None
+    topo: Topology,
+    unhealthy: Mapping[int, str] | None = None,
+    no_p2p: Mapping[int, str] | None = None,
+    redirected: Redirected = (),
 ) -> Sets:
     """Usable GPUs (none with a health problem), the common sizes that fit, and the recommended set of
     each size; a GPU whose driver asks to drain P2P (``no_p2p``) is in no set, so the sizes count
-    without it."""
+    without it; a pair behind an ACS-redirecting bridge (``redirected``) ranks after clean ones."""
     from gputopo.recommend import Constraints, exclusions
 
     usable, left_out = usable_gpus(topo, unhealthy)
@@ -624,7 +658,8 @@ def choose_sets(
         )
     sizes = common_sizes(len(usable) - len(drained))
     sick = dict(unhealthy or {})
-    return Sets(usable, left_out, sizes, recommendations(topo, sizes, None, sick, drained), sick, drained)
+    first = recommendations(topo, sizes, None, sick, drained, redirected)
+    return Sets(usable, left_out, sizes, first, sick, drained)
 
 
 @dataclass(frozen=True)
@@ -636,17 +671,22 @@ class ProbeStep:
 
 
 def run_probes(
-    machine: Machine, sets: Sets, options: DoctorOptions, probe_hook: ProbeHook | None
+    machine: Machine,
+    sets: Sets,
+    options: Options,
+    inventory: DeviceInventory | UnavailableError | None,
+    bars: Callable[[Plan], AbstractContextManager[ProbeBars]] | None = None,
 ) -> ProbeStep:
     """Every usable pair and the recommended sets, probed in one run, unless ``--skip-probe``; a machine
-    that cannot probe (no torch, no CUDA) gets a note instead."""
+    that cannot probe (no torch, no CUDA: ``inventory`` is the error) gets a note instead."""
     if options.skip_probe:
         return ProbeStep(None, "skipped (--skip-probe)")
     try:
         best = [r["best"]["gpus"] for r in sets.first if r["best"]]
         local = replace(options, inject=None, inject_gpus=None) if options.node is not None else options
+        found = _inventory(inventory)
         return ProbeStep(
-            probe_section(machine, sets.usable, best, local, probe_hook, sets.unhealthy, sets.no_p2p), None
+            probe_section(machine, sets.usable, best, local, found, bars, sets.unhealthy, sets.no_p2p), None
         )
     except UnavailableError as exc:
         return ProbeStep(None, f"not run: {exc.message}" + (f" ({exc.hint})" if exc.hint else ""))
@@ -660,50 +700,148 @@ class Judged:
     recommendations: list[dict[str, Any]]
 
 
-def judge(topo: Topology, sets: Sets, findings: list[Finding], probe: ProbeStep) -> Judged:
-    """The probe's failed checks become findings; the probe's evidence re-ranks the sets."""
-    findings = findings + probe_findings(probe.doc, redirected_pairs(topo))
+def judge(
+    topo: Topology, sets: Sets, findings: list[Finding], probe: ProbeStep, redirected: Redirected = ()
+) -> Judged:
+    """The probe's failed checks become findings (wrong data behind an ACS-redirecting bridge names the
+    bridge); the probe's evidence re-ranks the sets."""
+    findings = findings + probe_findings(probe.doc, redirected)
     recs = (
-        recommendations(topo, sets.sizes, probe.doc, sets.unhealthy, sets.no_p2p) if probe.doc else sets.first
+        recommendations(topo, sets.sizes, probe.doc, sets.unhealthy, sets.no_p2p, redirected)
+        if probe.doc
+        else sets.first
     )
     return Judged(findings, recs)
 
 
-def to_document(
-    machine: Machine, sets: Sets, judged: Judged, probe: ProbeStep, health: HealthStep | None = None
-) -> dict[str, Any]:
-    """The ``gputopo/doctor/v1`` document; the stale holders are listed (dry run) as it is built.
-    ``findings`` holds every finding, the health check's first; ``health`` the health section."""
-    from gputopo.topology import snapshot
+@dataclass(frozen=True)
+class AcrossNodes:
+    """This node's part of the inter-node tests: every node's row and the tests' section, as in a probe
+    across nodes; ``failing`` when any node failed (the verdict is then problems)."""
 
-    topo = machine.topology
-    problems = [f for f in judged.findings if f.severity == PROBLEM]
-    device = (probe.doc or {}).get("device") or ("cpu" if machine.simulated else "cuda")
-    return {
-        "schema": SCHEMA,
-        "gputopo_version": __version__,
-        "created_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "simulated": machine.simulated,
-        "why_simulated": machine.why_simulated,
-        "device": device,
-        "machine": _machine_record(machine, device),
-        "verdict": "problems" if problems else "healthy",
-        "headline": headline(
-            topo, machine.simulated, problems, sets.usable, probe.doc, probe.note, health_findings(health)
+    nnodes: int
+    rows: list[dict[str, Any]]
+    section: dict[str, Any]
+    failing: bool
+
+    def words(self) -> str:
+        """What the headline adds."""
+        if not self.failing:
+            return f"; across {self.nnodes} nodes: every node passed"
+        bad = [str(r["node_rank"]) for r in self.rows if r["verdict"] == "fail"]
+        return f"; across {self.nnodes} nodes: " + (
+            f"node rank {', '.join(bad)} failed" if bad else f"inter-node tests {self.section['status']}"
         )
-        + _sick_words(health)
-        + (f"; {len(topo.warnings)} warning(s) about the input" if topo.warnings else ""),
-        "warnings": list(topo.warnings),
-        "health": (health or HealthStep(False, None, "health: not checked")).to_json(),
-        "topology": snapshot.to_dict(topo),
-        "findings": [asdict(f) for f in judged.findings],
-        "left_out": sets.left_out,
-        "recommendations": judged.recommendations,
-        "stale": stale_section(),
-        "probe": probe.doc,
-        "probe_note": probe.note,
-        "pairs": pair_rows(topo, probe.doc),
-    }
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    """What ``run`` found, step by step; ``document()`` is the whole ``gputopo/doctor/v1`` JSON, built
+    there and nowhere else. ``stale`` (the kill-stale dry run) and ``created_utc`` were read when the
+    report was made; ``no_driver``: a machine without a driver shown simulated though nobody asked for a
+    simulation (exit 3, ``unavailable``); ``report`` the files written for it (``with_files``)."""
+
+    machine: Machine
+    sets: Sets
+    judged: Judged
+    probe: ProbeStep
+    health: HealthStep
+    stale: Mapping[str, Any]
+    created_utc: str
+    no_driver: bool = False
+    across: AcrossNodes | None = None
+    interrupted: str | None = None  # the signal that stopped the probes
+    report: Mapping[str, str] | None = None
+
+    @property
+    def problems(self) -> list[Finding]:
+        return [f for f in self.judged.findings if f.severity == PROBLEM]
+
+    @property
+    def verdict(self) -> str:
+        if self.interrupted is not None:
+            return "interrupted"
+        failing = self.across is not None and self.across.failing
+        return "problems" if self.problems or failing else "healthy"
+
+    @property
+    def exit_code(self) -> int:
+        if self.no_driver:
+            return EXIT_UNAVAILABLE
+        return 0 if self.verdict == "healthy" else EXIT_PROBLEM
+
+    def unavailable(self) -> UnavailableError | None:
+        """Why this run exits 3 (``no_driver``): the simulation shown is the best first look, but this
+        machine's GPUs were not checked, and ``gputopo doctor || alert`` must not read that as healthy."""
+        if not self.no_driver:
+            return None
+        return UnavailableError(
+            f"{(self.machine.why_simulated or '').split(';')[0]}: this machine's GPUs were not checked "
+            "(the run above is a simulation)",
+            "load the NVIDIA driver (see `nvidia-smi`), or pass --simulate to ask for the simulation",
+        )
+
+    def with_files(self, paths: Mapping[str, str]) -> DoctorReport:
+        return replace(self, report=dict(paths))
+
+    def document(self) -> dict[str, Any]:
+        """The ``gputopo/doctor/v1`` document (docs/doctor.md). ``findings`` holds every finding, the
+        health check's first; ``health`` the health section; across nodes ``nodes`` and ``internode``; a
+        run a signal stopped says ``interrupted`` (and names no files: it is written as it stops)."""
+        from gputopo.topology import snapshot
+
+        machine, probe, topo = self.machine, self.probe, self.machine.topology
+        device = (probe.doc or {}).get("device") or ("cpu" if machine.simulated else "cuda")
+        words = headline(
+            topo, machine.simulated, self.problems, self.sets.usable, probe.doc, probe.note,
+            health_findings(self.health),
+        )  # fmt: skip
+        words += _sick_words(self.health) + (
+            f"; {len(topo.warnings)} warning(s) about the input" if topo.warnings else ""
+        )
+        words += self.across.words() if self.across is not None else ""
+        across = {"nodes": self.across.rows, "internode": self.across.section} if self.across else {}
+        return {
+            "schema": SCHEMA,
+            "gputopo_version": __version__,
+            "created_utc": self.created_utc,
+            "simulated": machine.simulated,
+            "why_simulated": machine.why_simulated,
+            "device": device,
+            "machine": _machine_record(machine, device),
+            "verdict": self.verdict,
+            "headline": f"{probe.note}; {words}" if self.interrupted is not None else words,
+            "warnings": list(topo.warnings),
+            "health": self.health.to_json(),
+            "topology": snapshot.to_dict(topo),
+            "findings": [asdict(f) for f in self.judged.findings],
+            "left_out": self.sets.left_out,
+            "recommendations": self.judged.recommendations,
+            "stale": dict(self.stale),
+            "probe": probe.doc,
+            "probe_note": probe.note,
+            "pairs": pair_rows(topo, probe.doc),
+            **across,
+            **(
+                {"interrupted": self.interrupted} if self.interrupted is not None else {"report": self.report}
+            ),
+        }
+
+
+def make_report(
+    machine: Machine, sets: Sets, judged: Judged, probe: ProbeStep, health: HealthStep, options: Options
+) -> DoctorReport:
+    """The report of the steps so far; the stale holders are listed (dry run) and the time taken now."""
+    return DoctorReport(
+        machine,
+        sets,
+        judged,
+        probe,
+        health,
+        stale_section(),
+        datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        no_driver=machine.simulated and options.no_driver_is_unavailable,
+    )
 
 
 def _machine_record(machine: Machine, device: str) -> dict[str, Any]:
@@ -724,22 +862,23 @@ def _sick_words(health: HealthStep | None) -> str:
 
 
 def across_nodes(
-    doc: dict[str, Any], machine: Machine, usable: list[int], options: DoctorOptions
-) -> dict[str, Any]:
-    """This node's part of the inter-node tests (every usable GPU a rank), added to its doctor document:
-    ``nodes`` and ``internode`` as in a probe across nodes; any node failing makes the verdict problems."""
+    report: DoctorReport,
+    inventory: DeviceInventory,
+    options: Options,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+) -> DoctorReport:
+    """This node's part of the inter-node tests (every usable GPU a rank), added to its report as in a
+    probe across nodes; any node failing makes the verdict problems. ``inventory``: what ``run`` read
+    once for the probes too."""
     from gputopo.probe.plan.config import build_config
     from gputopo.probe.plan.options import Mode
-    from gputopo.probe.pool.devices import detect_devices, require_torch
     from gputopo.probe.pool.multinode import gpu_nics, judge_outcome, run_cross
     from gputopo.probe.report.nodes import any_failed
 
-    node = options.node
-    require_torch()
-    live_topology = None if machine.simulated else machine.topology
-    inventory = detect_devices(
-        "cpu" if machine.simulated else None, nvml_timeout_s=options.nvml_timeout_s, topology=live_topology
-    )
+    node, machine = options.node, report.machine
+    if node is None:
+        raise ValueError("across_nodes needs options.node")
+    usable = report.sets.usable
     if inventory.device == "cuda":
         usable = [g for g in usable if g in set(inventory.gpus)]
     if not usable:
@@ -756,7 +895,7 @@ def across_nodes(
         topology_input=machine.topology.source if machine.simulated else None,
         inject=options.inject,
     )
-    problems = [f for f in doc["findings"] if f["severity"] == PROBLEM]
+    problems = report.problems
     local = {
         "verdict": "fail" if problems else "pass",
         "sets": [],
@@ -764,25 +903,15 @@ def across_nodes(
             {
                 "kind": "doctor",
                 "nodes": [node.node_rank],
-                "detail": f"node {node.node_rank}: {f['where']}: {f['what']}",
-                "remedy": f["remedy"],
+                "detail": f"node {node.node_rank}: {f.where}: {f.what}",
+                "remedy": f.remedy,
             }
             for f in problems
         ],
     }
-    outcome = run_cross(config, node, local, gpu_nics(machine.topology, tuple(usable)), options.on_row)
+    outcome = run_cross(config, node, local, gpu_nics(machine.topology, tuple(usable)), on_row)
     rows, section = judge_outcome(node, config, outcome)
-    failing = any_failed(rows, section)
-    doc = {**doc, "nodes": rows, "internode": section}
-    if failing:
-        doc["verdict"] = "problems"
-        bad = [str(r["node_rank"]) for r in rows if r["verdict"] == "fail"]
-        doc["headline"] += f"; across {node.nnodes} nodes: " + (
-            f"node rank {', '.join(bad)} failed" if bad else f"inter-node tests {section['status']}"
-        )
-    else:
-        doc["headline"] += f"; across {node.nnodes} nodes: every node passed"
-    return doc
+    return replace(report, across=AcrossNodes(node.nnodes, rows, section, any_failed(rows, section)))
 
 
 # The title of the table of problems in every view (terminal, Markdown, HTML). The headline is printed
@@ -826,3 +955,30 @@ def headline(
             f"their remedies are under {' and '.join(repr(t) for t in _remedy_titles(problems, from_health))}"
         )
     return f"{prefix}healthy: {len(usable)} of {len(topo.gpus)} GPUs usable, no problems found ({checked})"
+
+
+REPORT_HINT = "give a reports/doctor-*.json or probe-*.json file that gputopo wrote"
+# Every report ``gputopo report`` shows, by its schema, and the command that wrote it.
+REPORT_SCHEMAS = {SCHEMA: "doctor", "gputopo/probe/v1": "probe"}
+
+
+def saved_report(doc: object, label: str) -> tuple[dict[str, Any], str]:
+    """A saved report's document (read from the file ``label`` names) and the command that wrote it
+    (any schema in ``REPORT_SCHEMAS``); ``InputError`` in plain words otherwise."""
+    schema = doc.get("schema") if isinstance(doc, dict) else None
+    if not isinstance(doc, dict) or schema not in REPORT_SCHEMAS:
+        found = f"its schema is {schema!r}" if schema else "it has no schema field"
+        raise InputError(f"{label}: not a gputopo doctor or probe report ({found})", REPORT_HINT)
+    kind = REPORT_SCHEMAS[schema]
+    probe = doc if kind == "probe" else doc.get("probe")
+    for entry in (probe.get("sets") if isinstance(probe, dict) else None) or ():
+        gpus = entry.get("gpus") if isinstance(entry, dict) else None
+        if not isinstance(gpus, list) or not all(_is_index(g) for g in gpus):
+            shown = gpus if isinstance(gpus, list) else entry
+            raise InputError(f"{label}: a probed set's GPUs are not GPU indices: {shown!r:.60}", REPORT_HINT)
+    return doc, kind
+
+
+def _is_index(value: object) -> bool:
+    """A GPU index as NVML numbers them: a whole number from 0 (JSON's true/false are not)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1024
