@@ -1,7 +1,10 @@
-"""Link problems a topology shows by itself (pure): failing GPUs, slow PCIe links, NVLinks down, P2P off;
-and NCCL settings in the environment that are meant for debugging only.
+"""The finding, and the rule row that makes it (pure); link problems a topology shows by itself: failing
+GPUs, slow PCIe links, NVLinks down, P2P off; and NCCL settings in the environment that are meant for
+debugging only.
 
-``doctor`` puts these beside what the probes measured. Each finding says where, what, and what to do.
+``doctor`` puts these beside what the probes measured. Each finding says where, what, and what to do. A
+finding a health rule makes is made by that rule (``Rule.finding``), so its severity, category, action and
+remedy come from the rule's one row; the table of rows is ``health.rules``.
 """
 
 from __future__ import annotations
@@ -64,6 +67,102 @@ class Finding:
         """The finding as the JSON object every output shows (the keys of docs/design.md's finding shape;
         ``rule`` is ``null`` where no health rule found it)."""
         return asdict(self)
+
+
+# DCGM's own verdict for the signal a rule reads: "fail" (DCGM_HEALTH_RESULT_FAIL), "warn"
+# (DCGM_HEALTH_RESULT_WARN), or "none" where DCGM's health watches have no such check.
+DCGM_FAIL, DCGM_WARN, DCGM_NONE = "fail", "warn", "none"
+# DCGM's health watches read GPUs and NVSwitches: a NIC port or a PCIe bridge's ACS has no DCGM verdict.
+NOT_DCGM = "DCGM's health watches read GPUs and NVSwitches, not NIC ports or PCIe bridges"
+# The finding actions that take a node out of service with ``check --drain``; "monitor", "config" and
+# "none" never do (a note never does either: only problems drain).
+DRAIN_ACTIONS = ("reset", "drain", "replace", "reboot")
+# What stands for the GPU's index in a rule's remedy: filled in a finding, shown as ``N`` in the table.
+GPU_INDEX = "{i}"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One health rule. ``limit`` is the number the rule compares against (``None`` when the rule is a
+    plain yes/no); ``unit`` says what the number counts; ``source`` where the rule comes from;
+    ``remedy_template`` what to do, in short, ``{i}`` standing for the GPU's index (``remedy`` shows it as
+    ``N``). ``dcgm`` is DCGM's own severity for the same signal (``fail``, ``warn`` or ``none``) and
+    ``dcgm_source`` where DCGM says so; ``why`` says why gputopo's severity or action differs from DCGM's
+    (empty where they agree: problem with a drain action = fail, note or a monitor action = warn), or,
+    with ``dcgm`` ``none``, why DCGM has no verdict (listed as n/a)."""
+
+    name: str
+    category: str
+    severity: str
+    action: str
+    limit: float | None
+    unit: str
+    meaning: str
+    source: str
+    remedy_template: str = ""
+    dcgm: str = DCGM_NONE
+    dcgm_source: str = ""
+    why: str = ""
+    enabled: bool = True
+
+    @property
+    def remedy(self) -> str:
+        """The remedy as the rule table shows it (``N`` for the GPU's index)."""
+        return self.remedy_template.replace(GPU_INDEX, "N")
+
+    @property
+    def drains(self) -> bool:
+        """Whether a finding of this rule takes the node out of service under ``--drain``."""
+        return self.severity == PROBLEM and self.action in DRAIN_ACTIONS
+
+    def finding(
+        self,
+        where: str,
+        what: str,
+        remedy: str | None = None,
+        *,
+        gpu: int | None = None,
+        severity: str | None = None,
+        action: str | None = None,
+        category: str | None = None,
+    ) -> Finding:
+        """This rule's finding at ``where``; ``what`` is the evidence (values, window, place).
+
+        The severity, category, action and remedy are the row's (the remedy with ``gpu``'s index in it),
+        so each is written once. A caller passes one only where the evidence decides it: a remedy that
+        names the very port, bridge or test; a note for a port no GPU uses; DCGM's own status of a test.
+        """
+        if remedy is None:
+            remedy = self.remedy_template.replace(GPU_INDEX, str(gpu)) if gpu is not None else self.remedy
+        return Finding(
+            where,
+            what,
+            remedy,
+            severity or self.severity,
+            gpu=gpu,
+            category=category or self.category,
+            action=action or self.action,
+            rule=self.name,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The row as ``check --list-rules --json`` prints it."""
+        return {
+            "name": self.name,
+            "category": self.category,
+            "limit": self.limit,
+            "unit": self.unit,
+            "severity": self.severity,
+            "action": self.action,
+            "drains": self.drains,
+            "dcgm": self.dcgm,
+            "dcgm_source": self.dcgm_source,
+            "why": self.why,
+            "meaning": self.meaning,
+            "remedy": self.remedy,
+            "source": self.source,
+            "enabled": self.enabled,
+        }
 
 
 def finding_from_json(doc: dict[str, Any]) -> Finding:

@@ -56,7 +56,7 @@ from typing import Any
 
 from gputopo.findings import Finding
 from gputopo.health.judge import NotChecked
-from gputopo.health.rules import DEFAULT_THRESHOLDS, Rule, Thresholds
+from gputopo.health.rules import DEFAULT_THRESHOLDS, Thresholds
 
 # The daemon states DCGM's DcgmImexManager knows (DcgmImexDaemonStatus, with its numbers as DCGM reports
 # them in DCGM_FI_IMEX_DAEMON_STATUS). Only READY is ready.
@@ -274,16 +274,12 @@ def _not_configured(reading: ImexReading, said: str, rules: Thresholds) -> list[
     if not rule.enabled:
         return []
     return [
-        Finding(
+        rule.finding(
             WHAT,
             f"IMEX is expected here but not configured: {said} ({reading.nodes_config})",
             "write the addresses of the domain's nodes, one a line, into the node configuration "
             f"({reading.nodes_config}, or the file IMEX_NODE_CONFIG_FILE in config.cfg names) on every node, "
             "then `systemctl restart nvidia-imex`; drop --expect-imex where no IMEX daemon is meant to run",
-            rule.severity,
-            category=rule.category,
-            action=rule.action,
-            rule=rule.name,
         )
     ]
 
@@ -292,17 +288,7 @@ def _daemon(what: str, rules: Thresholds) -> list[Finding]:
     rule = rules["imex_daemon_not_ready"]
     if not rule.enabled:
         return []
-    return [
-        Finding(
-            WHAT,
-            what,
-            _DAEMON_REMEDY,
-            rule.severity,
-            category=rule.category,
-            action=rule.action,
-            rule=rule.name,
-        )
-    ]
+    return [rule.finding(WHAT, what, _DAEMON_REMEDY)]
 
 
 def _domain(
@@ -347,14 +333,12 @@ def _domain(
         )
     member_rule, domain_rule = rules["imex_member_down"], rules["imex_domain_unhealthy"]
     if issues and member_rule.enabled:
-        return [_finding(where, what, member_rule) for where, what in issues]
+        return [member_rule.finding(where, what, _MEMBER_REMEDY) for where, what in issues]
     if not bad_domain or not domain_rule.enabled or (me is not None and not issues):
         return []  # a domain down only for want of this node's daemon: the daemon's finding says it
     named = "; ".join(where for where, _ in issues) or "every member READY and connected"
-    return [_finding(WHAT, f"the IMEX domain is {domain.status} (`{command}`): {named}", domain_rule)]
-
-
-def _finding(where: str, what: str, rule: Rule) -> Finding:
-    return Finding(
-        where, what, _MEMBER_REMEDY, rule.severity, category=rule.category, action=rule.action, rule=rule.name
-    )
+    return [
+        domain_rule.finding(
+            WHAT, f"the IMEX domain is {domain.status} (`{command}`): {named}", _MEMBER_REMEDY
+        )
+    ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gputopo.findings import PROBLEM, Finding
 from gputopo.health.readings import (
@@ -102,21 +102,15 @@ class _Judge:
         self.found: list[Finding] = []
         self.not_checked: dict[tuple[str, str], list[str]] = {}
 
-    def add(self, rule_name: str, where: str, gpu: int | None, what: str, remedy: str, **kw: str) -> None:
+    def add(
+        self, rule_name: str, where: str, gpu: int | None, what: str, remedy: str | None = None, **kw: str
+    ) -> None:
+        """The rule's finding, unless ``--thresholds`` turned the rule off; ``remedy`` ``None``: the row's."""
         rule: Rule = self.t[rule_name]
         if not rule.enabled:
             return
         self.found.append(
-            Finding(
-                where,
-                what,
-                remedy,
-                kw.get("severity", rule.severity),
-                gpu=gpu,
-                category=rule.category,
-                action=kw.get("action", rule.action),
-                rule=rule_name,
-            )
+            rule.finding(where, what, remedy, gpu=gpu, severity=kw.get("severity"), action=kw.get("action"))
         )
 
     def skip(self, where: str, what: str, why: str) -> None:
@@ -235,15 +229,11 @@ def _node_level(found: list[Finding], gpu_count: int) -> list[Finding]:
         elif f is same[0]:
             first = f.what.split(": ", 1)[-1] if f.what.startswith(f"{f.where}: ") else f.what
             out.append(
-                Finding(
-                    "node",
-                    f"{_NODE_LEVEL[f.rule]} (all {gpu_count} GPUs; {f.where}: {first})",
-                    f.remedy,
-                    f.severity,
+                replace(
+                    f,
+                    where="node",
+                    what=f"{_NODE_LEVEL[f.rule]} (all {gpu_count} GPUs; {f.where}: {first})",
                     gpu=None,
-                    category=f.category,
-                    action=f.action,
-                    rule=f.rule,
                 )
             )
     return out

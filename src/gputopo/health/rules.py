@@ -25,8 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from gputopo.errors import InputError, UsageError
-from gputopo.findings import ACTIONS, NOTE, PROBLEM, SEVERITIES
+from gputopo.findings import ACTIONS, DCGM_FAIL, DCGM_NONE, DCGM_WARN, NOTE, PROBLEM, SEVERITIES
+
+# The row and the finding it makes live beside the finding (gputopo.findings); the table is here, and its
+# callers know these names here.
+from gputopo.findings import DRAIN_ACTIONS as DRAIN_ACTIONS
+from gputopo.findings import NOT_DCGM as NOT_DCGM
+from gputopo.findings import Rule as Rule
 from gputopo.inputs import loads_bounded
+from gputopo.topology.pcie_path import NCCL_ACS as NCCL_ACS
+from gputopo.topology.pcie_path import RULE_ACS_REDIRECT, RULE_IOMMU_TRANSLATED
 
 DCGM_LIMITS = "DCGM common/DcgmGPUHardwareLimits.h"
 DCGM_WATCH = "DCGM modules/health/DcgmHealthWatch.cpp"
@@ -34,70 +42,11 @@ XID_CATALOG = "NVIDIA Xid catalog, docs.nvidia.com/deploy/xid-errors"
 NVML_DOCS = "NVML API reference (nvml.h)"
 NVSENTINEL = "NVSentinel NIC health monitor (docs/nic-health-monitor/link-counter-detection.md)"
 NVSENTINEL_STATE = "NVSentinel NIC health monitor (docs/nic-health-monitor/link-state-detection.md)"
-NCCL_ACS = "NCCL troubleshooting guide, PCI Access Control Services (ACS)"
-# DCGM's health watches read GPUs and NVSwitches: a NIC port or a PCIe bridge's ACS has no DCGM verdict.
-NOT_DCGM = "DCGM's health watches read GPUs and NVSwitches, not NIC ports or PCIe bridges"
 DCGM_IMEX = "DCGM dcgmlib/src/DcgmImexManager.cpp"
 IMEX_GUIDE = "NVIDIA IMEX guide (docs.nvidia.com/multi-node-nvlink-systems/imex-guide)"
 # Where gputopo parts from DCGM on IMEX: DCGM judges every node, and fails one with no daemon at all
 # (COMMAND_ERROR, -3: NVIDIA/DCGM #308); gputopo judges only where a daemon is expected.
 IMEX_EXPECTED = "judged only where a daemon is expected (node configuration or --expect-imex)"
-
-
-# DCGM's own verdict for the signal a rule reads: "fail" (DCGM_HEALTH_RESULT_FAIL), "warn"
-# (DCGM_HEALTH_RESULT_WARN), or "none" where DCGM's health watches have no such check.
-DCGM_FAIL, DCGM_WARN, DCGM_NONE = "fail", "warn", "none"
-# The finding actions that take a node out of service with ``check --drain``; "monitor", "config" and
-# "none" never do (a note never does either: only problems drain).
-DRAIN_ACTIONS = ("reset", "drain", "replace", "reboot")
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One health rule. ``limit`` is the number the rule compares against (``None`` when the rule is a
-    plain yes/no); ``unit`` says what the number counts; ``source`` where the rule comes from; ``remedy``
-    what to do, in short. ``dcgm`` is DCGM's own severity for the same signal (``fail``, ``warn`` or
-    ``none``) and ``dcgm_source`` where DCGM says so; ``why`` says why gputopo's severity or action
-    differs from DCGM's (empty where they agree: problem with a drain action = fail, note or a monitor
-    action = warn), or, with ``dcgm`` ``none``, why DCGM has no verdict (listed as n/a)."""
-
-    name: str
-    category: str
-    severity: str
-    action: str
-    limit: float | None
-    unit: str
-    meaning: str
-    source: str
-    remedy: str = ""
-    dcgm: str = DCGM_NONE
-    dcgm_source: str = ""
-    why: str = ""
-    enabled: bool = True
-
-    @property
-    def drains(self) -> bool:
-        """Whether a finding of this rule takes the node out of service under ``--drain``."""
-        return self.severity == PROBLEM and self.action in DRAIN_ACTIONS
-
-    def to_json(self) -> dict[str, Any]:
-        """The row as ``check --list-rules --json`` prints it."""
-        return {
-            "name": self.name,
-            "category": self.category,
-            "limit": self.limit,
-            "unit": self.unit,
-            "severity": self.severity,
-            "action": self.action,
-            "drains": self.drains,
-            "dcgm": self.dcgm,
-            "dcgm_source": self.dcgm_source,
-            "why": self.why,
-            "meaning": self.meaning,
-            "remedy": self.remedy,
-            "source": self.source,
-            "enabled": self.enabled,
-        }
 
 
 W = DCGM_WATCH
@@ -532,22 +481,59 @@ _RULES = (
         "`sudo modprobe nvidia-peermem` (and at boot), or the open GPU kernel module on Linux 5.12+",
         why=NOT_DCGM,
     ),
-    Rule(
-        "acs_redirect", "pcie", PROBLEM, "config", None, "",
-        "ACS ReqRedir+ or CmpltRedir+ on a bridge below a GPU pair's (or GPU-NIC pair's) meeting point: peer "
-        "traffic is redirected to the root complex",
-        NCCL_ACS, "disable ACS redirection (`setpci -s BDF ECAP_ACS+0x6.w=0000`, or in the BIOS)",
-        why=NOT_DCGM,
-    ),
-    Rule(
-        "iommu_translated", "config", NOTE, "config", None, "",
-        "intel_iommu=on / amd_iommu=on without iommu=pt: the IOMMU translates device DMA",
-        NCCL_ACS, "add iommu=pt to the kernel command line", why=NOT_DCGM,
-    ),
+    RULE_ACS_REDIRECT,  # the PCIe path's rows live beside their judgement (topology sits below health)
+    RULE_IOMMU_TRANSLATED,
 )
 # fmt: on
 
 RULES: dict[str, Rule] = {r.name: r for r in _RULES}
+
+DCGM_NVVS = "DCGM's diagnostic (NVVS), `dcgmi diag -r LEVEL -j`"
+HEALTH_VALIDATION = "NVIDIA Health Validation's NodeVerdict (JSON on stdout)"
+# Other tools' verdicts that gputopo carries into its findings: DCGM's diagnostic (health/dcgm_diag.py) and
+# NVIDIA Health Validation (health/health_validation.py). Each test's status and DCGM's error code decide
+# a finding's severity, action and remedy there, so these rows are not gputopo's to list with
+# ``check --list-rules`` or to change with ``--thresholds``; they give each finding its rule name and its
+# defaults, and make it, like every other row.
+# fmt: off
+_REPORTED = (
+    Rule(
+        "dcgm_diag", "driver", NOTE, "none", None, "",
+        "what DCGM's diagnostic said as a whole, or why its result cannot be held against this machine's "
+        "GPUs",
+        DCGM_NVVS,
+    ),
+    Rule(
+        "dcgm_diag_fail", "compute", PROBLEM, "drain", None, "",
+        "a test of DCGM's diagnostic failed on a GPU or the node (the category and action from DCGM's error "
+        "category, severity and code)",
+        DCGM_NVVS, "follow DCGM's words for the error code",
+    ),
+    Rule(
+        "dcgm_diag_warn", "compute", NOTE, "monitor", None, "",
+        "a test of DCGM's diagnostic warned (a warning, not a failure)", DCGM_NVVS,
+        "a warning, not a failure: follow DCGM's words for the error code",
+    ),
+    Rule(
+        "dcgm_diag_skip", "compute", NOTE, "none", None, "",
+        "a test of DCGM's diagnostic was skipped: not checked", DCGM_NVVS,
+        "nothing failed; where the test matters, fix what DCGM says kept it from running and run it again",
+    ),
+    Rule(
+        "dcgm_diag_error", "driver", NOTE, "none", None, "",
+        "DCGM's diagnostic stopped early (its runtime_error)", DCGM_NVVS,
+        "read DCGM's words above (is nv-hostengine running? is a GPU lost?), fix that, and run `dcgmi diag` "
+        "again",
+    ),
+    Rule(
+        "health_validation", "config", PROBLEM, "drain", None, "",
+        "NVIDIA Health Validation's verdict on the node or one of its components (CRITICAL and UNKNOWN are "
+        "problems, WARNING and INFO notes)",
+        HEALTH_VALIDATION,
+    ),
+)
+# fmt: on
+REPORTED_RULES: dict[str, Rule] = {r.name: r for r in _REPORTED}
 
 _OVERRIDABLE = ("limit", "severity", "action", "enabled")
 
