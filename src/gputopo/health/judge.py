@@ -260,7 +260,6 @@ def _memory(j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | Non
             label,
             i,
             f"ECC is off on {label}" + (" (on after the next reset)" if g.ecc_pending_enabled else ""),
-            f"`nvidia-smi -i {i} -e 1` and a GPU reset turn it on, if the workload can spare the memory",
         )
     vol = g.ecc_volatile_uncorrected
     if vol is not None and vol > j.t.limit("ecc_volatile_uncorrected"):

@@ -108,7 +108,8 @@ _RULES = (
     Rule(
         "ecc_off", "config", NOTE, "config", None, "",
         "ECC is off on a GPU that has it: memory errors go undetected",
-        "NVML nvmlDeviceGetEccMode", "`nvidia-smi -e 1` and a GPU reset",
+        "NVML nvmlDeviceGetEccMode",
+        "`nvidia-smi -i {i} -e 1` and a GPU reset turn it on, if the workload can spare the memory",
     ),
     # --- NVLink -------------------------------------------------------------------------------------------
     Rule(
