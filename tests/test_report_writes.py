@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gputopo.report import NotRegularFile, atomic_write, write_report
+from gputopo.outputs import NotRegularFile, atomic_write
+from gputopo.report import write_report
 
 NOON = datetime(2026, 11, 21, 15, 30, 0, tzinfo=timezone.utc)
 WRITERS = 4
