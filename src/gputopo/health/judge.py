@@ -418,26 +418,25 @@ def _nvlink_totals(
                 f"{g.nvlink_ecc_data_errors} in all)",
                 remedy,
             )
-    raw = g.nvlink_effective_ber_raw
-    if raw is not None and effective_ber_exceeded(raw):
-        j.add(
+    levels = (
+        (
             "nvlink_effective_ber",
-            label,
-            i,
-            f"{label}: NVLink effective BER {ber_words(raw)} is worse than 1e-12 (NVML field 220, every "
-            "link; a level: the links are bad even while no error counter moves)",
-            remedy,
-        )
-    raw = g.nvlink_symbol_ber_raw
-    if raw is not None and symbol_ber_exceeded(raw):
-        j.add(
+            g.nvlink_effective_ber_raw,
+            effective_ber_exceeded,
+            "effective BER {} is worse than 1e-12 (NVML field 220, every link; a level: the links are bad "
+            "even while no error counter moves)",
+        ),
+        (
             "nvlink_symbol_ber",
-            label,
-            i,
-            f"{label}: NVLink symbol BER {ber_words(raw)} is above its floor (15e-238; NVML field 222, every "
-            "link): errors FEC did not correct",
-            remedy,
-        )
+            g.nvlink_symbol_ber_raw,
+            symbol_ber_exceeded,
+            "symbol BER {} is above its floor (15e-238; NVML field 222, every link): errors FEC did not "
+            "correct",
+        ),
+    )
+    for rule, raw, exceeded, words in levels:
+        if raw is not None and exceeded(raw):
+            j.add(rule, label, i, f"{label}: NVLink " + words.format(ber_words(raw)), remedy)
 
 
 def _far_ends(links: Sequence[NvlinkHealth]) -> str:
