@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gputopo.model import GPU_NOT_ACCESSIBLE, GPU_NOT_RESPONDING, LinkKind, Topology
+from gputopo.model import GPU_NOT_ACCESSIBLE, GPU_NOT_RESPONDING, Gpu, LinkKind, Topology
 
 PROBLEM = "problem"
 NOTE = "note"
@@ -181,72 +181,63 @@ def finding_from_json(doc: dict[str, Any]) -> Finding:
 
 def link_findings(topo: Topology) -> list[Finding]:
     """Everything the topology itself says is wrong, problems first."""
-    found: list[Finding] = []
-    for g in topo.gpus:
-        if g.failing:
-            found.append(
-                Finding(
-                    g.label,
-                    f"the GPU does not answer NVML ({g.error})",
-                    "look for Xid errors in `dmesg`; drain the jobs and reset the GPU (`nvidia-smi -r -i "
-                    f"{g.index}`) or reboot; if it keeps falling off the bus, reseat it or open an RMA",
-                    gpu=g.index,
-                    category="driver",
-                    action="reset",
-                )
-            )
-        elif g.state == GPU_NOT_RESPONDING:
-            found.append(
-                Finding(
-                    g.label,
-                    f"the GPU did not answer NVML in time ({g.error})",
-                    "look for Xid errors in `dmesg` (79: fallen off the bus) and for processes stuck on the "
-                    f"GPU; `nvidia-smi -i {g.index}` hanging too confirms it; a reset or reboot clears it",
-                    gpu=g.index,
-                    category="driver",
-                    action="reset",
-                )
-            )
-        elif g.state == GPU_NOT_ACCESSIBLE:
-            found.append(
-                Finding(
-                    g.label,
-                    f"not accessible from here ({g.error}): another job's or container's GPU",
-                    "nothing to fix on the GPU; run where the GPU is allocated to you to check it",
-                    severity=NOTE,
-                    gpu=g.index,
-                    category="config",
-                )
-            )
-        elif g.mig_enabled:
-            found.append(
-                Finding(
-                    g.label,
-                    f"MIG is enabled ({len(g.mig_devices)} MIG devices): left out of probes and sets",
-                    "NCCL does not run on MIG devices; `nvidia-smi -i "
-                    f"{g.index} -mig 0` (then a GPU reset) turns MIG off if the GPU is meant for training",
-                    severity=NOTE,
-                    gpu=g.index,
-                    category="config",
-                )
-            )
-        elif g.pcie_below_max_while_busy and g.pcie is not None:
-            p = g.pcie
-            found.append(
-                Finding(
-                    g.label,
-                    f"PCIe link runs at Gen{p.gen_current} x{p.width_current} while busy; it can do "
-                    f"Gen{p.gen_max} x{p.width_max}",
-                    "check the slot and riser, and the BIOS PCIe speed setting; "
-                    "`nvidia-smi -q -d PCIE` shows the link, and `lspci -vv` the slot",
-                    gpu=g.index,
-                    category="pcie",
-                    action="monitor",
-                )
-            )
+    found = [f for f in map(_gpu_finding, topo.gpus) if f is not None]
     found.extend(_nvlink_findings(topo))
     found.extend(_p2p_findings(topo))
     return sorted(found, key=lambda f: f.severity != PROBLEM)
+
+
+def _gpu_finding(g: Gpu) -> Finding | None:
+    """What a GPU's own state says (the first that applies): it does not answer NVML, or not in time, it is
+    another job's, MIG is on, or its PCIe link runs below its best while busy."""
+
+    def on_gpu(
+        what: str, remedy: str, category: str, action: str = "reset", severity: str = PROBLEM
+    ) -> Finding:
+        return Finding(g.label, what, remedy, severity, gpu=g.index, category=category, action=action)
+
+    if g.failing:
+        return on_gpu(
+            f"the GPU does not answer NVML ({g.error})",
+            "look for Xid errors in `dmesg`; drain the jobs and reset the GPU (`nvidia-smi -r -i "
+            f"{g.index}`) or reboot; if it keeps falling off the bus, reseat it or open an RMA",
+            "driver",
+        )
+    if g.state == GPU_NOT_RESPONDING:
+        return on_gpu(
+            f"the GPU did not answer NVML in time ({g.error})",
+            "look for Xid errors in `dmesg` (79: fallen off the bus) and for processes stuck on the "
+            f"GPU; `nvidia-smi -i {g.index}` hanging too confirms it; a reset or reboot clears it",
+            "driver",
+        )
+    if g.state == GPU_NOT_ACCESSIBLE:
+        return on_gpu(
+            f"not accessible from here ({g.error}): another job's or container's GPU",
+            "nothing to fix on the GPU; run where the GPU is allocated to you to check it",
+            "config",
+            "none",
+            NOTE,
+        )
+    if g.mig_enabled:
+        return on_gpu(
+            f"MIG is enabled ({len(g.mig_devices)} MIG devices): left out of probes and sets",
+            "NCCL does not run on MIG devices; `nvidia-smi -i "
+            f"{g.index} -mig 0` (then a GPU reset) turns MIG off if the GPU is meant for training",
+            "config",
+            "none",
+            NOTE,
+        )
+    if g.pcie_below_max_while_busy and g.pcie is not None:
+        p = g.pcie
+        return on_gpu(
+            f"PCIe link runs at Gen{p.gen_current} x{p.width_current} while busy; it can do "
+            f"Gen{p.gen_max} x{p.width_max}",
+            "check the slot and riser, and the BIOS PCIe speed setting; "
+            "`nvidia-smi -q -d PCIE` shows the link, and `lspci -vv` the slot",
+            "pcie",
+            "monitor",
+        )
+    return None
 
 
 _NVLINK_REMEDY = (
