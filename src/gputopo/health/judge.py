@@ -152,8 +152,6 @@ def judge(
             "node",
             None,
             f"NVML sees {len(sample1.gpus)} GPUs, {expect_gpus} expected",
-            "a GPU fell off the bus or is not bound to the driver: look for Xid 79 in `dmesg` and at "
-            "`lspci -d 10de:`; a reboot or reseat brings it back, else hardware service",
         )
     for u in sample1.unknown:
         j.skip("node", u.what, u.why)
@@ -178,8 +176,6 @@ def judge(
                 g1.label,
                 g1.index,
                 f"{g1.label} could not be read ({g1.state + ': ' if g1.state else ''}{g1.error})",
-                "look for Xid errors in `dmesg`; drain the jobs and reset the GPU "
-                f"(`nvidia-smi -r -i {g1.index}`) or reboot",
             )
             continue
         for u in g1.unknown:
@@ -270,8 +266,6 @@ def _memory(j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | Non
             label,
             i,
             f"{vol} uncorrectable ECC errors on {label} since the driver loaded{moving}",
-            "drain the GPU; a GPU reset (`nvidia-smi -r`) retires or remaps the bad memory; if they return, "
-            "open an RMA",
         )
     agg = g.ecc_aggregate_uncorrected
     if agg is not None and agg > j.t.limit("ecc_aggregate_uncorrected") and not (vol or 0):
@@ -280,7 +274,6 @@ def _memory(j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | Non
             label,
             i,
             f"{agg} uncorrectable ECC errors in {label}'s history (none since the driver loaded)",
-            "history only; watch the volatile count and the remapped rows",
         )
     if g.memory_unrepairable:
         j.add(
@@ -288,7 +281,6 @@ def _memory(j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | Non
             label,
             i,
             f"the driver flags the memory of {label} as unrepairable",
-            "the GPU cannot repair its memory: take it out of service and open an RMA",
         )
     if g.remapped_rows_failure:
         j.add(
@@ -297,7 +289,6 @@ def _memory(j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | Non
             i,
             f"a row remapping failed on {label} ({g.remapped_rows_uncorrected} rows remapped for "
             "uncorrectable errors)",
-            "the GPU cannot repair its memory any more: take it out of service and open an RMA",
         )
     if g.remapped_rows_pending:
         j.add(
@@ -305,7 +296,6 @@ def _memory(j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | Non
             label,
             i,
             f"a row remapping is pending on {label}",
-            f"drain the GPU and reset it (`nvidia-smi -r -i {i}`) or reboot: the reset applies the remap",
         )
     unc = g.remapped_rows_uncorrected
     if unc is not None and unc >= j.t.limit("remapped_rows_uncorrected"):
@@ -315,7 +305,6 @@ def _memory(j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | Non
             i,
             f"{unc} rows remapped for uncorrectable errors on {label} (limit "
             f"{j.t.limit('remapped_rows_uncorrected'):g})",
-            "the memory is wearing out: plan to replace the GPU (RMA)",
         )
     if g.retired_pages_pending:
         j.add(
@@ -323,7 +312,6 @@ def _memory(j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | Non
             label,
             i,
             f"pages are pending retirement on {label}",
-            f"drain the GPU and reset it (`nvidia-smi -r -i {i}`) or reboot: the reset retires them",
         )
     if g.retired_pages_sbe is not None or g.retired_pages_dbe is not None:
         total = (g.retired_pages_sbe or 0) + (g.retired_pages_dbe or 0)
@@ -497,7 +485,6 @@ def _nvlink_counters(
                 i,
                 f"{label}: NVLink {kind} errors rose by {crc} in {w} ({per_s:.1f}/s, below "
                 f"{j.t.limit('nvlink_crc_per_s'):g}/s; {_per_link(rises[kind])})",
-                "CRC errors are retried by the link; watch them, and look at the link if they climb",
             )
     if history > j.t.limit("nvlink_errors_history") and not rises["replay"] and not rises["recovery"]:
         j.add(
@@ -505,7 +492,6 @@ def _nvlink_counters(
             label,
             i,
             f"{label}: {history} NVLink replay/recovery errors in the counters' history, none in {w}",
-            "history only; `nvidia-smi nvlink -e` shows them per link",
         )
 
 
@@ -752,8 +738,6 @@ def _pcie(j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | None,
             label,
             i,
             f"{label}: PCIe link at Gen{gc} of Gen{gm} while busy",
-            "check the BIOS PCIe speed setting and the slot; idle GPUs lower their link generation on "
-            "purpose, busy ones should not",
         )
     if g0 is None or window_s is None:
         return
@@ -777,8 +761,6 @@ def _pcie(j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | None,
             i,
             f"{label}: PCIe replays rose by {rise} in {_secs(window_s)} ({rate:.0f}/min; a Gen{gen} x{width} "
             f"link at BER {j.t.limit('pcie_replay_rate'):g} allows {per_min}/min)",
-            "replays mean bit errors on the PCIe link: reseat the card or riser, check the slot; "
-            "`nvidia-smi -q -d PCIE` shows the counter",
         )
 
 
@@ -870,7 +852,6 @@ def _driver(j: _Judge, g: GpuHealth) -> None:
             label,
             i,
             f"persistence mode is off on {label}",
-            "run nvidia-persistenced (or `nvidia-smi -pm 1`) so the driver keeps the GPU initialised",
         )
 
 

@@ -57,46 +57,49 @@ _RULES = (
         "ecc_volatile_uncorrected", "memory", PROBLEM, "reset", 0, "errors since the driver loaded (>)",
         "uncorrectable ECC errors since the driver loaded",
         f"{W} MonitorMemVolatileDbes: any volatile DBE fails",
-        "drain the GPU and reset it; if the errors return, RMA",
+        "drain the GPU; a GPU reset (`nvidia-smi -r`) retires or remaps the bad memory; if they "
+        "return, open an RMA",
         DCGM_FAIL, f"{W} MonitorMemVolatileDbes",
     ),
     Rule(
         "ecc_aggregate_uncorrected", "memory", NOTE, "monitor", 0, "errors over the GPU's life (>)",
         "uncorrectable ECC errors in the GPU's history (a note: the volatile count says what is current)",
         "gputopo policy (docs/health-rules.md): totals are history",
-        "watch the volatile count and the remapped rows",
+        "history only; watch the volatile count and the remapped rows",
     ),
     Rule(
         "memory_unrepairable", "memory", PROBLEM, "replace", None, "",
         "the driver flags the GPU's memory as unrepairable (newer drivers)",
         "NVML nvmlDeviceGetUnrepairableMemoryFlag_v1; DCGM 4.6 DCGM_FI_DEV_MEMORY_UNREPAIRABLE",
-        "take the GPU out of service and open an RMA",
+        "the GPU cannot repair its memory: take it out of service and open an RMA",
         DCGM_FAIL, f"{W} MonitorMemUnrepairableFlag",
     ),
     Rule(
         "row_remap_failure", "memory", PROBLEM, "replace", None, "",
         "a row remapping failed: the memory cannot be repaired",
-        f"{W} MonitorMemRowRemapFailures (fail)", "take the GPU out of service and open an RMA",
+        f"{W} MonitorMemRowRemapFailures (fail)",
+        "the GPU cannot repair its memory any more: take it out of service and open an RMA",
         DCGM_FAIL, f"{W} MonitorMemRowRemapFailures",
     ),
     Rule(
         "row_remap_pending", "memory", NOTE, "reset", None, "",
         "a row remapping is pending: a GPU reset applies it (until then the driver keeps the bad row unused)",
         "NVML nvmlDeviceGetRemappedRows (isPending); NVIDIA Xid catalogue, Xid 63: reset when convenient",
-        "reset the GPU when convenient (when its jobs end)",
+        "drain the GPU and reset it (`nvidia-smi -r -i {i}`) or reboot: the reset applies the remap",
         DCGM_WARN, f"{W} MonitorMemRetiredPending and Xid 63 (warn)",
     ),
     Rule(
         "remapped_rows_uncorrected", "memory", NOTE, "replace", 512, "rows (>=)",
         "rows remapped for uncorrectable errors reach DCGM's limit",
         f"{DCGM_LIMITS} DCGM_LIMIT_MAX_ROW_REMAP_UNCORRECTABLE = 512",
-        "plan to replace the GPU (RMA)",
+        "the memory is wearing out: plan to replace the GPU (RMA)",
         DCGM_WARN, f"{W} MonitorMemRowRemapUncorrectable (warn)",
     ),
     Rule(
         "retired_pages_pending", "memory", NOTE, "reset", None, "",
         "pages are pending retirement: a GPU reset (or reboot) retires them",
-        f"{W} MonitorMemRetiredPending (warn)", "reset the GPU when convenient (when its jobs end)",
+        f"{W} MonitorMemRetiredPending (warn)",
+        "drain the GPU and reset it (`nvidia-smi -r -i {i}`) or reboot: the reset retires them",
         DCGM_WARN, f"{W} MonitorMemRetiredPending",
     ),
     Rule(
@@ -134,7 +137,8 @@ _RULES = (
     Rule(
         "nvlink_crc_rise", "nvlink", NOTE, "monitor", 1, "errors in the window (>=)",
         "an NVLink CRC counter (flit or data, each on its own) rising below the rate that matters",
-        f"{W} MonitorNVLink4Fields (warn below the rate)", "watch it; look at the link if it climbs",
+        f"{W} MonitorNVLink4Fields (warn below the rate)",
+        "CRC errors are retried by the link; watch them, and look at the link if they climb",
         DCGM_WARN, f"{W} MonitorNVLink4Fields (CRC below 100/s: warn)",
     ),
     Rule(
@@ -188,7 +192,7 @@ _RULES = (
         "nvlink_errors_history", "nvlink", NOTE, "monitor", 0, "errors since the counters were reset (>)",
         "NVLink replay/recovery errors in the counters' history (not rising now)",
         "gputopo policy (docs/health-rules.md): totals are history",
-        "`nvidia-smi nvlink -e` shows them per link",
+        "history only; `nvidia-smi nvlink -e` shows them per link",
     ),
     Rule(
         "fabric_not_ready", "nvlink", PROBLEM, "drain", None, "",
@@ -296,7 +300,8 @@ _RULES = (
         "pcie_replay_rate", "pcie", NOTE, "monitor", 1e-12, "bit error rate per lane",
         "PCIe replays per minute above what a link at this bit error rate would replay",
         f"{W} GetExpectedPcieReplayRate: gen speed x 1e-12 x 60 per lane per minute",
-        "reseat the card or riser, check the slot",
+        "replays mean bit errors on the PCIe link: reseat the card or riser, check the slot; "
+        "`nvidia-smi -q -d PCIE` shows the counter",
         DCGM_WARN, f"{W} MonitorPcie (replays over a minute above the expected rate: warn)",
     ),
     Rule(
@@ -315,7 +320,9 @@ _RULES = (
     Rule(
         "pcie_gen_busy", "pcie", NOTE, "monitor", None, "",
         "the PCIe link runs below its maximum generation while the GPU works (idle GPUs lower it on purpose)",
-        "gputopo's link finding (model.Gpu.pcie_below_max_while_busy)", "check the BIOS PCIe speed setting",
+        "gputopo's link finding (model.Gpu.pcie_below_max_while_busy)",
+        "check the BIOS PCIe speed setting and the slot; idle GPUs lower their link generation on purpose, "
+        "busy ones should not",
     ),
     # --- clocks, thermal, power ---------------------------------------------------------------------------
     Rule(
@@ -364,7 +371,8 @@ _RULES = (
     Rule(
         "gpu_unreadable", "driver", PROBLEM, "reset", None, "",
         "the GPU does not answer NVML", "NVML: GPU is lost / reset required / no answer within the deadline",
-        "look for Xid 79; reset the GPU or reboot",
+        "look for Xid errors in `dmesg`; drain the jobs and reset the GPU (`nvidia-smi -r -i {i}`) or "
+        "reboot",
     ),
     Rule(
         "driver_unavailable", "driver", PROBLEM, "drain", None, "",
@@ -383,13 +391,15 @@ _RULES = (
     Rule(
         "persistence_off", "config", NOTE, "config", None, "",
         "persistence mode is off: the driver tears the GPU down between jobs (slow starts, lost state)",
-        "NVIDIA driver persistence docs (nvidia-persistenced)", "run nvidia-persistenced",
+        "NVIDIA driver persistence docs (nvidia-persistenced)",
+        "run nvidia-persistenced (or `nvidia-smi -pm 1`) so the driver keeps the GPU initialised",
     ),
     Rule(
         "expect_gpus", "topology", PROBLEM, "drain", None, "GPUs",
         "fewer GPUs than expected (--expect-gpus)",
         "gputopo policy (docs/health-rules.md); aznhc and NHC check the GPU count the same way",
-        "look for Xid 79; reboot or reseat",
+        "a GPU fell off the bus or is not bound to the driver: look for Xid 79 in `dmesg` and at "
+        "`lspci -d 10de:`; a reboot or reseat brings it back, else hardware service",
     ),
     # --- Xid ----------------------------------------------------------------------------------------------
     Rule(
