@@ -722,3 +722,21 @@ def test_the_rule_finding_measure_catches_a_planted_finding(tmp_path):
     assert rule_findings_by_hand({"planted": planted}) == ["planted:Judge.add:5"]
     assert _allowance_key("gputopo.findings:finding_from_json:9") == "gputopo.findings:finding_from_json"
     assert _allowance_key("gputopo.health.xid:xid_findings:9") == "gputopo.health.xid"
+
+
+def test_each_rule_remedy_is_written_once():
+    """A row's remedy is the finding's remedy: no string in the code outside the rows says it again."""
+    from gputopo.health.rules import REPORTED_RULES, RULES
+
+    remedies = {
+        r.remedy_template: r.name for r in (*RULES.values(), *REPORTED_RULES.values()) if r.remedy_template
+    }
+    rows = {"gputopo.health.rules", "gputopo.topology.pcie_path"}
+    again = [
+        f"{name}:{node.lineno} {remedies[node.value]}"
+        for name, path in module_names().items()
+        if name not in rows
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in remedies
+    ]
+    assert not again, f"a rule's remedy written again outside its row (use Rule.finding's default): {again}"

@@ -149,6 +149,8 @@ def test_retired_pages_pre_ampere() -> None:
     f = found(after={1: {**volta, "retired_pages_sbe": 40, "retired_pages_dbe": 23}})
     assert [(x.gpu, x.severity, x.action) for x in f] == [(1, PROBLEM, "replace")]
     assert "63 retired pages on GPU1 (40 single-bit, 23 double-bit" in f[0].what
+    # A problem that drains says so: its row's remedy, not the wearing-out note of remapped rows.
+    assert f[0].remedy == "take the GPU out of service and open an RMA"
     f = found(
         after={1: {**volta, "retired_pages_sbe": 1, "retired_pages_dbe": 0, "retired_pages_pending": True}}
     )

@@ -322,7 +322,6 @@ def _memory(j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | Non
                 i,
                 f"{total} retired pages on {label} ({g.retired_pages_sbe} single-bit, {g.retired_pages_dbe} "
                 f"double-bit; limit {j.t.limit('retired_pages'):g})",
-                "the memory is wearing out: plan to replace the GPU (RMA)",
             )
 
 
