@@ -79,17 +79,6 @@ CONNECTED = "CONNECTED"
 NOT_CONFIGURED_TEXT = "Failed to read node configuration file"
 WHAT = "IMEX"
 
-_DAEMON_REMEDY = (
-    "`systemctl status nvidia-imex` and `journalctl -u nvidia-imex` say why; restart it "
-    "(`systemctl restart nvidia-imex`) once the NVLink fabric is complete (`nvidia-smi -q`: Fabric State "
-    "Completed) on every tray of the domain"
-)
-_MEMBER_REMEDY = (
-    "on the member named: `nvidia-imex-ctl -q` and `journalctl -u nvidia-imex`; restart nvidia-imex there "
-    "(or on every node of the domain when it does not rebuild); check that the node configuration is the "
-    "same on every node and that the members reach each other on the IMEX port (50000)"
-)
-
 
 @dataclass(frozen=True)
 class CtlAnswer:
@@ -288,7 +277,7 @@ def _daemon(what: str, rules: Thresholds) -> list[Finding]:
     rule = rules["imex_daemon_not_ready"]
     if not rule.enabled:
         return []
-    return [rule.finding(WHAT, what, _DAEMON_REMEDY)]
+    return [rule.finding(WHAT, what)]
 
 
 def _domain(
@@ -333,12 +322,12 @@ def _domain(
         )
     member_rule, domain_rule = rules["imex_member_down"], rules["imex_domain_unhealthy"]
     if issues and member_rule.enabled:
-        return [member_rule.finding(where, what, _MEMBER_REMEDY) for where, what in issues]
+        return [member_rule.finding(where, what) for where, what in issues]
     if not bad_domain or not domain_rule.enabled or (me is not None and not issues):
         return []  # a domain down only for want of this node's daemon: the daemon's finding says it
     named = "; ".join(where for where, _ in issues) or "every member READY and connected"
     return [
         domain_rule.finding(
-            WHAT, f"the IMEX domain is {domain.status} (`{command}`): {named}", _MEMBER_REMEDY
+            WHAT, f"the IMEX domain is {domain.status} (`{command}`): {named}", member_rule.remedy
         )
     ]

@@ -269,7 +269,9 @@ _RULES = (
         "WAITING_FOR_RECOVERY, INIT_GPU, SHUTTING_DOWN, UNAVAILABLE) or does not answer "
         "`nvidia-imex-ctl -q`; " + IMEX_EXPECTED,
         f"{DCGM_IMEX} (DcgmImexDaemonStatus); {IMEX_GUIDE}, nvidia-imex-ctl -q",
-        "restart nvidia-imex once the NVLink fabric is complete on every tray",
+        "`systemctl status nvidia-imex` and `journalctl -u nvidia-imex` say why; restart it "
+        "(`systemctl restart nvidia-imex`) once the NVLink fabric is complete (`nvidia-smi -q`: Fabric "
+        "State Completed) on every tray of the domain",
         DCGM_FAIL, f"{W} MonitorImex (daemon not READY: fail)",
         "DCGM passes UNAVAILABLE (also its value for an answer it cannot read) and fails a node with no "
         "daemon at all (-3, DCGM #308); gputopo fails UNAVAILABLE where a daemon is expected, and leaves a "
@@ -290,7 +292,9 @@ _RULES = (
         "a member of the IMEX domain is not READY, or two READY members are not CONNECTED "
         "(`nvidia-imex-ctl -N -j`); named by host, one finding per member or pair",
         f"{IMEX_GUIDE}, nvidia-imex-ctl -N -j (nodes: status, host, connections)",
-        "restart nvidia-imex on the member named",
+        "on the member named: `nvidia-imex-ctl -q` and `journalctl -u nvidia-imex`; restart nvidia-imex "
+        "there (or on every node of the domain when it does not rebuild); check that the node configuration "
+        "is the same on every node and that the members reach each other on the IMEX port (50000)",
         DCGM_NONE, "",
         "DCGM reads only the domain's state, not its members; a member names another node, so it does not "
         "drain this one",
