@@ -659,3 +659,84 @@ def test_the_ratchet_measures_catch_planted_code(tmp_path):
     assert set(imports_outside(graph, {"gputopo.cli.x"}, CLI_MAY_IMPORT, CLI_MAY_IMPORT_EXACT)) == {
         "gputopo.system.net"
     }
+
+
+# --- One way from rule to finding (issue 41, item 5) ----------------------------------------------------
+#
+# A rule row makes its finding (``Rule.finding``, in gputopo.findings beside the finding; the table is
+# health/rules.py), so a finding's severity, category, action and remedy come from the row. Nothing else
+# builds a ``Finding(..., rule=...)`` by hand.
+RULE_FINDING_HOME = "gputopo.findings:Rule.finding"
+# The hand-built ones still allowed, by module (or module:function), each with its reason: check.py's two
+# (driver_unavailable, gpus_refused) until check's service converts them; finding_from_json reads a finding
+# back from its JSON, where no rule judges anything.
+RULE_FINDINGS_BY_HAND_ALLOWED = {"gputopo.check": 2, "gputopo.findings:finding_from_json": 1}
+
+
+def rule_findings_by_hand(modules: dict[str, Path]) -> list[str]:
+    """``module:function:line`` for every ``Finding(...)`` call that passes ``rule=`` (the function is the
+    innermost enclosing one, as ``Class.method`` for a method; ``<module>`` at the top level)."""
+    found: list[str] = []
+
+    def visit(node: ast.AST, name: str, where: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = where
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                inner = child.name if where == "<module>" else f"{where}.{child.name}"
+            if isinstance(child, ast.Call):
+                f = child.func
+                called = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+                if called == "Finding" and any(k.arg == "rule" for k in child.keywords):
+                    found.append(f"{name}:{where}:{child.lineno}")
+            visit(child, name, inner)
+
+    for name, path in modules.items():
+        visit(ast.parse(path.read_text()), name, "<module>")
+    return sorted(found)
+
+
+def _allowance_key(site: str) -> str:
+    module, function, _ = site.split(":")
+    return f"{module}:{function}" if f"{module}:{function}" in RULE_FINDINGS_BY_HAND_ALLOWED else module
+
+
+def test_findings_with_a_rule_are_made_by_the_rule_row():
+    sites = [s for s in rule_findings_by_hand(module_names()) if not s.startswith(RULE_FINDING_HOME + ":")]
+    counts: dict[str, list[str]] = {}
+    for site in sites:
+        counts.setdefault(_allowance_key(site), []).append(site)
+    over = {k: v for k, v in counts.items() if len(v) > RULE_FINDINGS_BY_HAND_ALLOWED.get(k, 0)}
+    assert not over, f"findings built by hand with rule= (make them with Rule.finding): {over}"
+
+
+def test_the_rule_finding_measure_catches_a_planted_finding(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "from gputopo.findings import Finding\n\n"
+        "class Judge:\n"
+        "    def add(self):\n"
+        "        return Finding('GPU0', 'what', 'remedy', rule='ecc_off')\n\n"
+        "def fine():\n"
+        "    return Finding('GPU0', 'what', 'remedy')\n"
+    )
+    assert rule_findings_by_hand({"planted": planted}) == ["planted:Judge.add:5"]
+    assert _allowance_key("gputopo.findings:finding_from_json:9") == "gputopo.findings:finding_from_json"
+    assert _allowance_key("gputopo.health.xid:xid_findings:9") == "gputopo.health.xid"
+
+
+def test_each_rule_remedy_is_written_once():
+    """A row's remedy is the finding's remedy: no string in the code outside the rows says it again."""
+    from gputopo.health.rules import REPORTED_RULES, RULES
+
+    remedies = {
+        r.remedy_template: r.name for r in (*RULES.values(), *REPORTED_RULES.values()) if r.remedy_template
+    }
+    rows = {"gputopo.health.rules", "gputopo.topology.pcie_path"}
+    again = [
+        f"{name}:{node.lineno} {remedies[node.value]}"
+        for name, path in module_names().items()
+        if name not in rows
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in remedies
+    ]
+    assert not again, f"a rule's remedy written again outside its row (use Rule.finding's default): {again}"

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gputopo.probe.judge.drift import compare, findings
+from gputopo.health.drift import compare, findings
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 

@@ -149,6 +149,8 @@ def test_retired_pages_pre_ampere() -> None:
     f = found(after={1: {**volta, "retired_pages_sbe": 40, "retired_pages_dbe": 23}})
     assert [(x.gpu, x.severity, x.action) for x in f] == [(1, PROBLEM, "replace")]
     assert "63 retired pages on GPU1 (40 single-bit, 23 double-bit" in f[0].what
+    # A problem that drains says so: its row's remedy, not the wearing-out note of remapped rows.
+    assert f[0].remedy == "take the GPU out of service and open an RMA"
     f = found(
         after={1: {**volta, "retired_pages_sbe": 1, "retired_pages_dbe": 0, "retired_pages_pending": True}}
     )
@@ -159,6 +161,23 @@ def test_retired_pages_pre_ampere() -> None:
 def test_ecc_off_is_a_config_note() -> None:
     f = found(after={6: {"ecc_enabled": False, "ecc_pending_enabled": False}})
     assert [(x.gpu, x.severity, x.category, x.action) for x in f] == [(6, NOTE, "config", "config")]
+    # The remedy is the row's, written once, with the GPU's index filled in; the table shows it as N.
+    assert (
+        f[0].remedy
+        == "`nvidia-smi -i 6 -e 1` and a GPU reset turn it on, if the workload can spare the memory"
+    )
+    assert RULES["ecc_off"].remedy.startswith("`nvidia-smi -i N -e 1` and a GPU reset")
+
+
+def test_a_rule_row_makes_its_finding_with_the_rows_defaults() -> None:
+    row = RULES["ecc_off"]
+    f = row.finding("GPU2", "ECC is off on GPU2", gpu=2)
+    assert (f.rule, f.severity, f.category, f.action, f.gpu) == ("ecc_off", NOTE, "config", "config", 2)
+    assert "-i 2 -e 1" in f.remedy
+    # No GPU: the table's words; the evidence may decide the severity, action, category or remedy.
+    assert row.finding("node", "x").remedy == row.remedy
+    g = RULES["port_down"].finding("mlx5_0:1", "x", "check its cable", severity=NOTE, action="monitor")
+    assert (g.severity, g.action, g.category, g.remedy) == (NOTE, "monitor", "network", "check its cable")
 
 
 # --- NVLink -----------------------------------------------------------------------------------------------

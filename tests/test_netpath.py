@@ -440,7 +440,7 @@ def test_the_baseline_records_gdr_nic_count_and_rates_and_shows_their_drift(
 def test_run_facts_and_drift_carry_the_gpudirect_mode(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gputopo.probe.judge.drift import compare
+    from gputopo.health.drift import compare
     from gputopo.system.run_facts import config_facts
 
     for key, value in st.eight_gpu_node(tmp_path / "a").env.items():

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gputopo import drift
+from gputopo.health import drift
 from gputopo.probe.judge.mnnvl import drill_log, judge_mnnvl, nvlink_class_gbps, parse_mnnvl
 from gputopo.probe.pool.multinode import nccl_net_lines
 from gputopo.probe.report.nodes import add_nodes, internode_section, nodes_markdown

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gputopo.report import NotRegularFile, atomic_write, write_report
+from gputopo.outputs import NotRegularFile, atomic_write
+from gputopo.report import write_report
 
 NOON = datetime(2026, 11, 21, 15, 30, 0, tzinfo=timezone.utc)
 WRITERS = 4
@@ -184,3 +185,18 @@ def test_an_output_at_a_folder_or_in_a_missing_folder_is_refused(tmp_path, optio
         write_output(tmp_path / "no" / "such.json", "x", option)
     write_output(tmp_path / "fine.json", "made", option)
     assert (tmp_path / "fine.json").read_text() == "made"
+
+
+def test_a_finished_temp_file_gets_the_mode_asked_whatever_the_umask(tmp_path):
+    # The check state's writer asks 0644 (users read root's verdict); without a mode, mkstemp's 0600 stays.
+    from gputopo.outputs import finished_temp
+
+    old = os.umask(0o077)
+    try:
+        shared = finished_temp(tmp_path, "state.json", "{}\n", mode=0o644)
+        private = finished_temp(tmp_path, "state.json", "{}\n")
+    finally:
+        os.umask(old)
+    assert shared.read_text() == "{}\n" and shared.name.startswith(".state.json.")
+    assert oct(shared.stat().st_mode & 0o777) == "0o644"
+    assert oct(private.stat().st_mode & 0o777) == "0o600"

@@ -1,7 +1,10 @@
-"""Link problems a topology shows by itself (pure): failing GPUs, slow PCIe links, NVLinks down, P2P off;
-and NCCL settings in the environment that are meant for debugging only.
+"""The finding, and the rule row that makes it (pure); link problems a topology shows by itself: failing
+GPUs, slow PCIe links, NVLinks down, P2P off; and NCCL settings in the environment that are meant for
+debugging only.
 
-``doctor`` puts these beside what the probes measured. Each finding says where, what, and what to do.
+``doctor`` puts these beside what the probes measured. Each finding says where, what, and what to do. A
+finding a health rule makes is made by that rule (``Rule.finding``), so its severity, category, action and
+remedy come from the rule's one row; the table of rows is ``health.rules``.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gputopo.model import GPU_NOT_ACCESSIBLE, GPU_NOT_RESPONDING, LinkKind, Topology
+from gputopo.model import GPU_NOT_ACCESSIBLE, GPU_NOT_RESPONDING, Gpu, LinkKind, Topology
 
 PROBLEM = "problem"
 NOTE = "note"
@@ -66,6 +69,102 @@ class Finding:
         return asdict(self)
 
 
+# DCGM's own verdict for the signal a rule reads: "fail" (DCGM_HEALTH_RESULT_FAIL), "warn"
+# (DCGM_HEALTH_RESULT_WARN), or "none" where DCGM's health watches have no such check.
+DCGM_FAIL, DCGM_WARN, DCGM_NONE = "fail", "warn", "none"
+# DCGM's health watches read GPUs and NVSwitches: a NIC port or a PCIe bridge's ACS has no DCGM verdict.
+NOT_DCGM = "DCGM's health watches read GPUs and NVSwitches, not NIC ports or PCIe bridges"
+# The finding actions that take a node out of service with ``check --drain``; "monitor", "config" and
+# "none" never do (a note never does either: only problems drain).
+DRAIN_ACTIONS = ("reset", "drain", "replace", "reboot")
+# What stands for the GPU's index in a rule's remedy: filled in a finding, shown as ``N`` in the table.
+GPU_INDEX = "{i}"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One health rule. ``limit`` is the number the rule compares against (``None`` when the rule is a
+    plain yes/no); ``unit`` says what the number counts; ``source`` where the rule comes from;
+    ``remedy_template`` what to do, in short, ``{i}`` standing for the GPU's index (``remedy`` shows it as
+    ``N``). ``dcgm`` is DCGM's own severity for the same signal (``fail``, ``warn`` or ``none``) and
+    ``dcgm_source`` where DCGM says so; ``why`` says why gputopo's severity or action differs from DCGM's
+    (empty where they agree: problem with a drain action = fail, note or a monitor action = warn), or,
+    with ``dcgm`` ``none``, why DCGM has no verdict (listed as n/a)."""
+
+    name: str
+    category: str
+    severity: str
+    action: str
+    limit: float | None
+    unit: str
+    meaning: str
+    source: str
+    remedy_template: str = ""
+    dcgm: str = DCGM_NONE
+    dcgm_source: str = ""
+    why: str = ""
+    enabled: bool = True
+
+    @property
+    def remedy(self) -> str:
+        """The remedy as the rule table shows it (``N`` for the GPU's index)."""
+        return self.remedy_template.replace(GPU_INDEX, "N")
+
+    @property
+    def drains(self) -> bool:
+        """Whether a finding of this rule takes the node out of service under ``--drain``."""
+        return self.severity == PROBLEM and self.action in DRAIN_ACTIONS
+
+    def finding(
+        self,
+        where: str,
+        what: str,
+        remedy: str | None = None,
+        *,
+        gpu: int | None = None,
+        severity: str | None = None,
+        action: str | None = None,
+        category: str | None = None,
+    ) -> Finding:
+        """This rule's finding at ``where``; ``what`` is the evidence (values, window, place).
+
+        The severity, category, action and remedy are the row's (the remedy with ``gpu``'s index in it),
+        so each is written once. A caller passes one only where the evidence decides it: a remedy that
+        names the very port, bridge or test; a note for a port no GPU uses; DCGM's own status of a test.
+        """
+        if remedy is None:
+            remedy = self.remedy_template.replace(GPU_INDEX, str(gpu)) if gpu is not None else self.remedy
+        return Finding(
+            where,
+            what,
+            remedy,
+            severity or self.severity,
+            gpu=gpu,
+            category=category or self.category,
+            action=action or self.action,
+            rule=self.name,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The row as ``check --list-rules --json`` prints it."""
+        return {
+            "name": self.name,
+            "category": self.category,
+            "limit": self.limit,
+            "unit": self.unit,
+            "severity": self.severity,
+            "action": self.action,
+            "drains": self.drains,
+            "dcgm": self.dcgm,
+            "dcgm_source": self.dcgm_source,
+            "why": self.why,
+            "meaning": self.meaning,
+            "remedy": self.remedy,
+            "source": self.source,
+            "enabled": self.enabled,
+        }
+
+
 def finding_from_json(doc: dict[str, Any]) -> Finding:
     """A finding read back from ``to_json``'s object (older documents without the newer keys too)."""
     return Finding(
@@ -82,72 +181,63 @@ def finding_from_json(doc: dict[str, Any]) -> Finding:
 
 def link_findings(topo: Topology) -> list[Finding]:
     """Everything the topology itself says is wrong, problems first."""
-    found: list[Finding] = []
-    for g in topo.gpus:
-        if g.failing:
-            found.append(
-                Finding(
-                    g.label,
-                    f"the GPU does not answer NVML ({g.error})",
-                    "look for Xid errors in `dmesg`; drain the jobs and reset the GPU (`nvidia-smi -r -i "
-                    f"{g.index}`) or reboot; if it keeps falling off the bus, reseat it or open an RMA",
-                    gpu=g.index,
-                    category="driver",
-                    action="reset",
-                )
-            )
-        elif g.state == GPU_NOT_RESPONDING:
-            found.append(
-                Finding(
-                    g.label,
-                    f"the GPU did not answer NVML in time ({g.error})",
-                    "look for Xid errors in `dmesg` (79: fallen off the bus) and for processes stuck on the "
-                    f"GPU; `nvidia-smi -i {g.index}` hanging too confirms it; a reset or reboot clears it",
-                    gpu=g.index,
-                    category="driver",
-                    action="reset",
-                )
-            )
-        elif g.state == GPU_NOT_ACCESSIBLE:
-            found.append(
-                Finding(
-                    g.label,
-                    f"not accessible from here ({g.error}): another job's or container's GPU",
-                    "nothing to fix on the GPU; run where the GPU is allocated to you to check it",
-                    severity=NOTE,
-                    gpu=g.index,
-                    category="config",
-                )
-            )
-        elif g.mig_enabled:
-            found.append(
-                Finding(
-                    g.label,
-                    f"MIG is enabled ({len(g.mig_devices)} MIG devices): left out of probes and sets",
-                    "NCCL does not run on MIG devices; `nvidia-smi -i "
-                    f"{g.index} -mig 0` (then a GPU reset) turns MIG off if the GPU is meant for training",
-                    severity=NOTE,
-                    gpu=g.index,
-                    category="config",
-                )
-            )
-        elif g.pcie_below_max_while_busy and g.pcie is not None:
-            p = g.pcie
-            found.append(
-                Finding(
-                    g.label,
-                    f"PCIe link runs at Gen{p.gen_current} x{p.width_current} while busy; it can do "
-                    f"Gen{p.gen_max} x{p.width_max}",
-                    "check the slot and riser, and the BIOS PCIe speed setting; "
-                    "`nvidia-smi -q -d PCIE` shows the link, and `lspci -vv` the slot",
-                    gpu=g.index,
-                    category="pcie",
-                    action="monitor",
-                )
-            )
+    found = [f for f in map(_gpu_finding, topo.gpus) if f is not None]
     found.extend(_nvlink_findings(topo))
     found.extend(_p2p_findings(topo))
     return sorted(found, key=lambda f: f.severity != PROBLEM)
+
+
+def _gpu_finding(g: Gpu) -> Finding | None:
+    """What a GPU's own state says (the first that applies): it does not answer NVML, or not in time, it is
+    another job's, MIG is on, or its PCIe link runs below its best while busy."""
+
+    def on_gpu(
+        what: str, remedy: str, category: str, action: str = "reset", severity: str = PROBLEM
+    ) -> Finding:
+        return Finding(g.label, what, remedy, severity, gpu=g.index, category=category, action=action)
+
+    if g.failing:
+        return on_gpu(
+            f"the GPU does not answer NVML ({g.error})",
+            "look for Xid errors in `dmesg`; drain the jobs and reset the GPU (`nvidia-smi -r -i "
+            f"{g.index}`) or reboot; if it keeps falling off the bus, reseat it or open an RMA",
+            "driver",
+        )
+    if g.state == GPU_NOT_RESPONDING:
+        return on_gpu(
+            f"the GPU did not answer NVML in time ({g.error})",
+            "look for Xid errors in `dmesg` (79: fallen off the bus) and for processes stuck on the "
+            f"GPU; `nvidia-smi -i {g.index}` hanging too confirms it; a reset or reboot clears it",
+            "driver",
+        )
+    if g.state == GPU_NOT_ACCESSIBLE:
+        return on_gpu(
+            f"not accessible from here ({g.error}): another job's or container's GPU",
+            "nothing to fix on the GPU; run where the GPU is allocated to you to check it",
+            "config",
+            "none",
+            NOTE,
+        )
+    if g.mig_enabled:
+        return on_gpu(
+            f"MIG is enabled ({len(g.mig_devices)} MIG devices): left out of probes and sets",
+            "NCCL does not run on MIG devices; `nvidia-smi -i "
+            f"{g.index} -mig 0` (then a GPU reset) turns MIG off if the GPU is meant for training",
+            "config",
+            "none",
+            NOTE,
+        )
+    if g.pcie_below_max_while_busy and g.pcie is not None:
+        p = g.pcie
+        return on_gpu(
+            f"PCIe link runs at Gen{p.gen_current} x{p.width_current} while busy; it can do "
+            f"Gen{p.gen_max} x{p.width_max}",
+            "check the slot and riser, and the BIOS PCIe speed setting; "
+            "`nvidia-smi -q -d PCIE` shows the link, and `lspci -vv` the slot",
+            "pcie",
+            "monitor",
+        )
+    return None
 
 
 _NVLINK_REMEDY = (

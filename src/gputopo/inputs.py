@@ -53,9 +53,7 @@ def read_capped(path: Path, label: str, cap: int = MAX_INPUT_BYTES, hint: str | 
     except IsADirectoryError:
         raise InputError(f"{label}: is a folder, not a file", "name the file itself") from None
     except OSError as exc:
-        raise InputError(
-            f"{label}: cannot read ({exc.strerror or exc})", "check the path and its permissions"
-        ) from None
+        raise _cannot_read(label, exc, "check the path and its permissions") from None
     try:
         info = os.fstat(fd)
         if stat.S_ISDIR(info.st_mode):
@@ -66,7 +64,7 @@ def read_capped(path: Path, label: str, cap: int = MAX_INPUT_BYTES, hint: str | 
             os.set_blocking(fd, True)
         return _read_fd(fd, label, cap)
     except OSError as exc:
-        raise InputError(f"{label}: cannot read ({exc.strerror or exc})", "check the path") from None
+        raise _cannot_read(label, exc) from None
     finally:
         os.close(fd)
 
@@ -88,6 +86,14 @@ def _kind(mode: int) -> str | None:
     return next((what for test, what in _NOT_REGULAR if test(mode)), None)
 
 
+def _not_regular(label: str, what: str) -> NotRegular:
+    return NotRegular(f"{label}: is {what}, not a regular file", "remove it, or name a regular file")
+
+
+def _cannot_read(label: str, exc: OSError, hint: str = "check the path") -> InputError:
+    return InputError(f"{label}: cannot read ({exc.strerror or exc})", hint)
+
+
 def read_regular_file(path: Path, label: str, cap: int = MAX_INPUT_BYTES) -> bytes | None:
     """The bytes of the regular file at ``path``, or ``None`` when there is none: for files gputopo keeps
     itself (the check state), where anything else at the path is a mistake or a trap. Never through a
@@ -99,31 +105,29 @@ def read_regular_file(path: Path, label: str, cap: int = MAX_INPUT_BYTES) -> byt
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise InputError(f"{label}: cannot read ({exc.strerror or exc})", "check the path") from None
+        raise _cannot_read(label, exc) from None
     if stat.S_ISLNK(info.st_mode):
         raise InputError(f"{label}: is a symbolic link, not followed", "name the real file")
     what = _kind(info.st_mode)
     if what is not None:
-        raise NotRegular(f"{label}: is {what}, not a regular file", "remove it, or name a regular file")
+        raise _not_regular(label, what)
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NOCTTY", 0)
     try:
         fd = os.open(path, flags)
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise InputError(
-            f"{label}: cannot read ({exc.strerror or exc})", "check the path and its permissions"
-        ) from None
+        raise _cannot_read(label, exc, "check the path and its permissions") from None
     try:
         info = os.fstat(fd)
         what = _kind(info.st_mode)
         if what is not None:  # replaced between the look and the open
-            raise NotRegular(f"{label}: is {what}, not a regular file", "remove it, or name a regular file")
+            raise _not_regular(label, what)
         if info.st_size > cap:
             raise _too_large(label, cap)
         return _read_fd(fd, label, cap)
     except OSError as exc:
-        raise InputError(f"{label}: cannot read ({exc.strerror or exc})", "check the path") from None
+        raise _cannot_read(label, exc) from None
     finally:
         os.close(fd)
 

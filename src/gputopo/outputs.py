@@ -56,10 +56,19 @@ def write_target(path: Path) -> Path:
     return target
 
 
-def _finished_temp(folder: Path, name: str, text: str) -> Path:
-    """``text`` in a new, uniquely named temporary file in ``folder``, flushed to disk."""
+def finished_temp(folder: Path, name: str, text: str, mode: int | None = None) -> Path:
+    """``text`` in a new, uniquely named temporary file ``.<name>.*.tmp`` in ``folder``, flushed to disk,
+    ready to be renamed or linked into place (by ``atomic_write``, ``exclusive_write``, the check state's
+    writer); ``mode`` its permissions, where the umask must not decide them. ``OSError`` when it cannot be
+    made; nothing is left behind then."""
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
     try:
+        if mode is not None:
+            try:
+                os.fchmod(fd, mode)
+            except BaseException:
+                os.close(fd)
+                raise
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
@@ -76,7 +85,7 @@ def atomic_write(path: Path, text: str) -> None:
     is written through (its target replaced, the link kept); a non-regular file is refused
     (``NotRegularFile``) and left untouched."""
     target = write_target(path)
-    tmp = _finished_temp(target.parent, target.name, text)
+    tmp = finished_temp(target.parent, target.name, text)
     try:
         if target.exists():
             with contextlib.suppress(OSError):
@@ -128,7 +137,7 @@ def exclusive_write(path: Path, text: str) -> bool:
     """Write ``text`` to the new file ``path`` whole, or return ``False`` when the name is taken (by
     anything: a file, a link, a device). Exclusive and atomic: the finished temporary file is hard-linked
     to ``path``; where the file system has no hard links, ``path`` is created with ``O_EXCL``."""
-    tmp = _finished_temp(path.parent, path.name, text)
+    tmp = finished_temp(path.parent, path.name, text)
     try:
         try:
             os.link(tmp, path)

@@ -22,14 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gputopo.errors import UsageError
-from gputopo.outputs import (  # noqa: F401 - the writer's names, as report's callers know them
-    NotRegularFile,
-    atomic_write,
-    check_output,
-    exclusive_write,
-    write_output,
-    write_target,
-)
+from gputopo.outputs import atomic_write, exclusive_write
 
 _KIND_RE = re.compile(r"[a-z][a-z0-9-]*")
 

@@ -84,7 +84,7 @@ class RunRecord:
         return self.host if self.node_rank is None else f"{self.host} (node {self.node_rank})"
 
     def facts(self) -> dict[str, Any]:
-        """This node's facts for drift (``gputopo.drift``): the record's ``config`` as ``gputopo run``
+        """This node's facts for drift (``gputopo.health.drift``): the record's ``config`` as ``gputopo run``
         wrote it, else what its ``versions`` and ``env`` say."""
         if self.config:
             return dict(self.config)
@@ -230,7 +230,7 @@ def config_drift(records: list[RunRecord]) -> list[Finding]:
     """What differs between the nodes' records (versions, net plugin, GPU model and count, VBIOS, NCCL
     variables), as findings: a different GPU count, NCCL version or net plugin is a problem (one node's
     other NCCL or plugin is a known cause of hangs, nccl#1634), the rest notes."""
-    from gputopo.drift import compare, findings
+    from gputopo.health.drift import compare, findings
 
     by_node: dict[str, dict[str, Any]] = {}
     for r in records:

@@ -49,7 +49,8 @@ from pathlib import Path
 from typing import Any
 
 from gputopo.errors import InputError
-from gputopo.findings import NOTE, PROBLEM, Finding
+from gputopo.findings import PROBLEM, Finding
+from gputopo.health.rules import REPORTED_RULES
 
 TOOL = "dcgmi diag"
 PASSED = "passed"
@@ -62,6 +63,9 @@ RULE_FAIL = "dcgm_diag_fail"
 RULE_WARN = "dcgm_diag_warn"
 RULE_SKIP = "dcgm_diag_skip"
 RULE_ERROR = "dcgm_diag_error"
+_SUMMARY, _FAIL, _WARN, _SKIP, _ERROR = (
+    REPORTED_RULES[n] for n in ("dcgm_diag", RULE_FAIL, RULE_WARN, RULE_SKIP, RULE_ERROR)
+)
 
 # Real outputs are a few to a few hundred kilobytes (8 GPUs, level 4, --iterations 10: well under 2 MB).
 MAX_DIAG_BYTES = 8 * 1024 * 1024
@@ -341,30 +345,17 @@ def judge_runs(
     counts = {s: sum(1 for r in results if r.status == s) for s in ("pass", "fail", "warn", "skip")}
     findings = _findings(results, serials, len(runs))
     if runtime_error:
-        findings.append(
-            Finding(
-                "node",
-                f"{TOOL}: DCGM's diagnostic stopped early: {_one_line(runtime_error)}",
-                "read DCGM's words above (is nv-hostengine running? is a GPU lost?), fix that, and run "
-                "`dcgmi diag` again",
-                NOTE,
-                category="driver",
-                action="none",
-                rule=RULE_ERROR,
-            )
-        )
+        stopped = f"{TOOL}: DCGM's diagnostic stopped early: {_one_line(runtime_error)}"
+        findings.append(_ERROR.finding("node", stopped))
     overall_fail = overall is not None and overall[0].lower() == "fail"
     why = (overall[1] if overall else None) or "DCGM gave no reason"
     if overall_fail and not counts["fail"] and not runtime_error:
         findings.append(
-            Finding(
+            _FAIL.finding(
                 "node",
                 f"{TOOL}: the --iterations run stopped on a failure ({why})",
                 "run `dcgmi diag` once more without --iterations to see which test and GPU failed",
-                PROBLEM,
                 category="driver",
-                action="drain",
-                rule=RULE_FAIL,
             )
         )
     status, reason = _verdict(counts, runtime_error, overall_fail, findings)
@@ -530,7 +521,7 @@ def _findings(results: list[DiagResult], serials: Mapping[int, str], runs: int) 
     out = []
     for (status, *_), (f, times) in found.items():
         if runs > 1 and status in ("fail", "warn"):
-            f = Finding(**{**f.to_json(), "what": f"{f.what} (in {min(times, runs)} of {runs} runs)"})
+            f = dataclasses.replace(f, what=f"{f.what} (in {min(times, runs)} of {runs} runs)")
         out.append(f)
     for test, rows in skipped.items():
         out.append(_skip_finding(test, rows))
@@ -571,15 +562,13 @@ def _diag_finding(r: DiagResult, w: Mapping[str, Any], serials: Mapping[int, str
         what += f": {message}"
     elif not coded and r.info:
         what += f": {_one_line(r.info[0])}"
-    return Finding(
+    return (_FAIL if r.status == "fail" else _WARN).finding(
         r.where,
         what,
         remedy if r.status == "fail" else f"a warning, not a failure: {remedy}",
-        PROBLEM if r.status == "fail" else NOTE,
         gpu=r.gpu,
         category=ours or _TEST_CATEGORIES.get(r.test.lower().replace(" ", "_"), "compute"),
         action=action,
-        rule=RULE_FAIL if r.status == "fail" else RULE_WARN,
     )
 
 
@@ -590,15 +579,11 @@ def _skip_finding(test: str, rows: list[DiagResult]) -> Finding:
     )
     where = places[0] if len(places) == 1 else ", ".join(places)
     gpu = rows[0].gpu if len(places) == 1 else None
-    return Finding(
+    return _SKIP.finding(
         where,
         f"{TOOL}: {test} was skipped on {', '.join(places)}: not checked" + (f" ({why})" if why else ""),
-        "nothing failed; where the test matters, fix what DCGM says kept it from running and run it again",
-        NOTE,
         gpu=gpu,
         category=_TEST_CATEGORIES.get(test.lower().replace(" ", "_"), "compute"),
-        action="none",
-        rule=RULE_SKIP,
     )
 
 
@@ -646,7 +631,7 @@ def summary_finding(result: DcgmDiagResult) -> Finding:
         FAILED: "see the problems DCGM found, each on its GPU",
         NOT_CHECKED: "it says nothing about the GPUs: fix what kept DCGM from running, run it again",
     }[result.status]
-    return Finding(result.source, what, remedy, NOTE, category="driver", rule="dcgm_diag")
+    return _SUMMARY.finding(result.source, what, remedy)
 
 
 def match_serials(result: DcgmDiagResult, serials_by_index: Mapping[int, str]) -> DcgmDiagResult:
@@ -662,14 +647,11 @@ def match_serials(result: DcgmDiagResult, serials_by_index: Mapping[int, str]) -
     if not result.serials:
         if result.status == NOT_CHECKED or not serials_by_index:
             return result
-        note = Finding(
+        note = _SUMMARY.finding(
             result.source,
             f"{TOOL} ({result.source}): the result names no GPU serial, so it cannot be matched to this "
             "machine's GPUs",
             "run `dcgmi diag -r LEVEL -j` on this node with DCGM 3.x or later (its JSON names the serials)",
-            NOTE,
-            category="driver",
-            rule="dcgm_diag",
         )
         return dataclasses.replace(result, findings=(*result.findings, note))
     index_of = {serial: index for index, serial in serials_by_index.items() if serial}
@@ -681,14 +663,8 @@ def match_serials(result: DcgmDiagResult, serials_by_index: Mapping[int, str]) -
     shown = ", ".join(f"GPU{i} (serial {serials_by_index[i]})" for i in missing[:4])
     shown += f" and {len(missing) - 4} more" if len(missing) > 4 else ""
     reason = f"the DCGM result does not cover {shown}: another node's result, or a GPU swapped in since"
-    note = Finding(
-        result.source,
-        f"{TOOL} ({result.source}): {reason}",
-        "run `dcgmi diag` again on this node as it is now",
-        NOTE,
-        category="driver",
-        rule="dcgm_diag",
-    )
+    again = "run `dcgmi diag` again on this node as it is now"
+    note = _SUMMARY.finding(result.source, f"{TOOL} ({result.source}): {reason}", again)
     status = NOT_CHECKED if result.status != FAILED else FAILED  # a failure found stays a failure
     return dataclasses.replace(
         result,

@@ -30,10 +30,12 @@ from typing import Any
 
 from gputopo.errors import InputError
 from gputopo.findings import NOTE, PROBLEM, Finding
+from gputopo.health.rules import REPORTED_RULES
 
 TOOL = "health-validation"
 SEVERITIES = ("PASS", "INFO", "WARNING", "CRITICAL", "UNKNOWN")
 RULE = "health_validation"
+_RULE = REPORTED_RULES[RULE]
 MAX_VERDICT_BYTES = 4 * 1024 * 1024
 _HINT = "give the JSON NodeVerdict that NVIDIA Health Validation wrote to stdout"
 
@@ -103,18 +105,9 @@ def judge_verdict(doc: Any, source: str, label: str) -> HealthValidationResult:
     for comp in components:
         findings.extend(_component_findings(comp))
     if overall in ("CRITICAL", "UNKNOWN") and not any(f.severity == PROBLEM for f in findings):
-        findings.append(
-            Finding(
-                "node",
-                f"{TOOL}: the node's verdict is {overall}"
-                + (" (its health could not be assessed)" if overall == "UNKNOWN" else ""),
-                _remedy(overall),
-                PROBLEM,
-                category="config",
-                action="drain",
-                rule=RULE,
-            )
-        )
+        unknown = " (its health could not be assessed)" if overall == "UNKNOWN" else ""
+        what = f"{TOOL}: the node's verdict is {overall}{unknown}"
+        findings.append(_RULE.finding("node", what, _remedy(overall)))
     status = "failed" if overall in ("CRITICAL", "UNKNOWN") else "passed"
     order = sorted(findings, key=lambda f: (f.severity != PROBLEM, f.gpu is None, f.gpu or 0))
     return HealthValidationResult(status, overall, tuple(order), source, node, tuple(components))
@@ -125,7 +118,7 @@ def summary_finding(result: HealthValidationResult) -> Finding:
     node = f" for {result.node}" if result.node else ""
     what = f"{TOOL} ({result.source}): the verdict{node} is {result.overall_severity} ({result.status})"
     remedy = "nothing to do" if result.status == "passed" else "see the problems it found"
-    return Finding(result.source, what, remedy, NOTE, category="config", rule=RULE)
+    return _RULE.finding(result.source, what, remedy, severity=NOTE, action="none")
 
 
 def _component_findings(comp: dict[str, Any]) -> list[Finding]:
@@ -146,15 +139,14 @@ def _component_findings(comp: dict[str, Any]) -> list[Finding]:
         gpu = int(m.group(1)) if m else None
         where = f"GPU{gpu}" if gpu is not None else entity
         out.append(
-            Finding(
+            _RULE.finding(
                 where,
                 what + (f" on {entity}" if entities else ""),
                 _remedy(severity),
-                PROBLEM if problem else NOTE,
                 gpu=gpu,
-                category=ours,
+                severity=PROBLEM if problem else NOTE,
                 action="drain" if problem else "monitor",
-                rule=RULE,
+                category=ours,
             )
         )
     return out

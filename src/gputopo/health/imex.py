@@ -56,7 +56,7 @@ from typing import Any
 
 from gputopo.findings import Finding
 from gputopo.health.judge import NotChecked
-from gputopo.health.rules import DEFAULT_THRESHOLDS, Rule, Thresholds
+from gputopo.health.rules import DEFAULT_THRESHOLDS, Thresholds
 
 # The daemon states DCGM's DcgmImexManager knows (DcgmImexDaemonStatus, with its numbers as DCGM reports
 # them in DCGM_FI_IMEX_DAEMON_STATUS). Only READY is ready.
@@ -78,17 +78,6 @@ CONNECTED = "CONNECTED"
 # What nvidia-imex-ctl prints when the node's IMEX configuration cannot be read (DcgmImexManager.cpp).
 NOT_CONFIGURED_TEXT = "Failed to read node configuration file"
 WHAT = "IMEX"
-
-_DAEMON_REMEDY = (
-    "`systemctl status nvidia-imex` and `journalctl -u nvidia-imex` say why; restart it "
-    "(`systemctl restart nvidia-imex`) once the NVLink fabric is complete (`nvidia-smi -q`: Fabric State "
-    "Completed) on every tray of the domain"
-)
-_MEMBER_REMEDY = (
-    "on the member named: `nvidia-imex-ctl -q` and `journalctl -u nvidia-imex`; restart nvidia-imex there "
-    "(or on every node of the domain when it does not rebuild); check that the node configuration is the "
-    "same on every node and that the members reach each other on the IMEX port (50000)"
-)
 
 
 @dataclass(frozen=True)
@@ -274,16 +263,12 @@ def _not_configured(reading: ImexReading, said: str, rules: Thresholds) -> list[
     if not rule.enabled:
         return []
     return [
-        Finding(
+        rule.finding(
             WHAT,
             f"IMEX is expected here but not configured: {said} ({reading.nodes_config})",
             "write the addresses of the domain's nodes, one a line, into the node configuration "
             f"({reading.nodes_config}, or the file IMEX_NODE_CONFIG_FILE in config.cfg names) on every node, "
             "then `systemctl restart nvidia-imex`; drop --expect-imex where no IMEX daemon is meant to run",
-            rule.severity,
-            category=rule.category,
-            action=rule.action,
-            rule=rule.name,
         )
     ]
 
@@ -292,17 +277,7 @@ def _daemon(what: str, rules: Thresholds) -> list[Finding]:
     rule = rules["imex_daemon_not_ready"]
     if not rule.enabled:
         return []
-    return [
-        Finding(
-            WHAT,
-            what,
-            _DAEMON_REMEDY,
-            rule.severity,
-            category=rule.category,
-            action=rule.action,
-            rule=rule.name,
-        )
-    ]
+    return [rule.finding(WHAT, what)]
 
 
 def _domain(
@@ -347,14 +322,12 @@ def _domain(
         )
     member_rule, domain_rule = rules["imex_member_down"], rules["imex_domain_unhealthy"]
     if issues and member_rule.enabled:
-        return [_finding(where, what, member_rule) for where, what in issues]
+        return [member_rule.finding(where, what) for where, what in issues]
     if not bad_domain or not domain_rule.enabled or (me is not None and not issues):
         return []  # a domain down only for want of this node's daemon: the daemon's finding says it
     named = "; ".join(where for where, _ in issues) or "every member READY and connected"
-    return [_finding(WHAT, f"the IMEX domain is {domain.status} (`{command}`): {named}", domain_rule)]
-
-
-def _finding(where: str, what: str, rule: Rule) -> Finding:
-    return Finding(
-        where, what, _MEMBER_REMEDY, rule.severity, category=rule.category, action=rule.action, rule=rule.name
-    )
+    return [
+        domain_rule.finding(
+            WHAT, f"the IMEX domain is {domain.status} (`{command}`): {named}", member_rule.remedy
+        )
+    ]

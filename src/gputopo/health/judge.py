@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gputopo.findings import PROBLEM, Finding
 from gputopo.health.readings import (
@@ -102,21 +102,15 @@ class _Judge:
         self.found: list[Finding] = []
         self.not_checked: dict[tuple[str, str], list[str]] = {}
 
-    def add(self, rule_name: str, where: str, gpu: int | None, what: str, remedy: str, **kw: str) -> None:
+    def add(
+        self, rule_name: str, where: str, gpu: int | None, what: str, remedy: str | None = None, **kw: str
+    ) -> None:
+        """The rule's finding, unless ``--thresholds`` turned the rule off; ``remedy`` ``None``: the row's."""
         rule: Rule = self.t[rule_name]
         if not rule.enabled:
             return
         self.found.append(
-            Finding(
-                where,
-                what,
-                remedy,
-                kw.get("severity", rule.severity),
-                gpu=gpu,
-                category=rule.category,
-                action=kw.get("action", rule.action),
-                rule=rule_name,
-            )
+            rule.finding(where, what, remedy, gpu=gpu, severity=kw.get("severity"), action=kw.get("action"))
         )
 
     def skip(self, where: str, what: str, why: str) -> None:
@@ -158,8 +152,6 @@ def judge(
             "node",
             None,
             f"NVML sees {len(sample1.gpus)} GPUs, {expect_gpus} expected",
-            "a GPU fell off the bus or is not bound to the driver: look for Xid 79 in `dmesg` and at "
-            "`lspci -d 10de:`; a reboot or reseat brings it back, else hardware service",
         )
     for u in sample1.unknown:
         j.skip("node", u.what, u.why)
@@ -184,8 +176,6 @@ def judge(
                 g1.label,
                 g1.index,
                 f"{g1.label} could not be read ({g1.state + ': ' if g1.state else ''}{g1.error})",
-                "look for Xid errors in `dmesg`; drain the jobs and reset the GPU "
-                f"(`nvidia-smi -r -i {g1.index}`) or reboot",
             )
             continue
         for u in g1.unknown:
@@ -235,15 +225,11 @@ def _node_level(found: list[Finding], gpu_count: int) -> list[Finding]:
         elif f is same[0]:
             first = f.what.split(": ", 1)[-1] if f.what.startswith(f"{f.where}: ") else f.what
             out.append(
-                Finding(
-                    "node",
-                    f"{_NODE_LEVEL[f.rule]} (all {gpu_count} GPUs; {f.where}: {first})",
-                    f.remedy,
-                    f.severity,
+                replace(
+                    f,
+                    where="node",
+                    what=f"{_NODE_LEVEL[f.rule]} (all {gpu_count} GPUs; {f.where}: {first})",
                     gpu=None,
-                    category=f.category,
-                    action=f.action,
-                    rule=f.rule,
                 )
             )
     return out
@@ -270,7 +256,6 @@ def _memory(j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | Non
             label,
             i,
             f"ECC is off on {label}" + (" (on after the next reset)" if g.ecc_pending_enabled else ""),
-            f"`nvidia-smi -i {i} -e 1` and a GPU reset turn it on, if the workload can spare the memory",
         )
     vol = g.ecc_volatile_uncorrected
     if vol is not None and vol > j.t.limit("ecc_volatile_uncorrected"):
@@ -281,8 +266,6 @@ def _memory(j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | Non
             label,
             i,
             f"{vol} uncorrectable ECC errors on {label} since the driver loaded{moving}",
-            "drain the GPU; a GPU reset (`nvidia-smi -r`) retires or remaps the bad memory; if they return, "
-            "open an RMA",
         )
     agg = g.ecc_aggregate_uncorrected
     if agg is not None and agg > j.t.limit("ecc_aggregate_uncorrected") and not (vol or 0):
@@ -291,7 +274,6 @@ def _memory(j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | Non
             label,
             i,
             f"{agg} uncorrectable ECC errors in {label}'s history (none since the driver loaded)",
-            "history only; watch the volatile count and the remapped rows",
         )
     if g.memory_unrepairable:
         j.add(
@@ -299,7 +281,6 @@ def _memory(j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | Non
             label,
             i,
             f"the driver flags the memory of {label} as unrepairable",
-            "the GPU cannot repair its memory: take it out of service and open an RMA",
         )
     if g.remapped_rows_failure:
         j.add(
@@ -308,7 +289,6 @@ def _memory(j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | Non
             i,
             f"a row remapping failed on {label} ({g.remapped_rows_uncorrected} rows remapped for "
             "uncorrectable errors)",
-            "the GPU cannot repair its memory any more: take it out of service and open an RMA",
         )
     if g.remapped_rows_pending:
         j.add(
@@ -316,7 +296,6 @@ def _memory(j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | Non
             label,
             i,
             f"a row remapping is pending on {label}",
-            f"drain the GPU and reset it (`nvidia-smi -r -i {i}`) or reboot: the reset applies the remap",
         )
     unc = g.remapped_rows_uncorrected
     if unc is not None and unc >= j.t.limit("remapped_rows_uncorrected"):
@@ -326,7 +305,6 @@ def _memory(j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | Non
             i,
             f"{unc} rows remapped for uncorrectable errors on {label} (limit "
             f"{j.t.limit('remapped_rows_uncorrected'):g})",
-            "the memory is wearing out: plan to replace the GPU (RMA)",
         )
     if g.retired_pages_pending:
         j.add(
@@ -334,7 +312,6 @@ def _memory(j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | Non
             label,
             i,
             f"pages are pending retirement on {label}",
-            f"drain the GPU and reset it (`nvidia-smi -r -i {i}`) or reboot: the reset retires them",
         )
     if g.retired_pages_sbe is not None or g.retired_pages_dbe is not None:
         total = (g.retired_pages_sbe or 0) + (g.retired_pages_dbe or 0)
@@ -345,7 +322,6 @@ def _memory(j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | Non
                 i,
                 f"{total} retired pages on {label} ({g.retired_pages_sbe} single-bit, {g.retired_pages_dbe} "
                 f"double-bit; limit {j.t.limit('retired_pages'):g})",
-                "the memory is wearing out: plan to replace the GPU (RMA)",
             )
 
 
@@ -429,26 +405,25 @@ def _nvlink_totals(
                 f"{g.nvlink_ecc_data_errors} in all)",
                 remedy,
             )
-    raw = g.nvlink_effective_ber_raw
-    if raw is not None and effective_ber_exceeded(raw):
-        j.add(
+    levels = (
+        (
             "nvlink_effective_ber",
-            label,
-            i,
-            f"{label}: NVLink effective BER {ber_words(raw)} is worse than 1e-12 (NVML field 220, every "
-            "link; a level: the links are bad even while no error counter moves)",
-            remedy,
-        )
-    raw = g.nvlink_symbol_ber_raw
-    if raw is not None and symbol_ber_exceeded(raw):
-        j.add(
+            g.nvlink_effective_ber_raw,
+            effective_ber_exceeded,
+            "effective BER {} is worse than 1e-12 (NVML field 220, every link; a level: the links are bad "
+            "even while no error counter moves)",
+        ),
+        (
             "nvlink_symbol_ber",
-            label,
-            i,
-            f"{label}: NVLink symbol BER {ber_words(raw)} is above its floor (15e-238; NVML field 222, every "
-            "link): errors FEC did not correct",
-            remedy,
-        )
+            g.nvlink_symbol_ber_raw,
+            symbol_ber_exceeded,
+            "symbol BER {} is above its floor (15e-238; NVML field 222, every link): errors FEC did not "
+            "correct",
+        ),
+    )
+    for rule, raw, exceeded, words in levels:
+        if raw is not None and exceeded(raw):
+            j.add(rule, label, i, f"{label}: NVLink " + words.format(ber_words(raw)), remedy)
 
 
 def _far_ends(links: Sequence[NvlinkHealth]) -> str:
@@ -509,7 +484,6 @@ def _nvlink_counters(
                 i,
                 f"{label}: NVLink {kind} errors rose by {crc} in {w} ({per_s:.1f}/s, below "
                 f"{j.t.limit('nvlink_crc_per_s'):g}/s; {_per_link(rises[kind])})",
-                "CRC errors are retried by the link; watch them, and look at the link if they climb",
             )
     if history > j.t.limit("nvlink_errors_history") and not rises["replay"] and not rises["recovery"]:
         j.add(
@@ -517,7 +491,6 @@ def _nvlink_counters(
             label,
             i,
             f"{label}: {history} NVLink replay/recovery errors in the counters' history, none in {w}",
-            "history only; `nvidia-smi nvlink -e` shows them per link",
         )
 
 
@@ -764,8 +737,6 @@ def _pcie(j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | None,
             label,
             i,
             f"{label}: PCIe link at Gen{gc} of Gen{gm} while busy",
-            "check the BIOS PCIe speed setting and the slot; idle GPUs lower their link generation on "
-            "purpose, busy ones should not",
         )
     if g0 is None or window_s is None:
         return
@@ -789,8 +760,6 @@ def _pcie(j: _Judge, g: GpuHealth, g0: GpuHealth | None, window_s: float | None,
             i,
             f"{label}: PCIe replays rose by {rise} in {_secs(window_s)} ({rate:.0f}/min; a Gen{gen} x{width} "
             f"link at BER {j.t.limit('pcie_replay_rate'):g} allows {per_min}/min)",
-            "replays mean bit errors on the PCIe link: reseat the card or riser, check the slot; "
-            "`nvidia-smi -q -d PCIE` shows the counter",
         )
 
 
@@ -882,7 +851,6 @@ def _driver(j: _Judge, g: GpuHealth) -> None:
             label,
             i,
             f"persistence mode is off on {label}",
-            "run nvidia-persistenced (or `nvidia-smi -pm 1`) so the driver keeps the GPU initialised",
         )
 
 

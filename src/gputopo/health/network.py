@@ -251,22 +251,22 @@ def judge_ports(
 
 
 def _finding(
+    rule: str,
     p: PortReading,
     what: str,
     remedy: str,
     rail: Rail,
     severity: str = PROBLEM,
-    action: str = "drain",
-    rule: str | None = None,
+    action: str | None = None,
 ) -> Finding:
-    return Finding(
+    """The port rule's finding (its defaults: ``--thresholds`` is applied by ``apply_overrides``); a note
+    (a port no GPU uses, or none of its kind up) is only watched."""
+    return ALL_RULES[rule].finding(
         p.name,
         f"{_port_words(p)}: {what}; {rail.words()}",
         remedy,
         severity=severity,
-        category="network",
         action=action if severity == PROBLEM else "monitor",
-        rule=rule,
     )
 
 
@@ -295,12 +295,12 @@ def _state(p: PortReading, peers: Sequence[PortReading], rail: Rail, management:
     if not up:
         return [
             _finding(
+                "port_down",
                 p,
                 f"not up ({shown}) and no other port of its kind is up: unused or not cabled",
                 "nothing to do if the port is not meant to be used; otherwise check its cable",
                 rail,
                 severity=NOTE,
-                rule="port_down",
             )
         ]
     down = (
@@ -310,32 +310,32 @@ def _state(p: PortReading, peers: Sequence[PortReading], rail: Rail, management:
     if management:
         return [
             _finding(
+                "port_down",
                 p,
                 what + " (no GPU uses it: a management or storage port)",
                 _cable_remedy(p),
                 rail,
                 NOTE,
-                rule="port_down",
             )
         ]
     if not down:  # INIT / ARMED: waiting for the subnet manager
         return [
             _finding(
+                "port_down",
                 p,
                 what + ": waiting for the subnet manager",
                 "check that a subnet manager runs on the fabric (`sminfo`) and sees this port",
                 rail,
                 action="config",
-                rule="port_down",
             )
         ]
     return [
         _finding(
+            "port_down",
             p,
             what + ": NCCL's traffic for these GPUs crosses the node to another NIC, or the job fails",
             _cable_remedy(p) + f" ({NVSENTINEL_STATE})",
             rail,
-            rule="port_down",
         )
     ]
 
@@ -356,13 +356,12 @@ def _slower(p: PortReading, peers: Sequence[PortReading], rail: Rail, management
     )
     return [
         _finding(
+            "port_slow",
             p,
             what,
             _cable_remedy(p) + f" ({NVSENTINEL_STATE})",
             rail,
             NOTE if management else PROBLEM,
-            "replace",
-            rule="port_slow",
         )
     ]
 
@@ -402,11 +401,11 @@ def _counters(
             any_rise = f"{NVSENTINEL}: any rise is fatal" if limit == 0 else f"--thresholds: above {limit:g}"
             out.append(
                 _finding(
+                    rule,
                     new,
                     f"{name} rose by {d} in {window} (now {new.counters[name]})",
                     _cable_remedy(new) + f" ({any_rise})",
                     rail,
-                    rule=rule,
                 )
             )
     d = rise("symbol_error")
@@ -417,13 +416,12 @@ def _counters(
             rate = f"{per_s:.0f}/s" if symbol_per_s >= 1 else f"{per_s * 3600:.0f}/hour"
             out.append(
                 _finding(
+                    symbol_rule,
                     new,
                     f"symbol_error rose by {d} in {window} ({rate}, above {limit}): the link is degrading "
                     "before its error correction gives out",
                     _cable_remedy(new) + f" ({NVSENTINEL}: symbol_error above {limit})",
                     rail,
-                    action="replace",
-                    rule=symbol_rule,
                 )
             )
     d = rise("carrier_changes")
@@ -431,12 +429,11 @@ def _counters(
     if d and d > flaps and not since_last:
         out.append(
             _finding(
+                "port_carrier_flaps",
                 new,
                 f"the link flapped: carrier_changes rose by {d} in {window}",
                 _cable_remedy(new) + f" ({NVSENTINEL}: carrier_changes above {flaps:g} per interval)",
                 rail,
-                action="replace",
-                rule="port_carrier_flaps",
             )
         )
     return out
@@ -520,7 +517,7 @@ def gdr_findings(mode: str | None, rdma_ports: int) -> list[Finding]:
     if mode != "none":
         return []
     return [
-        Finding(
+        ALL_RULES["gpudirect_off"].finding(
             "GPUDirect RDMA",
             f"{rdma_ports} RDMA port(s) but GPUDirect RDMA is off: no nvidia_peermem in /proc/modules, no "
             "/sys/kernel/mm/memory_peers/nv_mem, and no DMA-BUF path (it needs the open GPU kernel module "
@@ -528,10 +525,6 @@ def gdr_findings(mode: str | None, rdma_ports: int) -> list[Finding]:
             "bandwidth and latency (NCCL falls back without saying so unless NCCL_DEBUG=INFO)",
             "`sudo modprobe nvidia-peermem` (and load it at boot), or use the open GPU kernel module on "
             "Linux 5.12+ for DMA-BUF; then `NCCL_DEBUG=INFO` shows `GPU Direct RDMA Enabled`",
-            severity=NOTE,
-            category="network",
-            action="config",
-            rule="gpudirect_off",
         )
     ]
 

@@ -25,8 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from gputopo.errors import InputError, UsageError
-from gputopo.findings import ACTIONS, NOTE, PROBLEM, SEVERITIES
+from gputopo.findings import ACTIONS, DCGM_FAIL, DCGM_NONE, DCGM_WARN, NOTE, PROBLEM, SEVERITIES
+
+# The row and the finding it makes live beside the finding (gputopo.findings); the table is here, and its
+# callers know these names here.
+from gputopo.findings import DRAIN_ACTIONS as DRAIN_ACTIONS
+from gputopo.findings import NOT_DCGM as NOT_DCGM
+from gputopo.findings import Rule as Rule
 from gputopo.inputs import loads_bounded
+from gputopo.topology.pcie_path import NCCL_ACS as NCCL_ACS
+from gputopo.topology.pcie_path import RULE_ACS_REDIRECT, RULE_IOMMU_TRANSLATED
 
 DCGM_LIMITS = "DCGM common/DcgmGPUHardwareLimits.h"
 DCGM_WATCH = "DCGM modules/health/DcgmHealthWatch.cpp"
@@ -34,70 +42,11 @@ XID_CATALOG = "NVIDIA Xid catalog, docs.nvidia.com/deploy/xid-errors"
 NVML_DOCS = "NVML API reference (nvml.h)"
 NVSENTINEL = "NVSentinel NIC health monitor (docs/nic-health-monitor/link-counter-detection.md)"
 NVSENTINEL_STATE = "NVSentinel NIC health monitor (docs/nic-health-monitor/link-state-detection.md)"
-NCCL_ACS = "NCCL troubleshooting guide, PCI Access Control Services (ACS)"
-# DCGM's health watches read GPUs and NVSwitches: a NIC port or a PCIe bridge's ACS has no DCGM verdict.
-NOT_DCGM = "DCGM's health watches read GPUs and NVSwitches, not NIC ports or PCIe bridges"
 DCGM_IMEX = "DCGM dcgmlib/src/DcgmImexManager.cpp"
 IMEX_GUIDE = "NVIDIA IMEX guide (docs.nvidia.com/multi-node-nvlink-systems/imex-guide)"
 # Where gputopo parts from DCGM on IMEX: DCGM judges every node, and fails one with no daemon at all
 # (COMMAND_ERROR, -3: NVIDIA/DCGM #308); gputopo judges only where a daemon is expected.
 IMEX_EXPECTED = "judged only where a daemon is expected (node configuration or --expect-imex)"
-
-
-# DCGM's own verdict for the signal a rule reads: "fail" (DCGM_HEALTH_RESULT_FAIL), "warn"
-# (DCGM_HEALTH_RESULT_WARN), or "none" where DCGM's health watches have no such check.
-DCGM_FAIL, DCGM_WARN, DCGM_NONE = "fail", "warn", "none"
-# The finding actions that take a node out of service with ``check --drain``; "monitor", "config" and
-# "none" never do (a note never does either: only problems drain).
-DRAIN_ACTIONS = ("reset", "drain", "replace", "reboot")
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One health rule. ``limit`` is the number the rule compares against (``None`` when the rule is a
-    plain yes/no); ``unit`` says what the number counts; ``source`` where the rule comes from; ``remedy``
-    what to do, in short. ``dcgm`` is DCGM's own severity for the same signal (``fail``, ``warn`` or
-    ``none``) and ``dcgm_source`` where DCGM says so; ``why`` says why gputopo's severity or action
-    differs from DCGM's (empty where they agree: problem with a drain action = fail, note or a monitor
-    action = warn), or, with ``dcgm`` ``none``, why DCGM has no verdict (listed as n/a)."""
-
-    name: str
-    category: str
-    severity: str
-    action: str
-    limit: float | None
-    unit: str
-    meaning: str
-    source: str
-    remedy: str = ""
-    dcgm: str = DCGM_NONE
-    dcgm_source: str = ""
-    why: str = ""
-    enabled: bool = True
-
-    @property
-    def drains(self) -> bool:
-        """Whether a finding of this rule takes the node out of service under ``--drain``."""
-        return self.severity == PROBLEM and self.action in DRAIN_ACTIONS
-
-    def to_json(self) -> dict[str, Any]:
-        """The row as ``check --list-rules --json`` prints it."""
-        return {
-            "name": self.name,
-            "category": self.category,
-            "limit": self.limit,
-            "unit": self.unit,
-            "severity": self.severity,
-            "action": self.action,
-            "drains": self.drains,
-            "dcgm": self.dcgm,
-            "dcgm_source": self.dcgm_source,
-            "why": self.why,
-            "meaning": self.meaning,
-            "remedy": self.remedy,
-            "source": self.source,
-            "enabled": self.enabled,
-        }
 
 
 W = DCGM_WATCH
@@ -108,46 +57,49 @@ _RULES = (
         "ecc_volatile_uncorrected", "memory", PROBLEM, "reset", 0, "errors since the driver loaded (>)",
         "uncorrectable ECC errors since the driver loaded",
         f"{W} MonitorMemVolatileDbes: any volatile DBE fails",
-        "drain the GPU and reset it; if the errors return, RMA",
+        "drain the GPU; a GPU reset (`nvidia-smi -r`) retires or remaps the bad memory; if they "
+        "return, open an RMA",
         DCGM_FAIL, f"{W} MonitorMemVolatileDbes",
     ),
     Rule(
         "ecc_aggregate_uncorrected", "memory", NOTE, "monitor", 0, "errors over the GPU's life (>)",
         "uncorrectable ECC errors in the GPU's history (a note: the volatile count says what is current)",
         "gputopo policy (docs/health-rules.md): totals are history",
-        "watch the volatile count and the remapped rows",
+        "history only; watch the volatile count and the remapped rows",
     ),
     Rule(
         "memory_unrepairable", "memory", PROBLEM, "replace", None, "",
         "the driver flags the GPU's memory as unrepairable (newer drivers)",
         "NVML nvmlDeviceGetUnrepairableMemoryFlag_v1; DCGM 4.6 DCGM_FI_DEV_MEMORY_UNREPAIRABLE",
-        "take the GPU out of service and open an RMA",
+        "the GPU cannot repair its memory: take it out of service and open an RMA",
         DCGM_FAIL, f"{W} MonitorMemUnrepairableFlag",
     ),
     Rule(
         "row_remap_failure", "memory", PROBLEM, "replace", None, "",
         "a row remapping failed: the memory cannot be repaired",
-        f"{W} MonitorMemRowRemapFailures (fail)", "take the GPU out of service and open an RMA",
+        f"{W} MonitorMemRowRemapFailures (fail)",
+        "the GPU cannot repair its memory any more: take it out of service and open an RMA",
         DCGM_FAIL, f"{W} MonitorMemRowRemapFailures",
     ),
     Rule(
         "row_remap_pending", "memory", NOTE, "reset", None, "",
         "a row remapping is pending: a GPU reset applies it (until then the driver keeps the bad row unused)",
         "NVML nvmlDeviceGetRemappedRows (isPending); NVIDIA Xid catalogue, Xid 63: reset when convenient",
-        "reset the GPU when convenient (when its jobs end)",
+        "drain the GPU and reset it (`nvidia-smi -r -i {i}`) or reboot: the reset applies the remap",
         DCGM_WARN, f"{W} MonitorMemRetiredPending and Xid 63 (warn)",
     ),
     Rule(
         "remapped_rows_uncorrected", "memory", NOTE, "replace", 512, "rows (>=)",
         "rows remapped for uncorrectable errors reach DCGM's limit",
         f"{DCGM_LIMITS} DCGM_LIMIT_MAX_ROW_REMAP_UNCORRECTABLE = 512",
-        "plan to replace the GPU (RMA)",
+        "the memory is wearing out: plan to replace the GPU (RMA)",
         DCGM_WARN, f"{W} MonitorMemRowRemapUncorrectable (warn)",
     ),
     Rule(
         "retired_pages_pending", "memory", NOTE, "reset", None, "",
         "pages are pending retirement: a GPU reset (or reboot) retires them",
-        f"{W} MonitorMemRetiredPending (warn)", "reset the GPU when convenient (when its jobs end)",
+        f"{W} MonitorMemRetiredPending (warn)",
+        "drain the GPU and reset it (`nvidia-smi -r -i {i}`) or reboot: the reset retires them",
         DCGM_WARN, f"{W} MonitorMemRetiredPending",
     ),
     Rule(
@@ -159,7 +111,8 @@ _RULES = (
     Rule(
         "ecc_off", "config", NOTE, "config", None, "",
         "ECC is off on a GPU that has it: memory errors go undetected",
-        "NVML nvmlDeviceGetEccMode", "`nvidia-smi -e 1` and a GPU reset",
+        "NVML nvmlDeviceGetEccMode",
+        "`nvidia-smi -i {i} -e 1` and a GPU reset turn it on, if the workload can spare the memory",
     ),
     # --- NVLink -------------------------------------------------------------------------------------------
     Rule(
@@ -184,7 +137,8 @@ _RULES = (
     Rule(
         "nvlink_crc_rise", "nvlink", NOTE, "monitor", 1, "errors in the window (>=)",
         "an NVLink CRC counter (flit or data, each on its own) rising below the rate that matters",
-        f"{W} MonitorNVLink4Fields (warn below the rate)", "watch it; look at the link if it climbs",
+        f"{W} MonitorNVLink4Fields (warn below the rate)",
+        "CRC errors are retried by the link; watch them, and look at the link if they climb",
         DCGM_WARN, f"{W} MonitorNVLink4Fields (CRC below 100/s: warn)",
     ),
     Rule(
@@ -238,7 +192,7 @@ _RULES = (
         "nvlink_errors_history", "nvlink", NOTE, "monitor", 0, "errors since the counters were reset (>)",
         "NVLink replay/recovery errors in the counters' history (not rising now)",
         "gputopo policy (docs/health-rules.md): totals are history",
-        "`nvidia-smi nvlink -e` shows them per link",
+        "history only; `nvidia-smi nvlink -e` shows them per link",
     ),
     Rule(
         "fabric_not_ready", "nvlink", PROBLEM, "drain", None, "",
@@ -315,7 +269,9 @@ _RULES = (
         "WAITING_FOR_RECOVERY, INIT_GPU, SHUTTING_DOWN, UNAVAILABLE) or does not answer "
         "`nvidia-imex-ctl -q`; " + IMEX_EXPECTED,
         f"{DCGM_IMEX} (DcgmImexDaemonStatus); {IMEX_GUIDE}, nvidia-imex-ctl -q",
-        "restart nvidia-imex once the NVLink fabric is complete on every tray",
+        "`systemctl status nvidia-imex` and `journalctl -u nvidia-imex` say why; restart it "
+        "(`systemctl restart nvidia-imex`) once the NVLink fabric is complete (`nvidia-smi -q`: Fabric "
+        "State Completed) on every tray of the domain",
         DCGM_FAIL, f"{W} MonitorImex (daemon not READY: fail)",
         "DCGM passes UNAVAILABLE (also its value for an answer it cannot read) and fails a node with no "
         "daemon at all (-3, DCGM #308); gputopo fails UNAVAILABLE where a daemon is expected, and leaves a "
@@ -336,7 +292,9 @@ _RULES = (
         "a member of the IMEX domain is not READY, or two READY members are not CONNECTED "
         "(`nvidia-imex-ctl -N -j`); named by host, one finding per member or pair",
         f"{IMEX_GUIDE}, nvidia-imex-ctl -N -j (nodes: status, host, connections)",
-        "restart nvidia-imex on the member named",
+        "on the member named: `nvidia-imex-ctl -q` and `journalctl -u nvidia-imex`; restart nvidia-imex "
+        "there (or on every node of the domain when it does not rebuild); check that the node configuration "
+        "is the same on every node and that the members reach each other on the IMEX port (50000)",
         DCGM_NONE, "",
         "DCGM reads only the domain's state, not its members; a member names another node, so it does not "
         "drain this one",
@@ -346,7 +304,8 @@ _RULES = (
         "pcie_replay_rate", "pcie", NOTE, "monitor", 1e-12, "bit error rate per lane",
         "PCIe replays per minute above what a link at this bit error rate would replay",
         f"{W} GetExpectedPcieReplayRate: gen speed x 1e-12 x 60 per lane per minute",
-        "reseat the card or riser, check the slot",
+        "replays mean bit errors on the PCIe link: reseat the card or riser, check the slot; "
+        "`nvidia-smi -q -d PCIE` shows the counter",
         DCGM_WARN, f"{W} MonitorPcie (replays over a minute above the expected rate: warn)",
     ),
     Rule(
@@ -365,7 +324,9 @@ _RULES = (
     Rule(
         "pcie_gen_busy", "pcie", NOTE, "monitor", None, "",
         "the PCIe link runs below its maximum generation while the GPU works (idle GPUs lower it on purpose)",
-        "gputopo's link finding (model.Gpu.pcie_below_max_while_busy)", "check the BIOS PCIe speed setting",
+        "gputopo's link finding (model.Gpu.pcie_below_max_while_busy)",
+        "check the BIOS PCIe speed setting and the slot; idle GPUs lower their link generation on purpose, "
+        "busy ones should not",
     ),
     # --- clocks, thermal, power ---------------------------------------------------------------------------
     Rule(
@@ -414,7 +375,8 @@ _RULES = (
     Rule(
         "gpu_unreadable", "driver", PROBLEM, "reset", None, "",
         "the GPU does not answer NVML", "NVML: GPU is lost / reset required / no answer within the deadline",
-        "look for Xid 79; reset the GPU or reboot",
+        "look for Xid errors in `dmesg`; drain the jobs and reset the GPU (`nvidia-smi -r -i {i}`) or "
+        "reboot",
     ),
     Rule(
         "driver_unavailable", "driver", PROBLEM, "drain", None, "",
@@ -433,13 +395,15 @@ _RULES = (
     Rule(
         "persistence_off", "config", NOTE, "config", None, "",
         "persistence mode is off: the driver tears the GPU down between jobs (slow starts, lost state)",
-        "NVIDIA driver persistence docs (nvidia-persistenced)", "run nvidia-persistenced",
+        "NVIDIA driver persistence docs (nvidia-persistenced)",
+        "run nvidia-persistenced (or `nvidia-smi -pm 1`) so the driver keeps the GPU initialised",
     ),
     Rule(
         "expect_gpus", "topology", PROBLEM, "drain", None, "GPUs",
         "fewer GPUs than expected (--expect-gpus)",
         "gputopo policy (docs/health-rules.md); aznhc and NHC check the GPU count the same way",
-        "look for Xid 79; reboot or reseat",
+        "a GPU fell off the bus or is not bound to the driver: look for Xid 79 in `dmesg` and at "
+        "`lspci -d 10de:`; a reboot or reseat brings it back, else hardware service",
     ),
     # --- Xid ----------------------------------------------------------------------------------------------
     Rule(
@@ -532,22 +496,59 @@ _RULES = (
         "`sudo modprobe nvidia-peermem` (and at boot), or the open GPU kernel module on Linux 5.12+",
         why=NOT_DCGM,
     ),
-    Rule(
-        "acs_redirect", "pcie", PROBLEM, "config", None, "",
-        "ACS ReqRedir+ or CmpltRedir+ on a bridge below a GPU pair's (or GPU-NIC pair's) meeting point: peer "
-        "traffic is redirected to the root complex",
-        NCCL_ACS, "disable ACS redirection (`setpci -s BDF ECAP_ACS+0x6.w=0000`, or in the BIOS)",
-        why=NOT_DCGM,
-    ),
-    Rule(
-        "iommu_translated", "config", NOTE, "config", None, "",
-        "intel_iommu=on / amd_iommu=on without iommu=pt: the IOMMU translates device DMA",
-        NCCL_ACS, "add iommu=pt to the kernel command line", why=NOT_DCGM,
-    ),
+    RULE_ACS_REDIRECT,  # the PCIe path's rows live beside their judgement (topology sits below health)
+    RULE_IOMMU_TRANSLATED,
 )
 # fmt: on
 
 RULES: dict[str, Rule] = {r.name: r for r in _RULES}
+
+DCGM_NVVS = "DCGM's diagnostic (NVVS), `dcgmi diag -r LEVEL -j`"
+HEALTH_VALIDATION = "NVIDIA Health Validation's NodeVerdict (JSON on stdout)"
+# Other tools' verdicts that gputopo carries into its findings: DCGM's diagnostic (health/dcgm_diag.py) and
+# NVIDIA Health Validation (health/health_validation.py). Each test's status and DCGM's error code decide
+# a finding's severity, action and remedy there, so these rows are not gputopo's to list with
+# ``check --list-rules`` or to change with ``--thresholds``; they give each finding its rule name and its
+# defaults, and make it, like every other row.
+# fmt: off
+_REPORTED = (
+    Rule(
+        "dcgm_diag", "driver", NOTE, "none", None, "",
+        "what DCGM's diagnostic said as a whole, or why its result cannot be held against this machine's "
+        "GPUs",
+        DCGM_NVVS,
+    ),
+    Rule(
+        "dcgm_diag_fail", "compute", PROBLEM, "drain", None, "",
+        "a test of DCGM's diagnostic failed on a GPU or the node (the category and action from DCGM's error "
+        "category, severity and code)",
+        DCGM_NVVS, "follow DCGM's words for the error code",
+    ),
+    Rule(
+        "dcgm_diag_warn", "compute", NOTE, "monitor", None, "",
+        "a test of DCGM's diagnostic warned (a warning, not a failure)", DCGM_NVVS,
+        "a warning, not a failure: follow DCGM's words for the error code",
+    ),
+    Rule(
+        "dcgm_diag_skip", "compute", NOTE, "none", None, "",
+        "a test of DCGM's diagnostic was skipped: not checked", DCGM_NVVS,
+        "nothing failed; where the test matters, fix what DCGM says kept it from running and run it again",
+    ),
+    Rule(
+        "dcgm_diag_error", "driver", NOTE, "none", None, "",
+        "DCGM's diagnostic stopped early (its runtime_error)", DCGM_NVVS,
+        "read DCGM's words above (is nv-hostengine running? is a GPU lost?), fix that, and run `dcgmi diag` "
+        "again",
+    ),
+    Rule(
+        "health_validation", "config", PROBLEM, "drain", None, "",
+        "NVIDIA Health Validation's verdict on the node or one of its components (CRITICAL and UNKNOWN are "
+        "problems, WARNING and INFO notes)",
+        HEALTH_VALIDATION,
+    ),
+)
+# fmt: on
+REPORTED_RULES: dict[str, Rule] = {r.name: r for r in _REPORTED}
 
 _OVERRIDABLE = ("limit", "severity", "action", "enabled")
 

@@ -597,15 +597,8 @@ def xid_findings(
             verdict, what = _by_policy(verdict, what, said, policy.source, application, hw)
         if verdict.rule.enabled:
             out.append(
-                Finding(
-                    where,
-                    what,
-                    verdict.remedy,
-                    verdict.severity,
-                    gpu=gpu,
-                    category="xid",
-                    action=verdict.action,
-                    rule=verdict.rule.name,
+                verdict.rule.finding(
+                    where, what, verdict.remedy, gpu=gpu, severity=verdict.severity, action=verdict.action
                 )
             )
     if acked:
@@ -613,16 +606,13 @@ def xid_findings(
         until = acknowledged.until if acknowledged is not None else None
         when = f" at {wall_time(until)}" if until is not None else ""
         out.append(
-            Finding(
+            hardware.finding(
                 "node",
                 f"{len(acked)} Xid line{'s' if len(acked) != 1 else ''} (Xid {', '.join(map(str, codes))}) "
                 f"acknowledged by {acknowledged.by if acknowledged else 'a resume'}{when}: not judged again",
                 "nothing to do: a new Xid line is judged as usual",
-                NOTE,
-                gpu=None,
-                category="xid",
+                severity=NOTE,
                 action="none",
-                rule="xid_hardware",
             )
         )
     return out

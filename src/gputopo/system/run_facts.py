@@ -1,7 +1,7 @@
 """What a launch records about this node, read without importing torch: the host name, torch's and
 NCCL's versions, the NCCL net plugin NCCL would load, each GPU's VBIOS, and the NCCL settings in the
 environment. ``gputopo run`` writes them into its run record; the multi-node probe sends them to node
-rank 0, which compares every node's (``gputopo.drift``).
+rank 0, which compares every node's (``gputopo.health.drift``).
 
 - NCCL's version: ``ncclGetVersion`` (nccl.h: ``ncclResult_t ncclGetVersion(int*)``; the code is
   major*10000 + minor*100 + patch since 2.9, major*1000 + minor*100 + patch before) called through
@@ -209,7 +209,7 @@ def nvlink_facts(topology: Any) -> dict[str, Any]:
 
 
 def config_facts(topology: Any, gpus: Iterable[int], env: Mapping[str, str]) -> dict[str, Any]:
-    """This node's facts for drift (keys of ``gputopo.drift.FACT_KEYS`` and ``env``). ``topology``
+    """This node's facts for drift (keys of ``gputopo.health.drift.FACT_KEYS`` and ``env``). ``topology``
     (a ``model.Topology`` or ``None``) gives the driver, CUDA, GPU model and count when it was read live."""
     gpus = list(gpus)
     models: list[str] = []

@@ -33,7 +33,6 @@ import errno
 import fcntl
 import os
 import stat
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from typing import Any
 
 from gputopo.errors import GputopoError, InputError
 from gputopo.health.state import StateDoc, parse_doc
+from gputopo.outputs import finished_temp
 
 # A state file is a few KB (2,000 acknowledged keys at most, a finding per sick GPU): 4 MiB is far beyond.
 MAX_STATE_BYTES = 4 * 1024 * 1024
@@ -340,22 +340,11 @@ def save(read: StateRead, doc: StateDoc) -> str | None:
         return f"{path}: not saved ({why_not})"
     from gputopo.health.state import dumps_doc
 
-    text = dumps_doc(doc)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        tmp = finished_temp(path.parent, path.name, dumps_doc(doc), mode=0o644)
     except OSError as exc:
         return f"{path}: not saved ({exc.strerror or exc})"
     try:
-        try:
-            os.fchmod(fd, 0o644)
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-            raise
         if read.main_bad:
             os.replace(path, bad_path(path))
         elif read.doc is not None and not read.from_backup:

@@ -30,7 +30,7 @@ import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gputopo.findings import NOTE, PROBLEM, Finding
+from gputopo.findings import NOT_DCGM, NOTE, PROBLEM, Finding, Rule
 
 EXT_CAP_START = 0x100
 EXT_CONFIG_BYTES = 4096
@@ -50,6 +50,25 @@ NCCL_ACS_GUIDE = (
     "NCCL troubleshooting guide, 'PCI Access Control Services (ACS)': "
     "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html"
 )
+
+NCCL_ACS = "NCCL troubleshooting guide, PCI Access Control Services (ACS)"
+
+# The two rules judged here: rows of the one rule table (health.rules lists them in their place; topology
+# sits below health, so the rows live beside their judgement and the table takes them from here).
+# fmt: off
+RULE_ACS_REDIRECT = Rule(
+    "acs_redirect", "pcie", PROBLEM, "config", None, "",
+    "ACS ReqRedir+ or CmpltRedir+ on a bridge below a GPU pair's (or GPU-NIC pair's) meeting point: peer "
+    "traffic is redirected to the root complex",
+    NCCL_ACS, "disable ACS redirection (`setpci -s BDF ECAP_ACS+0x6.w=0000`, or in the BIOS)",
+    why=NOT_DCGM,
+)
+RULE_IOMMU_TRANSLATED = Rule(
+    "iommu_translated", "config", NOTE, "config", None, "",
+    "intel_iommu=on / amd_iommu=on without iommu=pt: the IOMMU translates device DMA",
+    NCCL_ACS, "add iommu=pt to the kernel command line", why=NOT_DCGM,
+)
+# fmt: on
 
 # What a bridge's ACS reading is.
 ACS_REDIRECT = "redirect"
@@ -246,7 +265,7 @@ def judge_paths(pairs: Iterable[PairPath]) -> PathJudgement:
             )
             named = f"{named}; GPU-NIC {nic_words}" if named else f"GPU-NIC {nic_words}"
         findings.append(
-            Finding(
+            RULE_ACS_REDIRECT.finding(
                 f"PCIe bridge {bdf}",
                 f"ACS redirects peer traffic at bridge {bdf} (ACSCtl: {br.acs.lspci}): P2P between {named} "
                 "is sent up to the root complex (and through the IOMMU where it translates): slow P2P, "
@@ -254,10 +273,6 @@ def judge_paths(pairs: Iterable[PairPath]) -> PathJudgement:
                 "turn ACS redirect off in the BIOS (the PCIe ACS setting), or until the next boot: "
                 f"`sudo setpci -s {bdf} ECAP_ACS+0x6.w=0000` (bare metal only: VMs passing devices through "
                 f"need ACS) ({NCCL_ACS_GUIDE})",
-                severity=PROBLEM,
-                category="pcie",
-                action="config",
-                rule="acs_redirect",
             )
         )
     unread = [p for p in pairs if p.not_checked]
@@ -304,17 +319,13 @@ def iommu_findings(mode: str | None) -> list[Finding]:
     if mode != "translated":
         return []
     return [
-        Finding(
+        RULE_IOMMU_TRANSLATED.finding(
             "kernel command line",
             "the IOMMU translates device DMA (intel_iommu=on or amd_iommu=on without iommu=pt): GPU peer "
             "traffic the ACS sends up to the root complex is translated as if it were host memory, and "
             "GPUDirect RDMA pays a translation on every access",
             "add `iommu=pt` to the kernel command line (GRUB_CMDLINE_LINUX, then update-grub and reboot) "
             f"unless the node passes devices through to VMs ({NCCL_ACS_GUIDE})",
-            severity=NOTE,
-            category="config",
-            action="config",
-            rule="iommu_translated",
         )
     ]
 

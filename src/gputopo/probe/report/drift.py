@@ -1,6 +1,6 @@
 """Configuration drift in a probe across nodes (pure): every node's facts, sent to node rank 0 with its
 own checks' summary (``local["config"]``, gathered by ``system.run_facts.config_facts``), compared by
-``probe.judge.drift``.
+``health.drift`` (shared with hang).
 
 The document gets ``internode.drift``: ``{"differences": [{"key", "label", "severity", "values":
 [{"value", "nodes"}]}], "findings": [finding...]}`` (the shared finding shape, category ``config``). Each
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gputopo.probe.judge.drift import Drift, compare, findings
+from gputopo.health.drift import Drift, compare, findings
 
 FAIL = "fail"
 
