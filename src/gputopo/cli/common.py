@@ -15,13 +15,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import typer
 
 from gputopo.errors import GputopoError, InputError, Interrupted, defer_stop
+from gputopo.inputs import read_json_file  # noqa: F401  (doctor's --compare reads a report with it)
 from gputopo.model import DEFAULT_NVML_TIMEOUT_S
 from gputopo.ui.output import Output
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
-    from gputopo.model import Topology
+    pass
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -71,16 +70,6 @@ def report_usage_error(exc: Exception) -> int:
     message = re.sub(r"is not a valid float\b", "is not a number", message)
     Output().error(f"{where}: {message.rstrip('.')}", f"`{where} --help` lists the options, with examples")
     return code
-
-
-def read_topology(out: Output, spec: str | None, nvml_timeout_s: float | None = None) -> Topology:
-    """The topology ``--input`` names (or this machine's, each NVML read within ``nvml_timeout_s``), its
-    warnings said on stderr."""
-    from gputopo.machine import load_topology
-
-    topo = load_topology(spec, nvml_timeout_s=nvml_timeout_s)
-    out.warnings(topo.warnings)
-    return topo
 
 
 def debug_enabled() -> bool:
@@ -267,22 +256,3 @@ def _run_command(func: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         line, code = stopped_line(exc)
         Output().error(line)
         raise typer.Exit(code) from None
-
-
-def read_json_file(path: Path, label: str, hint: str) -> object:
-    """The JSON document at ``path``; every way it can be unreadable is an ``InputError`` in plain words
-    that starts with ``label`` (the option and path as the user wrote them)."""
-    import json  # only reports need it; kept out of start-up
-
-    from gputopo.inputs import loads_bounded, read_capped
-
-    raw = read_capped(path, label, hint=hint)
-    try:
-        return loads_bounded(raw.decode("utf-8-sig"), label)
-    except UnicodeDecodeError:
-        raise InputError(f"{label}: binary data, not a JSON report", hint) from None
-    except json.JSONDecodeError as exc:
-        raise InputError(
-            f"{label}: not JSON (line {exc.lineno}: {exc.msg})",
-            "give the .json report, not the Markdown or HTML one",
-        ) from None
