@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     pass
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 JSON_OPTION = typer.Option(False, "--json", help="Print one JSON document on stdout and nothing else.")
 INPUT_HELP = (
@@ -70,6 +71,16 @@ def report_usage_error(exc: Exception) -> int:
     message = re.sub(r"is not a valid float\b", "is not a number", message)
     Output().error(f"{where}: {message.rstrip('.')}", f"`{where} --help` lists the options, with examples")
     return code
+
+
+def options_from(cls: type[T], params: Mapping[str, Any], **turned: Any) -> T:
+    """A service's ``Options`` from a command's parameters (``locals()`` in its body): each field from
+    the parameter of its name, ``turned`` where the value is changed first (an enum's value); parameters
+    that are no field (``json_out``...) stay the command's. Built, so checked, once."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+    return cls(**{k: v for k, v in params.items() if k in names and k not in turned}, **turned)
 
 
 def debug_enabled() -> bool:

@@ -7,7 +7,7 @@ from enum import Enum
 import typer
 
 from gputopo.cli import app
-from gputopo.cli.common import JSON_OPTION, NVML_TIMEOUT_OPTION, examples, guarded
+from gputopo.cli.common import JSON_OPTION, NVML_TIMEOUT_OPTION, examples, guarded, options_from
 from gputopo.cli.finish import Views, finish
 from gputopo.cli.options import IGNORE_VISIBLE_OPTION, choice_options
 from gputopo.services import recommend as service
@@ -75,21 +75,8 @@ def recommend_command(
     json_out: bool = JSON_OPTION,
 ) -> None:
     """The best GPU sets for CUDA_VISIBLE_DEVICES: ranked by estimated all-reduce bandwidth, with reasons."""
+    options = options_from(service.Options, locals(), id_format=id_format.value, nvml_timeout_s=nvml_timeout)
     out = Output(json_mode=json_out)
-    options = service.Options(
-        n=n,
-        choice=choice,
-        sets=sets,
-        top=top,
-        nvlink_gbps=nvlink_gbps,
-        pcie_gen=pcie_gen,
-        socket_gbps=socket_gbps,
-        id_format=id_format.value,
-        launch=launch,
-        nnodes=nnodes,
-        nvml_timeout_s=nvml_timeout,
-        ignore_visible=ignore_visible,
-    )
     report = service.run(options, service.Hooks(warn=out.warn))
     if json_out:
         finish(out, report, Views(), kind="recommend", json_out=True)

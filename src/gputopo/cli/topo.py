@@ -5,7 +5,14 @@ from __future__ import annotations
 import typer
 
 from gputopo.cli import app
-from gputopo.cli.common import INPUT_OPTION, JSON_OPTION, NVML_TIMEOUT_OPTION, examples, guarded
+from gputopo.cli.common import (
+    INPUT_OPTION,
+    JSON_OPTION,
+    NVML_TIMEOUT_OPTION,
+    examples,
+    guarded,
+    options_from,
+)
 from gputopo.services import topo as service
 from gputopo.ui.output import Output
 
@@ -38,7 +45,7 @@ def topo_command(
         for line in listed.lines():
             out.show(line)
         return
-    options = service.Options(input=input, nvml_timeout_s=nvml_timeout, health=not no_health, json=json_out)
+    options = options_from(service.Options, locals(), nvml_timeout_s=nvml_timeout)
     report = service.run(options, service.Hooks(warn=out.warn))
     if json_out:
         _document(out, report)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gputopo.model import Topology
+from gputopo.services.hooks import Warn, ignore
 
 if TYPE_CHECKING:
     from gputopo.findings import Finding
@@ -49,18 +50,13 @@ Redirected = tuple[tuple[int, int, tuple[str, ...]], ...]
 GpuWords = tuple[tuple[int, str], ...]
 
 
-def _ignore(_: object) -> None:
-    return None
-
-
 @dataclass(frozen=True)
-class Hooks:
+class Hooks(Warn):
     """What the step tells its caller while it reads: ``warn`` (a line for stderr), and ``on_topology``,
     called with the topology as soon as it is read, before anything else is (a caller's check that
     refuses it then stops the step before the health read)."""
 
-    warn: Callable[[str], None] = _ignore
-    on_topology: Callable[[Topology], None] = _ignore
+    on_topology: Callable[[Topology], None] = ignore
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,7 +69,7 @@ class MachineOptions:
     input: str | None = None
     nvml_timeout_s: float | None = None
     health: bool = True
-    health_source: str = LIVE_HEALTH_SOURCE
+    health_source: str = LIVE_HEALTH_SOURCE  # what the health section says it judged by
     preset: bool = True
     pcie_paths: bool = False
 

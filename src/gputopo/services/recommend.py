@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gputopo.errors import UsageError
+from gputopo.services.hooks import Warn
 
 if TYPE_CHECKING:
     from gputopo.launch.line import LaunchPlan
@@ -34,15 +35,8 @@ ID_FORMATS = ("index", "uuid")
 REPORT_HINT = "give the .json report `gputopo probe` or `doctor` wrote under reports/"
 
 
-def _ignore(_: str) -> None:
-    return None
-
-
-@dataclass(frozen=True)
-class Hooks:
-    """What the service tells its caller while it runs: ``warn`` (a line for stderr)."""
-
-    warn: Callable[[str], None] = _ignore
+# What the service tells its caller while it runs: ``warn`` (a line for stderr).
+Hooks = Warn
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,10 +107,6 @@ class Chosen:
     machine: Machine
     recommendation: Recommendation
 
-    @property
-    def topology(self) -> Topology:
-        return self.machine.topology
-
     def health_section(self, allowed: bool) -> dict[str, Any]:
         """The JSON's ``health``: how it was read, what it found, and whether sick GPUs were let in
         (``allowed``, only where health was read)."""
@@ -166,7 +156,9 @@ def run(options: Options, hooks: Hooks | None = None) -> RecommendReport:
 
         best = chosen.recommendation.best.gpus
         uuid = options.id_format == "uuid"
-        plan = launch_plan_for(chosen.topology, best, options.launch, options.nnodes or 1, uuid, hooks.warn)
+        plan = launch_plan_for(
+            chosen.machine.topology, best, options.launch, options.nnodes or 1, uuid, hooks.warn
+        )
         report = replace(report, plan=plan)
     for line in dict.fromkeys(chosen.recommendation.warnings):  # the topology's warnings too, once each
         hooks.warn(line)

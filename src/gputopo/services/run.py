@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gputopo.errors import UnavailableError, UsageError
+from gputopo.services.hooks import Warn, ignore
 from gputopo.services.recommend import Choice
 
 if TYPE_CHECKING:
@@ -33,40 +34,36 @@ if TYPE_CHECKING:
     from gputopo.system.launcher import RankProcess
 
 
-def _ignore(_: str) -> None:
-    return None
-
-
 @dataclass(frozen=True)
-class Hooks:
+class Hooks(Warn):
     """What the service tells its caller while it runs: ``warn`` (a warning line), ``hint`` (a hint
     line) and ``say`` (one plain ``gputopo run: ...`` line), all for stderr: stdout is the command's."""
 
-    warn: Callable[[str], None] = _ignore
-    hint: Callable[[str], None] = _ignore
-    say: Callable[[str], None] = _ignore
+    hint: Callable[[str], None] = ignore
+    say: Callable[[str], None] = ignore
 
 
 @dataclass(frozen=True, kw_only=True)
 class Options:
     """What ``gputopo run`` was asked, keyword only, validated when built (``UsageError``, exit 2)."""
 
-    n: int
-    command: tuple[str, ...] = ()
-    choice: Choice = field(default_factory=Choice)
-    ignore_visible: bool = False
-    torchrun: bool = False
-    dry_run: bool = False
-    json: bool = False
+    n: int  # GPUs to give the command
+    command: tuple[str, ...] = ()  # CMD ..., as given after --
+    choice: Choice = field(default_factory=Choice)  # how the set is chosen (as recommend chooses)
+    ignore_visible: bool = False  # choose among every GPU, not only a preset CUDA_VISIBLE_DEVICES's
+    torchrun: bool = False  # run CMD under torchrun --nproc-per-node n
+    dry_run: bool = False  # print the line instead of running it
+    json_out: bool = False  # with dry_run: the launch as one JSON document
+    # What the run is armed with: PyTorch's Flight Recorder, NCCL's diagnostics, NCCL's Inspector
     flight_recorder: bool = True
     nccl_diagnostics: bool = False
     inspector: bool = False
-    inspector_plugin: Path | None = None
-    control_plane: bool = True
-    run_dir: Path | None = None
+    inspector_plugin: Path | None = None  # the Inspector plugin to load (implies inspector)
+    control_plane: bool = True  # a Python script runs inside torch's control plane (worker_main)
+    run_dir: Path | None = None  # the run folder (None: reports/run-<UTC time>)
 
     def __post_init__(self) -> None:
-        if self.json and not self.dry_run:
+        if self.json_out and not self.dry_run:
             raise UsageError(
                 "--json goes with --dry-run", "the command's own output goes to stdout when it runs"
             )
@@ -136,7 +133,7 @@ def plan(options: Options, hooks: Hooks | None = None) -> RunReport:
         ignore_visible=options.ignore_visible,
         pcie_paths=False,  # as before the machine step: run does not read the PCIe paths (recommend does)
     )
-    rec, topo = chosen.recommendation, chosen.topology
+    rec, topo = chosen.recommendation, chosen.machine.topology
     _say_left_out(options, rec, hooks)
     tools = _tools(options)
     findings = warn_nccl_env(hooks.warn, [nic.name or nic.label for nic in topo.nics])
@@ -155,7 +152,7 @@ def _say_left_out(options: Options, rec: Recommendation, hooks: Hooks) -> None:
     """The set's warnings (the topology's too), once each; in text, every GPU left out for its health."""
     for line in dict.fromkeys(rec.warnings):
         hooks.warn(line)
-    if options.json:
+    if options.json_out:
         return
     for e in rec.excluded:
         if "health: " in e.why:

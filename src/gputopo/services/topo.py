@@ -11,36 +11,30 @@ Nothing here imports typer, rich or the views: warnings go to ``Hooks.warn``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
+
+from gputopo.services.hooks import Warn
 
 if TYPE_CHECKING:
     from gputopo.fabric import FabricResult
     from gputopo.model import Topology
 
 
-def _ignore(_: str) -> None:
-    return None
-
-
-@dataclass(frozen=True)
-class Hooks:
-    """What the service tells its caller while it reads: ``warn`` (a line for stderr)."""
-
-    warn: Callable[[str], None] = _ignore
+# What the service tells its caller while it reads: ``warn`` (a line for stderr).
+Hooks = Warn
 
 
 @dataclass(frozen=True, kw_only=True)
 class Options:
     """What ``gputopo topo`` was asked: ``input`` (``None``: this machine), each live NVML read within
-    ``nvml_timeout_s``, ``health`` (``--no-health``: ``False``: neither the health sample nor the ports
-    and PCIe paths), ``json`` (the snapshot: no health, no fabric, the node's facts when live)."""
+    ``nvml_timeout_s``, ``no_health`` (neither the health sample nor the ports and PCIe paths),
+    ``json_out`` (the snapshot: no health, no fabric, the node's facts when live)."""
 
     input: str | None = None
     nvml_timeout_s: float | None = None
-    health: bool = True
-    json: bool = False
+    no_health: bool = False
+    json_out: bool = False
 
 
 @dataclass(frozen=True)
@@ -102,7 +96,7 @@ def run(options: Options, hooks: Hooks | None = None) -> TopoReport:
     live = options.input is None
     # Health only where it is this machine's, and only for the terminal: the JSON snapshot stays the
     # topology alone, so it reads back equal (`gputopo check --json` has the health document).
-    wants_health = live and options.health and not options.json
+    wants_health = live and not options.no_health and not options.json_out
     got = step.read(
         step.MachineOptions(
             input=options.input,
@@ -115,7 +109,7 @@ def run(options: Options, hooks: Hooks | None = None) -> TopoReport:
         step.Hooks(on_topology=said),
     )
     topo = got.topology
-    if options.json:
+    if options.json_out:
         return TopoReport(_with_node_facts(topo, hooks) if live else topo)
     if not wants_health:
         return TopoReport(topo)
