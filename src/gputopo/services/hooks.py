@@ -1,4 +1,4 @@
-"""The callbacks a service is handed (issue 41: typed callbacks, never a console or a typer object):
+"""The callbacks a service is handed (typed callbacks, never a console or a typer object):
 ``Warn`` is the least of them, a line for stderr; a service's own ``Hooks`` adds what else it says."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The machine step: what a command reads of the machine before it chooses GPUs, read once and handed
-down. ``recommend`` and ``run`` call it today; ``probe``, ``doctor`` and ``accept`` are meant to (issue 41,
-item 4), so the rules below exist here and nowhere else above ``health/``.
+down. ``recommend``, ``run`` and ``topo`` call it today; ``probe``, ``doctor`` and ``accept`` are meant
+to, so the rules below exist here and nowhere else above ``health/``.
 
 What it reads, once each (``read``):
 
