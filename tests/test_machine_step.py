@@ -59,6 +59,15 @@ def test_the_drain_rule_is_applied_once_from_one_health_sample() -> None:
     assert fake.open_sessions == 0
 
 
+def test_a_sample_of_some_gpus_judges_only_those() -> None:
+    """A probe's sets: the health sample of the GPUs it will use; GPU3 outside them is not judged."""
+    with drained_gpu3_box().installed():
+        got = step.read(step.MachineOptions(health_gpus=(0, 1)))
+    assert got.health.no_p2p == ()
+    assert got.health.judgement is not None
+    assert {f.gpu for f in got.health.judgement.findings} <= {0, 1, None}
+
+
 def test_the_drain_rule_over_any_findings_is_the_same_rule() -> None:
     with drained_gpu3_box().installed():
         got = step.read(step.MachineOptions())

@@ -64,12 +64,14 @@ class MachineOptions:
     """What to read: ``input`` (``None``: this machine), each live NVML read within ``nvml_timeout_s``
     (``None``: ``model.DEFAULT_NVML_TIMEOUT_S``); ``health``: take the health sample (live only);
     ``preset``: narrow to a preset ``CUDA_VISIBLE_DEVICES`` (``False``: ``--ignore-visible-devices``);
-    ``pcie_paths``: read each GPU pair's PCIe path (live only)."""
+    ``pcie_paths``: read each GPU pair's PCIe path (live only); ``health_gpus``: sample only these GPUs
+    (a probe's sets; ``None``: every GPU)."""
 
     input: str | None = None
     nvml_timeout_s: float | None = None
     health: bool = True
     health_source: str = LIVE_HEALTH_SOURCE  # what the health section says it judged by
+    health_gpus: tuple[int, ...] | None = None
     preset: bool = True
     pcie_paths: bool = False
 
@@ -154,7 +156,8 @@ def read_health(options: MachineOptions, warn: Callable[[str], None]) -> Health:
     from gputopo.health.state import LAST_CHECK_WHAT
     from gputopo.machine import read_live_health
 
-    judgement = read_live_health(options.nvml_timeout_s)
+    gpus = list(options.health_gpus) if options.health_gpus is not None else None
+    judgement = read_live_health(options.nvml_timeout_s, gpus=gpus)
     for n in judgement.not_checked:
         if n.what == LAST_CHECK_WHAT:
             warn(n.why)
