@@ -11,14 +11,17 @@ import pytest
 
 from gputopo.check import CheckOptions
 from gputopo.cli import run_main
-from gputopo.cli.options import set_constraints
 from gputopo.cli.stale import KillStaleOptions, kill_stale_options
 from gputopo.probe.plan.config import ProbeConfig
 from gputopo.procs.stale import Policy
 from gputopo.recommend import Constraints
+from gputopo.services import recommend, run, topo
 from gputopo.services.doctor import DoctorOptions
+from gputopo.services.machine import MachineOptions
 
 OPTION_OBJECTS = [CheckOptions, DoctorOptions, KillStaleOptions, Policy, Constraints, ProbeConfig]
+# recommend's, run's and topo's options, the set choice they share, and the machine step's
+OPTION_OBJECTS += [recommend.Options, recommend.Choice, run.Options, topo.Options, MachineOptions]
 
 
 @pytest.mark.parametrize("cls", OPTION_OBJECTS, ids=[c.__name__ for c in OPTION_OBJECTS])
@@ -31,7 +34,7 @@ def test_option_objects_are_frozen_and_keyword_only(cls: type) -> None:
         cls(1)  # no field is taken by position: three floats in a row cannot be swapped unseen
 
 
-@pytest.mark.parametrize("builder", [kill_stale_options, set_constraints], ids=lambda b: b.__name__)
+@pytest.mark.parametrize("builder", [kill_stale_options], ids=lambda b: b.__name__)
 def test_builders_take_keywords_only_and_write_no_default(builder) -> None:
     params = [p for p in inspect.signature(builder).parameters.values() if p.kind is not p.VAR_KEYWORD]
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params), builder

@@ -211,3 +211,20 @@ def depth_exceeds(doc: Any, max_depth: int) -> bool:
             return True
         stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
     return False
+
+
+def read_json_file(path: Path, label: str, hint: str) -> object:
+    """The JSON document at ``path``; every way it can be unreadable is an ``InputError`` in plain words
+    that starts with ``label`` (the option and path as the user wrote them)."""
+    import json  # only reports need it; kept out of start-up
+
+    raw = read_capped(path, label, hint=hint)
+    try:
+        return loads_bounded(raw.decode("utf-8-sig"), label)
+    except UnicodeDecodeError:
+        raise InputError(f"{label}: binary data, not a JSON report", hint) from None
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            f"{label}: not JSON (line {exc.lineno}: {exc.msg})",
+            "give the .json report, not the Markdown or HTML one",
+        ) from None

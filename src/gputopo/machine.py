@@ -1,6 +1,10 @@
 """Which machine a command looks at: ``--input`` (saved ``topo -m`` text, a JSON snapshot, NCCL topology
 XML, ``sample:NAME``) read through the pure parsers of ``topology/``, or this machine, live through
-``system/``."""
+``system/``; its health sample, the last check's state, and the node's facts.
+
+These are the reads below ``services/`` (``probe/pool`` calls them too). A command reaches them through
+the one machine step, ``services.machine.read``, which reads each once and applies the rules on top (the
+drain rule, the preset ``CUDA_VISIBLE_DEVICES``)."""
 
 from __future__ import annotations
 

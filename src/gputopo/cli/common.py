@@ -9,21 +9,21 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
 from gputopo.errors import GputopoError, InputError, Interrupted, defer_stop
+from gputopo.inputs import read_json_file  # noqa: F401  (doctor's --compare reads a report with it)
 from gputopo.model import DEFAULT_NVML_TIMEOUT_S
 from gputopo.ui.output import Output
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
-    from gputopo.model import Topology
+    pass
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 JSON_OPTION = typer.Option(False, "--json", help="Print one JSON document on stdout and nothing else.")
 INPUT_HELP = (
@@ -73,14 +73,14 @@ def report_usage_error(exc: Exception) -> int:
     return code
 
 
-def read_topology(out: Output, spec: str | None, nvml_timeout_s: float | None = None) -> Topology:
-    """The topology ``--input`` names (or this machine's, each NVML read within ``nvml_timeout_s``), its
-    warnings said on stderr."""
-    from gputopo.machine import load_topology
+def options_from(cls: type[T], params: Mapping[str, Any], **turned: Any) -> T:
+    """A service's ``Options`` from a command's parameters (``locals()`` in its body): each field from
+    the parameter of its name, ``turned`` where the value is changed first (an enum's value); parameters
+    that are no field (``json_out``...) stay the command's. Built, so checked, once."""
+    import dataclasses
 
-    topo = load_topology(spec, nvml_timeout_s=nvml_timeout_s)
-    out.warnings(topo.warnings)
-    return topo
+    names = {f.name for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+    return cls(**{k: v for k, v in params.items() if k in names and k not in turned}, **turned)
 
 
 def debug_enabled() -> bool:
@@ -267,22 +267,3 @@ def _run_command(func: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         line, code = stopped_line(exc)
         Output().error(line)
         raise typer.Exit(code) from None
-
-
-def read_json_file(path: Path, label: str, hint: str) -> object:
-    """The JSON document at ``path``; every way it can be unreadable is an ``InputError`` in plain words
-    that starts with ``label`` (the option and path as the user wrote them)."""
-    import json  # only reports need it; kept out of start-up
-
-    from gputopo.inputs import loads_bounded, read_capped
-
-    raw = read_capped(path, label, hint=hint)
-    try:
-        return loads_bounded(raw.decode("utf-8-sig"), label)
-    except UnicodeDecodeError:
-        raise InputError(f"{label}: binary data, not a JSON report", hint) from None
-    except json.JSONDecodeError as exc:
-        raise InputError(
-            f"{label}: not JSON (line {exc.lineno}: {exc.msg})",
-            "give the .json report, not the Markdown or HTML one",
-        ) from None

@@ -1,26 +1,21 @@
-"""Typer options that more than one command shares (recommend and run choose a set by the same rules),
-and the one place that turns them into constraints."""
+"""Typer options that more than one command shares: recommend and run choose a set by the same rules
+(``services.recommend.Choice``), declared here once and handed to the command as one ``Choice``
+(``choice_options``)."""
 
 from __future__ import annotations
 
-import os
-from dataclasses import replace
+import functools
+import inspect
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 import typer
 
-from gputopo.cli.common import read_json_file
-from gputopo.errors import UsageError
-from gputopo.gpulist import parse_gpu_list
+from gputopo.cli.common import INPUT_OPTION
+from gputopo.services.recommend import DEFAULT_MAX_USED_MIB, Choice
 
-if TYPE_CHECKING:
-    from gputopo.health.judge import Judgement
-    from gputopo.model import Topology
-    from gputopo.recommend import Constraints
-
-
-DEFAULT_MAX_USED_MIB = 1024  # mirrors gputopo.recommend.DEFAULT_MAX_USED_MIB (kept here for a fast --help)
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 EXCLUDE_OPTION = typer.Option(
@@ -66,144 +61,37 @@ IGNORE_VISIBLE_OPTION = typer.Option(
 )
 
 
-def within_preset(
-    constraints: Constraints, topo: Topology, ignore: bool, from_input: bool, warn: Any
-) -> Constraints:
-    """``constraints`` narrowed to the GPUs a preset ``CUDA_VISIBLE_DEVICES`` allows, as ``probe`` does
-    (``probe.plan.identity``: UUIDs, MIG ids, integers resolved by CUDA's own answer); unchanged when
-    nothing is preset, with ``--ignore-visible-devices``, or for a topology read from a file (the preset
-    describes this machine, not that one)."""
-    preset = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if preset is None or ignore:
-        return constraints
-    if from_input:
-        warn(f"CUDA_VISIBLE_DEVICES={preset} describes this machine, not {topo.source}: not applied")
-        return constraints
-    from gputopo.probe.plan.identity import GpuIdentity, allowed_gpus
-    from gputopo.probe.pool.devices import cuda_numbering
+# The options ``Choice`` is built from, in the order --help shows them: (name, type, typer option).
+CHOICE_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
+    ("input", str | None, INPUT_OPTION),
+    ("exclude", str | None, EXCLUDE_OPTION),
+    ("allow_busy", bool, ALLOW_BUSY_OPTION),
+    ("allow_unhealthy", bool, ALLOW_UNHEALTHY_OPTION),
+    ("max_used_mib", int, MAX_USED_OPTION),
+    ("from_report", Path | None, REPORT_OPTION),
+    ("force_report", bool, FORCE_REPORT_OPTION),
+)
 
-    gpus = [
-        GpuIdentity(
-            index=g.index,
-            uuid=g.uuid,
-            bus_id=g.pci_bus_id,
-            name=g.name,
-            unavailable=g.unavailable_reason,
-            mig_enabled=bool(g.mig_enabled),
-            mig_devices=g.mig_devices,
-        )
-        for g in topo.gpus
+
+def choice_options(command: F) -> F:
+    """Give a typer command the set-choice options in place of its ``choice`` parameter: --help lists
+    them there, and the command is called with them as one ``Choice`` (built, so checked, once)."""
+    sig = inspect.signature(command)
+    names = [name for name, _, _ in CHOICE_OPTIONS]
+    shared = [
+        inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=option, annotation=kind)
+        for name, kind, option in CHOICE_OPTIONS
     ]
-    order = os.environ.get("CUDA_DEVICE_ORDER")
-    bus_ids, why = cuda_numbering(preset, order)
-    allowed = allowed_gpus(gpus, preset, order, bus_ids, why)
-    if allowed.note:
-        warn(allowed.note)
-    # A GPU the preset names but that cannot be used keeps its own reason (failing, MIG...), not this one.
-    outside = f"not in CUDA_VISIBLE_DEVICES={preset}"
-    named = {*allowed.indices, *(i for i, why in allowed.why_not.items() if why != outside)}
-    return replace(
-        constraints,
-        allowed=tuple(sorted(named)),
-        outside_allowed=f"not in CUDA_VISIBLE_DEVICES={preset} (a scheduler's allocation? "
-        "--ignore-visible-devices chooses among all)",
-    )
+    params: list[inspect.Parameter] = []
+    for p in sig.parameters.values():
+        params.extend(shared if p.name == "choice" else [p])
 
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        choice = Choice(**{name: kwargs.pop(name) for name in names})
+        return command(*args, choice=choice, **kwargs)
 
-def set_constraints(
-    *,
-    n: int,
-    exclude: str | None,
-    allow_busy: bool,
-    max_used_mib: int,
-    from_report: Path | None,
-    allow_unhealthy: bool,
-    **more: Any,
-) -> Constraints:
-    """What ``recommend`` and ``run`` choose a set by, from their shared options: the keyword-only
-    ``Constraints``, each option checked here once (``UsageError``, exit 2) before the machine is read."""
-    from gputopo.recommend import Constraints, evidence_from_report
-
-    if max_used_mib < 0:
-        raise UsageError(f"--max-used-mib {max_used_mib}: must be 0 or more", "e.g. --max-used-mib 1024")
-    evidence = None
-    if from_report is not None:
-        label = f"--from-report {from_report}"
-        doc = read_json_file(
-            from_report, label, "give the .json report `gputopo probe` or `doctor` wrote under reports/"
-        )
-        evidence = evidence_from_report(doc, str(from_report))
-    return Constraints(
-        n=n,
-        exclude=parse_gpu_list(exclude, "--exclude") if exclude else (),
-        allow_busy=allow_busy,
-        max_used_mib=max_used_mib,
-        evidence=evidence,
-        allow_unhealthy=allow_unhealthy,
-        **more,
-    )
-
-
-def check_report_machine(
-    constraints: Constraints, topo: Topology, live: bool, force: bool, warn: Any
-) -> None:
-    """Refuse ``--from-report`` written on another machine (or on CPU stand-ins, for a live one): its
-    GPU numbers would point at other GPUs here. ``--force-report`` turns the refusal into a warning."""
-    from gputopo.topology.identity import report_mismatch
-
-    evidence = constraints.evidence
-    if evidence is None:
-        return
-    why = report_mismatch(evidence.machine, evidence.device, topo, live)
-    if why is None:
-        return
-    if force:
-        warn(f"--from-report {evidence.source}: {why}; used anyway (--force-report)")
-        return
-    raise UsageError(
-        f"--from-report {evidence.source}: not this machine's report: {why}",
-        "probe this machine (gputopo doctor, or gputopo probe), or add --force-report to use it anyway",
-    )
-
-
-# What recommend and run say about the health they judged by (JSON ``health.source``).
-LIVE_HEALTH_SOURCE = (
-    "one live NVML sample: states judged (ECC, row remaps, clocks, PCIe width, recovery action); "
-    "counters' rise not sampled (`gputopo check` samples it)"
-)
-
-TOPO_HEALTH_SOURCE = (
-    "one live NVML sample: states judged; counters' rise not sampled (`gputopo check` samples it)"
-)
-
-
-def with_health(
-    constraints: Constraints, input: str | None, nvml_timeout_s: float | None = None
-) -> tuple[Constraints, dict[str, Any]]:
-    """``constraints`` with this machine's unhealthy GPUs (read live, one sample) and the health section
-    of the JSON document. Reading ``--input`` there is no health to read: said so, nothing left out."""
-    from dataclasses import replace
-
-    if input is not None:
-        source = f"not checked (--input {input}: not this machine)"
-        return constraints, {"checked": False, "source": source, "findings": [], "not_checked": []}
-    from gputopo.machine import read_live_health
-
-    judgement = read_live_health(nvml_timeout_s)
-    # A check state that could not be used (corrupt, a newer gputopo's, a link) is said, not only in the
-    # JSON's health.not_checked: the last check's verdict is missing from what is left out.
-    from gputopo.health.state import LAST_CHECK_WHAT
-    from gputopo.ui.output import Output
-
-    Output().warnings(n.why for n in judgement.not_checked if n.what == LAST_CHECK_WHAT)
-    sick = judgement.unhealthy_gpus()
-    section = health_doc(judgement, LIVE_HEALTH_SOURCE)
-    section["allowed"] = constraints.allow_unhealthy
-    no_p2p = tuple(sorted(judgement.p2p_drained_gpus().items()))
-    return replace(constraints, unhealthy=tuple(sorted(sick.items())), no_p2p=no_p2p), section
-
-
-def health_doc(judgement: Judgement, source: str) -> dict[str, Any]:
-    """The ``health`` section of a command's JSON: whether it was read, how, and what it found."""
-    unread = any(n.what == "health" for n in judgement.not_checked)
-    return {"checked": not unread, "source": source, **judgement.to_json()}
+    wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    hints = {k: v for k, v in command.__annotations__.items() if k != "choice"}
+    wrapper.__annotations__ = {**hints, **{name: kind for name, kind, _ in CHOICE_OPTIONS}}
+    return wrapper  # type: ignore[return-value]

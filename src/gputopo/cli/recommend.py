@@ -3,29 +3,16 @@
 from __future__ import annotations
 
 from enum import Enum
-from pathlib import Path
 
 import typer
 
 from gputopo.cli import app
-from gputopo.cli.common import INPUT_OPTION, JSON_OPTION, NVML_TIMEOUT_OPTION, examples, guarded
-from gputopo.cli.options import (
-    ALLOW_BUSY_OPTION,
-    ALLOW_UNHEALTHY_OPTION,
-    EXCLUDE_OPTION,
-    FORCE_REPORT_OPTION,
-    IGNORE_VISIBLE_OPTION,
-    MAX_USED_OPTION,
-    REPORT_OPTION,
-    check_report_machine,
-    set_constraints,
-    with_health,
-    within_preset,
-)
-from gputopo.errors import UsageError
+from gputopo.cli.common import JSON_OPTION, NVML_TIMEOUT_OPTION, examples, guarded, options_from
+from gputopo.cli.finish import Views, finish
+from gputopo.cli.options import IGNORE_VISIBLE_OPTION, choice_options
+from gputopo.services import recommend as service
+from gputopo.services.recommend import DEFAULT_TOP, Choice
 from gputopo.ui.output import Output
-
-DEFAULT_TOP = 5
 
 
 class IdFormat(str, Enum):
@@ -51,16 +38,11 @@ FORMAT_OPTION = typer.Option(
     ),
 )
 @guarded
+@choice_options
 def recommend_command(
     n: int = typer.Option(..., "--n", "-n", help="GPUs per set."),
     sets: int | None = typer.Option(None, "--sets", metavar="M", help="Pack M disjoint sets of --n GPUs."),
-    input: str | None = INPUT_OPTION,
-    exclude: str | None = EXCLUDE_OPTION,
-    allow_busy: bool = ALLOW_BUSY_OPTION,
-    allow_unhealthy: bool = ALLOW_UNHEALTHY_OPTION,
-    max_used_mib: int = MAX_USED_OPTION,
-    from_report: Path | None = REPORT_OPTION,
-    force_report: bool = FORCE_REPORT_OPTION,
+    choice: Choice = None,  # type: ignore[assignment]  # the shared set-choice options (choice_options)
     nvlink_gbps: float | None = typer.Option(
         None, "--nvlink-gbps", help="NVLink GB/s per link per direction (default: by GPU model, else 20)."
     ),
@@ -93,59 +75,25 @@ def recommend_command(
     json_out: bool = JSON_OPTION,
 ) -> None:
     """The best GPU sets for CUDA_VISIBLE_DEVICES: ranked by estimated all-reduce bandwidth, with reasons."""
-    from gputopo.machine import load_topology
-    from gputopo.recommend import recommend, to_dict
-    from gputopo.topology.bandwidth import Assumptions
-
+    options = options_from(service.Options, locals(), id_format=id_format.value, nvml_timeout_s=nvml_timeout)
     out = Output(json_mode=json_out)
-    assumptions = Assumptions(nvlink_gbps_per_link=nvlink_gbps, pcie_gen=pcie_gen, socket_gbps=socket_gbps)
-    constraints = set_constraints(
-        n=n,
-        exclude=exclude,
-        allow_busy=allow_busy,
-        max_used_mib=max_used_mib,
-        from_report=from_report,
-        allow_unhealthy=allow_unhealthy,
-        sets=sets,
-        top=top,
-        assumptions=assumptions,
-    )
-    # its warnings come back in rec.warnings, said once below
-    topo = load_topology(input, nvml_timeout_s=nvml_timeout)
-    check_report_machine(constraints, topo, input is None, force_report, out.warn)
-    constraints = within_preset(constraints, topo, ignore_visible, input is not None, out.warn)
-    constraints, health = with_health(constraints, input, nvml_timeout)  # live: one health sample
-    if input is None and topo.live:  # live: ACS on each GPU pair's PCIe path (sysfs; docs/topo.md)
-        from dataclasses import replace
-
-        from gputopo import fabric
-
-        gpus = fabric.gpu_bus_ids([(g.index, g.pci_bus_id) for g in topo.gpus])
-        constraints = replace(constraints, redirected=fabric.redirected(gpus))
-    rec = recommend(topo, constraints)
-    doc = to_dict(rec, id_format.value)  # builds every env first: a --format uuid error comes before output
-    doc["health"] = health
-    plan = None
-    if nnodes is not None and launch is None:
-        raise UsageError("--nnodes goes with --launch", 'add --launch "CMD ...", e.g. --launch "train.py"')
-    if launch is not None:
-        from gputopo.launch.command import launch_plan_for
-
-        prefer_uuid = id_format.value == "uuid"
-        plan = launch_plan_for(topo, rec.best.gpus, launch, nnodes or 1, prefer_uuid, out.warn)
-        doc["launch"] = plan.to_dict()
-    out.warnings(rec.warnings)
+    report = service.run(options, service.Hooks(warn=out.warn))
     if json_out:
-        out.document(doc)
-        return
+        finish(out, report, Views(), kind="recommend", json_out=True)
+    _show(out, report)
+
+
+def _show(out: Output, report: service.RecommendReport) -> None:
+    """The ranked table, then the export lines whole (Output.show wraps and crops at the terminal's
+    width; a line meant for pasting must stay whole), then the launch line with its notes."""
     from gputopo.ui.recommend_view import export_lines, render_recommendation
 
+    rec = report.recommendation
     out.show(render_recommendation(rec))
     out.show("")
-    for line in export_lines(rec, id_format.value):
-        # Output.show wraps and crops at the terminal width; a line meant for pasting must stay whole.
+    for line in export_lines(rec, report.id_format):
         out.line(line)
-    if plan is not None:
-        for note in plan.notes:
+    if report.plan is not None:
+        for note in report.plan.notes:
             out.hint(note)
-        out.line(plan.command)
+        out.line(report.plan.command)

@@ -11,8 +11,9 @@ from gputopo.cli.common import (
     NVML_TIMEOUT_OPTION,
     examples,
     guarded,
-    read_topology,
+    options_from,
 )
+from gputopo.services import topo as service
 from gputopo.ui.output import Output
 
 
@@ -38,51 +39,28 @@ def topo_command(
     """Show how the GPUs and NICs are wired: link matrix, legend, CPU/NUMA affinity, live NVML details."""
     out = Output(json_mode=json_out)
     if list_samples:
-        from gputopo.topology import samples
-
+        listed = service.samples()
         if json_out:
-            out.document(
-                {"samples": [{"name": s.name, "summary": s.summary} for s in samples.SAMPLES.values()]}
-            )
-        else:
-            for s in samples.SAMPLES.values():
-                out.show(f"sample:{s.name:<26} {s.summary}")
+            _document(out, listed)
+        for line in listed.lines():
+            out.show(line)
         return
-    topo = read_topology(out, input, nvml_timeout_s=nvml_timeout)
-    health = None
-    # The JSON snapshot stays the topology alone, so it reads back equal (`gputopo check --json` has the
-    # health document).
-    if input is None and topo.live and not no_health and not json_out:
-        # Health only where it is this machine's: never for --input files or samples.
-        from gputopo.cli.options import TOPO_HEALTH_SOURCE, health_doc
-        from gputopo.machine import read_live_health
-
-        health = health_doc(read_live_health(nvml_timeout), TOPO_HEALTH_SOURCE)
+    options = options_from(service.Options, locals(), nvml_timeout_s=nvml_timeout)
+    report = service.run(options, service.Hooks(warn=out.warn))
     if json_out:
-        from gputopo.topology import snapshot
-
-        if input is None and topo.live:
-            # The node's name and last fresh check: the snapshot is then the node's facts (gputopo nodes).
-            from dataclasses import replace
-
-            from gputopo.machine import node_facts
-
-            facts = node_facts(topo, topo.warnings)
-            out.warnings(
-                facts.get("warnings", ())[len(topo.warnings) :]
-            )  # a state file that could not be used
-            topo = replace(topo, **facts)
-        out.document(snapshot.to_dict(topo))
-        return
+        _document(out, report)
+    from gputopo.ui.fabric_view import fabric_blocks
     from gputopo.ui.topo_view import render_topology
 
-    out.show(render_topology(topo, health))
-    if input is None and topo.live and not no_health:
-        # The network ports and each GPU pair's PCIe path (ACS), from sysfs (docs/topo.md).
-        from gputopo import fabric
-        from gputopo.ui.fabric_view import fabric_blocks
-
-        gpus = fabric.gpu_bus_ids([(g.index, g.pci_bus_id) for g in topo.gpus])
-        node = fabric.snapshot(gpus)
+    out.show(render_topology(report.topology, report.health))
+    if report.fabric is not None:
+        node = report.fabric
         for block in fabric_blocks(node.to_json(), [f.to_json() for f in node.findings]):
             out.show(block)
+
+
+def _document(out: Output, report: service.TopoReport | service.SamplesReport) -> None:
+    """The document on stdout, and exit (cli.finish loaded only here: text loads no other part of cli/)."""
+    from gputopo.cli.finish import Views, finish
+
+    finish(out, report, Views(), kind="topo", json_out=True)
