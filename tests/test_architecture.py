@@ -566,8 +566,7 @@ CLI_IMPORTS_OUTSIDE_TODAY = 42  # target 0: cli/ imports only services/, ui/ and
 CLI_IMPORTS_SYSTEM_TODAY = 7  # target 0: the machine is reached through a service, never from cli/
 CLI_JSON_KEYS_TODAY = 18  # target 0: each command's document is built in its Report.document()
 OPTIONS_ANY_FIELDS_TODAY = 5  # target 0: hooks are typed callbacks, inputs typed values
-DRAIN_RULE_FILES_TODAY = 5  # target 2: its home (health/judge.py) and the one shared machine step (accept's
-# wiring step calls health.judge.p2p_drained, the rule's one function, like probe and doctor: the fifth)
+DRAIN_RULE_FILES_TODAY = 2  # its home (health/judge.py) and the one shared machine step (services/machine.py)
 CLI_CHECK_STATE_CALLS_TODAY = 7  # target 0: the check state's life cycle lives in services/check.py
 
 

@@ -4,6 +4,7 @@ function, and the report's document built in one place (no torch, no machine: CP
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 
 from gputopo.errors import UsageError
+from gputopo.findings import Finding
 from gputopo.probe.plan.config import DeviceInventory, ProbeConfig
 from gputopo.probe.plan.nodes import NodeOptions
 from gputopo.probe.shared import ProbeRun
@@ -19,19 +21,21 @@ from gputopo.services import probe
 NODE = NodeOptions(nnodes=2, node_rank=0, host="node01", port=29400, rdzv_id="t")
 
 
+@dataclass(frozen=True)
 class FakeHealth:
-    """A judged health sample whose driver asks to drain P2P on some GPUs (``Judgement``'s one method the
-    drain rule reads)."""
+    """A judged health sample whose driver asks to drain P2P on some GPUs: the findings the drain rule
+    (``services.machine.drained``) reads, as NVML's recovery action DRAIN_P2P makes them."""
 
-    def __init__(self, drained: dict[int, str]) -> None:
-        self.drained = drained
-
-    def p2p_drained_gpus(self) -> dict[int, str]:
-        return dict(self.drained)
+    findings: tuple[Finding, ...]
 
 
 def Health(drained: dict[int, str]) -> Any:  # noqa: N802 - stands in for a Judgement
-    return FakeHealth(drained)
+    return FakeHealth(
+        tuple(
+            Finding(f"GPU{g}", what, "drain P2P work", gpu=g, action="drain", rule="recovery_drain_p2p")
+            for g, what in drained.items()
+        )
+    )
 
 
 def test_gpus_are_parsed_once_into_sets_and_handed_down_as_they_are(monkeypatch):

@@ -470,13 +470,14 @@ def _per_gpu(ctx: _Run, deadline: float) -> StepResult:
 
 
 def _wiring(ctx: _Run, deadline: float) -> StepResult:
-    from gputopo.health.judge import judge_one, p2p_drained
+    from gputopo.health.judge import judge_one
+    from gputopo.services.machine import drained as drain_rule
     from gputopo.probe.plan.options import Mode
 
     if ctx.check is not None:
-        drained = p2p_drained(ctx.check.findings)
+        drained = drain_rule(ctx.check.findings)
     elif ctx.sample is not None:
-        drained = p2p_drained(judge_one(ctx.sample).findings)
+        drained = drain_rule(judge_one(ctx.sample).findings)
     else:
         drained = {}
     names = {g.index: g.name for g in (ctx.sample.gpus if ctx.sample is not None else ())}

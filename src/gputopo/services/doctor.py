@@ -604,10 +604,10 @@ def check_health(machine: Machine, options: Options) -> HealthStep:
 def drained_p2p(findings: tuple[Finding, ...], unhealthy: Mapping[int, str]) -> dict[int, str]:
     """The drain rule, applied in this one place: the GPUs whose driver asks to drain P2P (index -> why),
     kept out of every multi-GPU set and probed alone; a GPU already left out as unhealthy is not named
-    again. (The shared machine step, ``services/machine.py``, is to take this over.)"""
-    from gputopo.health.judge import p2p_drained
+    again. The rule itself is the shared machine step's (``services.machine.drained``)."""
+    from gputopo.services.machine import drained
 
-    return {g: what for g, what in p2p_drained(findings).items() if g not in unhealthy}
+    return {g: what for g, what in drained(findings).items() if g not in unhealthy}
 
 
 def machine_findings(

@@ -341,7 +341,9 @@ def p2p_left_out(
     DRAIN_P2P, in ``health``), each said through ``warn``. Sets the user names (``sets``), or a machine
     with nothing else to probe, are kept: nothing is left out, and each drained GPU in a multi-GPU set is
     warned about."""
-    drained = health.p2p_drained_gpus()
+    from gputopo.services.machine import drained as drain_rule
+
+    drained = drain_rule(health.findings)
     rest = [g for g in gpus if g not in drained]
     if sets is not None or not rest:  # the user's sets (or nothing else to probe): kept, warned about
         named = {g for s in (sets if sets is not None else (gpus,)) if len(s) > 1 for g in s}
