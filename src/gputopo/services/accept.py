@@ -471,8 +471,8 @@ def _per_gpu(ctx: _Run, deadline: float) -> StepResult:
 
 def _wiring(ctx: _Run, deadline: float) -> StepResult:
     from gputopo.health.judge import judge_one
-    from gputopo.services.machine import drained as drain_rule
     from gputopo.probe.plan.options import Mode
+    from gputopo.services.machine import drained as drain_rule
 
     if ctx.check is not None:
         drained = drain_rule(ctx.check.findings)
