@@ -232,7 +232,7 @@ def slurm_node0(tmp_path, monkeypatch):
 
 @skip_on_windows
 def test_under_srun_the_node_is_named_by_slurm_and_meets_at_the_node_addr(slurm_node0):
-    from gputopo.cli.nodes import node_options
+    from gputopo.services.across_nodes import node_options
 
     port = rendezvous_port(slurm_node0["SLURM_JOB_ID"])
     if net.port_taken(port):
@@ -265,7 +265,7 @@ def test_under_srun_a_taken_rendezvous_port_is_refused_in_one_line(slurm_node0, 
 
 def test_with_a_taken_port_only_node_0_refuses(slurm_node0, monkeypatch):
     # The other nodes are clients of node 0's store: the port is node 0's to hold.
-    from gputopo.cli.nodes import node_options
+    from gputopo.services.across_nodes import node_options
 
     monkeypatch.setattr(net, "port_taken", lambda port: True)
     with pytest.raises(UsageError, match="already taken"):

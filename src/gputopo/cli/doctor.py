@@ -9,6 +9,16 @@ from typing import TYPE_CHECKING, NoReturn
 import typer
 
 from gputopo.cli import app
+from gputopo.cli.across_nodes import (
+    INJECT_NODE_OPTION,
+    NNODES_OPTION,
+    NODE_RANK_OPTION,
+    RDZV_ENDPOINT_OPTION,
+    RDZV_ID_OPTION,
+    RDZV_TIMEOUT_OPTION,
+    progress_printer,
+    warn_internode,
+)
 from gputopo.cli.common import (
     INPUT_HELP,
     INPUT_METAVAR,
@@ -19,21 +29,10 @@ from gputopo.cli.common import (
     read_json_file,
 )
 from gputopo.cli.finish import Views, attach_files, write_files
-from gputopo.cli.nodes import (
-    INJECT_NODE_OPTION,
-    NNODES_OPTION,
-    NODE_RANK_OPTION,
-    RDZV_ENDPOINT_OPTION,
-    RDZV_ID_OPTION,
-    RDZV_TIMEOUT_OPTION,
-    check_rendezvous,
-    node_options,
-    progress_printer,
-    warn_internode,
-)
 from gputopo.errors import InputError, Interrupted, UnavailableError
 from gputopo.report import ensure_report_dir
 from gputopo.services import doctor
+from gputopo.services.across_nodes import check_rendezvous, node_options
 from gputopo.services.doctor import DEFAULT_REPORT_DIR, DEFAULT_SAMPLE_S, DEFAULT_TIMEOUT_S, Fault
 from gputopo.ui.output import Output
 

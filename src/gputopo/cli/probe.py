@@ -13,21 +13,20 @@ from typing import Annotated, Any
 import typer
 
 from gputopo.cli import app
-from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, NVML_TIMEOUT_OPTION, examples, guarded
-from gputopo.cli.finish import Views, attach_files
-from gputopo.cli.nodes import (
+from gputopo.cli.across_nodes import (
     INJECT_NODE_OPTION,
     NNODES_OPTION,
     NODE_RANK_OPTION,
     RDZV_ENDPOINT_OPTION,
     RDZV_ID_OPTION,
     RDZV_TIMEOUT_OPTION,
-    check_rendezvous,
-    node_options,
     progress_printer,
     warn_internode,
 )
+from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, NVML_TIMEOUT_OPTION, examples, guarded
+from gputopo.cli.finish import Views, attach_files
 from gputopo.services import probe
+from gputopo.services.across_nodes import check_rendezvous, node_options
 from gputopo.services.probe import Device, Fault, Mode, ModelName, Precision
 from gputopo.ui.output import Output
 
