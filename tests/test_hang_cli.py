@@ -504,3 +504,20 @@ def test_ras_ranks_are_named_by_their_global_rank_and_a_lagging_rank_is_named(tm
     assert "global rank 5 (rank 1 of communicator 0x5a1e) made 4 AllReduce" in doc["reason"]
     (finding,) = [f for f in doc["findings"] if "RAS MISMATCH" in f["what"]]
     assert finding["where"].startswith("rank 5 (")
+
+
+def test_the_services_validate_their_options_when_built(tmp_path: Path) -> None:
+    """services.hang and services.slow without the CLI: a cross-option rule is a UsageError when Options is
+    built, before anything is read or taken from a running job."""
+    from gputopo.errors import UsageError
+    from gputopo.services import hang, slow
+
+    for bad in (
+        lambda: hang.Options(),
+        lambda: hang.Options(live=True, paths=(tmp_path / "a", tmp_path / "b")),
+        lambda: slow.Options(),
+    ):
+        with pytest.raises(UsageError):
+            bad()
+    hang.Options(ras_json=tmp_path / "ras.json")  # one source is enough
+    slow.Options(live=True)  # --live: the newest run folder
