@@ -74,12 +74,12 @@ def hang_command(
 
     out = Output(json_mode=json_out)
     options = service.Options(
-        paths=tuple(paths or ()),
-        run_records=tuple(run_record or ()),
         ras=ras,
         ras_json=ras_json,
+        paths=tuple(paths or ()),
         nccl_log=nccl_log,
         torch_check=torch_check,
+        run_records=tuple(run_record or ()),
         live=live,
         html=html,
     )

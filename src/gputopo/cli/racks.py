@@ -75,10 +75,10 @@ def nodes_command(
 
     out = Output(json_mode=json_out)
     options = service.Options(
-        facts=tuple(facts or ()),
         slurm=slurm,
         nodelist=nodelist,
         budget_s=budget,
+        facts=tuple(facts or ()),
         segment=segment,
         nodes=nodes,
         slurm_topology=slurm_topology,

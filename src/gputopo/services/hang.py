@@ -83,9 +83,9 @@ def run(options: Options, hooks: Hooks | None = None) -> HangReport:
             paths,
             run_records=options.run_records,
             ras_json=options.ras_json,
+            health=local_health,
             ask_local_ras=options.ras,
             torch_check=options.torch_check,
-            health=local_health,
             nccl_log=options.nccl_log,
         )
 
