@@ -11,8 +11,6 @@ from typing import Any
 from gputopo.findings import NOTE, PROBLEM, Finding
 from gputopo.slow import judge as J
 
-SCHEMA = "gputopo/slow/v1"
-
 
 @dataclass(frozen=True)
 class RankPlace:
@@ -22,8 +20,14 @@ class RankPlace:
     pid: int | None = None
 
 
+SCHEMA = "gputopo/slow/v1"
+
+
 @dataclass(frozen=True)
 class SlowReport:
+    """What ``gputopo slow`` found: the judgement over the ranks' lateness, where each rank ran (``places``),
+    how the clocks were compared, notes and findings; ``document()`` is the whole ``gputopo/slow/v1`` JSON."""
+
     source: str  # "inspector" | "flight-recorder" | "nccl-tests"
     path: str
     judgement: J.Judgement
