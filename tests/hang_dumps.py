@@ -26,7 +26,9 @@ def real_dumps(scenario: str, base: Path) -> Path:
     import pytest
 
     pytest.importorskip("torch")
-    if scenario in _CACHE:
+    # A cached folder may be gone: another module's base (test_golden_commands' corpus) is removed when
+    # that module ends, and a later module asking for the same scenario would get a path to nothing.
+    if scenario in _CACHE and _CACHE[scenario].is_dir():
         return _CACHE[scenario]
     world = WORLDS.get(scenario, WORLD)
     out = base / scenario

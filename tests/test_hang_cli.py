@@ -504,3 +504,39 @@ def test_ras_ranks_are_named_by_their_global_rank_and_a_lagging_rank_is_named(tm
     assert "global rank 5 (rank 1 of communicator 0x5a1e) made 4 AllReduce" in doc["reason"]
     (finding,) = [f for f in doc["findings"] if "RAS MISMATCH" in f["what"]]
     assert finding["where"].startswith("rank 5 (")
+
+
+def test_the_services_validate_their_options_when_built(tmp_path: Path) -> None:
+    """services.hang and services.slow without the CLI: a cross-option rule is a UsageError when Options is
+    built, before anything is read or taken from a running job."""
+    from gputopo.errors import UsageError
+    from gputopo.services import hang, slow
+
+    for bad in (
+        lambda: hang.Options(),
+        lambda: hang.Options(live=True, paths=(tmp_path / "a", tmp_path / "b")),
+        lambda: slow.Options(),
+    ):
+        with pytest.raises(UsageError):
+            bad()
+    hang.Options(ras_json=tmp_path / "ras.json")  # one source is enough
+    slow.Options(live=True)  # --live: the newest run folder
+
+
+def test_hangs_readers_share_one_way_to_open_a_named_file(tmp_path: Path) -> None:
+    """--ras-json, --nccl-log and run records open their file through hang.files.read_named: a missing
+    file, a folder and a file over the cap are each one InputError naming the option and the file."""
+    from gputopo.errors import InputError
+    from gputopo.hang.files import read_named
+
+    big = tmp_path / "big.json"
+    big.write_bytes(b"x" * 100)
+    assert read_named(big, "--ras-json big", 100, "100 B", "hint") == b"x" * 100
+    cases = [(big, 99, "--ras-json big: over 99 B"), (tmp_path / "nope", 100, "--ras-json big: no such file")]
+    cases.append((tmp_path, 1 << 20, "--ras-json big: is a folder"))
+    for path, cap, words in cases:
+        with pytest.raises(InputError) as e:
+            read_named(path, "--ras-json big", cap, f"{cap} B", "hint")
+        assert str(e.value.message).startswith(words), e.value.message
+    result = invoke("hang", "--nccl-log", str(tmp_path / "nope.log"))
+    assert result.exit_code == 2 and "--nccl-log" in result.stderr and "no such file" in result.stderr

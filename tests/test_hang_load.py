@@ -164,7 +164,7 @@ def test_a_missing_path_is_bad_input(tmp_path: Path) -> None:
 
 def test_importing_the_hang_package_does_not_import_torch() -> None:
     code = (
-        "import sys, gputopo.hang.service, gputopo.ui.hang_view, gputopo.cli.hang; "
+        "import sys, gputopo.services.hang, gputopo.ui.hang_view, gputopo.cli.hang; "
         "print('torch' in sys.modules)"
     )
     import subprocess

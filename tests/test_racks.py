@@ -221,6 +221,27 @@ def test_bad_options_are_one_line_and_exit_2(tmp_path, args, words):
     assert "Traceback" not in result.output
 
 
+def test_the_service_validates_its_options_once_and_builds_the_whole_document(tmp_path):
+    """services.nodes without the CLI: a cross-option rule is a UsageError when Options is built, and
+    the report's document() holds the pick (or what it misses) and the exit code says so."""
+    from gputopo.errors import UsageError
+    from gputopo.services import nodes
+
+    folder = two_racks(tmp_path / "facts")
+    for bad in ({"facts": (folder,), "slurm": True}, {}, {"facts": (folder,), "nodes": 10, "segment": 8}):
+        with pytest.raises(UsageError):
+            nodes.Options(**bad)
+    warned: list[str] = []
+    met = nodes.run(nodes.Options(facts=(folder,), nodes=16, segment=8), nodes.Hooks(warn=warned.append))
+    doc = met.document()
+    assert met.exit_code == 0 and doc["nodelist"].startswith("--nodelist=") and len(doc["picked"]) == 2
+    assert "missing" not in doc and "findings" not in doc and "block_topology" not in doc
+    short = nodes.run(nodes.Options(facts=(folder,), nodes=40, segment=8))
+    assert short.exit_code == 1 and short.document()["nodelist"] is None
+    assert short.failure is not None and "1 missing" in short.failure.message
+    assert warned == []
+
+
 def test_bad_facts_are_one_line_and_exit_2(tmp_path):
     (tmp_path / "junk.json").write_text("{not json")
     assert "not JSON" in invoke("nodes", str(tmp_path / "junk.json")).stderr
@@ -533,10 +554,10 @@ def test_gathering_where_no_node_answers_is_exit_1_naming_why(tmp_path):
 
 
 def test_the_budget_default_is_written_once():
-    from gputopo import racks
     from gputopo.cli.racks import DEFAULT_BUDGET_S
+    from gputopo.services import nodes
 
-    assert DEFAULT_BUDGET_S == racks.DEFAULT_BUDGET_S
+    assert DEFAULT_BUDGET_S == nodes.DEFAULT_BUDGET_S
 
 
 def test_a_failed_nodes_n_prints_nothing_on_stdout_so_the_sbatch_line_fails_plainly(tmp_path):

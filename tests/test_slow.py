@@ -10,9 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from gputopo.cli import app
+from gputopo.services.slow import analyse
 from gputopo.slow import judge as J
 from gputopo.slow import readers as R
-from gputopo.slow.service import analyse
 from inspector_logs import job_lines, ranks_of, write_job
 
 RANK_COUNTS = (8, 16, 32, 64, 128, 256)

@@ -9,7 +9,7 @@ import typer
 
 from gputopo.cli import app
 from gputopo.cli.common import JSON_OPTION, RUN_RECORD_OPTION, examples, guarded
-from gputopo.cli.job_report import finish, take_live
+from gputopo.cli.job_report import finish
 from gputopo.ui.output import Output
 
 
@@ -69,43 +69,19 @@ def hang_command(
     """Name the collective a hung job is stuck in, the ranks that never joined or called it differently,
     and where they ran. Exit 0 no hang, 1 a hang or mismatch, 2 bad input, 3 nothing (conclusive) to
     analyse."""
-    from gputopo.hang.load import paused_gc
-    from gputopo.hang.service import analyse
+    from gputopo.services import hang as service
     from gputopo.ui.hang_view import HangFormat, render
 
     out = Output(json_mode=json_out)
-    if html is not None:
-        from gputopo.outputs import check_output
-
-        check_output(html, "--html", "hang.html")  # before any work: a fifo or a folder is refused at once
-    if live:
-        paths = [take_live(out, list(paths or []), "hang")]
-    with paused_gc(freeze=True):  # one process, one report: the dumps' dicts need no collecting
-        report = analyse(
-            list(paths or []),
-            run_records=list(run_record or []),
-            ras_json=ras_json,
-            ask_local_ras=ras,
-            torch_check=torch_check,
-            health=_local_health,
-            nccl_log=nccl_log,
-        )
+    options = service.Options(
+        ras=ras,
+        ras_json=ras_json,
+        paths=tuple(paths or ()),
+        nccl_log=nccl_log,
+        torch_check=torch_check,
+        run_records=tuple(run_record or ()),
+        live=live,
+        html=html,
+    )
+    report = service.run(options, service.Hooks(warn=out.warn, hint=out.hint))
     finish(out, report, lambda page: render(report, HangFormat.HTML if page else HangFormat.TEXT), html)
-
-
-def _local_health(hosts: set[str]) -> dict[tuple[str, int], list[dict[str, object]]]:
-    """Health findings of this machine's GPUs, when a suspect ran here, read through the one door into
-    health every command uses (``machine.read_live_health``: one NVML sample, judged by the health rules);
-    nothing when NVML is not there."""
-    import socket
-
-    from gputopo.machine import read_live_health
-
-    here = socket.gethostname()
-    if here not in hosts:
-        return {}
-    found: dict[tuple[str, int], list[dict[str, object]]] = {}
-    for f in read_live_health().findings:
-        if f.gpu is not None:
-            found.setdefault((here, f.gpu), []).append({**f.to_json(), "where": f"{here} {f.where}"})
-    return found

@@ -9,7 +9,7 @@ import typer
 
 from gputopo.cli import app
 from gputopo.cli.common import JSON_OPTION, RUN_RECORD_OPTION, examples, guarded
-from gputopo.cli.job_report import finish, take_live
+from gputopo.cli.job_report import finish
 from gputopo.ui.output import Output
 
 
@@ -47,18 +47,10 @@ def slow_command(
     """Name the rank the others wait for: the one that arrives late at the job's collectives, where it
     ran, how late, and what share of the job's time the others lose waiting for it. Exit 0 no straggler
     (or undecided), 1 a straggler, 2 bad input."""
-    from gputopo.errors import UsageError
-    from gputopo.slow.service import analyse
+    from gputopo.services import slow as service
     from gputopo.ui.slow_view import SlowFormat, render
 
     out = Output(json_mode=json_out)
-    if html is not None:
-        from gputopo.outputs import check_output
-
-        check_output(html, "--html", "slow.html")
-    if live:
-        path = take_live(out, [path] if path else [], "slow")
-    if path is None:
-        raise UsageError("nothing to read: give PATH", "e.g. gputopo slow reports/run-20260101T120000Z")
-    report = analyse(path, list(run_record or []), live=live)
+    options = service.Options(path=path, run_records=tuple(run_record or ()), live=live, html=html)
+    report = service.run(options, service.Hooks(warn=out.warn, hint=out.hint))
     finish(out, report, lambda page: render(report, SlowFormat.HTML if page else SlowFormat.TEXT), html)

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gputopo.errors import InputError
-from gputopo.inputs import read_capped
+from gputopo.hang.files import read_named
 
 MAX_LOG_BYTES = 1024 * 1024 * 1024
 _LINE = re.compile(
@@ -68,17 +67,9 @@ def parse_diag(text: str) -> list[DiagLine]:
 
 def read_diag(path: Path) -> list[DiagLine]:
     """``--nccl-log FILE``: its ``NCCL DIAG`` lines; an unreadable file is an ``InputError``."""
-    try:
-        if path.stat().st_size > MAX_LOG_BYTES:
-            raise InputError(f"--nccl-log {path}: over {MAX_LOG_BYTES // 2**30} GiB", _HINT)
-        # A job log may be large (its own cap, MAX_LOG_BYTES); a fifo or /dev/zero still ends there.
-        text = read_capped(path, f"--nccl-log {path}", MAX_LOG_BYTES, _HINT).decode("utf-8", "replace")
-    except FileNotFoundError:
-        raise InputError(f"--nccl-log {path}: no such file", _HINT) from None
-    except IsADirectoryError:
-        raise InputError(f"--nccl-log {path}: a folder, not a log file", _HINT) from None
-    except OSError as exc:
-        raise InputError(f"--nccl-log {path}: cannot read ({exc.strerror or exc})", _HINT) from None
+    # A job log may be large (its own cap, MAX_LOG_BYTES); a fifo or /dev/zero still ends there.
+    label, over = f"--nccl-log {path}", f"{MAX_LOG_BYTES // 2**30} GiB"
+    text = read_named(path, label, MAX_LOG_BYTES, over, _HINT).decode("utf-8", "replace")
     return parse_diag(text)
 
 

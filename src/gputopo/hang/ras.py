@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from gputopo.errors import InputError
-from gputopo.inputs import read_capped
+from gputopo.hang.files import read_named
 
 DEFAULT_RAS_ADDR = "localhost:28028"
 MAX_RAS_BYTES = 64 * 1024 * 1024
@@ -183,15 +183,9 @@ def parse_ras_json(text: str, source: str) -> RasReport:
 
 def read_ras_file(path: Path) -> RasReport:
     """``--ras-json FILE``."""
-    try:
-        if path.stat().st_size > MAX_RAS_BYTES:
-            raise InputError(f"--ras-json {path}: over {MAX_RAS_BYTES // 2**20} MiB", _HINT)
-        text = read_capped(path, f"--ras-json {path}", MAX_RAS_BYTES, _HINT).decode("utf-8", "replace")
-    except FileNotFoundError:
-        raise InputError(f"--ras-json {path}: no such file", _HINT) from None
-    except OSError as exc:
-        raise InputError(f"--ras-json {path}: cannot read ({exc.strerror or exc})", _HINT) from None
-    return parse_ras_json(text, f"--ras-json {path}")
+    label, over = f"--ras-json {path}", f"{MAX_RAS_BYTES // 2**20} MiB"
+    text = read_named(path, label, MAX_RAS_BYTES, over, _HINT).decode("utf-8", "replace")
+    return parse_ras_json(text, label)
 
 
 def ras_address(env: dict[str, str] | None = None) -> tuple[str, int]:

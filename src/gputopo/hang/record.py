@@ -39,7 +39,7 @@ from typing import Any
 
 from gputopo.errors import InputError
 from gputopo.findings import Finding
-from gputopo.inputs import read_capped
+from gputopo.hang.files import read_named
 
 SCHEMA = "gputopo/run-record/v1"
 RECORD_GLOBS = ("run-record*.json", "gputopo-run-record*.json")
@@ -107,14 +107,11 @@ def find_records(folders: Iterable[Path]) -> list[Path]:
 def read_record(path: Path) -> RunRecord:
     """One run record; anything unreadable or off-schema is an ``InputError`` naming the file."""
     label = f"run record {path}"
+    raw = read_named(
+        path, label, MAX_RECORD_BYTES, f"{MAX_RECORD_BYTES // 2**20} MiB, not a run record", _HINT
+    )
     try:
-        if path.stat().st_size > MAX_RECORD_BYTES:
-            raise InputError(f"{label}: over {MAX_RECORD_BYTES // 2**20} MiB, not a run record", _HINT)
-        doc = json.loads(read_capped(path, label, MAX_RECORD_BYTES, _HINT).decode("utf-8-sig"))
-    except FileNotFoundError:
-        raise InputError(f"{label}: no such file", _HINT) from None
-    except OSError as exc:
-        raise InputError(f"{label}: cannot read ({exc.strerror or exc})", _HINT) from None
+        doc = json.loads(raw.decode("utf-8-sig"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(f"{label}: not JSON ({exc})", _HINT) from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:

@@ -41,6 +41,8 @@ EXIT_CODES = {NO_HANG: 0, HANG: 1, MISMATCHED: 1, INCOMPLETE: 3}
 # Health findings, finding-shaped dicts, per (host, GPU index): filled by whoever can read that host's
 # GPUs (this machine's, or a future gathered ``gputopo check`` per node).
 Health = Mapping[tuple[str, int], Sequence[Mapping[str, Any]]]
+# A stuck group's collective in the document: these keys of its call (``peer``: point-to-point only).
+GROUP_CALL_KEYS = ("seq", "op", "sizes", "dtype", "backend", "peer")
 
 _REMEDY = {
     NEVER_ENTERED: (
@@ -205,16 +207,9 @@ class HangReport:
         }
 
     def _group_doc(self, g: GroupResult) -> dict[str, Any]:
-        c = g.collective
-        collective: dict[str, Any] = {
-            "seq": c.seq,
-            "op": c.op,
-            "sizes": c.sizes,
-            "dtype": c.dtype,
-            "backend": c.backend,
-        }
-        if c.peer is not None:
-            collective["peer"] = c.peer
+        # The call's own JSON (Call.as_dict), in the group's order and without what the group says itself.
+        call = g.collective.as_dict()
+        collective = {k: call[k] for k in GROUP_CALL_KEYS if k in call}
         return {
             "pg": g.pg,
             "desc": g.desc,

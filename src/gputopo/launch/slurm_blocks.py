@@ -107,46 +107,38 @@ def audit_blocks(p: Plan, blocks: Sequence[Block]) -> list[Finding]:
                 f"{c} of {_label(p, d)} ({compress_hostlist([n for n in b.nodes if domain_of.get(n) == d])})"
                 for d, c in sorted(per.items())
             )
-            findings.append(
-                Finding(
-                    where=f"Slurm block {b.name}",
-                    what=f"block {b.name} mixes {len(per)} NVLink domains: {parts}; a segment placed in it "
-                    "can cross the network between racks",
-                    remedy=BLOCKS_REMEDY,
-                    severity=PROBLEM,
-                    category="topology",
-                    action="config",
-                )
+            what = (
+                f"block {b.name} mixes {len(per)} NVLink domains: {parts}; a segment placed in it "
+                "can cross the network between racks"
             )
+            findings.append(_blocks_finding(f"Slurm block {b.name}", what, PROBLEM))
     for d in p.domains:
+        where = f"NVLink domain {_label(p, d.id)}"
         held = Counter(b for n in d.nodes for b in block_of.get(n, ()))
         if len(held) > 1:
             split = " + ".join(f"{c} in {b}" for b, c in sorted(held.items()))
-            findings.append(
-                Finding(
-                    where=f"NVLink domain {_label(p, d.id)}",
-                    what=f"the domain's {len(d.nodes)} nodes are split across {len(held)} Slurm blocks "
-                    f"({split}): Slurm cannot keep a segment inside the domain",
-                    remedy=BLOCKS_REMEDY,
-                    severity=PROBLEM,
-                    category="topology",
-                    action="config",
-                )
+            what = (
+                f"the domain's {len(d.nodes)} nodes are split across {len(held)} Slurm blocks "
+                f"({split}): Slurm cannot keep a segment inside the domain"
             )
+            findings.append(_blocks_finding(where, what, PROBLEM))
         outside = [n for n in d.nodes if n not in block_of]
         if outside:
-            findings.append(
-                Finding(
-                    where=f"NVLink domain {_label(p, d.id)}",
-                    what=f"{len(outside)} of the domain's nodes are in no Slurm block: "
-                    f"{compress_hostlist(outside)}",
-                    remedy=BLOCKS_REMEDY,
-                    severity=NOTE,
-                    category="topology",
-                    action="config",
-                )
-            )
+            what = f"{len(outside)} of the domain's nodes are in no Slurm block: {compress_hostlist(outside)}"
+            findings.append(_blocks_finding(where, what, NOTE))
     return findings
+
+
+def _blocks_finding(where: str, what: str, severity: str) -> Finding:
+    """A finding of the block audit: Slurm's blocks against the NVLink domains (its one remedy)."""
+    return Finding(
+        where=where,
+        what=what,
+        remedy=BLOCKS_REMEDY,
+        severity=severity,
+        category="topology",
+        action="config",
+    )
 
 
 @dataclass(frozen=True)

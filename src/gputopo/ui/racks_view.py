@@ -6,10 +6,33 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import RenderableType
+from rich.markup import escape
 from rich.text import Text
 
 from gputopo.topology.domains import compress_hostlist
 from gputopo.ui.findings_view import findings_table
+from gputopo.ui.output import Output
+
+
+def show_nodes(out: Output, doc: dict[str, Any], segment: int | None, failed: bool) -> None:
+    """``gputopo nodes``'s output: the document (``--json``); on a failure (``failed``) the table on
+    stderr only; else the block topology alone (``--slurm-topology``), the ``--nodelist`` line alone
+    (``--nodes`` met), or the table."""
+    if out.json_mode:
+        out.document(doc)
+    elif failed:
+        # A failure prints nothing on stdout: `sbatch $(gputopo nodes ... --nodes N) job.sh` and
+        # `... --slurm-topology > topology.conf` must not take the table as their arguments or file. The
+        # table and the reason go to stderr, for the person reading.
+        out.err.print(*render_nodes(doc, segment))
+    elif "block_topology" in doc and "nodelist" not in doc and not doc.get("findings"):
+        out.line(doc["block_topology"].rstrip("\n"))
+    elif doc.get("picked") is not None and not doc.get("findings"):
+        for p in doc["picked"]:
+            out.hint(escape(f"segment in {p['domain']}: {compress_hostlist(p['nodes'])}"))
+        out.line(doc["nodelist"])
+    else:
+        out.show(*render_nodes(doc, segment))
 
 
 def render_nodes(doc: dict[str, Any], segment: int | None) -> list[RenderableType]:

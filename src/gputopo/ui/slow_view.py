@@ -9,7 +9,7 @@ from collections.abc import Callable
 from enum import Enum
 from html import escape
 
-from gputopo.slow.service import SlowReport
+from gputopo.slow.report import SlowReport
 
 CHART_WIDTH = 720
 BAR_HEIGHT = 14

@@ -1,126 +1,55 @@
-"""``gputopo slow`` as one call: a path in, a ``SlowReport`` out. Reads the files it is pointed at: a
-run folder (``gputopo run``'s: its run records place the ranks, its ``inspector/`` folder holds NCCL
-Inspector logs, its Flight Recorder dumps their creation times), an Inspector dump folder, Flight
-Recorder dumps, or an nccl-tests ``-J`` file."""
+"""``gputopo slow``'s service: a path in, a ``SlowReport`` (``slow.report``) out. Reads the files it is
+pointed at: a run folder (``gputopo run``'s: its run records place the ranks, its ``inspector/`` folder
+holds NCCL Inspector logs, its Flight Recorder dumps their creation times), an Inspector dump folder,
+Flight Recorder dumps, or an nccl-tests ``-J`` file; with ``--live`` the running job's evidence is taken
+into its run folder first (``services.hang.take_live``). The CLI builds ``Options`` (validated once,
+here), calls ``run`` and renders the report; ``Hooks`` carries the callbacks."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from gputopo.errors import InputError
-from gputopo.findings import NOTE, PROBLEM, Finding
+from gputopo.errors import InputError, UsageError
 from gputopo.hang import record as rec
 from gputopo.hang.load import NothingToAnalyse, find_dump_files, load_dumps
+from gputopo.services.hang import Hooks, take_live
 from gputopo.slow import judge as J
 from gputopo.slow import readers as R
+from gputopo.slow.report import RankPlace, SlowReport, make_report
 
-SCHEMA = "gputopo/slow/v1"
 INSPECTOR_DIR = "inspector"
 _HINT = R._HINT
+NO_PATH = ("nothing to read: give PATH", "e.g. gputopo slow reports/run-20260101T120000Z")
 
 
-@dataclass(frozen=True)
-class RankPlace:
-    rank: int
-    host: str | None
-    gpu: int | None
-    pid: int | None = None
+@dataclass(frozen=True, kw_only=True)
+class Options:
+    """What ``gputopo slow`` was asked, keyword only, validated when built (``UsageError``, exit 2)."""
+
+    path: Path | None = None  # a run folder, Inspector dumps, Flight Recorder dumps, an nccl-tests file
+    run_records: tuple[Path, ...] = ()
+    live: bool = False  # take the running job's dumps into its run folder first (``path``: that folder)
+    html: Path | None = None  # the HTML report's file (written by the caller; refused here at once)
+
+    def __post_init__(self) -> None:
+        if self.path is None and not self.live:
+            raise UsageError(*NO_PATH)
 
 
-@dataclass(frozen=True)
-class SlowReport:
-    source: str  # "inspector" | "flight-recorder" | "nccl-tests"
-    path: str
-    judgement: J.Judgement
-    places: dict[int, RankPlace]
-    clock: str
-    notes: tuple[str, ...] = ()
-    unit: str = "rank"  # "process" for nccl-tests
-    findings: tuple[Finding, ...] = field(default=())
+def run(options: Options, hooks: Hooks | None = None) -> SlowReport:
+    """The straggler (if any) in what ``options.path`` holds (``--live``: after taking the job's dumps)."""
+    hooks = hooks or Hooks()
+    if options.html is not None:
+        from gputopo.outputs import check_output
 
-    @property
-    def exit_code(self) -> int:
-        return 1 if self.judgement.stragglers else 0
-
-    def place(self, rank: int) -> RankPlace:
-        return self.places.get(rank) or RankPlace(rank, None, None)
-
-    def sentence(self) -> str:
-        j = self.judgement
-        if j.stragglers:
-            return "; ".join(self.about(s) for s in j.stragglers)
-        if j.undecided:
-            return f"undecided: {j.undecided}"
-        spread = f"; spread {j.spread_pct:.0f}%" if j.spread_pct is not None else ""
-        return f"no {self.unit} is consistently late{spread}"
-
-    def about(self, s: J.Straggler) -> str:
-        p = self.place(s.rank)
-        where = []
-        if p.host:
-            where.append(f"on {p.host}")
-        if p.gpu is not None:
-            where.append(f"GPU {p.gpu}")
-        at = (" " + ", ".join(where)) if where else ""
-        return (
-            f"{self.unit} {s.rank}{at} arrives {s.lateness_ms:.3g} ms late (median) and last in "
-            f"{s.late_share:.0%} of its operations; the job loses {s.waiting_share:.0%} of its collective "
-            f"time waiting for it"
-        )
-
-    def document(self) -> dict[str, Any]:
-        j = self.judgement
-        return {
-            "schema": SCHEMA,
-            "source": self.source,
-            "path": self.path,
-            "verdict": "straggler" if j.stragglers else ("undecided" if j.undecided else "none"),
-            "sentence": self.sentence(),
-            "stragglers": [
-                {
-                    "rank": s.rank,
-                    "host": self.place(s.rank).host,
-                    "gpu": self.place(s.rank).gpu,
-                    "lateness_ms": round(s.lateness_ms, 4),
-                    "waiting_share": round(s.waiting_share, 4),
-                    "late_share": round(s.late_share, 4),
-                    "windows_flagged": s.windows_flagged,
-                    "windows": s.windows,
-                    "communicators": list(s.communicators),
-                    "operations": list(s.operations),
-                }
-                for s in j.stragglers
-            ],
-            "waited": [
-                {
-                    "rank": w.rank,
-                    "host": self.place(w.rank).host,
-                    "gpu": self.place(w.rank).gpu,
-                    "waited_for": list(w.waited_for),
-                    "communicators": list(w.communicators),
-                }
-                for w in j.waited
-            ],
-            "ranks": [
-                {
-                    "rank": r,
-                    "host": self.place(r).host,
-                    "gpu": self.place(r).gpu,
-                    "median_lateness_ms": round(v, 4),
-                }
-                for r, v in j.ranks.items()
-            ],
-            "operations": j.operations,
-            "windows": j.windows,
-            "spread_pct": None if j.spread_pct is None else round(j.spread_pct, 2),
-            "undecided": j.undecided,
-            "clock": self.clock,
-            "rule": j.params,
-            "findings": [f.to_json() for f in self.findings],
-            "notes": list(self.notes),
-        }
+        check_output(options.html, "--html", "slow.html")
+    path = options.path
+    if options.live:
+        path = take_live([path] if path else [], "slow", hooks)
+    if path is None:  # not reached: Options asks for PATH unless --live, which names the run folder
+        raise UsageError(*NO_PATH)
+    return analyse(path, list(options.run_records), live=options.live)
 
 
 LIVE_HINT = (
@@ -226,7 +155,7 @@ def _inspector(files: list[Path], path: Path, records: list[rec.RunRecord]) -> S
             f"{joined.incomplete} operation(s) not recorded by every member of their communicator not judged"
         )
     j = J.judge(joined.series)
-    return _report(
+    return make_report(
         "inspector",
         path,
         j,
@@ -258,7 +187,7 @@ def _flight_recorder(specs: list[Path], path: Path, records: list[rec.RunRecord]
     for s in loaded.skipped:
         notes.append(f"{s.path}: {s.why}")
     j = J.judge(series)
-    return _report("flight-recorder", path, j, places, clock, notes)
+    return make_report("flight-recorder", path, j, places, clock, notes)
 
 
 def _nccl_tests(path: Path) -> SlowReport:
@@ -286,7 +215,7 @@ def _nccl_tests(path: Path) -> SlowReport:
             )
         )
     j = J.judge(series, window=1)
-    return _report(
+    return make_report(
         "nccl-tests",
         path,
         j,
@@ -295,42 +224,3 @@ def _nccl_tests(path: Path) -> SlowReport:
         [f"{len(sizes)} message size(s) with per-process times"],
         unit="process",
     )
-
-
-def _report(
-    source: str,
-    path: Path,
-    j: J.Judgement,
-    places: dict[int, RankPlace],
-    clock: str,
-    notes: list[str],
-    unit: str = "rank",
-) -> SlowReport:
-    report = SlowReport(source, str(path), j, places, clock, tuple(notes), unit)
-    findings = []
-    for s in j.stragglers:
-        p = report.place(s.rank)
-        findings.append(
-            Finding(
-                where=f"{unit} {s.rank}"
-                + (f" ({p.host} GPU {p.gpu})" if p.host and p.gpu is not None else ""),
-                what=report.about(s) + f" (outlier in {s.windows_flagged} of {s.windows} windows)",
-                remedy="look at what that rank does between collectives: its GPU clocks and health "
-                "(gputopo check on its node), its data loader and host load, its NIC",
-                severity=PROBLEM,
-                gpu=p.gpu,
-                category="compute",
-                action="monitor",
-            )
-        )
-    if not j.stragglers and j.undecided:
-        findings.append(
-            Finding(
-                where="job",
-                what=j.undecided,
-                remedy="record more operations",
-                severity=NOTE,
-                category="process",
-            )
-        )
-    return replace(report, findings=tuple(findings))
