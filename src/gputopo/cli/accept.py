@@ -11,9 +11,8 @@ import typer
 from gputopo.cli import app
 from gputopo.cli.common import JSON_OPTION, NVML_TIMEOUT_OPTION, examples, guarded
 from gputopo.cli.finish import Views, finish
-from gputopo.health.check import DEFAULT_SAMPLE_S, DEFAULT_SINCE
 from gputopo.model import DEFAULT_ACCEPT_BUDGET_S
-from gputopo.probe.plan.options import DEFAULT_REPORT_DIR, Fault
+from gputopo.services.accept import DEFAULT_REPORT_DIR, DEFAULT_SAMPLE_S, DEFAULT_SINCE, Fault
 from gputopo.ui.output import Output
 
 

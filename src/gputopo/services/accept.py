@@ -28,6 +28,7 @@ from gputopo.accept.floors import FloorTable, packaged
 from gputopo.accept.steps import FAILED, SCHEMA, StepResult
 from gputopo.errors import EXIT_UNAVAILABLE, GputopoError, UsageError
 from gputopo.health.check import DEFAULT_NVML_TIMEOUT_S, DEFAULT_SAMPLE_S, DEFAULT_SINCE_S
+from gputopo.health.check import DEFAULT_SINCE as DEFAULT_SINCE  # the CLI's --since default
 from gputopo.health.dcgm_diag import DcgmDiagResult
 from gputopo.health.rules import DEFAULT_THRESHOLDS, Thresholds
 from gputopo.probe.plan.options import PER_GPU_FAULTS, Fault
