@@ -554,7 +554,7 @@ def test_gathering_where_no_node_answers_is_exit_1_naming_why(tmp_path):
 
 
 def test_the_budget_default_is_written_once():
-    from gputopo.cli.racks import DEFAULT_BUDGET_S
+    from gputopo.cli.nodes import DEFAULT_BUDGET_S
     from gputopo.services import nodes
 
     assert DEFAULT_BUDGET_S == nodes.DEFAULT_BUDGET_S

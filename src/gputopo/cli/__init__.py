@@ -56,7 +56,7 @@ COMMAND_MODULES = {
     "run": "run",
     "kill-stale": "stale",
     "slow": "slow",
-    "nodes": "racks",
+    "nodes": "nodes",
     "topo": "topo",
 }
 

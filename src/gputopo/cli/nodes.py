@@ -71,7 +71,7 @@ def nodes_command(
 ) -> None:
     """Which nodes to run on together: NVLink domains, fit trays, segments, Slurm's block topology."""
     from gputopo.services import nodes as service
-    from gputopo.ui.racks_view import show_nodes
+    from gputopo.ui.nodes_view import show_nodes
 
     out = Output(json_mode=json_out)
     options = service.Options(
