@@ -9,7 +9,7 @@ from typing import Any
 import typer
 
 from gputopo.cli import app
-from gputopo.cli.common import JSON_OPTION, NVML_TIMEOUT_OPTION, examples, guarded
+from gputopo.cli.common import JSON_OPTION, NVML_TIMEOUT_OPTION, examples, guarded, options_from
 from gputopo.cli.finish import Views, finish
 from gputopo.model import DEFAULT_ACCEPT_BUDGET_S
 from gputopo.services.accept import DEFAULT_REPORT_DIR, DEFAULT_SAMPLE_S, DEFAULT_SINCE, Fault
@@ -96,28 +96,17 @@ def accept_command(
 
     table = accept.load_floors(floors)
     _list_floors(accept.floors_json(table) if list_floors else None, json_out)
-    options = accept.Options(
-        expect_gpus=expect_gpus,
-        expect_model=expect_model,
-        expect_imex=expect_imex,
-        device=device,
+    options = options_from(
+        accept.Options,
+        locals(),
         budget_s=budget,
-        keep_going=keep_going,
         floors=table,
-        dcgm_level=dcgm_level,
-        dcgm_diag=dcgm_diag,
         dcgm_saved=accept.read_dcgm_file(dcgm_diag) if dcgm_diag is not None else None,
         thresholds=accept.load_rules(thresholds),
-        sample_s=sample_s,
         since_s=accept.since_seconds(since),
         kernel_log=accept.read_kernel_log(kernel_log) if kernel_log is not None else None,
         nvml_timeout_s=nvml_timeout,
-        report_dir=report_dir,
         state_path=accept.state_file(state_file, gate),
-        gate=gate,
-        dry_run=dry_run,
-        inject=inject,
-        inject_gpus=inject_gpus,
     )
     _run(options, report_dir, json_out)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from gputopo.cli import app
-from gputopo.cli.common import JSON_OPTION, examples, guarded
+from gputopo.cli.common import JSON_OPTION, examples, guarded, options_from
 from gputopo.ui.output import Output
 
 # Kept in step with services.nodes.DEFAULT_BUDGET_S (not imported: --help stays light).
@@ -74,17 +74,7 @@ def nodes_command(
     from gputopo.ui.nodes_view import show_nodes
 
     out = Output(json_mode=json_out)
-    options = service.Options(
-        slurm=slurm,
-        nodelist=nodelist,
-        budget_s=budget,
-        facts=tuple(facts or ()),
-        segment=segment,
-        nodes=nodes,
-        slurm_topology=slurm_topology,
-        audit=audit,
-        job=job,
-    )
+    options = options_from(service.Options, locals(), budget_s=budget, facts=tuple(facts or ()))
     report = service.run(options, service.Hooks(warn=out.warn))
     failure = report.failure
     show_nodes(out, report.document(), options.size, failed=failure is not None)
