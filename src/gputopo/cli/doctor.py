@@ -26,6 +26,7 @@ from gputopo.cli.common import (
     NVML_TIMEOUT_OPTION,
     examples,
     guarded,
+    options_from,
     read_json_file,
 )
 from gputopo.cli.finish import Views, attach_files, write_files
@@ -151,24 +152,8 @@ def doctor_command(
     """
     out = Output(json_mode=json_out)
     node = node_options(nnodes, node_rank, rdzv_endpoint, rdzv_id, rdzv_timeout, inject, inject_node)
-    options = doctor.Options(
-        input=input,
-        steps=steps,
-        timeout_s=timeout,
-        skip_probe=skip_probe,
-        model=model,
-        report_dir=report_dir,
-        simulate=simulate,
-        inject=inject,
-        inject_gpus=inject_gpus,
-        nvml_timeout_s=nvml_timeout,
-        health_sample_s=sample_s,
-        skip_speed=skip_speed,
-        node=node,
-        nccl_log=nccl_log,
-        dcgm_diag=dcgm_diag,
-        health_validation=health_validation,
-        full=full,
+    options = options_from(
+        doctor.Options, locals(), timeout_s=timeout, nvml_timeout_s=nvml_timeout, health_sample_s=sample_s
     )
     ensure_report_dir(report_dir)
     if node is not None:

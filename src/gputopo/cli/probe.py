@@ -23,7 +23,15 @@ from gputopo.cli.across_nodes import (
     progress_printer,
     warn_internode,
 )
-from gputopo.cli.common import INPUT_HELP, INPUT_METAVAR, JSON_OPTION, NVML_TIMEOUT_OPTION, examples, guarded
+from gputopo.cli.common import (
+    INPUT_HELP,
+    INPUT_METAVAR,
+    JSON_OPTION,
+    NVML_TIMEOUT_OPTION,
+    examples,
+    guarded,
+    options_from,
+)
 from gputopo.cli.finish import Views, attach_files
 from gputopo.services import probe
 from gputopo.services.across_nodes import check_rendezvous, node_options
@@ -150,30 +158,17 @@ def probe_command(
 ) -> None:
     """Check GPU sets for real: each GPU on its own, P2P copies, DataParallel and DDP against one GPU,
     all-reduce bandwidth."""
-    options = probe.Options(  # the node's options first: their errors come first, as they always did
-        node=node_options(nnodes, node_rank, rdzv_endpoint, rdzv_id, rdzv_timeout, inject, inject_node),
+    node = node_options(nnodes, node_rank, rdzv_endpoint, rdzv_id, rdzv_timeout, inject, inject_node)
+    options = options_from(  # the node's options first: their errors come first, as they always did
+        probe.Options,
+        locals(),
         gpus=probe.gpu_sets(gpus),
-        each_pair=each_pair,
-        mode=mode,
-        device=device,
-        model=model,
-        batch_size=batch_size,
-        steps=steps,
-        lr=lr,
-        seed=seed,
         timeout_s=timeout,
         precisions=tuple(precision or ()),
         tolerance_pct=tolerance,
-        inject=inject,
-        inject_rank=inject_rank,
-        inject_gpus=inject_gpus,
-        report_dir=report_dir,
         topology_input=input,
         min_bytes=probe.byte_size("--min-bytes", min_bytes),
         max_bytes=probe.byte_size("--max-bytes", max_bytes),
-        step_factor=step_factor,
-        iters=iters,
-        dry_run=dry_run,
         nvml_timeout_s=nvml_timeout,
     )
     _run(options, json_out)
