@@ -9,7 +9,6 @@ import inspect
 
 import pytest
 
-from gputopo.check import CheckOptions
 from gputopo.cli import run_main
 from gputopo.cli.options import set_constraints
 from gputopo.cli.stale import KillStaleOptions, kill_stale_options
@@ -17,6 +16,7 @@ from gputopo.doctor import DoctorOptions
 from gputopo.probe.plan.config import ProbeConfig
 from gputopo.procs.stale import Policy
 from gputopo.recommend import Constraints
+from gputopo.services.check import CheckOptions
 
 OPTION_OBJECTS = [CheckOptions, DoctorOptions, KillStaleOptions, Policy, Constraints, ProbeConfig]
 

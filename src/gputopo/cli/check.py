@@ -181,8 +181,8 @@ def check_command(
     if subsystem is not None:
         _answer_subsystem(subsystem, form, state_file, max_age, max_output_length)
     # Every input is checked before the machine is touched: bad usage never reads, and never drains.
-    from gputopo.check import CheckOptions, load_baseline, run_check
     from gputopo.health.node_action import parse_max_drained
+    from gputopo.services.check import CheckOptions, load_baseline, run_check
 
     options = CheckOptions(
         sample_s=sample_s,
@@ -231,8 +231,8 @@ def check_command(
     view = None
     now = time.time()
     if acting:
-        from gputopo.check import read_node_view
         from gputopo.health.state import took_over
+        from gputopo.services.check import read_node_view
 
         # Read the node first (state and reason): a person's resume or drain since gputopo drained it
         # acknowledges the Xid lines up to now, before they are judged.
@@ -255,7 +255,7 @@ def check_command(
         result = service.summarize(
             None, None, (), (), time.monotonic() - started, f"internal error: {type(exc).__name__}: {exc}"
         )
-    from gputopo.check import keep_state
+    from gputopo.services.check import keep_state
 
     # Slurm is changed, and the state saved, only under the state's lock (system.state_file).
     kept = keep_state(
@@ -278,7 +278,7 @@ def check_command(
     warnings += kept.warnings
     if kept.blocked is not None:
         result = _blocked(result, kept.blocked)
-    from gputopo.check import accept_status
+    from gputopo.services.check import accept_status
     from gputopo.ui.check_view import RenderContext, render, render_prometheus, slurm_lines
 
     ctx = RenderContext(
@@ -315,8 +315,8 @@ def _answer_subsystem(
     node-problem-detector runs one rule per condition, and only the first of an interval reads NVML)."""
     import sys
 
-    from gputopo.check import answer_subsystem
     from gputopo.errors import UsageError
+    from gputopo.services.check import answer_subsystem
     from gputopo.ui.check_view import render_npd_subsystem
 
     if form != CheckFormat.NPD:
@@ -346,7 +346,7 @@ def _print_rules(rules: Any, as_json: bool) -> None:
 
 
 def _state_path(path: Path | None, acting: bool) -> Path | None:
-    from gputopo.check import default_state_path
+    from gputopo.services.check import default_state_path
 
     return path or default_state_path(acting)
 
@@ -358,9 +358,9 @@ def _load_state(path: Path | None, node: str, acting: bool, warnings: list[str])
     acting on Slurm (a health check that cannot run)."""
     if path is None:
         return None
-    from gputopo.check import read_state
     from gputopo.errors import InputError, UnavailableError
     from gputopo.health.state import check_state
+    from gputopo.services.check import read_state
 
     read = read_state(path, node)
     if read.refused is not None:
