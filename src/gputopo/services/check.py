@@ -41,11 +41,14 @@ from gputopo.health.xid import parse_since, scan, xid_findings
 from gputopo.model import GPU_NOT_ACCESSIBLE, GPU_NOT_RESPONDING
 
 if TYPE_CHECKING:  # the modules the check reads through, loaded when it runs (not for --help)
+    from gputopo.health.node_action import Decision
     from gputopo.health.state import CheckState
     from gputopo.health.subsystems import AcceptStatus, SubsystemResult, XidCount
     from gputopo.system.kernel_log import KernelLog
     from gputopo.system.slurm_node import SlurmAction
 
+# --max-drained: N nodes, or a fraction of the cluster's (health.node_action.parse_max_drained).
+MaxDrained = tuple[int | None, float | None]
 # A baseline document (``health.baseline``: what --save-baseline wrote), as JSON reads it.
 BaselineDoc = dict[str, object]
 # The file --textfile writes in its folder (node_exporter's textfile collector reads *.prom).
@@ -352,7 +355,7 @@ def keep_state(
     drain: bool,
     resume: bool,
     dry_run: bool,
-    max_drained: tuple[int | None, float | None],
+    max_drained: MaxDrained,
     deadline: float,
     now: float,
     shown: tuple[str, ...] = (),
@@ -461,7 +464,7 @@ def _act(
     drain: bool,
     resume: bool,
     dry_run: bool,
-    max_drained: tuple[int | None, float | None],
+    max_drained: MaxDrained,
     deadline: float,
 ) -> Any:
     return act_on_node(
@@ -477,13 +480,22 @@ def _without_age(warning: str) -> str:
 
 
 def _would_act(
-    result: CheckResult, view: Any, drain: bool, resume: bool, max_drained: tuple[int | None, float | None]
+    result: CheckResult, view: NodeView, drain: bool, resume: bool, max_drained: MaxDrained
 ) -> str | None:
     """drain or resume when ``health.node_action.decide`` calls for it on what ``view`` showed."""
+    action = _decide(result, view, drain, resume, max_drained).action
+    return action if action in ("drain", "resume") else None
+
+
+def _decide(
+    result: CheckResult, view: NodeView, drain: bool, resume: bool, max_drained: MaxDrained
+) -> Decision:
+    """``health.node_action.decide`` on this check's result and the node and cluster ``view`` showed
+    (``--max-drained`` counted against the cluster's nodes, when they could be read)."""
     from gputopo.health.node_action import decide, max_drained_nodes
 
     limit = max_drained_nodes(*max_drained, view.cluster_nodes) if view.cluster_nodes else None
-    decision = decide(
+    return decide(
         result.verdict,
         result.findings,
         view.node,
@@ -492,7 +504,6 @@ def _would_act(
         drained_elsewhere=view.drained_elsewhere,
         max_drained=limit,
     )
-    return decision.action if decision.action in ("drain", "resume") else None
 
 
 def _held(view: Any, why: str) -> Any:
@@ -537,24 +548,14 @@ def act_on_node(
     drain: bool,
     resume: bool,
     dry_run: bool,
-    max_drained: tuple[int | None, float | None],
+    max_drained: MaxDrained,
     deadline: float,
 ) -> Any:
     """Drain or resume this node as ``health.node_action.decide`` allows; the ``SlurmAction`` (with what
     was held back and why), or ``None`` when nothing was asked or called for."""
-    from gputopo.health.node_action import decide, max_drained_nodes
     from gputopo.system import slurm_node
 
-    limit = max_drained_nodes(*max_drained, view.cluster_nodes) if view.cluster_nodes else None
-    decision = decide(
-        result.verdict,
-        result.findings,
-        view.node,
-        drain=drain,
-        resume=resume,
-        drained_elsewhere=view.drained_elsewhere,
-        max_drained=limit,
-    )
+    decision = _decide(result, view, drain, resume, max_drained)
     if decision.action == "drain" and decision.reason is not None:
         done = slurm_node.drain(view.name, decision.reason, dry_run, deadline - time.monotonic())
         return replace(done, node=view.node, reason=decision.reason)
@@ -704,7 +705,7 @@ class Options:
         return parse_since(self.since)
 
     @property
-    def max_drained_limit(self) -> tuple[int | None, float | None]:
+    def max_drained_limit(self) -> MaxDrained:
         return parse_max_drained(self.max_drained)
 
     @property
