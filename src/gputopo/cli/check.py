@@ -19,11 +19,12 @@ from gputopo.services.check import (
     DEFAULT_NVML_TIMEOUT_S,
     DEFAULT_SAMPLE_S,
     DEFAULT_SINCE,
+    NPD_DEFAULT_MAX_OUTPUT,
     Hooks,
     Options,
     RuleSet,
 )
-from gputopo.ui.check_view import NPD_DEFAULT_MAX_OUTPUT, CheckFormat
+from gputopo.ui.check_view import CheckFormat
 from gputopo.ui.output import Output
 
 FORMAT_NAMES = "|".join(f.value for f in CheckFormat)

@@ -27,6 +27,7 @@ from gputopo.health.check import (  # noqa: F401 - re-exported: the CLI's typer 
     DEFAULT_SAMPLE_S,
     DEFAULT_SINCE,
     DEFAULT_SINCE_S,
+    NPD_DEFAULT_MAX_OUTPUT,
     UNKNOWN,
     CheckResult,
     one_line,
@@ -655,7 +656,7 @@ class Options:
     max_drained: str = DEFAULT_MAX_DRAINED
     state: Path | None = None
     output: str = "text"
-    max_output_length: int = 80
+    max_output_length: int = NPD_DEFAULT_MAX_OUTPUT
     textfile: Path | None = None
     subsystem: str | None = None
     max_age_s: float = DEFAULT_MAX_AGE_S

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from gputopo.errors import UsageError
 from gputopo.findings import NOTE, PROBLEM, Finding
-from gputopo.health.check import PROBLEMS, UNKNOWN, CheckResult
+from gputopo.health.check import NPD_DEFAULT_MAX_OUTPUT, PROBLEMS, UNKNOWN, CheckResult
 from gputopo.health.rules import DCGM_NONE, Rule
 from gputopo.health.subsystems import (
     ACCEPT_STATES,
@@ -42,9 +42,6 @@ from gputopo.health.subsystems import (
     subsystem_of,
 )
 from gputopo.health.subsystems import judge as judge_subsystems
-
-# NPD's own default max_output_length (pkg/custompluginmonitor/types/config.go: defaultMaxOutputLength).
-NPD_DEFAULT_MAX_OUTPUT = 80
 
 
 class CheckFormat(str, enum.Enum):
