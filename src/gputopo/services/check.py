@@ -42,11 +42,13 @@ from gputopo.health.xid import parse_since, scan, xid_findings
 from gputopo.model import GPU_NOT_ACCESSIBLE, GPU_NOT_RESPONDING
 
 if TYPE_CHECKING:  # the modules the check reads through, loaded when it runs (not for --help)
-    from gputopo.health.node_action import Decision
+    from gputopo.health.node_action import Decision, NodeInfo
+    from gputopo.health.rules import XidPolicy
     from gputopo.health.state import CheckState
     from gputopo.health.subsystems import AcceptStatus, SubsystemResult, XidCount
     from gputopo.system.kernel_log import KernelLog
     from gputopo.system.slurm_node import SlurmAction
+    from gputopo.system.state_file import StateRead
 
 # --max-drained: N nodes, or a fraction of the cluster's (health.node_action.parse_max_drained).
 MaxDrained = tuple[int | None, float | None]
@@ -291,7 +293,7 @@ def default_state_path(node_actions: bool) -> Path | None:
     return writer_path(node_actions)
 
 
-def read_state(path: Path, node: str) -> Any:
+def read_state(path: Path, node: str) -> StateRead:
     """The state at ``path`` for ``node`` as ``system.state_file.read_state`` reads it (never raises: a
     state that cannot be used is a fresh one, named in its warnings; an untrusted path comes back
     ``refused``)."""
@@ -336,13 +338,13 @@ class Kept:
     could not keep its state or act as asked (the lock not got in time, a newer schema under --drain):
     the run then exits 3."""
 
-    slurm: Any = None
+    slurm: SlurmAction | None = None
     warnings: tuple[str, ...] = ()
     blocked: str | None = None
     # For the metrics, from the sections re-read under the lock (``None``: no state kept this run): the
     # acceptance (``health.subsystems.AcceptStatus``) and the running Xid counts (``XidCount``s).
-    acceptance: Any = None
-    xid_counts: tuple[Any, ...] | None = None
+    acceptance: AcceptStatus | None = None
+    xid_counts: tuple[XidCount, ...] | None = None
 
 
 def keep_state(
@@ -461,13 +463,13 @@ def _with_subsystems(doc: Any, result: CheckResult, now: float) -> tuple[Any, An
 
 def _act(
     result: CheckResult,
-    view: Any,
+    view: NodeView,
     drain: bool,
     resume: bool,
     dry_run: bool,
     max_drained: MaxDrained,
     deadline: float,
-) -> Any:
+) -> SlurmAction | None:
     return act_on_node(
         result, view, drain=drain, resume=resume, dry_run=dry_run, max_drained=max_drained, deadline=deadline
     )
@@ -507,7 +509,7 @@ def _decide(
     )
 
 
-def _held(view: Any, why: str) -> Any:
+def _held(view: NodeView | None, why: str) -> SlurmAction | None:
     from gputopo.system import slurm_node
 
     if view is None:
@@ -521,7 +523,7 @@ class NodeView:
     (``None`` with ``error`` when it could not be read) and how many other nodes carry a gputopo drain."""
 
     name: str
-    node: Any = None
+    node: NodeInfo | None = None
     cluster_nodes: int = 0
     drained_elsewhere: int = 0
     error: str | None = None
@@ -551,7 +553,7 @@ def act_on_node(
     dry_run: bool,
     max_drained: MaxDrained,
     deadline: float,
-) -> Any:
+) -> SlurmAction | None:
     """Drain or resume this node as ``health.node_action.decide`` allows; the ``SlurmAction`` (with what
     was held back and why), or ``None`` when nothing was asked or called for."""
     from gputopo.system import slurm_node
@@ -624,7 +626,7 @@ def load_rules(thresholds: Path | None, xid_policy: Path | None) -> RuleSet:
     return RuleSet(rules, os.path.abspath(thresholds) if thresholds is not None else "default")
 
 
-def rule_table(rules: RuleSet) -> tuple[list[Rule], list[dict[str, object]], Any]:
+def rule_table(rules: RuleSet) -> tuple[list[Rule], list[dict[str, object]], XidPolicy | None]:
     """``--list-rules``: every rule row, every Xid row (the policy applied), and the Xid policy."""
     from gputopo.health.xid import xid_rows
 
