@@ -378,9 +378,22 @@ def keep_state(
     from gputopo.system import state_file
 
     acting = view is not None
+
+    def act(view: NodeView) -> SlurmAction | None:
+        return act_on_node(
+            result,
+            view,
+            drain=drain,
+            resume=resume,
+            dry_run=dry_run,
+            max_drained=max_drained,
+            deadline=deadline,
+        )
+
     if path is None:
-        slurm = _act(result, view, drain, resume, dry_run, max_drained, deadline) if acting else None
-        return Kept(slurm)
+        if view is None:
+            return Kept()
+        return Kept(act(view))
     warnings: list[str] = []
     blocked = None
     slurm = None
@@ -416,8 +429,8 @@ def keep_state(
                     f"{verb}: another gputopo check changed this node's record in the state file during this "
                     "one (drained, resumed or acknowledged); the next check decides",
                 )
-            elif acting:
-                slurm = _act(result, view, drain, resume, dry_run, max_drained, deadline)
+            elif view is not None:
+                slurm = act(view)
             mine = judged
             if slurm is not None and slurm.done and slurm.action == "drain":
                 mine = st.drained(mine, slurm.reason or "", result.xid_keys, now)
@@ -459,20 +472,6 @@ def _with_subsystems(doc: Any, result: CheckResult, now: float) -> tuple[Any, An
     for name, value in new.items():
         doc = doc.with_section(name, value)
     return doc, acceptance, xid_counts
-
-
-def _act(
-    result: CheckResult,
-    view: NodeView,
-    drain: bool,
-    resume: bool,
-    dry_run: bool,
-    max_drained: MaxDrained,
-    deadline: float,
-) -> SlurmAction | None:
-    return act_on_node(
-        result, view, drain=drain, resume=resume, dry_run=dry_run, max_drained=max_drained, deadline=deadline
-    )
 
 
 def _without_age(warning: str) -> str:
