@@ -609,13 +609,13 @@ def test_an_accepted_gate_lost_to_a_held_lock_leaves_the_node_drained_and_exits_
     """The ending (resume) happens only under the lock: not got in time, Slurm is not touched."""
     import fcntl
 
-    import gputopo.check
+    import gputopo.services.check
     from gputopo.services import accept as service
 
     def no_slurm(*_: object) -> None:
         raise AssertionError("Slurm read or changed without the lock")
 
-    monkeypatch.setattr(gputopo.check, "read_node_view", no_slurm)
+    monkeypatch.setattr(gputopo.services.check, "read_node_view", no_slurm)
     monkeypatch.setattr(service, "MIN_LOCK_WAIT_S", 0.2)
     state = tmp_path / "state.json"
     options = service.Options(gate=True, state_path=state, device="cpu")
@@ -634,13 +634,14 @@ def test_gate_never_resumes_a_node_a_check_drained_while_accept_ran(
 ) -> None:
     """accept drained the node; a check whose view predates that drain re-drained it with its own reason
     (an Xid): accepted or not, accept leaves the check's drain for the check to lift."""
-    import gputopo.check
+    import gputopo.services.check
     from gputopo.health.node_action import NodeInfo
     from gputopo.services import accept as service
     from gputopo.system import slurm_node
 
     drained = NodeInfo("gpu07", "IDLE+DRAIN", "gputopo: Xid 79 on GPU0 (fell off the bus)")
-    monkeypatch.setattr(gputopo.check, "read_node_view", lambda _d: gputopo.check.NodeView("gpu07", drained))
+    view = gputopo.services.check.NodeView("gpu07", drained)
+    monkeypatch.setattr(gputopo.services.check, "read_node_view", lambda _d: view)
 
     def no_update(*_: object) -> None:
         raise AssertionError("accept changed a check's drain")

@@ -124,7 +124,7 @@ def test_npd_line_is_cut_in_bytes_not_characters() -> None:
 
 
 def test_check_options_are_keyword_only_and_validated_once() -> None:
-    from gputopo.check import CheckOptions
+    from gputopo.services.check import CheckOptions
 
     with pytest.raises(TypeError):
         CheckOptions(2.0, 20.0)  # type: ignore[misc]

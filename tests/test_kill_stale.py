@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -841,3 +842,44 @@ def test_one_survey_reads_nvml_process_lists_once(monkeypatch, procs: Procs, dev
     assert survey.nvml.sees_pid_namespace is True and survey.nvml.pid_map == {holder: holder}
     [h] = survey.report.assessments
     assert h.holder.gpus == (0,) and h.holder.gpu_memory_mib == 512
+
+
+def _stale_options(glob: str, act: bool = False) -> Any:
+    from gputopo.services import stale
+
+    return stale.Options(
+        act=act,
+        all_holders=False,
+        all_users=False,
+        older_than=None,
+        grace_s=1.0,
+        gpus=None,
+        device_files=glob,
+        pids=(),
+    )
+
+
+def test_the_service_asks_its_confirm_hook_and_a_no_signals_nothing(
+    procs: Procs, devices: dict[str, str]
+) -> None:
+    from gputopo.services import stale
+
+    orphan, _ = orphaned(procs, "launch-rank", devices["nvidia0"])
+    asked: list[tuple[bool, int]] = []
+
+    def no(run: Any, targets: int) -> bool:
+        asked.append((run.dry_run, targets))
+        return False
+
+    report = stale.run(_stale_options(devices["glob"]), stale.Hooks(confirm=no))
+    assert asked == [(True, 1)]  # shown the dry run, with how many it would stop
+    assert report.declined and report.exit_code == 0 and report.failure is None
+    assert report.document()["schema"] == "gputopo/stale/v1"
+    assert running(orphan)
+    # No one to ask (no hook): a dry run, never a question, never a signal.
+    quiet = stale.run(_stale_options(devices["glob"]), stale.Hooks())
+    assert not quiet.declined and quiet.run.dry_run and running(orphan)
+
+    done = stale.run(_stale_options(devices["glob"]), stale.Hooks(confirm=lambda run, n: True))
+    assert not done.declined and not done.run.dry_run and done.exit_code == 0
+    assert not running(orphan)

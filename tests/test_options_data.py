@@ -5,26 +5,24 @@ machine is read."""
 from __future__ import annotations
 
 import dataclasses
-import inspect
 
 import pytest
 
-from gputopo.check import CheckOptions
 from gputopo.cli import run_main
-from gputopo.cli.stale import KillStaleOptions, kill_stale_options
 from gputopo.probe.plan.config import ProbeConfig
 from gputopo.procs.stale import Policy
 from gputopo.recommend import Constraints
-from gputopo.services import recommend, run, topo
+from gputopo.services import check, recommend, run, stale, topo
+from gputopo.services.check import CheckOptions
 from gputopo.services.doctor import DoctorOptions
 from gputopo.services.machine import MachineOptions
 
-OPTION_OBJECTS = [CheckOptions, DoctorOptions, KillStaleOptions, Policy, Constraints, ProbeConfig]
+OPTION_OBJECTS = [CheckOptions, check.Options, DoctorOptions, stale.Options, Policy, Constraints, ProbeConfig]
 # recommend's, run's and topo's options, the set choice they share, and the machine step's
 OPTION_OBJECTS += [recommend.Options, recommend.Choice, run.Options, topo.Options, MachineOptions]
 
 
-@pytest.mark.parametrize("cls", OPTION_OBJECTS, ids=[c.__name__ for c in OPTION_OBJECTS])
+@pytest.mark.parametrize("cls", OPTION_OBJECTS, ids=[f"{c.__module__}.{c.__name__}" for c in OPTION_OBJECTS])
 def test_option_objects_are_frozen_and_keyword_only(cls: type) -> None:
     assert dataclasses.is_dataclass(cls)
     assert cls.__dataclass_params__.frozen, cls  # type: ignore[attr-defined]
@@ -34,30 +32,24 @@ def test_option_objects_are_frozen_and_keyword_only(cls: type) -> None:
         cls(1)  # no field is taken by position: three floats in a row cannot be swapped unseen
 
 
-@pytest.mark.parametrize("builder", [kill_stale_options], ids=lambda b: b.__name__)
-def test_builders_take_keywords_only_and_write_no_default(builder) -> None:
-    params = [p for p in inspect.signature(builder).parameters.values() if p.kind is not p.VAR_KEYWORD]
-    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params), builder
-    # No defaults in a builder: each default is the CLI's, written once.
-    assert all(p.default is inspect.Parameter.empty for p in params), builder
-
-
 def test_kill_stale_options_are_built_from_keywords_only() -> None:
-    built = kill_stale_options(
-        yes=False,
+    built = stale.Options(
+        act=False,
         all_holders=True,
         all_users=False,
         older_than="10m",
-        grace=2.5,
+        grace_s=2.5,
         gpus="5,6",
         device_files=None,
-        pids=[42],
+        pids=(42,),
     )
     assert built.policy == Policy(all=True, older_than_s=600.0, pids=frozenset({42}))
-    assert built.gpus == frozenset({5, 6})
+    assert built.gpu_set == frozenset({5, 6})
     assert built.grace_s == 2.5 and not built.act
     with pytest.raises(dataclasses.FrozenInstanceError):
         built.grace_s = 0  # type: ignore[misc]
+    # No defaults in kill-stale's options: each default is the CLI's, written once.
+    assert all(f.default is dataclasses.MISSING for f in dataclasses.fields(stale.Options))
 
 
 @pytest.mark.parametrize(

@@ -32,6 +32,9 @@ DEFAULT_SINCE = "2h"
 DEFAULT_SINCE_S = 7200.0
 # How old the last check's per-subsystem record may be for ``check --subsystem`` to answer from it (s).
 DEFAULT_MAX_AGE_S = 120.0
+# node-problem-detector's own default max_output_length (pkg/custompluginmonitor/types/config.go:
+# defaultMaxOutputLength): --format npd cuts its line to this many bytes unless told otherwise.
+NPD_DEFAULT_MAX_OUTPUT = 80
 # The one-line reason every output starts with.
 REASON_CHARS = 200
 

@@ -230,34 +230,30 @@ def node_record(state: CheckState) -> dict[str, Any]:
     return {name: doc[name] for name in NODE_RECORD_SECTIONS}
 
 
+# What a check saves of its own over the state re-read under the lock: its judgement and counters, and
+# (only when it acted on a record nobody changed meanwhile) the node record: the drain and the
+# acknowledgements.
+JUDGEMENT_FIELDS = (
+    "counters",
+    "counters_at",
+    "judged_at",
+    "verdict",
+    "unhealthy",
+    "uuids",
+    "ports",
+    "ports_at",
+    "problems",
+)
+RECORD_FIELDS = ("drained_at", "drained_reason", "drained_events", "ack_until", "ack_keys", "ack_by")
+
+
 def merged(fresh: CheckState, mine: CheckState, with_record: bool) -> CheckState:
     """What a check saves over ``fresh`` (the state re-read under the lock): its own judgement and
     counters (``mine``); the node record its own too only when ``with_record`` (it acted on a record
     nobody changed meanwhile), else the fresh one, so a plain check never undoes a drain."""
-    out = replace(
-        fresh,
-        counters=mine.counters,
-        counters_at=mine.counters_at,
-        judged_at=mine.judged_at,
-        verdict=mine.verdict,
-        unhealthy=mine.unhealthy,
-        uuids=mine.uuids,
-        ports=mine.ports,
-        ports_at=mine.ports_at,
-        problems=mine.problems,
-        results=_newest({**fresh.results, **mine_only(fresh, mine)}),
-    )
-    if not with_record:
-        return out
-    return replace(
-        out,
-        drained_at=mine.drained_at,
-        drained_reason=mine.drained_reason,
-        drained_events=mine.drained_events,
-        ack_until=mine.ack_until,
-        ack_keys=mine.ack_keys,
-        ack_by=mine.ack_by,
-    )
+    taken = JUDGEMENT_FIELDS + (RECORD_FIELDS if with_record else ())
+    results = _newest({**fresh.results, **mine_only(fresh, mine)})
+    return replace(fresh, results=results, **{name: getattr(mine, name) for name in taken})
 
 
 def mine_only(fresh: CheckState, mine: CheckState) -> dict[str, Mapping[str, Any]]:

@@ -324,8 +324,8 @@ def _inventory(ctx: _Run, deadline: float) -> StepResult:
 
 
 def _health(ctx: _Run, deadline: float) -> StepResult:
-    from gputopo.check import CheckOptions, run_check
     from gputopo.health.check import HEALTHY, PROBLEMS
+    from gputopo.services.check import CheckOptions, run_check
 
     o = ctx.options
     budget = max(1.0, deadline - time.monotonic())
@@ -611,7 +611,7 @@ class _Gate:
             self.hooks.warn(f"--gate: {self.note}")
 
     def _start(self, deadline: float) -> None:
-        from gputopo.check import read_node_view
+        from gputopo.services.check import read_node_view
         from gputopo.system import slurm_node
 
         view = read_node_view(deadline)
@@ -631,8 +631,8 @@ class _Gate:
         self.ours = done.done or self.options.dry_run or node.drained_by_gputopo
 
     def finish(self, report: AcceptReport, deadline: float) -> None:
-        from gputopo.check import read_node_view
         from gputopo.health.node_action import slurm_reason
+        from gputopo.services.check import read_node_view
         from gputopo.system import slurm_node
 
         self.finished = True
@@ -707,8 +707,8 @@ def state_file(given: Path | None, gate: bool) -> Path | None:
     refused before anything runs when it is not to be trusted (``system.state_file.unsafe``: a symbolic
     link; as root, another user's or a writable file or folder): exit 2, or 3 with ``--gate``, as
     ``check`` refuses it (3 under ``--drain``)."""
-    from gputopo.check import default_state_path
     from gputopo.errors import InputError, UnavailableError
+    from gputopo.services.check import default_state_path
     from gputopo.system.state_file import unsafe
 
     path = given or default_state_path(gate)

@@ -553,7 +553,7 @@ def check_health(machine: Machine, options: Options) -> HealthStep:
     if machine.simulated:
         why = "simulated" if options.input is None else f"--input {options.input}: not this machine"
         return HealthStep(False, None, f"health: not checked ({why})")
-    from gputopo.check import CheckOptions, run_check
+    from gputopo.services.check import CheckOptions, run_check
 
     sample_s = max(0.0, options.health_sample_s)
     nvml_timeout_s = options.nvml_timeout_s if options.nvml_timeout_s is not None else DEFAULT_NVML_TIMEOUT_S

@@ -6,7 +6,8 @@ from the same verdict and one-line reason.
 
 - ``text``: the reason first (what a scheduler shows), then each finding with its remedy, then what was
   not checked. Exit 0 healthy, 1 problems, 3 could not check.
-- ``json``: the ``gputopo/check/v1`` document (with ``slurm`` when ``--drain``/``--resume-if-healthy``).
+- ``json``: the ``gputopo/check/v1`` document (with ``slurm`` when ``--drain``/``--resume-if-healthy``),
+  built by ``services.check.CheckReport.document()`` and shown by ``cli/finish`` (not a row here).
 - ``nagios``: ``GPUTOPO OK|WARNING|CRITICAL|UNKNOWN - reason``, Nagios's codes 0/1/2/3.
 - ``npd``: node-problem-detector's custom plugin (pkg/custompluginmonitor/plugin/plugin.go): NPD reads
   all of stdout, trims it and cuts it at ``max_output_length`` bytes (default 80), and maps exit 0 to OK, 1
@@ -23,10 +24,11 @@ import enum
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from gputopo.errors import UsageError
 from gputopo.findings import NOTE, PROBLEM, Finding
-from gputopo.health.check import PROBLEMS, UNKNOWN, CheckResult
+from gputopo.health.check import NPD_DEFAULT_MAX_OUTPUT, PROBLEMS, UNKNOWN, CheckResult
 from gputopo.health.rules import DCGM_NONE, Rule
 from gputopo.health.subsystems import (
     ACCEPT_STATES,
@@ -41,9 +43,6 @@ from gputopo.health.subsystems import (
 )
 from gputopo.health.subsystems import judge as judge_subsystems
 
-# NPD's own default max_output_length (pkg/custompluginmonitor/types/config.go: defaultMaxOutputLength).
-NPD_DEFAULT_MAX_OUTPUT = 80
-
 
 class CheckFormat(str, enum.Enum):
     """``check --format``'s values (``--json`` is ``json``)."""
@@ -53,6 +52,16 @@ class CheckFormat(str, enum.Enum):
     NAGIOS = "nagios"
     NPD = "npd"
     PROMETHEUS = "prometheus"
+
+    @classmethod
+    def parse(cls, name: str, json_out: bool = False) -> CheckFormat:
+        """``--format NAME`` (``--json``: json); ``UsageError`` (exit 2) for a name not in the table."""
+        try:
+            return cls("json" if json_out else name)
+        except ValueError:
+            raise UsageError(
+                f"--format {name}: not a format", f"one of {', '.join(f.value for f in cls)}"
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -79,6 +88,29 @@ class RenderContext:
     # ``gputopo accept``'s stored verdict and whether it still holds (``accept.record.status``), or None.
     accept: dict[str, Any] | None = None
 
+    @classmethod
+    def of(cls, report: CheckOutcome, max_output_length: int = NPD_DEFAULT_MAX_OUTPUT) -> RenderContext:
+        """The context of a check's report (``services.check.CheckReport``, named by its shape here: the
+        views never import a service)."""
+        return cls(
+            slurm=report.slurm,
+            max_output_length=max_output_length,
+            now=report.now,
+            acceptance=report.acceptance,
+            xid_counts=report.xid_counts,
+            accept=report.accept,
+        )
+
+
+class CheckOutcome(Protocol):
+    """What a check's report carries for the views besides its result."""
+
+    slurm: Any
+    now: float
+    acceptance: AcceptStatus | None
+    xid_counts: tuple[XidCount, ...] | None
+    accept: dict[str, Any] | None
+
 
 def first_line(result: CheckResult) -> str:
     """The verdict and the reason: ``problems: ...``, ``healthy: 8 GPUs, no problems``, ``unknown: ...``."""
@@ -95,14 +127,6 @@ def render_text(result: CheckResult, ctx: RenderContext) -> Rendered:
     for n in result.not_checked:
         lines.append(f"not checked: {n.what} ({n.why})")
     return Rendered("\n".join(lines) + "\n", result.exit_code)
-
-
-def render_json(result: CheckResult, ctx: RenderContext) -> Rendered:
-    doc = result.to_json()
-    if ctx.slurm is not None:
-        doc["slurm"] = ctx.slurm.to_json()
-    doc["accept"] = ctx.accept
-    return Rendered(json.dumps(doc, indent=2) + "\n", result.exit_code)
 
 
 def render_nagios(result: CheckResult, ctx: RenderContext) -> Rendered:
@@ -347,7 +371,6 @@ Renderer = Callable[[CheckResult, RenderContext], Rendered]
 # The format table: one row per format.
 RENDERERS: dict[CheckFormat, Renderer] = {
     CheckFormat.TEXT: render_text,
-    CheckFormat.JSON: render_json,
     CheckFormat.NAGIOS: render_nagios,
     CheckFormat.NPD: render_npd,
     CheckFormat.PROMETHEUS: render_prometheus,
@@ -355,6 +378,8 @@ RENDERERS: dict[CheckFormat, Renderer] = {
 
 
 def render(fmt: CheckFormat, result: CheckResult, ctx: RenderContext) -> Rendered:
+    """``fmt``'s text and exit code; ``json`` is not in the table: it is the service's report's
+    ``document()``, shown as every command's document is (``cli/finish``)."""
     return RENDERERS[fmt](result, ctx)
 
 

@@ -1,39 +1,61 @@
 """``gputopo check``'s service: read this node through ``system/`` (NVML twice, the kernel log, the
-topology for baselines) and judge it with the pure ``health`` package, within a time budget.
+topology for baselines) and judge it with the pure ``health`` package, within a time budget; keep the
+check state's whole life cycle (read, a person's take-over, drained or resumed, saved under its lock)
+and act on the Slurm node (``health.node_action`` decides).
 
-The CLI parses and validates the options (bad input never reaches here, so it never drains), calls
-``run_check``, and renders the ``health.check.CheckResult``.
+The CLI builds ``Options`` (validated once, when built: bad input never reaches the machine, so it never
+drains), calls ``run`` and renders the ``CheckReport`` (``document()`` is the whole ``gputopo/check/v1``
+JSON). ``CheckOptions`` and ``run_check`` are the judgement alone, which ``accept`` and ``doctor`` run
+too. ``--subsystem`` answers from the state without reading the GPUs (``answer``).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gputopo import fabric
-from gputopo.errors import InputError
+from gputopo.errors import GputopoError, InputError, UsageError
 from gputopo.findings import Finding
-from gputopo.health import baseline
-from gputopo.health.check import (
+from gputopo.health.check import (  # noqa: F401 - re-exported: the CLI's typer defaults
     DEFAULT_BUDGET_S,
+    DEFAULT_MAX_AGE_S,
     DEFAULT_NVML_TIMEOUT_S,
     DEFAULT_SAMPLE_S,
+    DEFAULT_SINCE,
     DEFAULT_SINCE_S,
+    NPD_DEFAULT_MAX_OUTPUT,
+    UNKNOWN,
     CheckResult,
+    one_line,
     summarize,
     validate_numbers,
 )
 from gputopo.health.judge import Judgement, NotChecked, judge
-from gputopo.health.network import port_counters
+from gputopo.health.node_action import DEFAULT_MAX_DRAINED, parse_max_drained
 from gputopo.health.readings import HealthSample
-from gputopo.health.rules import DEFAULT_THRESHOLDS, Thresholds
-from gputopo.health.state import CheckState, previous_sample, since_last_run
-from gputopo.health.xid import scan, xid_findings
+from gputopo.health.rules import DEFAULT_THRESHOLDS, Rule, Thresholds
+from gputopo.health.xid import parse_since, scan, xid_findings
 from gputopo.model import GPU_NOT_ACCESSIBLE, GPU_NOT_RESPONDING
-from gputopo.system.kernel_log import KernelLog
+
+if TYPE_CHECKING:  # the modules the check reads through, loaded when it runs (not for --help)
+    from gputopo.health.node_action import Decision, NodeInfo
+    from gputopo.health.rules import XidPolicy
+    from gputopo.health.state import CheckState
+    from gputopo.health.subsystems import AcceptStatus, SubsystemResult, XidCount
+    from gputopo.system.kernel_log import KernelLog
+    from gputopo.system.slurm_node import SlurmAction
+    from gputopo.system.state_file import StateRead
+
+# --max-drained: N nodes, or a fraction of the cluster's (health.node_action.parse_max_drained).
+MaxDrained = tuple[int | None, float | None]
+# A baseline document (``health.baseline``: what --save-baseline wrote), as JSON reads it.
+BaselineDoc = dict[str, object]
+# The file --textfile writes in its folder (node_exporter's textfile collector reads *.prom).
+PROM_FILE = "gputopo.prom"
 
 # Time kept back from the budget for what follows the NVML reads (kernel log, output).
 RESERVE_S = 1.0
@@ -57,7 +79,7 @@ class CheckOptions:
     thresholds: Thresholds = DEFAULT_THRESHOLDS
     since_s: float | None = DEFAULT_SINCE_S
     kernel_log: KernelLog | None = None
-    baseline: dict[str, Any] | None = None
+    baseline: BaselineDoc | None = None
     save_baseline: Path | None = None
     fleet: bool = False
     state: CheckState | None = field(default=None, compare=False)
@@ -69,6 +91,8 @@ class CheckOptions:
 
 def run_check(options: CheckOptions, started: float | None = None) -> CheckResult:
     """Check this node; ``started`` is the ``time.monotonic()`` reading the budget counts from."""
+    from gputopo import fabric
+    from gputopo.health.network import port_counters
     from gputopo.system import nvml
     from gputopo.system.health_reads import sample_health
     from gputopo.system.kernel_log import read_kernel_log
@@ -194,6 +218,8 @@ def _unknown_is_not_healthy(
 def _since_last_run(options: CheckOptions, sample: HealthSample, window: Judgement) -> list[Finding]:
     """The counter rules judged again over the time since the last check (the state file), where that is
     longer than the sample window: a climb too slow for 2 s is seen over minutes."""
+    from gputopo.health.state import previous_sample, since_last_run
+
     state = options.state
     if state is None or state.counters_at is None:
         return []
@@ -225,6 +251,7 @@ def _no_time_for_baseline(options: CheckOptions, sample: HealthSample | None, de
 def _baseline(options: CheckOptions, sample: HealthSample | None, network: Any = None) -> list[Finding]:
     """Save this node's baseline and/or compare it with the given one. ``network`` is ``fabric``'s facts
     (GPUDirect mode, RDMA ports and their rates, IOMMU mode), kept under ``network``."""
+    from gputopo.health import baseline
     from gputopo.health.network import network_changes
     from gputopo.system.inventory import read_live
 
@@ -241,8 +268,9 @@ def _baseline(options: CheckOptions, sample: HealthSample | None, network: Any =
     return baseline.compare(options.baseline, doc) + network_changes(options.baseline.get("network"), network)
 
 
-def load_baseline(path: Path) -> dict[str, Any]:
+def load_baseline(path: Path) -> BaselineDoc:
     """The baseline document at ``path``; ``InputError`` (exit 2) when it cannot be read or is not one."""
+    from gputopo.health import baseline
     from gputopo.inputs import read_capped
 
     label = f"--baseline {path}"
@@ -265,7 +293,7 @@ def default_state_path(node_actions: bool) -> Path | None:
     return writer_path(node_actions)
 
 
-def read_state(path: Path, node: str) -> Any:
+def read_state(path: Path, node: str) -> StateRead:
     """The state at ``path`` for ``node`` as ``system.state_file.read_state`` reads it (never raises: a
     state that cannot be used is a fresh one, named in its warnings; an untrusted path comes back
     ``refused``)."""
@@ -274,26 +302,21 @@ def read_state(path: Path, node: str) -> Any:
     return read(path, node)
 
 
-def answer_subsystem(
-    path: Path | None, name: str, now: float, max_age_s: float
-) -> tuple[Any, tuple[str, ...]]:
-    """``check --subsystem NAME``: the subsystem's result (``health.subsystems.SubsystemResult``) from the
-    state's fresh ``subsystems`` record, and the read's warnings. ``path`` ``None``: where readers read
-    (``GPUTOPO_CHECK_STATE``, else root's default). A read without the lock (a reader: a save is a
-    rename, so it sees the old file or the new one), and nothing is written, so the rules that only
-    answer never wait on a writer. Bad usage is ``UsageError``; a path not to be trusted is refused
-    (``InputError``, exit 2); a state that cannot be used (corrupt, another node's, newer) has no
-    record: unknown."""
-    from gputopo.errors import UsageError
-    from gputopo.health.subsystems import BY_NAME, SUBSYSTEMS_SECTION, answer
+def answer(options: Options) -> SubsystemAnswer:
+    """``check --subsystem NAME``: the subsystem's result from the state's fresh ``subsystems`` record,
+    and the read's warnings. No ``--state``: where readers read (``GPUTOPO_CHECK_STATE``, else root's
+    default). A read without the lock (a reader: a save is a rename, so it sees the old file or the new
+    one), and nothing is written, so the rules that only answer never wait on a writer. No state to read
+    is ``UsageError``; a path not to be trusted is refused (``InputError``, exit 2); a state that cannot
+    be used (corrupt, another node's, newer) has no record: unknown."""
+    from gputopo.health.subsystems import SUBSYSTEMS_SECTION
+    from gputopo.health.subsystems import answer as answer_from
     from gputopo.system.slurm_node import node_name
     from gputopo.system.state_file import reader_path
 
-    if name not in BY_NAME:
-        raise UsageError(f"--subsystem {name}: not a subsystem", f"one of {', '.join(BY_NAME)}")
-    if not max_age_s > 0:
-        raise UsageError(f"--max-age {max_age_s:g}: must be more than 0 seconds", "e.g. --max-age 120")
-    path = path or reader_path()
+    if options.subsystem is None:
+        raise ValueError("answer: no --subsystem asked")
+    path = options.state or reader_path()
     if path is None:
         raise UsageError(
             "--subsystem: needs the check state (--state FILE, or GPUTOPO_CHECK_STATE not empty)",
@@ -304,7 +327,8 @@ def answer_subsystem(
         raise InputError(read.refused, read.hint)
     doc = read.doc
     section = doc.section(SUBSYSTEMS_SECTION) if doc is not None and not doc.newer else None
-    return answer(section, name, now, max_age_s), tuple(read.warnings)
+    result = answer_from(section, options.subsystem, time.time(), options.max_age_s)
+    return SubsystemAnswer(result, tuple(read.warnings))
 
 
 @dataclass(frozen=True)
@@ -314,13 +338,13 @@ class Kept:
     could not keep its state or act as asked (the lock not got in time, a newer schema under --drain):
     the run then exits 3."""
 
-    slurm: Any = None
+    slurm: SlurmAction | None = None
     warnings: tuple[str, ...] = ()
     blocked: str | None = None
     # For the metrics, from the sections re-read under the lock (``None``: no state kept this run): the
     # acceptance (``health.subsystems.AcceptStatus``) and the running Xid counts (``XidCount``s).
-    acceptance: Any = None
-    xid_counts: tuple[Any, ...] | None = None
+    acceptance: AcceptStatus | None = None
+    xid_counts: tuple[XidCount, ...] | None = None
 
 
 def keep_state(
@@ -334,7 +358,7 @@ def keep_state(
     drain: bool,
     resume: bool,
     dry_run: bool,
-    max_drained: tuple[int | None, float | None],
+    max_drained: MaxDrained,
     deadline: float,
     now: float,
     shown: tuple[str, ...] = (),
@@ -354,9 +378,22 @@ def keep_state(
     from gputopo.system import state_file
 
     acting = view is not None
+
+    def act(view: NodeView) -> SlurmAction | None:
+        return act_on_node(
+            result,
+            view,
+            drain=drain,
+            resume=resume,
+            dry_run=dry_run,
+            max_drained=max_drained,
+            deadline=deadline,
+        )
+
     if path is None:
-        slurm = _act(result, view, drain, resume, dry_run, max_drained, deadline) if acting else None
-        return Kept(slurm)
+        if view is None:
+            return Kept()
+        return Kept(act(view))
     warnings: list[str] = []
     blocked = None
     slurm = None
@@ -392,8 +429,8 @@ def keep_state(
                     f"{verb}: another gputopo check changed this node's record in the state file during this "
                     "one (drained, resumed or acknowledged); the next check decides",
                 )
-            elif acting:
-                slurm = _act(result, view, drain, resume, dry_run, max_drained, deadline)
+            elif view is not None:
+                slurm = act(view)
             mine = judged
             if slurm is not None and slurm.done and slurm.action == "drain":
                 mine = st.drained(mine, slurm.reason or "", result.xid_keys, now)
@@ -437,20 +474,6 @@ def _with_subsystems(doc: Any, result: CheckResult, now: float) -> tuple[Any, An
     return doc, acceptance, xid_counts
 
 
-def _act(
-    result: CheckResult,
-    view: Any,
-    drain: bool,
-    resume: bool,
-    dry_run: bool,
-    max_drained: tuple[int | None, float | None],
-    deadline: float,
-) -> Any:
-    return act_on_node(
-        result, view, drain=drain, resume=resume, dry_run=dry_run, max_drained=max_drained, deadline=deadline
-    )
-
-
 def _without_age(warning: str) -> str:
     """A warning without the backup's age in it (``(saved 5 s ago)``), which changes between two reads."""
     import re
@@ -459,13 +482,22 @@ def _without_age(warning: str) -> str:
 
 
 def _would_act(
-    result: CheckResult, view: Any, drain: bool, resume: bool, max_drained: tuple[int | None, float | None]
+    result: CheckResult, view: NodeView, drain: bool, resume: bool, max_drained: MaxDrained
 ) -> str | None:
     """drain or resume when ``health.node_action.decide`` calls for it on what ``view`` showed."""
+    action = _decide(result, view, drain, resume, max_drained).action
+    return action if action in ("drain", "resume") else None
+
+
+def _decide(
+    result: CheckResult, view: NodeView, drain: bool, resume: bool, max_drained: MaxDrained
+) -> Decision:
+    """``health.node_action.decide`` on this check's result and the node and cluster ``view`` showed
+    (``--max-drained`` counted against the cluster's nodes, when they could be read)."""
     from gputopo.health.node_action import decide, max_drained_nodes
 
     limit = max_drained_nodes(*max_drained, view.cluster_nodes) if view.cluster_nodes else None
-    decision = decide(
+    return decide(
         result.verdict,
         result.findings,
         view.node,
@@ -474,10 +506,9 @@ def _would_act(
         drained_elsewhere=view.drained_elsewhere,
         max_drained=limit,
     )
-    return decision.action if decision.action in ("drain", "resume") else None
 
 
-def _held(view: Any, why: str) -> Any:
+def _held(view: NodeView | None, why: str) -> SlurmAction | None:
     from gputopo.system import slurm_node
 
     if view is None:
@@ -491,7 +522,7 @@ class NodeView:
     (``None`` with ``error`` when it could not be read) and how many other nodes carry a gputopo drain."""
 
     name: str
-    node: Any = None
+    node: NodeInfo | None = None
     cluster_nodes: int = 0
     drained_elsewhere: int = 0
     error: str | None = None
@@ -519,24 +550,14 @@ def act_on_node(
     drain: bool,
     resume: bool,
     dry_run: bool,
-    max_drained: tuple[int | None, float | None],
+    max_drained: MaxDrained,
     deadline: float,
-) -> Any:
+) -> SlurmAction | None:
     """Drain or resume this node as ``health.node_action.decide`` allows; the ``SlurmAction`` (with what
     was held back and why), or ``None`` when nothing was asked or called for."""
-    from gputopo.health.node_action import decide, max_drained_nodes
     from gputopo.system import slurm_node
 
-    limit = max_drained_nodes(*max_drained, view.cluster_nodes) if view.cluster_nodes else None
-    decision = decide(
-        result.verdict,
-        result.findings,
-        view.node,
-        drain=drain,
-        resume=resume,
-        drained_elsewhere=view.drained_elsewhere,
-        max_drained=limit,
-    )
+    decision = _decide(result, view, drain, resume, max_drained)
     if decision.action == "drain" and decision.reason is not None:
         done = slurm_node.drain(view.name, decision.reason, dry_run, deadline - time.monotonic())
         return replace(done, node=view.node, reason=decision.reason)
@@ -579,3 +600,308 @@ def accept_status(path: Path | None, node: str, result: CheckResult) -> dict[str
             for g in sample.gpus
         ]
     return record.status(record.from_doc(doc), sample.driver_version if sample else None, gpus)
+
+
+# --- the command: Options -> run -> CheckReport -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    """The rules a check judges with (``--thresholds`` and ``--xid-policy`` applied) and the name its
+    judgement is kept under in the state (the thresholds file's absolute path, or ``default``)."""
+
+    thresholds: Thresholds = DEFAULT_THRESHOLDS
+    name: str = "default"
+
+
+def load_rules(thresholds: Path | None, xid_policy: Path | None) -> RuleSet:
+    """``--thresholds FILE`` and ``--xid-policy FILE`` read (``InputError``, exit 2, for a bad one);
+    ``--xid-policy`` wins over an ``xid_policy`` table in the thresholds file."""
+    from gputopo.health.rules import load_thresholds, load_xid_policy
+
+    rules = load_thresholds(thresholds) if thresholds is not None else DEFAULT_THRESHOLDS
+    if xid_policy is not None:
+        rules = replace(rules, xid_policy=load_xid_policy(xid_policy))
+    return RuleSet(rules, os.path.abspath(thresholds) if thresholds is not None else "default")
+
+
+def rule_table(rules: RuleSet) -> tuple[list[Rule], list[dict[str, object]], XidPolicy | None]:
+    """``--list-rules``: every rule row, every Xid row (the policy applied), and the Xid policy."""
+    from gputopo.health.xid import xid_rows
+
+    policy = rules.thresholds.xid_policy
+    return list(rules.thresholds.rules.values()), xid_rows(policy), policy
+
+
+@dataclass(frozen=True, kw_only=True)
+class Options:
+    """What ``gputopo check`` was asked, keyword only, validated when built (``UsageError``, exit 2: bad
+    input never reaches the machine, so it never drains). Files it names (``baseline``, ``kernel_log``)
+    are read by ``run`` before anything else; ``output`` is the format's name (``ui.check_view``'s
+    table), ``max_drained`` ``N`` or ``N%``, ``debug`` lets an internal error's traceback through."""
+
+    sample_s: float = DEFAULT_SAMPLE_S
+    budget_s: float = DEFAULT_BUDGET_S
+    nvml_timeout_s: float = DEFAULT_NVML_TIMEOUT_S
+    expect_gpus: int | None = None
+    expect_imex: bool = False
+    rules: RuleSet = field(default_factory=RuleSet)
+    since: str = DEFAULT_SINCE
+    kernel_log: str | None = None  # FILE, or - for stdin; None: this machine's
+    save_baseline: Path | None = None
+    fleet: bool = False
+    baseline: Path | None = None
+    drain: bool = False
+    resume_if_healthy: bool = False
+    dry_run: bool = False
+    max_drained: str = DEFAULT_MAX_DRAINED
+    state: Path | None = None
+    output: str = "text"
+    max_output_length: int = NPD_DEFAULT_MAX_OUTPUT
+    textfile: Path | None = None
+    subsystem: str | None = None
+    max_age_s: float = DEFAULT_MAX_AGE_S
+    debug: bool = False
+
+    def __post_init__(self) -> None:
+        if self.subsystem is not None:  # an answer from the state: nothing else of a check is used
+            self._check_subsystem()
+            return
+        self.since_s  # noqa: B018 - UsageError for text that is no duration
+        validate_numbers(self.sample_s, self.budget_s, self.nvml_timeout_s, self.expect_gpus)
+        self.max_drained_limit  # noqa: B018 - UsageError for text that is neither N nor N%
+        self._check_output_length()
+        if self.textfile is not None and not self.textfile.is_dir():
+            raise UsageError(
+                f"--textfile {self.textfile}: not a folder",
+                "name node_exporter's --collector.textfile.directory",
+            )
+        if self.fleet and self.save_baseline is None:
+            raise UsageError(
+                "--fleet: only with --save-baseline FILE", "gputopo check --save-baseline FILE --fleet"
+            )
+
+    def _check_subsystem(self) -> None:
+        from gputopo.health.subsystems import BY_NAME
+
+        if self.output != "npd":
+            raise UsageError(
+                "--subsystem: only with --format npd", "gputopo check --format npd --subsystem NAME"
+            )
+        self._check_output_length()
+        if self.subsystem not in BY_NAME:
+            raise UsageError(f"--subsystem {self.subsystem}: not a subsystem", f"one of {', '.join(BY_NAME)}")
+        if not self.max_age_s > 0:
+            raise UsageError(
+                f"--max-age {self.max_age_s:g}: must be more than 0 seconds", "e.g. --max-age 120"
+            )
+
+    def _check_output_length(self) -> None:
+        if self.max_output_length < 1:
+            raise UsageError(
+                f"--max-output-length {self.max_output_length}: must be 1 or more", "NPD's default is 80"
+            )
+
+    @property
+    def since_s(self) -> float:
+        return parse_since(self.since)
+
+    @property
+    def max_drained_limit(self) -> MaxDrained:
+        return parse_max_drained(self.max_drained)
+
+    @property
+    def acting(self) -> bool:
+        """--drain or --resume-if-healthy: the check acts on its Slurm node."""
+        return self.drain or self.resume_if_healthy
+
+
+def _ignore(_: str) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """What the service tells its caller while it runs: ``warn``, a line for stderr (a state that could
+    not be used, a lock not got, a save that failed)."""
+
+    warn: Callable[[str], None] = _ignore
+
+
+@dataclass(frozen=True)
+class SubsystemAnswer:
+    """``--subsystem``'s answer (``health.subsystems.SubsystemResult``) and the state read's warnings."""
+
+    result: SubsystemResult
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """What a check came to: the judgement (``result``), what was done to the Slurm node (or held back),
+    ``accept``'s stored verdict and whether it still holds, what the metrics read of the state
+    (``acceptance``, ``xid_counts``; ``None`` without a state) and the check's wall-clock time.
+    ``document()`` is the whole ``gputopo/check/v1`` JSON."""
+
+    result: CheckResult
+    slurm: SlurmAction | None = None
+    accept: dict[str, Any] | None = None
+    acceptance: AcceptStatus | None = None
+    xid_counts: tuple[XidCount, ...] | None = None
+    now: float = 0.0
+
+    @property
+    def exit_code(self) -> int:
+        return self.result.exit_code
+
+    def document(self) -> dict[str, Any]:
+        slurm = {"slurm": self.slurm.to_json()} if self.slurm is not None else {}
+        return {**self.result.to_json(), **slurm, "accept": self.accept}
+
+    def with_files(self, paths: Any) -> CheckReport:
+        return self  # check writes no report files (--textfile is the caller's, after rendering)
+
+    @property
+    def dry_run_line(self) -> str | None:
+        """--dry-run: the scontrol command a check would have run (``None``: none, or it ran)."""
+        s = self.slurm
+        return s.command if s is not None and s.command and not s.done and s.error is None else None
+
+
+def run(options: Options, hooks: Hooks, started: float | None = None) -> CheckReport:
+    """Check this node as ``options`` ask: read the inputs it names, the state (a person's drain or resume
+    since gputopo's taken over), the Slurm node (when acting), judge, then act and save under the
+    state's lock. ``started``: the ``time.monotonic()`` reading the budget counts from."""
+    from gputopo.health.state import CheckState
+
+    started = time.monotonic() if started is None else started
+    judging = _judging(options)  # every file named is read before the machine is touched
+    node, path = _node_name(), options.state or default_state_path(options.acting)
+    before, said = _load_state(path, node, options.acting)
+    for warning in said:
+        hooks.warn(warning)
+    state, view, now = before, None, time.time()
+    if options.acting:
+        state, view = _take_over(state, started + options.budget_s / 4, now)
+    result = _judge(replace(judging, state=state), options.debug, started)
+    kept = keep_state(
+        path,
+        node,
+        before or CheckState(node),
+        state or CheckState(node),
+        result,
+        view,
+        drain=options.drain,
+        resume=options.resume_if_healthy,
+        dry_run=options.dry_run,
+        max_drained=options.max_drained_limit,
+        deadline=started + options.budget_s,
+        now=now,
+        shown=said,
+        rule_set=options.rules.name,
+    )
+    for warning in kept.warnings:
+        hooks.warn(warning)
+    if kept.blocked is not None:
+        result = _blocked(result, kept.blocked)
+    acceptance = accept_status(path, node, result)
+    return CheckReport(result, kept.slurm, acceptance, kept.acceptance, kept.xid_counts, now)
+
+
+def _judging(options: Options) -> CheckOptions:
+    """The judgement's options, with the baseline and the saved kernel log read (``InputError``, exit 2,
+    for one that cannot be); ``--save-baseline`` refused first when it cannot take a file."""
+    saved = load_baseline(options.baseline) if options.baseline is not None else None
+    if options.save_baseline is not None:
+        from gputopo.outputs import check_output
+
+        check_output(options.save_baseline, "--save-baseline", "golden.json")
+    log = None
+    if options.kernel_log is not None:
+        from gputopo.system.kernel_log import read_log_file
+
+        log = read_log_file(options.kernel_log)
+    return CheckOptions(
+        sample_s=options.sample_s,
+        budget_s=options.budget_s,
+        nvml_timeout_s=options.nvml_timeout_s,
+        expect_gpus=options.expect_gpus,
+        expect_imex=options.expect_imex,
+        thresholds=options.rules.thresholds,
+        since_s=options.since_s,
+        kernel_log=log,
+        baseline=saved,
+        save_baseline=options.save_baseline,
+        fleet=options.fleet,
+    )
+
+
+def _node_name() -> str:
+    from gputopo.system.slurm_node import node_name
+
+    return node_name()
+
+
+def _load_state(path: Path | None, node: str, acting: bool) -> tuple[CheckState | None, tuple[str, ...]]:
+    """check's sections of the state at ``path`` (``None``: no state), and the read's warnings; a fresh
+    state when it is new or cannot be used (named in a warning). A path not to be trusted (a symbolic
+    link; as root, another user's or a writable file or folder) stops the check before anything is
+    read: exit 2, or 3 when acting on Slurm (a health check that cannot run)."""
+    if path is None:
+        return None, ()
+    from gputopo.errors import UnavailableError
+    from gputopo.health.state import check_state
+
+    read = read_state(path, node)
+    if read.refused is not None:
+        raise (UnavailableError if acting else InputError)(read.refused, read.hint)
+    return check_state(read.doc, node), tuple(read.warnings)
+
+
+def _take_over(state: CheckState | None, deadline: float, now: float) -> tuple[CheckState | None, NodeView]:
+    """Read the Slurm node first (its state and reason): a person's resume or drain since gputopo
+    drained it acknowledges the Xid lines up to now, before they are judged. ``deadline``: a quarter of
+    the budget at most, so a hung scontrol leaves the GPUs their time."""
+    from gputopo.health.state import took_over
+
+    view = read_node_view(deadline)
+    if state is not None and view.node is not None:
+        state = took_over(state, view.node.out_of_service, view.node.ours, now)
+    return state, view
+
+
+def _judge(options: CheckOptions, debug: bool, started: float) -> CheckResult:
+    """``run_check``; a bug must not read as "problems" (exit 1: node-problem-detector would mark the
+    node, and a scheduler could drain it): the check could not run, which is unknown (exit 3)."""
+    try:
+        return run_check(options, started)
+    except GputopoError:
+        raise
+    except Exception as exc:
+        if debug:
+            raise
+        why = f"internal error: {type(exc).__name__}: {exc}"
+        return summarize(None, None, (), (), time.monotonic() - started, why)
+
+
+def _blocked(result: CheckResult, why: str) -> CheckResult:
+    """The result of a check that could not keep its state or act as asked: unknown (exit 3), saying why
+    and what the check found."""
+    return replace(
+        result,
+        verdict=UNKNOWN,
+        reason=one_line(f"nothing done to Slurm, nothing saved: {why} (the check: {result.reason})"),
+    )
+
+
+def write_textfile(folder: Path, text: str) -> list[str]:
+    """``DIR/gputopo.prom`` written atomically (a temporary file in DIR and a rename): node_exporter never
+    reads half a file. The warnings (one when it could not be written)."""
+    from gputopo.outputs import atomic_write
+
+    try:
+        atomic_write(folder / PROM_FILE, text)
+    except (OSError, GputopoError) as exc:
+        why = getattr(exc, "message", None) or getattr(exc, "strerror", None) or str(exc)
+        return [f"--textfile {folder}: {PROM_FILE} not written ({why})"]
+    return []
