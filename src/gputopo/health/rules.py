@@ -383,14 +383,14 @@ _RULES = (
         "NVML cannot start (or reads no GPU) while NVIDIA GPUs are present (/dev/nvidia*, "
         "/proc/driver/nvidia/gpus, --expect-gpus): the driver is broken",
         "gputopo policy (docs/health-rules.md): unknown is not healthy",
-        "reinstall or reload the driver (a library/kernel module "
-        "mismatch needs a reboot)",
+        "a driver/library version mismatch needs a reboot (or reloading the nvidia modules); "
+        "otherwise reinstall the driver; `nvidia-smi` shows the same error",
     ),
     Rule(
         "gpus_refused", "driver", PROBLEM, "drain", None, "",
         "every GPU refused NVML access to root: nothing about the node could be judged",
         "gputopo policy (docs/health-rules.md): unknown is not healthy",
-        "check the driver and the device files' permissions",
+        "check the driver (`nvidia-smi`) and the device files' permissions (`ls -l /dev/nvidia*`)",
     ),
     Rule(
         "persistence_off", "config", NOTE, "config", None, "",
