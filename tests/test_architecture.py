@@ -679,10 +679,9 @@ def test_the_ratchet_measures_catch_planted_code(tmp_path):
 # health/rules.py), so a finding's severity, category, action and remedy come from the row. Nothing else
 # builds a ``Finding(..., rule=...)`` by hand.
 RULE_FINDING_HOME = "gputopo.findings:Rule.finding"
-# The hand-built ones still allowed, by module (or module:function), each with its reason: check.py's two
-# (driver_unavailable, gpus_refused) until check's service converts them; finding_from_json reads a finding
-# back from its JSON, where no rule judges anything.
-RULE_FINDINGS_BY_HAND_ALLOWED = {"gputopo.check": 2, "gputopo.findings:finding_from_json": 1}
+# The hand-built ones still allowed, by module (or module:function), each with its reason: finding_from_json
+# reads a finding back from its JSON, where no rule judges anything.
+RULE_FINDINGS_BY_HAND_ALLOWED = {"gputopo.findings:finding_from_json": 1}
 
 
 def rule_findings_by_hand(modules: dict[str, Path]) -> list[str]:

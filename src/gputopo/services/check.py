@@ -183,33 +183,20 @@ def _unknown_is_not_healthy(
             seen = unavailable or "NVML lists no GPU"
             module = f" (kernel module {devices.module})" if devices.module else ""
             out.append(
-                Finding(
+                rules["driver_unavailable"].finding(
                     "node",
                     f"the NVIDIA driver{module} is broken: {seen}, while GPUs are present ({evidence})",
-                    "a driver/library version mismatch needs a reboot (or reloading the nvidia modules); "
-                    "otherwise reinstall the driver; `nvidia-smi` shows the same error",
-                    rules["driver_unavailable"].severity,
-                    gpu=None,
-                    category="driver",
-                    action=rules["driver_unavailable"].action,
-                    rule="driver_unavailable",
                 )
             )
     gpus = sample.gpus if sample is not None else ()
     refused = [g for g in gpus if g.state == GPU_NOT_ACCESSIBLE]
     if gpus and len(refused) == len(gpus) and os.geteuid() == 0 and rules["gpus_refused"].enabled:
+        driver = sample.driver_version if sample is not None and sample.driver_version else "unknown"
         out.append(
-            Finding(
+            rules["gpus_refused"].finding(
                 "node",
-                f"every GPU ({len(gpus)}) refused NVML access to root ({refused[0].error}; driver "
-                f"{sample.driver_version if sample is not None and sample.driver_version else 'unknown'}): "
+                f"every GPU ({len(gpus)}) refused NVML access to root ({refused[0].error}; driver {driver}): "
                 "nothing about them could be judged",
-                "check the driver (`nvidia-smi`) and the device files' permissions (`ls -l /dev/nvidia*`)",
-                rules["gpus_refused"].severity,
-                gpu=None,
-                category="driver",
-                action=rules["gpus_refused"].action,
-                rule="gpus_refused",
             )
         )
     return out
