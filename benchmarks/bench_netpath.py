@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import fake_driver  # noqa: E402
 import sysfs_tree  # noqa: E402
-from gputopo import fabric  # noqa: E402
+from gputopo.services import fabric  # noqa: E402
 from gputopo.system.sysfs import FsView  # noqa: E402
 from test_health_reads import healthy  # noqa: E402
 

@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from gputopo import fabric  # noqa: E402
+from gputopo.services import fabric  # noqa: E402
 from gputopo.system.pci_path import read_paths  # noqa: E402
 from gputopo.system.sysfs import names, read_text, view  # noqa: E402
 

@@ -367,7 +367,7 @@ def test_the_last_check_reaches_the_other_commands_and_a_bad_one_is_said(
     from gputopo.findings import Finding
     from gputopo.health.judge import Judgement
     from gputopo.health.state import CheckState, dumps, remember_judgement
-    from gputopo.machine import with_last_check
+    from gputopo.system.machine import with_last_check
 
     state = tmp_path / "state.json"
     sick = Finding(where="GPU1", gpu=1, what="row remap failed", remedy="drain", category="memory")

@@ -15,12 +15,11 @@ from typing import Any
 import pytest
 
 from fake_nvml import FakeNvml
-from gputopo import fabric
 from gputopo.probe import shared
 from gputopo.probe.plan.config import DeviceInventory
 from gputopo.probe.plan.nodes import NodeOptions
 from gputopo.probe.pool import devices, multinode, runner
-from gputopo.services import doctor
+from gputopo.services import doctor, fabric
 
 GPUS = (0, 1, 2, 3, 4, 5, 6, 7)
 

@@ -14,9 +14,9 @@ import pytest
 from conftest import invoke
 from gputopo.findings import nccl_env_findings
 from gputopo.launch.line import LaunchTools, build_launch, is_torchrun, nearest_nics
-from gputopo.machine import load_topology
 from gputopo.model import Gpu, Matrix, Nic, Topology
 from gputopo.system.launcher import detect_tools, has_numa_binding
+from gputopo.system.machine import load_topology
 
 DGX_A100 = "topo/41_dgx-a100-12nic-mlx5-names-as-columns-tabs.txt"
 READY = LaunchTools(torchrun=("torchrun",), torch_version="2.9.0", numa_binding=True, numactl=True)

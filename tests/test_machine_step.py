@@ -91,7 +91,7 @@ def test_a_refused_topology_stops_the_step_before_the_health_read(monkeypatch) -
     def no_health(*_a, **_k):
         raise AssertionError("health read after the topology was refused")
 
-    monkeypatch.setattr("gputopo.machine.read_live_health", no_health)
+    monkeypatch.setattr("gputopo.system.machine.read_live_health", no_health)
 
     def refuse(_topo) -> None:
         raise UsageError("not this one", "a hint")

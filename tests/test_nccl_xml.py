@@ -10,8 +10,8 @@ import pytest
 
 from conftest import invoke
 from gputopo.errors import InputError
-from gputopo.machine import load_topology
 from gputopo.model import is_link_code
+from gputopo.system.machine import load_topology
 from gputopo.topology import snapshot
 from gputopo.topology.nccl_xml import parse_nccl_xml, read_system
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 import sysfs_tree as st
-from gputopo import fabric
 from gputopo.errors import UsageError
 from gputopo.health.network import PortReading, PortSample, judge_ports
+from gputopo.services import fabric
 from gputopo.system.pci_path import read_path, read_paths
 from gputopo.system.ports import gdr_inputs, read_ports
 from gputopo.system.sysfs import FsView, view

@@ -258,10 +258,10 @@ def test_the_html_report_draws_the_matrix_beside_the_estimate():
 
 
 def test_the_runner_puts_the_model_estimate_and_nvml_status_beside_each_pair():
-    from gputopo.machine import load_topology
     from gputopo.probe.plan.config import DeviceInventory, build_config
     from gputopo.probe.pool.runner import _judge
     from gputopo.probe.shared import TopologyView
+    from gputopo.system.machine import load_topology
 
     topo = load_topology("sample:seed-8gpu-nv4")
     config = build_config(DeviceInventory("cuda", tuple(range(8))), ["5,6"], mode=verdict_mode("p2p"))

@@ -91,8 +91,8 @@ class CheckOptions:
 
 def run_check(options: CheckOptions, started: float | None = None) -> CheckResult:
     """Check this node; ``started`` is the ``time.monotonic()`` reading the budget counts from."""
-    from gputopo import fabric
     from gputopo.health.network import port_counters
+    from gputopo.services import fabric
     from gputopo.system import nvml
     from gputopo.system.health_reads import sample_health
     from gputopo.system.kernel_log import read_kernel_log

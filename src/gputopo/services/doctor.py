@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gputopo import __version__, fabric
+from gputopo import __version__
 from gputopo.errors import (
     EXIT_PROBLEM,
     EXIT_UNAVAILABLE,
@@ -39,6 +39,7 @@ from gputopo.health.check import DEFAULT_NVML_TIMEOUT_S, DEFAULT_SAMPLE_S
 from gputopo.model import Topology
 from gputopo.probe.judge.findings import probe_findings
 from gputopo.probe.plan.options import Fault
+from gputopo.services import fabric
 
 if TYPE_CHECKING:
     from gputopo.probe.plan.config import DeviceInventory
@@ -178,7 +179,7 @@ class Machine:
 
 def choose_machine(spec: str | None, simulate: bool = False, nvml_timeout_s: float | None = None) -> Machine:
     """This machine when it has NVIDIA GPUs; otherwise a sample (or ``--input``), simulated on CPU."""
-    from gputopo.machine import load_topology
+    from gputopo.system.machine import load_topology
 
     if spec is not None:
         topo = load_topology(spec)
@@ -575,7 +576,7 @@ def check_health(machine: Machine, options: Options) -> HealthStep:
     # The last `gputopo check` on this node, while fresh: its judgement over minutes (the state file) joins
     # doctor's own window, so both name the same sick GPUs.
     from gputopo.health.state import LAST_CHECK_WHAT
-    from gputopo.machine import last_check
+    from gputopo.system.machine import last_check
 
     sick = {f.gpu for f in kept if f.severity == PROBLEM and f.gpu is not None}
     uuids = {g.index: g.uuid for g in (result.sample.gpus if result.sample else ())}

@@ -141,7 +141,7 @@ def local_health(hosts: set[str]) -> Health:
     nothing when NVML is not there."""
     import socket
 
-    from gputopo.machine import read_live_health
+    from gputopo.system.machine import read_live_health
 
     here = socket.gethostname()
     if here not in hosts:

@@ -5,8 +5,8 @@ to, so the rules below exist here and nowhere else above ``health/``.
 What it reads, once each (``read``):
 
 - **the topology**: ``--input`` (a saved ``topo -m``, a JSON snapshot, NCCL's XML, ``sample:NAME``) or
-  this machine, live (``gputopo.machine.load_topology``);
-- **one health sample** of the live machine (``gputopo.machine.read_live_health``: one NVML sample judged
+  this machine, live (``system.machine.load_topology``);
+- **one health sample** of the live machine (``system.machine.read_live_health``: one NVML sample judged
   by its states, with the last fresh ``gputopo check``'s problems added); never for ``--input``: that file
   is not this machine;
 - **the PCIe path of every GPU pair** (ACS redirection, from sysfs), when asked (``pcie_paths``).
@@ -139,8 +139,8 @@ def read(options: MachineOptions, hooks: Hooks | None = None) -> Machine:
 
 
 def load_topology(spec: str | None, nvml_timeout_s: float | None = None) -> Topology:
-    """The topology ``--input`` names, or this machine's (``gputopo.machine.load_topology``)."""
-    from gputopo.machine import load_topology as load
+    """The topology ``--input`` names, or this machine's (``gputopo.system.machine.load_topology``)."""
+    from gputopo.system.machine import load_topology as load
 
     return load(spec, nvml_timeout_s=nvml_timeout_s)
 
@@ -154,7 +154,7 @@ def read_health(options: MachineOptions, warn: Callable[[str], None]) -> Health:
     if not options.health:
         return Health("not checked")
     from gputopo.health.state import LAST_CHECK_WHAT
-    from gputopo.machine import read_live_health
+    from gputopo.system.machine import read_live_health
 
     gpus = list(options.health_gpus) if options.health_gpus is not None else None
     judgement = read_live_health(options.nvml_timeout_s, gpus=gpus)
@@ -219,13 +219,13 @@ def _identities(topo: Topology) -> list[GpuIdentity]:
 def redirected_pairs(topo: Topology) -> Redirected:
     """The GPU pairs whose PCIe path crosses a bridge where ACS redirects peer traffic (sysfs, one read
     of every pair's path; docs/topo.md)."""
-    from gputopo import fabric
+    from gputopo.services import fabric
 
     return fabric.redirected(bus_ids(topo))
 
 
 def bus_ids(topo: Topology) -> Mapping[int, str]:
     """GPU index -> PCI bus id, for the GPUs that have one (what the fabric reads are keyed by)."""
-    from gputopo import fabric
+    from gputopo.services import fabric
 
     return fabric.gpu_bus_ids([(g.index, g.pci_bus_id) for g in topo.gpus])

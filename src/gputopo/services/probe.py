@@ -319,7 +319,7 @@ def configure(options: Options, warn: Callable[[str], None]) -> ProbeConfig:
         across_nodes=options.node is not None,
     )
     if options.topology_input is not None:
-        from gputopo.machine import load_topology
+        from gputopo.system.machine import load_topology
 
         topo = load_topology(options.topology_input)
         check_sets_in_topology(config.sets, topo.gpu_indices, topo.source)
@@ -328,7 +328,7 @@ def configure(options: Options, warn: Callable[[str], None]) -> ProbeConfig:
 
 def _live_health(inventory: DeviceInventory, options: Options) -> Judgement:
     """One health sample of the GPUs that may be probed (the machine step the drain rule reads)."""
-    from gputopo.machine import read_live_health
+    from gputopo.system.machine import read_live_health
 
     return read_live_health(options.nvml_timeout_s, gpus=list(inventory.gpus))
 
@@ -430,8 +430,8 @@ def wrong_data(doc: Document) -> bool:
 
 def live_redirected() -> tuple[RedirectedPair, ...]:
     """This machine's GPU pairs behind an ACS-redirecting bridge (sysfs; docs/topo.md)."""
-    from gputopo.fabric import redirected_for
-    from gputopo.machine import load_topology
+    from gputopo.services.fabric import redirected_for
+    from gputopo.system.machine import load_topology
 
     return redirected_for(load_topology(None))
 

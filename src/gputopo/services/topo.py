@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from gputopo.services.hooks import Warn
 
 if TYPE_CHECKING:
-    from gputopo.fabric import FabricResult
     from gputopo.model import Topology
+    from gputopo.services.fabric import FabricResult
 
 
 # What the service tells its caller while it reads: ``warn`` (a line for stderr).
@@ -113,7 +113,7 @@ def run(options: Options, hooks: Hooks | None = None) -> TopoReport:
         return TopoReport(_with_node_facts(topo, hooks) if live else topo)
     if not wants_health:
         return TopoReport(topo)
-    from gputopo import fabric
+    from gputopo.services import fabric
 
     # The network ports and each GPU pair's PCIe path (ACS), from sysfs (docs/topo.md).
     return TopoReport(topo, got.health.section(), fabric.snapshot(step.bus_ids(topo)))
@@ -122,7 +122,7 @@ def run(options: Options, hooks: Hooks | None = None) -> TopoReport:
 def _with_node_facts(topo: Topology, hooks: Hooks) -> Topology:
     """The live snapshot as the node's facts (``gputopo nodes``): its name, its last fresh check, and
     ``accept``'s verdict; a state file that could not be used is said."""
-    from gputopo.machine import node_facts
+    from gputopo.system.machine import node_facts
 
     facts: dict[str, Any] = node_facts(topo, topo.warnings)
     for line in dict.fromkeys(facts.get("warnings", ())[len(topo.warnings) :]):

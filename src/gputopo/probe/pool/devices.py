@@ -73,7 +73,7 @@ def nvml_inventory(
     process's ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``. Integer entries of the preset are
     resolved by CUDA's own answer (a short child; ``ask_cuda=False``, as for ``--dry-run``, starts no
     CUDA and falls back to NVML's numbering, saying so)."""
-    from gputopo.machine import load_topology
+    from gputopo.system.machine import load_topology
 
     if preset is None:
         preset = os.environ.get("CUDA_VISIBLE_DEVICES")

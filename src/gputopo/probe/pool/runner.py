@@ -33,7 +33,7 @@ CPU_SPEED_NOTE = "CPU stand-ins carry gloo traffic, not the GPU links the estima
 
 def read_topology(config: ProbeConfig) -> TopologyView:
     """The topology for the bandwidth model: ``--input`` if given, live NVML on CUDA, none on CPU."""
-    from gputopo.machine import load_topology
+    from gputopo.system.machine import load_topology
 
     if config.topology_input is not None:
         return TopologyView(load_topology(config.topology_input))
@@ -156,7 +156,7 @@ def run_probe(
     if sick is not None:
         sick = {g: what for g, what in sick.items() if g in gpus}
     elif live:
-        from gputopo.machine import read_live_health
+        from gputopo.system.machine import read_live_health
 
         sick = read_live_health(gpus=gpus).unhealthy_gpus()
     else:
