@@ -349,13 +349,13 @@ def test_the_arrow_finder_finds_a_planted_arrow_back_up():
     assert ("gputopo.system.lsof", "gputopo.procs.holders") in arrows_back_up(graph)
 
 
-# --- Ratchets: the command layer's measures (issue 41, "One shape for every command: services/") -------
+# --- The command layer's rules: one shape for every command (cli/ -> services/ -> the rooms below) -------
 #
-# Each measure below is a plain function over the sources (``ast`` and the import graph), so the move to
-# ``services/`` can print it, and each test asserts "no worse than when it was last tightened": the
-# constant beside it is that day's value, the comment the target. A change that improves a measure lowers
-# its constant in the same commit (the ratchet only turns one way); reaching the target turns the
-# assertion into the rule. ``pytest tests/test_architecture.py -k ratchet -s`` prints every value.
+# Each measure below is a plain function over the sources (``ast`` and the import graph), and each test
+# asserts the rule: cli/ is typer only (no body over 30 lines, no JSON key set, only item 2's imports, no
+# system/ module, no check-state call), no Options field is typed Any, the drain rule lives in two files.
+# They began as ratchets while the commands moved to services/; the move reached every target.
+# ``pytest tests/test_architecture.py -k command_layer -s`` prints every value.
 
 CLI = PACKAGE / "cli"
 
@@ -566,76 +566,75 @@ def drain_rule_files() -> dict[str, list[int]]:
 
 def _show(capsys: pytest.CaptureFixture[str], what: str, value: int, limit: int, detail: object) -> None:
     with capsys.disabled():
-        print(f"\nratchet: {what}: {value} (allowed {limit})")
+        print(f"\ncommand layer: {what}: {value} (allowed {limit})")
     assert value <= limit, f"{what}: {value} > {limit}: {detail}"
 
 
-# Today's values (main at c7fa430, after issues 42 and 45b, 2026-12-06); lower each in the commit that
-# improves it, as the move to services/ lands. Issue 41 measured 13, 49, 24, 4, 3 (without the rule's
-# home) and 6 on af10927.
-CLI_LONG_BODIES_TODAY = 11  # target 0
-CLI_IMPORTS_OUTSIDE_TODAY = 39  # target 0: cli/ imports only services/, ui/ and item 2's shared modules
-CLI_IMPORTS_SYSTEM_TODAY = 5  # target 0: the machine is reached through a service, never from cli/
-CLI_JSON_KEYS_TODAY = 22  # target 0: each command's document is built in its Report.document()
-OPTIONS_ANY_FIELDS_TODAY = 4  # target 0: hooks are typed callbacks, inputs typed values
-DRAIN_RULE_FILES_TODAY = 5  # target 2: its home (health/judge.py) and the one shared machine step (accept's
-# wiring step calls health.judge.p2p_drained, the rule's one function, like probe and doctor: the fifth)
-CLI_CHECK_STATE_CALLS_TODAY = 0  # target 0: the check state's life cycle lives in services/check.py
+# What each rule allows. Measured before the move (main af10927): 13 long bodies, 49 outside imports, 7 of
+# them in system/, 24 JSON key assignments, 4 Any fields, the drain rule in 3 files besides its home, and 6
+# check-state calls in cli/.
+CLI_LONG_BODIES_ALLOWED = 0
+CLI_IMPORTS_OUTSIDE_ALLOWED = 0  # cli/ imports only services/, ui/ and item 2's shared modules
+CLI_IMPORTS_SYSTEM_ALLOWED = 0  # the machine is reached through a service, never from cli/
+CLI_JSON_KEYS_ALLOWED = 0  # each command's document is built in its Report.document()
+OPTIONS_ANY_FIELDS_ALLOWED = 0  # hooks are typed callbacks, inputs typed values
+DRAIN_RULE_FILES_ALLOWED = 2  # its home (health/judge.py) and the one machine step (services/machine.py)
+CLI_CHECK_STATE_CALLS_ALLOWED = 0  # the check state's life cycle lives in services/check.py
 
 
-def test_ratchet_cli_function_bodies_over_30_lines(capsys):
+def test_command_layer_cli_function_bodies_over_30_lines(capsys):
     long = long_function_bodies(cli_modules())
     _show(
         capsys,
         f"cli/ function bodies over {MAX_CLI_BODY_LINES} lines",
         len(long),
-        CLI_LONG_BODIES_TODAY,
+        CLI_LONG_BODIES_ALLOWED,
         long,
     )
 
 
-def test_ratchet_cli_imports_only_the_allowed_modules(capsys):
+def test_command_layer_cli_imports_only_the_allowed_modules(capsys):
     graph = import_graph()
     outside = imports_outside(graph, set(cli_modules()), CLI_MAY_IMPORT, CLI_MAY_IMPORT_EXACT)
     _show(
         capsys,
         "project modules cli/ imports beyond item 2's list",
         len(outside),
-        CLI_IMPORTS_OUTSIDE_TODAY,
+        CLI_IMPORTS_OUTSIDE_ALLOWED,
         sorted(outside),
     )
 
 
-def test_ratchet_no_json_key_is_set_in_cli(capsys):
+def test_command_layer_no_json_key_is_set_in_cli(capsys):
     keys = json_key_assignments(cli_modules())
-    _show(capsys, "JSON key assignments in cli/", len(keys), CLI_JSON_KEYS_TODAY, keys)
+    _show(capsys, "JSON key assignments in cli/", len(keys), CLI_JSON_KEYS_ALLOWED, keys)
 
 
-def test_ratchet_no_options_field_is_typed_any(capsys):
+def test_command_layer_no_options_field_is_typed_any(capsys):
     fields = options_fields_typed_any(module_names())
-    _show(capsys, "Options fields typed Any", len(fields), OPTIONS_ANY_FIELDS_TODAY, fields)
+    _show(capsys, "Options fields typed Any", len(fields), OPTIONS_ANY_FIELDS_ALLOWED, fields)
 
 
-def test_ratchet_the_drain_rule_lives_in_few_files(capsys):
+def test_command_layer_the_drain_rule_lives_in_few_files(capsys):
     files = drain_rule_files()
     assert DRAIN_RULE_HOME in files  # the measure still sees the rule where it is defined
-    _show(capsys, "files naming the drain-P2P rule", len(files), DRAIN_RULE_FILES_TODAY, sorted(files))
+    _show(capsys, "files naming the drain-P2P rule", len(files), DRAIN_RULE_FILES_ALLOWED, sorted(files))
 
 
-def test_ratchet_no_check_state_call_in_cli(capsys):
+def test_command_layer_no_check_state_call_in_cli(capsys):
     calls = check_state_calls(cli_modules())
     _show(
-        capsys, "check-state load/change/save calls in cli/", len(calls), CLI_CHECK_STATE_CALLS_TODAY, calls
+        capsys, "check-state load/change/save calls in cli/", len(calls), CLI_CHECK_STATE_CALLS_ALLOWED, calls
     )
 
 
-def test_ratchet_cli_reaches_no_system_module(capsys):
+def test_command_layer_cli_reaches_no_system_module(capsys):
     outside = imports_outside(import_graph(), set(cli_modules()), CLI_MAY_IMPORT, CLI_MAY_IMPORT_EXACT)
     system = sorted(m for m in outside if m.startswith("gputopo.system."))
-    _show(capsys, "system/ modules cli/ imports", len(system), CLI_IMPORTS_SYSTEM_TODAY, system)
+    _show(capsys, "system/ modules cli/ imports", len(system), CLI_IMPORTS_SYSTEM_ALLOWED, system)
 
 
-def test_the_ratchet_measures_catch_planted_code(tmp_path):
+def test_the_command_layer_measures_catch_planted_code(tmp_path):
     body = "\n".join(f"    x{i} = {i}" for i in range(31))
     planted = tmp_path / "planted.py"
     planted.write_text(
