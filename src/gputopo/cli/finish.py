@@ -6,6 +6,9 @@ else), ``exit_code`` its exit status, and ``with_files(paths)`` the same report 
 written for it. The views (``ui/``) turn a document into text, Markdown and HTML; a command without
 report files passes no Markdown view. HTML that needs matplotlib, where it is not installed, is left
 out with one warning and the rest is still written.
+
+``hang`` and ``slow`` write no report files: their tail (``finish_page``) writes the one HTML page
+``--html`` names, then shows the document or the text.
 """
 
 from __future__ import annotations
@@ -25,13 +28,17 @@ NO_MATPLOTLIB = "no HTML report: matplotlib is not installed (pip install 'gputo
 Document = dict[str, Any]
 
 
-class Report(Protocol):
-    """What a service's ``run`` returns."""
+class Shown(Protocol):
+    """What every service's ``run`` returns: the command's whole document and its exit code."""
 
     @property
     def exit_code(self) -> int: ...
 
     def document(self) -> Document: ...
+
+
+class Report(Shown, Protocol):
+    """A report that names the files written for it."""
 
     def with_files(self, paths: Mapping[str, str]) -> Report: ...
 
@@ -99,3 +106,18 @@ def finish(
     report = attach_files(out, kind, report, views, report_dir)
     show(out, report.document(), views, json_out)
     raise typer.Exit(report.exit_code)
+
+
+def finish_page(out: Output, report: Shown, render: Callable[[bool], str], html: Path | None) -> None:
+    """``hang``'s and ``slow``'s tail: the HTML page to ``html`` (``render(True)``), the JSON document, or
+    the text (``render(False)``); exits with the report's ``exit_code`` (returns when it is 0)."""
+    if html is not None:
+        from gputopo.outputs import write_output
+
+        write_output(html, render(True), "--html")
+        out.hint(f"HTML report: {html}")
+    out.document(report.document())
+    if not out.json_mode:
+        out.line(render(False).rstrip("\n"))
+    if report.exit_code:
+        raise typer.Exit(report.exit_code)

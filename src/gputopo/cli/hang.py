@@ -9,7 +9,7 @@ import typer
 
 from gputopo.cli import app
 from gputopo.cli.common import JSON_OPTION, RUN_RECORD_OPTION, examples, guarded
-from gputopo.cli.job_report import finish
+from gputopo.cli.finish import finish_page
 from gputopo.ui.output import Output
 
 
@@ -84,4 +84,4 @@ def hang_command(
         html=html,
     )
     report = service.run(options, service.Hooks(warn=out.warn, hint=out.hint))
-    finish(out, report, lambda page: render(report, HangFormat.HTML if page else HangFormat.TEXT), html)
+    finish_page(out, report, lambda page: render(report, HangFormat.HTML if page else HangFormat.TEXT), html)

@@ -9,7 +9,7 @@ import typer
 
 from gputopo.cli import app
 from gputopo.cli.common import JSON_OPTION, RUN_RECORD_OPTION, examples, guarded
-from gputopo.cli.job_report import finish
+from gputopo.cli.finish import finish_page
 from gputopo.ui.output import Output
 
 
@@ -53,4 +53,4 @@ def slow_command(
     out = Output(json_mode=json_out)
     options = service.Options(path=path, run_records=tuple(run_record or ()), live=live, html=html)
     report = service.run(options, service.Hooks(warn=out.warn, hint=out.hint))
-    finish(out, report, lambda page: render(report, SlowFormat.HTML if page else SlowFormat.TEXT), html)
+    finish_page(out, report, lambda page: render(report, SlowFormat.HTML if page else SlowFormat.TEXT), html)
