@@ -532,6 +532,21 @@ def test_doctor_carries_the_network_and_path_findings(driver: Path, tmp_path: Pa
     assert [r["best"]["gpus"] for r in doc["recommendations"] if r["n"] == 4] == [[0, 1, 2, 3]]
 
 
+@needs_cc
+def test_doctor_ranks_sets_by_the_path_table_its_health_check_read(driver: Path, tmp_path: Path) -> None:
+    """doctor reads the PCIe path table once, in its health check, and ranks its sets by that reading: the
+    redirect on socket 0's root ports turns the PCI-order winner {0,1,2,3} into #2, as recommend does."""
+    pytest.importorskip("torch")  # doctor's tests run where its probe extras are installed
+    rp0, rp1 = st.switch_bridges(0)[0], st.switch_bridges(1)[0]
+    tree = st.eight_gpu_node(tmp_path / "t", acs={rp0: st.REDIRECT, rp1: st.REDIRECT})
+    out = fake_driver.run(
+        driver, machine(tmp_path), "doctor", "--skip-probe", "--json", extra_env=tree.env, timeout=280
+    )
+    doc = json.loads(out.stdout)
+    assert doc["health"]["checked"] is True, doc["health"]
+    assert [r["best"]["gpus"] for r in doc["recommendations"] if r["n"] == 4] == [[4, 5, 6, 7]]
+
+
 def test_ethernet_interfaces_down_among_peers_or_flapping(tmp_path: Path) -> None:
     tree = st.eight_gpu_node(tmp_path, nics=0)
     devices = tmp_path / "sys" / "bus" / "pci" / "devices"

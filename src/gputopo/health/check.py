@@ -56,6 +56,9 @@ class CheckResult:
     # Every Xid line of the window, acknowledged or not, as (line key, PCI address as logged, Xid code):
     # what the running Xid counters (health.subsystems.count_xids) count once each.
     xid_events: tuple[tuple[str, str, int], ...] = ()
+    # The GPU pairs behind an ACS-redirecting bridge, from the PCIe path table the check read (its network
+    # half): (lower index, higher index, bridges). Handed to doctor, which so reads that table once.
+    redirected: tuple[tuple[int, int, tuple[str, ...]], ...] = ()
 
     @property
     def exit_code(self) -> int:

@@ -151,7 +151,12 @@ def run_check(options: CheckOptions, started: float | None = None) -> CheckResul
     result = summarize(
         sample, judgement, extra, not_checked, time.monotonic() - started, unavailable, xid_keys=xid_keys
     )
-    return replace(result, ports=port_counters(net.ports), xid_events=xid_events)
+    return replace(
+        result,
+        ports=port_counters(net.ports),
+        xid_events=xid_events,
+        redirected=fabric.redirected_in(net.pairs),
+    )
 
 
 def _imex(options: CheckOptions, deadline: float) -> tuple[list[Finding], list[NotChecked]]:

@@ -419,7 +419,8 @@ def run(options: Options, hooks: Hooks | None = None) -> DoctorReport:
     if hooks.on_start is not None:
         hooks.on_start(machine)
     health = check_health(machine, options)  # node health first: its sick GPUs are left out below
-    redirected = fabric.redirected_for(machine.topology)  # the PCIe path table, read once for the steps below
+    # The PCIe path table, read once for the steps below: the health check's reading, else its own.
+    redirected = health.redirected if health.checked else fabric.redirected_for(machine.topology)
     findings = machine_findings(machine.topology, options.env, health) + diag  # links, NCCL settings
     topo = machine.topology
     sets = choose_sets(topo, health.unhealthy, health.no_p2p, redirected)  # usable GPUs, sizes, best sets
@@ -534,6 +535,8 @@ class HealthStep:
     unhealthy: Mapping[int, str] = field(default_factory=dict)
     window_s: float | None = None
     no_p2p: Mapping[int, str] = field(default_factory=dict)
+    # The GPU pairs behind an ACS-redirecting bridge, from the PCIe path table the check read.
+    redirected: Redirected = ()
 
     def to_json(self) -> dict[str, Any]:
         """The report's ``health`` section."""
@@ -599,6 +602,7 @@ def check_health(machine: Machine, options: Options) -> HealthStep:
         unhealthy,
         window,
         drained_p2p(kept, unhealthy),
+        result.redirected,
     )
 
 

@@ -151,7 +151,13 @@ def redirected(
     gpus: Mapping[int, str], fs: FsView | None = None
 ) -> tuple[tuple[int, int, tuple[str, ...]], ...]:
     """GPU pairs whose PCIe path crosses an ACS-redirecting bridge, with those bridges, for recommend."""
-    found = redirected_pairs(read_pairs(gpus, fs))
+    return redirected_in(read_pairs(gpus, fs))
+
+
+def redirected_in(pairs: Sequence[PairPath]) -> tuple[tuple[int, int, tuple[str, ...]], ...]:
+    """The GPU pairs of a path table already read (``read_pairs``, or check's ``finish``) whose path
+    crosses an ACS-redirecting bridge, with those bridges: ``(lower index, higher index, bridges)``."""
+    found = redirected_pairs(pairs)
     return tuple(
         (min(k), max(k), bridges) for k, bridges in sorted(found.items(), key=lambda kv: sorted(kv[0]))
     )
