@@ -51,6 +51,9 @@ def test_gpus_are_parsed_once_into_sets_and_handed_down_as_they_are(monkeypatch)
 
     monkeypatch.setattr("gputopo.gpulist.parse_gpu_list", no_parsing)
     monkeypatch.setattr("gputopo.probe.plan.config.parse_gpu_list", no_parsing)
+    # CPU stand-ins need torch to run, not to be planned: where torch is missing (the oldest-versions run)
+    # the parsing is still checked.
+    monkeypatch.setattr("gputopo.probe.pool.devices.require_torch", lambda: None)
     options = probe.Options(gpus=sets, device=probe.Device.CPU, dry_run=True, model=probe.ModelName.TINY)
     config = probe.configure(options, lambda _: None)
     assert config.sets == ((1, 0), (2, 3)) and config.device == "cpu"
