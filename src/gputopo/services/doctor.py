@@ -11,7 +11,8 @@ console or typer object comes down) and renders the ``DoctorReport``, whose ``do
 ``gputopo/doctor/v1`` JSON, so the report can be saved, re-rendered and turned into HTML anywhere
 (``gputopo report``; its Markdown is ``ui.doctor_markdown``). ``run`` is the pipeline, one step a line,
 and each step is a function below it. What a step reads is read once and handed down: the topology, the
-health window, the PCIe path table (``fabric.redirected_for``) and the device inventory (``read_inventory``).
+health window, the PCIe path table (the health check's reading; ``machine.redirected_pairs`` where no
+check ran) and the device inventory (``read_inventory``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from gputopo.health.check import DEFAULT_NVML_TIMEOUT_S, DEFAULT_SAMPLE_S
 from gputopo.model import Topology
 from gputopo.probe.judge.findings import probe_findings
 from gputopo.probe.plan.options import Fault
-from gputopo.services import fabric
+from gputopo.services.machine import redirected_pairs
 
 if TYPE_CHECKING:
     from gputopo.probe.plan.config import DeviceInventory
@@ -420,7 +421,7 @@ def run(options: Options, hooks: Hooks | None = None) -> DoctorReport:
         hooks.on_start(machine)
     health = check_health(machine, options)  # node health first: its sick GPUs are left out below
     # The PCIe path table, read once for the steps below: the health check's reading, else its own.
-    redirected = health.redirected if health.checked else fabric.redirected_for(machine.topology)
+    redirected = health.redirected if health.checked else redirected_pairs(machine.topology)
     findings = machine_findings(machine.topology, options.env, health) + diag  # links, NCCL settings
     topo = machine.topology
     sets = choose_sets(topo, health.unhealthy, health.no_p2p, redirected)  # usable GPUs, sizes, best sets

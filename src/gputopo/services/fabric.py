@@ -25,7 +25,6 @@ from gputopo.health.network import (
     rails,
 )
 from gputopo.health.rules import DEFAULT_THRESHOLDS, Thresholds
-from gputopo.model import Topology
 from gputopo.system.pci_path import read_paths
 from gputopo.system.ports import read_cmdline, read_gdr_mode, read_ports
 from gputopo.system.sysfs import FsView, view
@@ -161,14 +160,6 @@ def redirected_in(pairs: Sequence[PairPath]) -> tuple[tuple[int, int, tuple[str,
     return tuple(
         (min(k), max(k), bridges) for k, bridges in sorted(found.items(), key=lambda kv: sorted(kv[0]))
     )
-
-
-def redirected_for(topo: Topology) -> tuple[tuple[int, int, tuple[str, ...]], ...]:
-    """``redirected`` for a topology's GPUs: the PCIe path table read from sysfs, once per call; none for a
-    topology not read from this machine (a sample, a file)."""
-    if not topo.live:
-        return ()
-    return redirected(gpu_bus_ids([(g.index, g.pci_bus_id) for g in topo.gpus]))
 
 
 def since_last_run(

@@ -133,7 +133,7 @@ def read(options: MachineOptions, hooks: Hooks | None = None) -> Machine:
     preset = preset_gpus(topo, options.live, hooks.warn) if options.preset else None
     health = read_health(options, hooks.warn)
     redirected: Redirected = ()
-    if options.pcie_paths and options.live and topo.live:
+    if options.pcie_paths and options.live:
         redirected = redirected_pairs(topo)
     return Machine(topo, options.live, health, preset, redirected)
 
@@ -218,7 +218,10 @@ def _identities(topo: Topology) -> list[GpuIdentity]:
 
 def redirected_pairs(topo: Topology) -> Redirected:
     """The GPU pairs whose PCIe path crosses a bridge where ACS redirects peer traffic (sysfs, one read
-    of every pair's path; docs/topo.md)."""
+    of every pair's path; docs/topo.md); none for a topology not read from this machine (a sample, a
+    file)."""
+    if not topo.live:
+        return ()
     from gputopo.services import fabric
 
     return fabric.redirected(bus_ids(topo))

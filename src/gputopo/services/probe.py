@@ -430,10 +430,10 @@ def wrong_data(doc: Document) -> bool:
 
 def live_redirected() -> tuple[RedirectedPair, ...]:
     """This machine's GPU pairs behind an ACS-redirecting bridge (sysfs; docs/topo.md)."""
-    from gputopo.services.fabric import redirected_for
+    from gputopo.services.machine import redirected_pairs
     from gputopo.system.machine import load_topology
 
-    return redirected_for(load_topology(None))
+    return redirected_pairs(load_topology(None))
 
 
 def path_causes(doc: Document, redirected: tuple[RedirectedPair, ...]) -> list[str]:
